@@ -1,0 +1,1 @@
+"""Dagster definitions: hourly partitioned assets over the Prism pipelines."""

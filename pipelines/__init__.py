@@ -1,0 +1,1 @@
+"""Beam pipelines: composite PTransforms over prism_core, and the hourly run."""

@@ -1,0 +1,154 @@
+"""The hourly run: every stage for every hour of a range, on any Beam runner.
+
+Ingest and the minute windows run as one Beam pipeline over the whole range (hours are
+independent there). Job analysis runs hour after hour, because each hour continues the job ids
+and step numbers of the one before it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import apache_beam as beam
+import pyarrow.compute as pc
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from pipelines import warehouse
+from pipelines.ingest import NAMESPACE, HourRange, IngestFlows, assemble_hour
+from prism_core.ingest import parquet_time_bounds, parse_flow_file
+from prism_core.minutes import HOUR_NS
+
+
+class RunError(RuntimeError):
+    """A run cannot start or finish; the message is meant for the operator."""
+
+
+@dataclass
+class RunSummary:
+    hours: list[datetime]
+    counters: dict[str, int] = field(default_factory=dict)  # rows_read, flows, quarantined, ...
+    per_hour: dict[str, dict[str, int]] = field(default_factory=dict)  # hour key -> table rows
+
+
+def list_flow_files(flows_dir: str) -> list[str]:
+    """Every data file below `flows_dir`, sorted; hidden files (temporary writes) are skipped."""
+    if "://" in flows_dir:
+        matched = FileSystems.match([flows_dir.rstrip("/") + "/**"])[0].metadata_list
+        paths = [m.path for m in matched]
+    else:
+        if not os.path.isdir(flows_dir):
+            raise RunError(f"flow directory {flows_dir!r} does not exist or is not a directory")
+        paths = [
+            os.path.join(top, name)
+            for top, dirs, names in os.walk(flows_dir)
+            for name in names
+            if not name.startswith(".")
+        ]
+    return sorted(p for p in paths if not os.path.basename(p).startswith("."))
+
+
+def infer_range(flows_dir: str) -> tuple[datetime, datetime]:
+    """The hours the valid flows of a directory span: [first hour, last hour + 1)."""
+    bounds = [file_time_bounds(path) for path in list_flow_files(flows_dir)]
+    bounds = [b for b in bounds if b is not None]
+    if not bounds:
+        raise RunError(f"no valid flow records in {flows_dir!r}: nothing to run")
+    first_ns = min(b[0] for b in bounds) // HOUR_NS * HOUR_NS
+    end_ns = max(b[1] for b in bounds) // HOUR_NS * HOUR_NS + HOUR_NS
+    return (
+        datetime.fromtimestamp(first_ns / 1e9, tz=timezone.utc),
+        datetime.fromtimestamp(end_ns / 1e9, tz=timezone.utc),
+    )
+
+
+def file_time_bounds(path: str) -> tuple[int, int] | None:
+    """Earliest and latest valid flow start in a file: from Parquet footer statistics when it has
+    them, otherwise by parsing the file."""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        bounds = parquet_time_bounds(handle)
+        if bounds is None:
+            handle.seek(0)
+            starts = parse_flow_file(handle.read(), path).clean["time_flow_start_ns"]
+            bounds = (pc.min(starts).as_py(), pc.max(starts).as_py()) if len(starts) else None
+    return bounds
+
+
+def pipeline_options(beam_args: Sequence[str] = ()) -> tuple[PipelineOptions, object | None]:
+    """Beam options from command-line style arguments. Without --runner, the in-process
+    FnApiRunner: Beam's DirectRunner would first try to download its Prism runner binary."""
+    options = PipelineOptions(list(beam_args))
+    runner = None if options.view_as(StandardOptions).runner else FnApiRunner()
+    return options, runner
+
+
+class WriteIngestHour(beam.DoFn):
+    def __init__(self, root: str):
+        self.root = root
+
+    def process(self, element):
+        hour_ns, grouped = element
+        tables = assemble_hour(list(grouped["minutes"]), list(grouped["quarantine"]))
+        hour = datetime.fromtimestamp(hour_ns / 1e9, tz=timezone.utc)
+        for name, rows in tables.items():
+            warehouse.write_partition(self.root, name, hour, rows)
+        counts = {name: rows.num_rows for name, rows in tables.items()}
+        counts["duplicates"] = sum(m.duplicates for m in grouped["minutes"])
+        warehouse.write_json(warehouse.stats_path(self.root, hour, "ingest"), counts)
+
+
+def run_ingest(
+    flows_dir: str, root: str, hours: list[datetime], beam_args: Sequence[str] = ()
+) -> RunSummary:
+    paths = list_flow_files(flows_dir)
+    span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
+    options, runner = pipeline_options(beam_args)
+    pipeline = beam.Pipeline(runner=runner, options=options)
+    ingested = (
+        pipeline
+        | "Files" >> beam.Create(paths)
+        | "Spread" >> beam.Reshuffle()
+        | "Ingest" >> IngestFlows(span)
+    )
+    every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()])
+    (
+        {"hour": every_hour, "minutes": ingested["minutes"], "quarantine": ingested["quarantine"]}
+        | "ByHour" >> beam.CoGroupByKey()
+        | "Write" >> beam.ParDo(WriteIngestHour(str(root)))
+    )
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = {
+        c.key.metric.name: c.committed
+        for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
+    }
+    per_hour = {warehouse.hour_key(h): warehouse.read_stats(root, h, "ingest") for h in hours}
+    return RunSummary(hours=hours, counters=counters, per_hour=per_hour)
+
+
+def run_hours(
+    flows_dir: str,
+    root: str,
+    start: datetime,
+    end: datetime,
+    *,
+    topology_path: str | None = None,
+    beam_args: Sequence[str] = (),
+    on_stage: Callable[[str], None] = lambda stage: None,
+) -> RunSummary:
+    hours = warehouse.hours_between(start, end)
+    if not hours:
+        raise RunError(f"empty hour range: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}")
+    Path(root).mkdir(parents=True, exist_ok=True)
+    on_stage("ingest")
+    summary = run_ingest(flows_dir, root, hours, beam_args)
+    on_stage("warehouse")
+    warehouse.refresh_database(root)
+    return summary

@@ -1,0 +1,124 @@
+"""The warehouse on disk: hive-partitioned Parquet per table and hour, and a DuckDB file of views.
+
+Every write lands under a hidden temporary name in its final directory and is `os.replace`d into
+place, so readers (and a run killed at any instant) see either the previous partition or the new
+one, never a half-written file. The DuckDB file is rebuilt aside and swapped in the same way, so an
+analyst holding it open read-only never blocks a run and never sees a half-built catalog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prism_core.schema import TABLES
+
+DATA_FILE = "data.parquet"
+DATABASE_FILE = "prism.duckdb"
+SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+
+
+def hour_floor(instant: datetime) -> datetime:
+    instant = instant.astimezone(timezone.utc) if instant.tzinfo else instant.replace(tzinfo=timezone.utc)
+    return instant.replace(minute=0, second=0, microsecond=0)
+
+
+def hours_between(start: datetime, end: datetime) -> list[datetime]:
+    """Hours whose start lies in [start, end)."""
+    hour, last = hour_floor(start), end
+    hours = []
+    while hour < last:
+        hours.append(hour)
+        hour += timedelta(hours=1)
+    return hours
+
+
+def hour_key(hour: datetime) -> str:
+    """The Dagster partition key form of an hour, e.g. 2026-11-22-05:00."""
+    return hour.strftime("%Y-%m-%d-%H:00")
+
+
+def partition_dir(root: str | Path, table: str, hour: datetime) -> Path:
+    return Path(root) / table / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}"
+
+
+def _replace_atomically(final: Path, write) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        write(temporary)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_partition(root: str | Path, table: str, hour: datetime, rows: pa.Table) -> Path:
+    """Replace the partition of `table` for `hour` with `rows` (possibly empty)."""
+    rows = rows.cast(TABLES[table]) if table in TABLES else rows
+    final = partition_dir(root, table, hour) / DATA_FILE
+    _replace_atomically(
+        final, lambda path: pq.write_table(rows, path, compression="zstd", row_group_size=1 << 20)
+    )
+    return final
+
+
+def read_partition(root: str | Path, table: str, hour: datetime) -> pa.Table | None:
+    path = partition_dir(root, table, hour) / DATA_FILE
+    return pq.read_table(path) if path.exists() else None
+
+
+def write_json(path: Path, payload: dict) -> None:
+    _replace_atomically(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, sort_keys=True)))
+
+
+def stats_path(root: str | Path, hour: datetime, stage: str) -> Path:
+    """Per-hour bookkeeping of a stage (row counts, job state handed to the next hour)."""
+    return Path(root) / "_state" / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}" / f"{stage}.json"
+
+
+def read_stats(root: str | Path, hour: datetime, stage: str) -> dict | None:
+    path = stats_path(root, hour, stage)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def views_sql(root: str | Path) -> str:
+    """The DDL of sql/views.sql for this warehouse; tables with no partition yet get an empty
+    table of the right columns instead of a view, since DuckDB cannot bind a glob of no files."""
+    root = Path(root).resolve()
+    statements = []
+    template = (SQL_DIR / "views.sql").read_text()
+    for name in TABLES:
+        if any((root / name).glob(f"*/*/{DATA_FILE}")):
+            statements.append(template.replace("@TABLE@", name).replace("@WAREHOUSE@", str(root)))
+    return "\n".join(statements)
+
+
+def refresh_database(root: str | Path) -> Path:
+    """Rebuild `prism.duckdb` aside and swap it in."""
+    root = Path(root)
+    final = root / DATABASE_FILE
+
+    def build(path: Path) -> None:
+        path.unlink(missing_ok=True)
+        with duckdb.connect(str(path)) as con:
+            con.execute(views_sql(root))
+            for name, schema in TABLES.items():
+                if not any((root / name).glob(f"*/*/{DATA_FILE}")):
+                    placeholder = schema.empty_table()  # noqa: F841 - read by DuckDB's replacement scan
+                    con.execute(f"CREATE TABLE {name} AS SELECT * FROM placeholder")
+
+    _replace_atomically(final, build)
+    return final
+
+
+def connect(root: str | Path, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(str(Path(root) / DATABASE_FILE), read_only=read_only)

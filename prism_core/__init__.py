@@ -1,0 +1,1 @@
+"""Prism algorithms: pure functions on Arrow tables and numpy arrays."""
