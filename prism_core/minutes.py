@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -41,6 +42,29 @@ def minute_aggregates(flows: pa.Table) -> pa.Table:
             "time_flow_end_ns_max": "last_end_ns",
         }
     )
-    return conform(grouped, FLOW_MINUTES).sort_by(
-        [("minute", "ascending"), ("src_addr", "ascending"), ("dst_addr", "ascending")]
+    keys = [("minute", "ascending"), ("src_addr", "ascending"), ("dst_addr", "ascending")]
+    grouped = grouped.sort_by(keys)
+    top = _top_sizes(flows)
+    grouped = grouped.append_column("top_size", top["top_size"]).append_column(
+        "top_size_flows", top["top_size_flows"]
     )
+    return conform(grouped, FLOW_MINUTES)
+
+
+def _top_sizes(flows: pa.Table) -> pa.Table:
+    """Per (minute, src, dst), sorted like minute_aggregates: the most frequent flow size."""
+    per_size = flows.group_by(["minute", "src_addr", "dst_addr", "bytes"], use_threads=False).aggregate(
+        [("bytes", "count")]
+    )
+    # Sort so the first row of each pair is its most frequent size, the smallest on ties.
+    per_size = per_size.sort_by(
+        [("minute", "ascending"), ("src_addr", "ascending"), ("dst_addr", "ascending"),
+         ("bytes_count", "descending"), ("bytes", "ascending")]
+    )
+    pair = pc.binary_join_element_wise(
+        per_size["minute"].cast(pa.int64()).cast(pa.string()), per_size["src_addr"], per_size["dst_addr"], "|"
+    ).to_numpy(zero_copy_only=False)
+    first = np.ones(len(pair), bool)
+    first[1:] = pair[1:] != pair[:-1]
+    rows = np.flatnonzero(first)
+    return pa.table({"top_size": per_size["bytes"].take(rows), "top_size_flows": per_size["bytes_count"].take(rows)})

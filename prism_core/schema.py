@@ -58,6 +58,8 @@ FLOW_MINUTES = pa.schema(
         ("flows", pa.int64()),
         ("bytes", pa.int64()),
         ("distinct_sizes", pa.int64()),  # distinct flow byte counts seen on the pair this minute
+        ("top_size", pa.int64()),  # the most frequent flow byte count (smallest on ties)
+        ("top_size_flows", pa.int64()),  # how many flows had it
         ("first_start_ns", pa.int64()),
         ("last_end_ns", pa.int64()),
     ]
