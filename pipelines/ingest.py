@@ -17,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms import window
 
+from prism_core.arrays import group_indices
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
 from prism_core.schema import FLOW_MINUTES, FLOWS, QUARANTINE
@@ -45,13 +46,6 @@ class MinuteResult:
     flows: pa.Table  # deduplicated, sorted
     aggregates: pa.Table  # FLOW_MINUTES rows of the minute
     duplicates: int
-
-
-def _group_indices(keys: np.ndarray):
-    """(key, row indices) for each distinct key, in key order."""
-    order = np.argsort(keys, kind="stable")
-    distinct, starts = np.unique(keys[order], return_index=True)
-    return zip(distinct.tolist(), np.split(order, starts[1:]))
 
 
 def quarantine_hours(parsed_start_ns: np.ndarray, file_starts_ns: np.ndarray, fallback_ns: int) -> np.ndarray:
@@ -86,7 +80,7 @@ class ParseFlowFiles(beam.DoFn):
         self.out_of_range.inc(int((~in_range).sum()))
         clean = parsed.clean.filter(pa.array(in_range))
         minutes = starts[in_range] // MINUTE_NS * MINUTE_NS
-        for minute_ns, rows in _group_indices(minutes):
+        for minute_ns, rows in group_indices(minutes):
             hour_ns = minute_ns // HOUR_NS * HOUR_NS
             yield window.TimestampedValue((hour_ns, clean.take(rows)), minute_ns / 1e9)
 
@@ -95,7 +89,7 @@ class ParseFlowFiles(beam.DoFn):
             kept = self.hours.contains(hours)
             self.quarantined.inc(int(kept.sum()))
             self.out_of_range.inc(int((~kept).sum()))
-            for hour_ns, rows in _group_indices(hours[kept]):
+            for hour_ns, rows in group_indices(hours[kept]):
                 yield beam.pvalue.TaggedOutput(
                     QUARANTINE_TAG, (hour_ns, parsed.quarantine.filter(pa.array(kept)).take(rows))
                 )

@@ -51,6 +51,8 @@ def partition_dir(root: str | Path, table: str, hour: datetime) -> Path:
 
 def _replace_atomically(final: Path, write) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in final.parent.glob(f".{final.name}.*.tmp"):  # from a run killed mid-write
+        leftover.unlink(missing_ok=True)
     temporary = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
     try:
         write(temporary)

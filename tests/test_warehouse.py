@@ -1,0 +1,93 @@
+"""The warehouse's partitions are replaced atomically, even when the writer is killed."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime, timezone
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from pipelines import warehouse
+from prism_core.schema import QUARANTINE
+
+HOUR = datetime(2026, 11, 22, 5, tzinfo=timezone.utc)
+
+
+def quarantine_rows(n: int, reason: str) -> pa.Table:
+    return pa.table(
+        {"source": ["f"] * n, "row": list(range(n)), "reason": [reason] * n, "raw": ["{}"] * n},
+        schema=QUARANTINE,
+    )
+
+
+def test_partition_is_replaced_not_appended(tmp_path):
+    warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(5, "old"))
+    warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(3, "new"))
+    table = warehouse.read_partition(tmp_path, "quarantine", HOUR)
+    assert table.num_rows == 3 and set(table["reason"].to_pylist()) == {"new"}
+    assert [p.name for p in warehouse.partition_dir(tmp_path, "quarantine", HOUR).iterdir()] == ["data.parquet"]
+
+
+def test_views_read_partitions_with_typed_hive_columns(tmp_path):
+    warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(2, "x"))
+    warehouse.refresh_database(tmp_path)
+    with warehouse.connect(tmp_path) as con:
+        assert con.execute("SELECT date, hour, count(*) FROM quarantine GROUP BY ALL").fetchall() == [
+            (HOUR.date(), 5, 2)
+        ]
+        assert con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)  # placeholder, typed
+        assert "job_id" in [row[0] for row in con.execute("DESCRIBE jobs").fetchall()]
+
+
+def test_database_rebuild_does_not_wait_for_readers(tmp_path):
+    warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(2, "x"))
+    warehouse.refresh_database(tmp_path)
+    reader = duckdb.connect(str(tmp_path / "prism.duckdb"), read_only=True)
+    warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(4, "y"))
+    warehouse.refresh_database(tmp_path)  # swapped in beside the open reader
+    assert reader.execute("SELECT count(*) FROM quarantine").fetchone() == (4,)
+    reader.close()
+
+
+def test_writer_killed_mid_write_leaves_previous_partition(tmp_path):
+    warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(7, "before"))
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from datetime import datetime, timezone
+        import pyarrow as pa
+        from pipelines import warehouse
+        from prism_core.schema import QUARANTINE
+        n = 3_000_000
+        rows = pa.table({{"source": pa.array(["x" * 40] * n), "row": pa.array(range(n)),
+                          "reason": pa.array(["after"] * n), "raw": pa.array(["y" * 60] * n)}}, schema=QUARANTINE)
+        print("writing", flush=True)
+        while True:
+            warehouse.write_partition({str(tmp_path)!r}, "quarantine",
+                                      datetime(2026, 11, 22, 5, tzinfo=timezone.utc), rows.slice(0, n // 2))
+            warehouse.write_partition({str(tmp_path)!r}, "quarantine",
+                                      datetime(2026, 11, 22, 5, tzinfo=timezone.utc), rows)
+        """
+    )
+    writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=os.getcwd())
+    assert writer.stdout.readline().strip() == b"writing"
+    directory = warehouse.partition_dir(tmp_path, "quarantine", HOUR)
+    deadline = time.monotonic() + 60
+    while not list(directory.glob(".data.parquet.*.tmp")):  # kill while a temporary file is open
+        assert time.monotonic() < deadline, "writer never started a write"
+        time.sleep(0.005)
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+
+    table = warehouse.read_partition(tmp_path, "quarantine", HOUR)  # a complete file, old or new
+    assert table.num_rows in (7, 1_500_000, 3_000_000)
+    warehouse.refresh_database(tmp_path)
+    with warehouse.connect(tmp_path) as con:
+        assert con.execute("SELECT count(*) FROM quarantine").fetchone()[0] == table.num_rows
+    warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(2, "next"))
+    assert sorted(p.name for p in directory.iterdir()) == ["data.parquet"]  # leftover cleaned up
