@@ -22,9 +22,11 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipelines import warehouse
+from pipelines.analyze import AnalyzeHour, WriteAnalysis, previous_hour_state
 from pipelines.ingest import NAMESPACE, HourRange, IngestFlows, assemble_hour
 from prism_core.ingest import parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS
+from prism_core.topology import Topology, TopologyError
 
 
 class RunError(RuntimeError):
@@ -147,8 +149,47 @@ def run_hours(
     if not hours:
         raise RunError(f"empty hour range: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}")
     Path(root).mkdir(parents=True, exist_ok=True)
+    topology = load_topology(topology_path)
     on_stage("ingest")
     summary = run_ingest(flows_dir, root, hours, beam_args)
+    for hour in hours:
+        on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
+        summary.per_hour[warehouse.hour_key(hour)].update(run_analysis(root, hour, topology, beam_args))
     on_stage("warehouse")
     warehouse.refresh_database(root)
     return summary
+
+
+def load_topology(path: str | None) -> Topology:
+    if path is None:
+        return Topology.empty()
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            payload = handle.read()
+    except (OSError, IOError) as error:
+        raise RunError(f"cannot read topology file {path!r}: {error}") from None
+    try:
+        return Topology.from_csv_bytes(payload, path)
+    except TopologyError as error:
+        raise RunError(str(error)) from None
+
+
+def run_analysis(root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = ()) -> dict[str, int]:
+    """Job analysis of one hour, continuing from the previous hour's state; the hour's ingest
+    partitions must exist. Returns the rows written per table."""
+    paths = [warehouse.partition_dir(root, t, hour) / warehouse.DATA_FILE for t in ("flow_minutes", "flows")]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise RunError(f"hour {hour:%Y-%m-%d %H}:00 has not been ingested: {', '.join(missing)} missing")
+    hour_ns = int(hour.timestamp()) * 10**9
+    options, runner = pipeline_options(beam_args)
+    pipeline = beam.Pipeline(runner=runner, options=options)
+    (
+        pipeline
+        | "Analyze" >> AnalyzeHour(
+            str(paths[0]), str(paths[1]), topology, previous_hour_state(root, hour), hour_ns, hour_ns + HOUR_NS
+        )
+        | "Write" >> beam.ParDo(WriteAnalysis(str(root), hour))
+    )
+    pipeline.run().wait_until_finish()
+    return warehouse.read_stats(root, hour, "analysis_counts")

@@ -1,0 +1,117 @@
+"""Analysis of one hour: job recognition over the hour's flow_minutes, then the flows keyed by job.
+
+Recognition runs on one small element (the hour's per-minute pair aggregates). The hour's flows
+are read as Parquet row groups, split by job with the recognition as a side input, grouped by
+job_id, and each job is analyzed on its own, so jobs spread over workers on a distributed runner.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from pipelines import warehouse
+from prism_core import jobs
+from prism_core.analysis import analyze_job, assemble_hour, split_flows_by_job
+from prism_core.topology import Topology
+
+NAMESPACE = "prism.analyze"
+
+
+def concat(parts: list[pa.Table]) -> pa.Table:
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+class ReadRowGroups(beam.DoFn):
+    """A Parquet file -> its row groups, one Arrow table each."""
+
+    def process(self, path: str):
+        with FileSystems.open(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            for index in range(parquet.num_row_groups):
+                yield parquet.read_row_group(index)
+
+
+class SplitByJob(beam.DoFn):
+    def __init__(self):
+        self.unassigned = Metrics.counter(NAMESPACE, "flows_without_job")
+
+    def process(self, flows, recognition):
+        assigned = 0
+        for job_id, job_flows in split_flows_by_job(flows, recognition.membership):
+            assigned += job_flows.num_rows
+            yield job_id, job_flows
+        self.unassigned.inc(flows.num_rows - assigned)
+
+
+class AnalyzeJob(beam.DoFn):
+    def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int):
+        self.previous = previous or {}
+        self.hour = (hour_start_ns, hour_end_ns)
+
+    def process(self, element, recognition):
+        job_id, batches = element
+        yield analyze_job(job_id, list(batches), recognition, self.previous, *self.hour)
+
+
+class AnalyzeHour(beam.PTransform):
+    """An hour's flow_minutes and flows partitions -> one HourAnalysis element."""
+
+    def __init__(self, minutes_path: str, flows_path: str, topology: Topology, previous: dict | None,
+                 hour_start_ns: int, hour_end_ns: int):
+        super().__init__()
+        self.paths = (minutes_path, flows_path)
+        self.topology, self.previous = topology, previous or {}
+        self.hour = (hour_start_ns, hour_end_ns)
+
+    def expand(self, pipeline):
+        minutes_path, flows_path = self.paths
+        recognition = (
+            pipeline
+            | "MinutesFile" >> beam.Create([minutes_path])
+            | "ReadMinutes" >> beam.ParDo(ReadRowGroups())
+            | "OneTable" >> beam.combiners.ToList()
+            | "Recognize" >> beam.Map(
+                lambda parts: jobs.recognize_hour(
+                    concat(parts), self.topology, self.previous.get("jobs"), self.hour[0]
+                )
+            )
+        )
+        recognition_side = beam.pvalue.AsSingleton(recognition)
+        return (
+            pipeline
+            | "FlowsFile" >> beam.Create([flows_path])
+            | "ReadFlows" >> beam.ParDo(ReadRowGroups())
+            | "SplitByJob" >> beam.ParDo(SplitByJob(), recognition_side)
+            | "GroupByJob" >> beam.GroupByKey()
+            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour), recognition_side)
+            | "AllJobs" >> beam.combiners.ToList()
+            | "AssembleHour" >> beam.Map(
+                lambda analyses, rec: assemble_hour(analyses, rec, self.previous), recognition_side
+            )
+        )
+
+
+class WriteAnalysis(beam.DoFn):
+    """Writes the hour's analysis tables and the state the next hour continues from."""
+
+    def __init__(self, root: str, hour: datetime):
+        self.root, self.hour = root, hour
+
+    def process(self, analysis):
+        for name, rows in analysis.tables.items():
+            warehouse.write_partition(self.root, name, self.hour, rows)
+        counts = {name: rows.num_rows for name, rows in analysis.tables.items()}
+        warehouse.write_json(warehouse.stats_path(self.root, self.hour, "analysis_counts"), counts)
+        # Written last: the next hour continues only from an hour whose tables are all in place.
+        warehouse.write_json(warehouse.stats_path(self.root, self.hour, "analysis"), analysis.state)
+        yield counts
+
+
+def previous_hour_state(root: str, hour: datetime) -> dict | None:
+    return warehouse.read_stats(root, hour - timedelta(hours=1), "analysis")

@@ -1,0 +1,134 @@
+"""The per-hour analysis: recognize jobs, then analyze each job's flows on their own.
+
+The pipeline runs these pieces as separate Beam steps (recognition over the hour's small
+`flow_minutes`, then the flows keyed by job); `analyze_hour` runs them in one process for tests
+and for small inputs, and both paths share every function here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism_core import diagnosis, jobs, parallelism, timeline
+from prism_core.arrays import group_indices
+from prism_core.minutes import MINUTE_NS
+from prism_core.schema import TABLES
+from prism_core.topology import Topology
+
+ANALYSIS_TABLES = ("jobs", "job_gpus", "comm_pairs", "steps", "issues")
+
+
+@dataclass
+class JobAnalysis:
+    job_id: str
+    tables: dict[str, pa.Table]  # job_gpus, comm_pairs, steps, issues of this job
+    degrees: dict[str, int]  # dp, pp, tp
+    state: dict
+
+
+@dataclass
+class HourAnalysis:
+    tables: dict[str, pa.Table]  # ANALYSIS_TABLES
+    state: dict
+
+
+def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[str, pa.Table]]:
+    """(job_id, flows) for each job: a flow belongs to the job whose member sent it while a member
+    (within a minute's slack, since membership is known to the minute). Flows of no job (idle
+    hosts, background endpoints) are dropped here: they have no job to be analyzed with."""
+    if flows.num_rows == 0 or membership.num_rows == 0:
+        return
+    addrs = pc.unique(pa.concat_arrays([membership["addr"].combine_chunks(), flows["src_addr"].combine_chunks()]))
+    base = int(pc.min(membership["first_ns"]).as_py()) - MINUTE_NS
+    # One sortable int64 per (address, interval start): address code in the high bits.
+    shift = np.int64(1 << 44)  # > 4 hours in ns, the widest span a run hands over
+    member_code = pc.index_in(membership["addr"], value_set=addrs).to_numpy().astype(np.int64)
+    member_key = member_code * shift + (membership["first_ns"].to_numpy() - MINUTE_NS - base)
+    order = np.argsort(member_key, kind="stable")
+    member_key = member_key[order]
+
+    flow_code = pc.index_in(flows["src_addr"], value_set=addrs).to_numpy().astype(np.int64)
+    flow_start = flows["time_flow_start_ns"].to_numpy()
+    flow_key = flow_code * shift + np.clip(flow_start - base, 0, shift - 1)
+    candidate = np.searchsorted(member_key, flow_key, side="right") - 1
+    valid = candidate >= 0
+    row = order[np.where(valid, candidate, 0)]
+    last_ns = membership["last_ns"].to_numpy()[row] + MINUTE_NS
+    belongs = valid & (member_code[row] == flow_code) & (flow_start <= last_ns)
+
+    kept = np.flatnonzero(belongs)
+    job_ids = membership["job_id"].to_numpy(zero_copy_only=False)
+    for job_id, rows in group_indices(job_ids[row[kept]]):
+        yield str(job_id), flows.take(kept[rows])
+
+
+def analyze_job(
+    job_id: str,
+    batches: list[pa.Table],
+    recognition: jobs.Recognition,
+    previous: dict,
+    hour_start_ns: int,
+    hour_end_ns: int,
+) -> JobAnalysis:
+    """Parallelism, steps and issues of one job over one hour."""
+    flows = pa.concat_tables(batches) if len(batches) > 1 else batches[0]
+    members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
+    events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
+    restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
+
+    found = parallelism.identify_parallelism(job_id, flows, members)
+    steps = timeline.divide_steps(
+        job_id, flows, found.comm_pairs, previous.get("timeline", {}).get(job_id),
+        hour_start_ns, hour_end_ns, restarts_ns,
+    )
+    diagnosed = diagnosis.diagnose_job(
+        job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
+        previous.get("diagnosis", {}).get(job_id), hour_start_ns, hour_end_ns,
+    )
+    return JobAnalysis(
+        job_id,
+        tables={"job_gpus": found.job_gpus, "comm_pairs": found.comm_pairs,
+                "steps": steps.steps, "issues": diagnosed.issues},
+        degrees={"dp": found.dp, "pp": found.pp, "tp": found.tp},
+        state={"timeline": steps.state, "diagnosis": diagnosed.state},
+    )
+
+
+def assemble_hour(analyses: list[JobAnalysis], recognition: jobs.Recognition, previous: dict | None) -> HourAnalysis:
+    """The hour's tables from every job's analysis, and the state the next hour starts from."""
+    analyses = sorted(analyses, key=lambda a: a.job_id)
+    degrees = {a.job_id: a.degrees for a in analyses}
+    job_table = recognition.jobs
+    for name in ("dp", "pp", "tp"):
+        values = pa.array([degrees.get(j, {}).get(name) for j in job_table["job_id"].to_pylist()], pa.int32())
+        job_table = job_table.set_column(job_table.schema.get_field_index(name), name, values)
+    tables = {"jobs": job_table}
+    for name in ANALYSIS_TABLES[1:]:
+        parts = [a.tables[name] for a in analyses]
+        tables[name] = pa.concat_tables(parts).cast(TABLES[name]) if parts else TABLES[name].empty_table()
+
+    state = {"jobs": recognition.state}
+    for stage in ("timeline", "diagnosis"):
+        carried = dict((previous or {}).get(stage, {}))
+        carried.update({a.job_id: a.state[stage] for a in analyses})
+        state[stage] = {job_id: s for job_id, s in sorted(carried.items()) if s is not None}
+    return HourAnalysis(tables=tables, state=state)
+
+
+def analyze_hour(
+    flows: pa.Table, flow_minutes: pa.Table, topology: Topology, previous: dict | None, hour_start_ns: int
+) -> HourAnalysis:
+    """The whole analysis of one hour in one process (what the Beam pipeline distributes)."""
+    previous = previous or {}
+    recognition = jobs.recognize_hour(flow_minutes, topology, previous.get("jobs"), hour_start_ns)
+    hour_end_ns = hour_start_ns + 60 * MINUTE_NS
+    analyses = [
+        analyze_job(job_id, [job_flows], recognition, previous, hour_start_ns, hour_end_ns)
+        for job_id, job_flows in split_flows_by_job(flows, recognition.membership)
+    ]
+    return assemble_hour(analyses, recognition, previous)

@@ -1,0 +1,108 @@
+"""The Beam ingest on a real in-process runner: minute windows, dedup across files, quarantine,
+hour assignment and the conservation of rows."""
+
+import json
+from datetime import datetime, timezone
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipelines import warehouse
+from pipelines.ingest import HourRange, IngestFlows
+from pipelines.run import infer_range, run_ingest
+from prism_core.minutes import HOUR_NS, MINUTE_NS
+
+HOUR0 = datetime(2026, 11, 22, 5, tzinfo=timezone.utc)
+T0 = int(HOUR0.timestamp()) * 10**9
+
+
+def flow(start_ns, src="10.0.0.1", dst="10.0.1.1", size=1000):
+    return {
+        "time_flow_start_ns": start_ns,
+        "time_flow_end_ns": start_ns + 1_000_000,
+        "src_addr": src,
+        "dst_addr": dst,
+        "bytes": size,
+        "packets": 1,
+        "src_port": 50000,
+        "dst_port": 4791,
+        "proto": 17,
+        "sampling_rate": 1,
+    }
+
+
+def write_inputs(directory):
+    """Two files over two hours: 6 good rows, 1 duplicate across files, 2 bad rows, 1 row
+    of a third hour (outside the range used below)."""
+    directory.mkdir()
+    good = [
+        flow(T0 + 10 * 10**9),
+        flow(T0 + 10 * 10**9 + 5, size=2000),
+        flow(T0 + 90 * 10**9),  # minute 1
+        flow(T0 + HOUR_NS - 1),  # last instant of hour 0
+        flow(T0 + HOUR_NS + 5 * MINUTE_NS),
+        flow(T0 + HOUR_NS + 5 * MINUTE_NS, dst="10.0.2.1"),
+    ]
+    pq.write_table(pa.Table.from_pylist(good[:4]), directory / "a.parquet")
+    lines = [json.dumps(r) for r in good[4:] + [good[0], flow(T0 + 3 * HOUR_NS)]]
+    lines.append(json.dumps({**flow(T0 + 20 * 10**9), "bytes": -5}))  # bad, hour 0
+    lines.append("{not json")  # unparseable: goes to the file's median hour (hour 1)
+    (directory / "b.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_ingest_transform_windows_and_dedupes(tmp_path):
+    write_inputs(tmp_path / "in")
+    span = HourRange(T0, T0 + 2 * HOUR_NS)
+    with BeamTestPipeline(runner="FnApiRunner") as pipeline:
+        out = (
+            pipeline
+            | beam.Create(sorted(str(p) for p in (tmp_path / "in").iterdir()))
+            | IngestFlows(span)
+        )
+        minute_rows = out["minutes"] | beam.Map(
+            lambda kv: (kv[0], kv[1].minute_ns, kv[1].flows.num_rows, kv[1].duplicates)
+        )
+        assert_that(
+            minute_rows,
+            equal_to(
+                [
+                    (T0, T0, 2, 1),  # the duplicate of the first flow came from the other file
+                    (T0, T0 + MINUTE_NS, 1, 0),
+                    (T0, T0 + 59 * MINUTE_NS, 1, 0),
+                    (T0 + HOUR_NS, T0 + HOUR_NS + 5 * MINUTE_NS, 2, 0),
+                ]
+            ),
+            label="minutes",
+        )
+        reasons = out["quarantine"] | beam.FlatMap(
+            lambda kv: [(kv[0], r.split(":")[0]) for r in kv[1]["reason"].to_pylist()]
+        )
+        assert_that(
+            reasons, equal_to([(T0, "nonpositive_bytes"), (T0 + HOUR_NS, "unparseable")]), label="quarantine"
+        )
+
+
+def test_run_ingest_conserves_rows_and_is_idempotent(tmp_path):
+    write_inputs(tmp_path / "in")
+    hours = [HOUR0, datetime(2026, 11, 22, 6, tzinfo=timezone.utc)]
+    root = tmp_path / "wh"
+    summary = run_ingest(str(tmp_path / "in"), str(root), hours)
+    c = summary.counters
+    assert c["rows_read"] == 10
+    assert (c["flows"], c["quarantined"], c["duplicates"], c["out_of_range"]) == (6, 2, 1, 1)
+    assert c["rows_read"] == c["flows"] + c["quarantined"] + c["duplicates"] + c["out_of_range"]
+    assert summary.per_hour["2026-11-22-05:00"] == {"flows": 4, "flow_minutes": 3, "quarantine": 1, "duplicates": 1}
+    first = {t: warehouse.read_partition(root, t, HOUR0) for t in ("flows", "flow_minutes", "quarantine")}
+    run_ingest(str(tmp_path / "in"), str(root), hours)
+    for name, table in first.items():
+        assert warehouse.read_partition(root, name, HOUR0).equals(table), name
+
+
+def test_infer_range_covers_valid_flows(tmp_path):
+    write_inputs(tmp_path / "in")
+    first, end = infer_range(str(tmp_path / "in"))
+    assert first == HOUR0
+    assert end == datetime(2026, 11, 22, 9, tzinfo=timezone.utc)  # the stray row at hour 3
