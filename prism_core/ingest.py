@@ -1,0 +1,961 @@
+"""Parse, validate and type one flow file: bytes in, clean flows and quarantined records out.
+
+Every record read ends in exactly one place: `rows_read == clean.num_rows + quarantine.num_rows`.
+
+Containers and formats
+- `.gz` / `.zst` payloads are decompressed, recognised by suffix or by magic bytes; a suffix that
+  promises compression the bytes do not have, or a truncated/corrupt stream, rejects the file.
+- Parquet is recognised by its `PAR1` magic or suffix; JSON lines by `.json`/`.jsonl`/`.ndjson`;
+  CSV by `.csv`; otherwise text starting with `{` is JSON lines and any other text is CSV.
+- Text is UTF-8; a UTF-8 BOM is skipped and a UTF-16/32 BOM transcodes the file. A line that is
+  not valid UTF-8 is quarantined alone (`unparseable:encoding`); a text file holding NUL bytes is
+  binary, not flow text, and is rejected whole.
+
+Records and positions
+- A record is a non-blank line of JSON lines, a non-blank line after the header of CSV (quoted
+  fields cannot span lines), or a row of Parquet. `row` in the quarantine is the record's 0-based
+  position among the file's records (blank lines are not counted).
+- A file that cannot be read at all becomes one quarantine row with `row = -1` and counts as one
+  record read: `corrupt_file:<stage>: <error>` with the file's first bytes as `raw`. So does a
+  Parquet or CSV file whose schema/header lacks a required column (`missing_field:<col>`, `raw` =
+  its column names): the defect belongs to the file, not to each of its records. In JSON lines
+  every record carries its own fields, so a missing field quarantines that record only.
+- An empty file (0 bytes, blank lines only, a bare CSV header, a Parquet file with no rows) reads
+  0 records and quarantines nothing.
+- A line that does not parse is quarantined alone with `unparseable:<json_syntax | not_an_object |
+  csv_syntax | field_count | encoding>`; the rest of the file goes on.
+
+Values
+- Integer fields take integers, or text holding a decimal integer (`"1500"`, `" -7 "`), the same
+  in JSON, CSV and Parquet string columns, since CSV is all text. Fractions (`1.5`, even `1500.0`),
+  exponents, booleans, hex and anything that does not fit int64 are `bad_type:<col>`.
+- Null, absent, empty or blank text is missing: `missing_field:<col>` for required columns,
+  null in the clean table for optional ones.
+- Addresses must be IPv4 or IPv6 text. They are normalized to Python's canonical form (IPv6
+  compressed lowercase) and IPv4-mapped IPv6 (`::ffff:10.0.0.1`) becomes plain IPv4, so a NIC has
+  one name whichever way an exporter writes it; both ends must then be of one family.
+- `proto` is a number 0..255 or a name as goflow2 prints it (`UDP`, `TCP`, `ICMPv6`, ...,
+  case-insensitive).
+- `sampling_rate` 0 or absent means unsampled (goflow2 writes 0 when unknown) and is stored as 1;
+  `bytes` and `packets` are multiplied by it when it is above 1, before the size bounds apply.
+- Several problems on one record: the first in `CHECK_ORDER` is reported.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import functools
+import gzip
+import ipaddress
+import json
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import PurePosixPath
+from typing import BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+import zstandard
+
+from prism_core.schema import FLOW_OPTIONAL, FLOW_REQUIRED, FLOWS, QUARANTINE, TS, conform
+
+FLOW_FIELDS = FLOW_REQUIRED + FLOW_OPTIONAL
+INT_FIELDS = (
+    "time_flow_start_ns",
+    "time_flow_end_ns",
+    "bytes",
+    "packets",
+    "src_port",
+    "dst_port",
+    "time_received_ns",
+    "sampling_rate",
+)
+ADDRESS_FIELDS = ("src_addr", "dst_addr", "sampler_address")
+
+RAW_LIMIT = 2048  # bytes of a rejected record kept in `raw`
+MAX_FLOW_BYTES = 10**13  # 10 TB in one flow record is a counter bug, not traffic
+MAX_FLOW_PACKETS = 10**13
+MIN_TIME_NS = 946_684_800 * 10**9  # 2000-01-01
+MAX_TIME_NS = 4_102_444_800 * 10**9  # 2100-01-01
+MINUTE_NS = 60 * 10**9
+INT64_MAX_DIGITS = str(np.iinfo(np.int64).max)
+MAX_ADDRESS_TEXT = 64  # longest IPv6 text is 45 characters, plus a scope id
+
+# Reasons in the order they are checked: a record is reported under the first that applies.
+CHECK_ORDER = (
+    *(f"missing_field:{name}" for name in FLOW_REQUIRED),
+    "bad_type:time_flow_start_ns",
+    "bad_type:time_flow_end_ns",
+    "bad_type:bytes",
+    "bad_addr:src_addr",
+    "bad_addr:dst_addr",
+    "time_out_of_range",
+    "end_before_start",
+    "nonpositive_bytes",
+    "mixed_family",
+    "bad_type:packets",
+    "bad_type:src_port",
+    "bad_type:dst_port",
+    "bad_type:time_received_ns",
+    "bad_type:sampling_rate",
+    "bad_proto",
+    "bad_port:src_port",
+    "bad_port:dst_port",
+    "negative_packets",
+    "negative_sampling_rate",
+    "bad_addr:sampler_address",
+    "bytes_too_large",
+    "packets_too_large",
+)
+
+# IANA protocol numbers under the names goflow2 and common tools print.
+PROTOCOL_NUMBERS = {
+    "HOPOPT": 0,
+    "ICMP": 1,
+    "IGMP": 2,
+    "IPIP": 4,
+    "IPV4": 4,
+    "TCP": 6,
+    "EGP": 8,
+    "UDP": 17,
+    "IPV6": 41,
+    "RSVP": 46,
+    "GRE": 47,
+    "ESP": 50,
+    "AH": 51,
+    "ICMPV6": 58,
+    "IPV6-ICMP": 58,
+    "OSPF": 89,
+    "OSPFIGP": 89,
+    "PIM": 103,
+    "VRRP": 112,
+    "L2TP": 115,
+    "SCTP": 132,
+    "UDPLITE": 136,
+    "MPLS-IN-IP": 137,
+    "ETHERNET": 143,
+}
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+PARQUET_MAGIC = b"PAR1"
+COMPRESSION_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+FORMAT_SUFFIXES = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".csv": "csv",
+}
+# Longest BOMs first: the UTF-32 LE BOM starts with the UTF-16 LE one.
+TEXT_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+# Errors that mean "these bytes are not a readable file"; anything else is a bug and propagates.
+READ_ERRORS = (
+    pa.ArrowException,
+    OSError,
+    EOFError,
+    zlib.error,
+    zstandard.ZstdError,
+    UnicodeError,
+    csv.Error,
+)
+FALLBACK_RECORDS = 16  # text chunks this small that still fail are parsed line by line in Python
+
+
+@dataclass
+class ParsedFile:
+    clean: pa.Table  # schema FLOWS
+    quarantine: pa.Table  # schema QUARANTINE, ordered by row
+    quarantine_start_ns: np.ndarray  # per quarantine row: its valid start time, else -1
+    rows_read: int
+
+
+class _FileRejected(Exception):
+    """The file as a whole cannot yield records."""
+
+    def __init__(self, reason: str, raw: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.raw = raw
+
+
+def parse_flow_file(payload: bytes, source: str) -> ParsedFile:
+    """Parse one flow file (Parquet, JSON lines or CSV; optionally gzip/zstd) into clean flows and
+    quarantined records. Never raises on bad input: see the module docstring for the rules."""
+    name = PurePosixPath(source).name.lower()
+    try:
+        records = _read_records(payload, name)
+    except _FileRejected as rejected:
+        raw = rejected.raw if rejected.raw is not None else _text(payload[:RAW_LIMIT])
+        return _whole_file_rejected(source, rejected.reason, raw)
+    return _validate(records, source)
+
+
+# --- containers and formats ---------------------------------------------------------------------
+
+
+def _read_records(payload: bytes, name: str) -> _Records:
+    data, name = _decompress(payload, name)
+    if not data:
+        return _Records.empty()
+    if data[:4] == PARQUET_MAGIC or FORMAT_SUFFIXES.get(PurePosixPath(name).suffix) == "parquet":
+        return _read_parquet(data)
+    data = _utf8_text(data)
+    if not data:
+        return _Records.empty()
+    text_format = FORMAT_SUFFIXES.get(PurePosixPath(name).suffix)
+    if text_format is None:
+        text_format = "json" if data[:4096].lstrip()[:1] == b"{" else "csv"
+    lines = _Lines(data)
+    return _read_json_lines(lines) if text_format == "json" else _read_csv(lines)
+
+
+def _decompress(payload: bytes, name: str) -> tuple[bytes, str]:
+    """Decompressed bytes and the file name without its compression suffix."""
+    path = PurePosixPath(name)
+    promised = COMPRESSION_SUFFIXES.get(path.suffix)
+    if promised:
+        name = path.stem
+    if not payload:
+        return payload, name
+    codec = "gzip" if payload[:2] == GZIP_MAGIC else "zstd" if payload[:4] == ZSTD_MAGIC else None
+    if promised and codec != promised:
+        raise _FileRejected(f"corrupt_file:{promised}: no {promised} magic bytes")
+    try:
+        if codec == "gzip":
+            return gzip.decompress(payload), name
+        if codec == "zstd":
+            return _zstd_decompress(payload), name
+    except READ_ERRORS as error:
+        raise _FileRejected(_corrupt(codec, error)) from error
+    return payload, name
+
+
+def _zstd_decompress(payload: bytes) -> bytes:
+    """All frames of a zstd stream; a truncated last frame is an error (the streaming reader of
+    `zstandard` would silently return what it got)."""
+    parts = []
+    rest = payload
+    while rest:
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        parts.append(frame.decompress(rest))
+        if not frame.eof:
+            raise zstandard.ZstdError("truncated frame")
+        rest = frame.unused_data
+    return b"".join(parts)
+
+
+def _utf8_text(data: bytes) -> bytes:
+    for bom, encoding in TEXT_BOMS:
+        if data.startswith(bom):
+            try:
+                data = data.decode(encoding).encode("utf-8")
+            except UnicodeError as error:
+                raise _FileRejected(_corrupt("encoding", error)) from error
+            break
+    if b"\x00" in data:
+        raise _FileRejected("corrupt_file:encoding: NUL bytes in a text file")
+    return data
+
+
+def _corrupt(stage: str, error: Exception) -> str:
+    message = " ".join(str(error).split())[:160] or type(error).__name__
+    return f"corrupt_file:{stage}: {message}"
+
+
+def _whole_file_rejected(source: str, reason: str, raw: str) -> ParsedFile:
+    quarantine = pa.table(
+        {"source": [source], "row": [-1], "reason": [reason], "raw": [raw]}, schema=QUARANTINE
+    )
+    return ParsedFile(FLOWS.empty_table(), quarantine, np.array([-1], dtype=np.int64), 1)
+
+
+def _text(raw: bytes) -> str:
+    return raw[:RAW_LIMIT].decode("utf-8", "backslashreplace")
+
+
+# --- records: what the readers hand to validation -------------------------------------------------
+
+
+@dataclass
+class _Records:
+    """Parsed records of one file, before validation."""
+
+    columns: dict[str, pa.Array]  # flow fields the file has, any Arrow type, one value per record
+    positions: np.ndarray  # each record's 0-based position in the file
+    render: Callable[[np.ndarray], list[str]]  # raw text of records, by index into `columns`
+    unparseable: list[tuple[int, str, str]] = field(default_factory=list)  # position, reason, raw
+
+    @staticmethod
+    def empty() -> _Records:
+        return _Records({}, np.zeros(0, dtype=np.int64), lambda rows: [])
+
+    @property
+    def num_parsed(self) -> int:
+        return len(self.positions)
+
+
+def _read_parquet(data: bytes) -> _Records:
+    try:
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        schema = parquet.schema_arrow
+        if parquet.metadata.num_rows == 0:
+            return _Records.empty()
+        missing = [name for name in FLOW_REQUIRED if name not in schema.names]
+        if missing:
+            raise _FileRejected(f"missing_field:{missing[0]}", json.dumps(schema.names)[:RAW_LIMIT])
+        present = [name for name in FLOW_FIELDS if name in schema.names]
+        # Addresses repeat a lot: read them dictionary-encoded and validate each distinct one once.
+        dictionary = [
+            name
+            for name in ADDRESS_FIELDS
+            if name in present and _is_text(schema.field(name).type)
+        ]
+        parquet = pq.ParquetFile(
+            pa.BufferReader(data), metadata=parquet.metadata, read_dictionary=dictionary
+        )
+        table = parquet.read(columns=present, use_threads=True)
+        table.validate(full=True)  # corrupt pages can decode to invalid UTF-8
+    except READ_ERRORS as error:
+        raise _FileRejected(_corrupt("parquet", error)) from error
+
+    def render(rows: np.ndarray) -> list[str]:
+        return [
+            json.dumps(row, default=str, ensure_ascii=False)[:RAW_LIMIT]
+            for row in table.take(rows).to_pylist()
+        ]
+
+    columns = {name: _single_array(table[name]) for name in present}
+    return _Records(columns, np.arange(table.num_rows, dtype=np.int64), render)
+
+
+# --- text formats ---------------------------------------------------------------------------------
+
+
+class _Lines:
+    """The non-blank lines of a text file: the records of JSON lines, the header and records of
+    CSV. Spans exclude the line end (`\\n` or `\\r\\n`)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        buffer = np.frombuffer(data, dtype=np.uint8)
+        newlines = np.flatnonzero(buffer == ord("\n"))
+        starts = np.concatenate(([0], newlines + 1))
+        ends = np.concatenate((newlines, [len(data)]))
+        has_cr = (ends > starts) & (buffer[np.maximum(ends - 1, 0)] == ord("\r"))
+        ends = ends - has_cr
+        # Only lines that are empty or start with white space can be blank; check just those.
+        first = buffer[np.minimum(starts, len(data) - 1)]
+        maybe_blank = np.flatnonzero((ends <= starts) | np.isin(first, (9, 13, 32)))
+        blank = [i for i in maybe_blank.tolist() if not data[starts[i] : ends[i]].strip()]
+        keep = np.ones(len(starts), dtype=bool)
+        keep[blank] = False
+        self.starts = starts[keep]
+        self.ends = ends[keep]
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def chunk(self, first: int, stop: int) -> memoryview:
+        """Lines first..stop-1 with whatever blank lines lie between them, without copying."""
+        return memoryview(self.data)[self.starts[first] : self.ends[stop - 1]]
+
+    def line(self, index: int) -> bytes:
+        return self.data[self.starts[index] : self.ends[index]]
+
+    def raw(self, indices: np.ndarray) -> list[str]:
+        return [
+            _text(self.data[start : min(end, start + RAW_LIMIT)])
+            for start, end in zip(self.starts[indices].tolist(), self.ends[indices].tolist())
+        ]
+
+    @cached_property
+    def undecodable(self) -> set[int]:
+        """Lines that are not valid UTF-8 (checked only on lines holding non-ASCII bytes)."""
+        if self.data.isascii():
+            return set()
+        high = np.flatnonzero(np.frombuffer(self.data, dtype=np.uint8) >= 0x80)
+        candidates = np.unique(np.searchsorted(self.starts, high, side="right") - 1)
+        bad = set()
+        for index in candidates.tolist():
+            try:
+                self.line(index).decode("utf-8")
+            except UnicodeDecodeError:
+                bad.add(index)
+        return bad
+
+
+@dataclass
+class _TextFormat:
+    """How to parse lines of one text format: a fast Arrow reader for a run of lines, and a
+    Python parser for one line (returning flow fields as text, or raising _Unparseable)."""
+
+    read_chunk: Callable[[memoryview], pa.Table]
+    parse_line: Callable[[bytes], dict[str, str | None]]
+    fields: tuple[str, ...]
+
+
+class _Unparseable(Exception):
+    pass
+
+
+def _read_text(lines: _Lines, first: int, text_format: _TextFormat) -> _Records:
+    """Records of lines[first:], read by Arrow in the largest runs that parse cleanly.
+
+    A run that fails (bad syntax, a type that differs from its neighbours, a line that yields the
+    wrong number of rows) is halved until the bad lines are isolated in small runs, which are
+    parsed line by line in Python. A clean file is read in one Arrow call."""
+    pieces: list[tuple[np.ndarray, dict[str, pa.Array]]] = []
+    unparseable: list[tuple[int, str, str]] = []
+    fallback_rows: list[dict[str, str | None]] = []
+    fallback_positions: list[int] = []
+
+    def flush_fallback() -> None:
+        if fallback_positions:
+            columns = {
+                name: pa.array([row.get(name) for row in fallback_rows], pa.string())
+                for name in text_format.fields
+            }
+            pieces.append((np.array(fallback_positions, dtype=np.int64), columns))
+            fallback_rows.clear()
+            fallback_positions.clear()
+
+    def parse_lines(start: int, stop: int) -> None:
+        for index in range(start, stop):
+            position = index - first
+            if index in lines.undecodable:
+                unparseable.append((position, "unparseable:encoding", lines.raw([index])[0]))
+                continue
+            try:
+                fallback_rows.append(text_format.parse_line(lines.line(index)))
+                fallback_positions.append(position)
+            except _Unparseable as error:
+                unparseable.append((position, f"unparseable:{error}", lines.raw([index])[0]))
+
+    def read(start: int, stop: int) -> None:
+        if start == stop:
+            return
+        table = _try_chunk(text_format, lines.chunk(start, stop), stop - start)
+        if table is not None:
+            flush_fallback()
+            columns = {name: _single_array(table[name]) for name in table.column_names}
+            pieces.append((np.arange(start - first, stop - first, dtype=np.int64), columns))
+        elif stop - start <= FALLBACK_RECORDS:
+            parse_lines(start, stop)
+        else:
+            middle = (start + stop) // 2
+            read(start, middle)
+            read(middle, stop)
+
+    for start, stop in _decodable_runs(lines, first):
+        read(start, stop)
+        parse_lines(stop, min(stop + 1, len(lines)))  # the undecodable line after the run, if any
+    flush_fallback()
+
+    positions = np.concatenate([p for p, _ in pieces]) if pieces else np.zeros(0, np.int64)
+    columns = _merge_pieces(pieces, text_format.fields)
+    unparseable.sort()
+
+    def render(rows: np.ndarray) -> list[str]:
+        return lines.raw(positions[rows] + first)
+
+    return _Records(columns, positions, render, unparseable)
+
+
+def _decodable_runs(lines: _Lines, first: int) -> Iterator[tuple[int, int]]:
+    """Maximal runs [start, stop) of valid UTF-8 lines from `first`, each followed by one
+    undecodable line or the end; empty runs are included so that their bad line is handled."""
+    start = first
+    for bad in sorted(i for i in lines.undecodable if i >= first):
+        yield start, bad
+        start = bad + 1
+    yield start, len(lines)
+
+
+def _try_chunk(text_format: _TextFormat, chunk: memoryview, expected_rows: int) -> pa.Table | None:
+    """The chunk's flow fields when Arrow reads exactly one row per line, with usable types."""
+    try:
+        table = text_format.read_chunk(chunk)
+    except pa.ArrowException:
+        return None
+    if table.num_rows != expected_rows:
+        return None
+    table = table.select([name for name in table.column_names if name in text_format.fields])
+    usable = (pa.int64(), pa.string(), pa.null())
+    if any(column.type not in usable for column in table.columns):
+        # A JSON number column read as double may hold 1500 as well as 1500.0, which we judge
+        # differently; timestamps and nested values likewise lose their text. Let Python decide.
+        return None
+    return table
+
+
+def _merge_pieces(
+    pieces: list[tuple[np.ndarray, dict[str, pa.Array]]], fields: tuple[str, ...]
+) -> dict[str, pa.Array]:
+    """Concatenate pieces field by field. A field read as int64 in one piece and as text in
+    another is turned into text throughout, which validation parses back the same way."""
+    merged = {}
+    for name in fields:
+        types = {columns[name].type for _, columns in pieces if name in columns} - {pa.null()}
+        if not any(name in columns for _, columns in pieces):
+            continue
+        common = types.pop() if len(types) == 1 else pa.string() if types else pa.null()
+        merged[name] = pa.concat_arrays(
+            [
+                columns[name].cast(common) if name in columns else pa.nulls(len(positions), common)
+                for positions, columns in pieces
+            ]
+        )
+    return merged
+
+
+def _read_json_lines(lines: _Lines) -> _Records:
+    explicit = _json_sample_schema(lines)
+    options = [pa_json.ParseOptions()]  # infer every field's type
+    if explicit is not None:
+        options.insert(0, pa_json.ParseOptions(explicit, unexpected_field_behavior="ignore"))
+
+    def read_chunk(chunk: memoryview) -> pa.Table:
+        try:
+            return pa_json.read_json(pa.BufferReader(chunk), parse_options=options[0])
+        except pa.ArrowException:
+            if len(options) == 1:
+                raise
+            # The sample's types do not hold for the whole file: infer them from now on, so that
+            # a file whose types change halfway is still read in large runs.
+            options.pop(0)
+            return pa_json.read_json(pa.BufferReader(chunk), parse_options=options[0])
+
+    return _read_text(lines, 0, _TextFormat(read_chunk, _parse_json_line, FLOW_FIELDS))
+
+
+def _json_sample_schema(lines: _Lines, sample_lines: int = 1000) -> pa.Schema | None:
+    """Types of the flow fields, learnt from the first lines, so that the full read can skip the
+    dozens of other goflow2 fields (about 1.4x faster). None, to infer everything, when the sample
+    does not parse or a flow field it lacks appears later in the file."""
+    count = min(len(lines), sample_lines)
+    if count == 0 or lines.undecodable:
+        return None
+    try:
+        sample = pa_json.read_json(pa.BufferReader(lines.chunk(0, count)))
+    except pa.ArrowException:
+        return None
+    known = {
+        name: sample.schema.field(name).type
+        for name in FLOW_FIELDS
+        if name in sample.column_names
+        and sample.schema.field(name).type in (pa.int64(), pa.string())
+    }
+    unseen = [name for name in FLOW_FIELDS if name not in known]
+    if any(f'"{name}"'.encode() in lines.data for name in unseen):
+        return None
+    return pa.schema(list(known.items()))
+
+
+def _parse_json_line(line: bytes) -> dict[str, str | None]:
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError) as error:
+        raise _Unparseable("json_syntax") from error
+    if not isinstance(record, dict):
+        raise _Unparseable("not_an_object")
+    return {name: _json_value_as_text(record[name]) for name in FLOW_FIELDS if name in record}
+
+
+def _json_value_as_text(value: object) -> str | None:
+    """A JSON value as the text validation parses: integers and strings keep their meaning, any
+    other value (1.5, true, [..]) becomes its JSON text, which no field accepts."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return json.dumps(value)
+
+
+def _read_csv(lines: _Lines) -> _Records:
+    if len(lines) < 2:  # nothing, or a bare header
+        return _Records.empty()
+    header_text = lines.line(0).decode("utf-8", "backslashreplace")
+    try:
+        header = [name.strip() for name in next(csv.reader([header_text], strict=True))]
+    except csv.Error as error:
+        raise _FileRejected(_corrupt("csv_header", error), header_text[:RAW_LIMIT]) from error
+    missing = [name for name in FLOW_REQUIRED if name not in header]
+    if missing:
+        raise _FileRejected(f"missing_field:{missing[0]}", header_text[:RAW_LIMIT])
+    # Arrow wants unique column names: the first column of a name wins, the rest are ignored.
+    column_names = [
+        name if name in FLOW_FIELDS and header.index(name) == i else f"_ignored_{i}"
+        for i, name in enumerate(header)
+    ]
+    present = tuple(name for name in FLOW_FIELDS if name in column_names)
+    read_options = pa_csv.ReadOptions(column_names=column_names)
+    parse_options = pa_csv.ParseOptions(newlines_in_values=False)
+    convert_options = pa_csv.ConvertOptions(
+        include_columns=list(present), column_types={name: pa.string() for name in present}
+    )
+
+    def read_chunk(chunk: memoryview) -> pa.Table:
+        return pa_csv.read_csv(pa.BufferReader(chunk), read_options, parse_options, convert_options)
+
+    def parse_line(line: bytes) -> dict[str, str | None]:
+        try:
+            values = next(csv.reader([line.decode("utf-8")], strict=True), [])
+        except csv.Error as error:
+            raise _Unparseable("csv_syntax") from error
+        if len(values) != len(column_names):
+            raise _Unparseable("field_count")
+        return {name: value for name, value in zip(column_names, values) if name in present}
+
+    return _read_text(lines, 1, _TextFormat(read_chunk, parse_line, present))
+
+
+# --- typing: any Arrow column -> numpy values and masks -------------------------------------------
+
+
+@dataclass
+class _Column:
+    """A flow field across records: `values` where `ok`; `present` = not null, not blank."""
+
+    values: np.ndarray
+    present: np.ndarray
+    ok: np.ndarray
+
+    @staticmethod
+    def absent(n: int) -> _Column:
+        return _Column(np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, bool))
+
+
+def _single_array(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _mask(array: pa.Array) -> np.ndarray:
+    return np.asarray(array.fill_null(False), dtype=bool)
+
+
+def _valid(array: pa.Array) -> np.ndarray:
+    return np.ones(len(array), bool) if array.null_count == 0 else _mask(array.is_valid())
+
+
+def _is_text(data_type: pa.DataType) -> bool:
+    return pa.types.is_string(data_type) or pa.types.is_large_string(data_type)
+
+
+def _decoded(array: pa.Array) -> pa.Array:
+    return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
+
+
+def _holds_text(array: pa.Array) -> bool:
+    data_type = array.type
+    return _is_text(data_type.value_type if pa.types.is_dictionary(data_type) else data_type)
+
+
+def _dictionary(array: pa.Array) -> pa.DictionaryArray:
+    return array if pa.types.is_dictionary(array.type) else pc.dictionary_encode(array)
+
+
+def _int_column(array: pa.Array | None, n: int) -> _Column:
+    if array is None:
+        return _Column.absent(n)
+    array = _decoded(array)
+    if _is_text(array.type):
+        return _parse_int_text(array)
+    present = _valid(array)
+    if not pa.types.is_integer(array.type):
+        return _Column(np.zeros(n, np.int64), present, np.zeros(n, bool))
+    if array.type == pa.uint64():  # values above int64 do not fit: make them null, then cast
+        small = pc.less_equal(array, pa.scalar(np.iinfo(np.int64).max, pa.uint64()))
+        array = pc.if_else(small, array, pa.scalar(None, array.type))
+    values = pc.cast(array, pa.int64()).fill_null(0).to_numpy()
+    return _Column(values, present, _valid(array))
+
+
+def _parse_int_text(text: pa.Array) -> _Column:
+    """Decimal integer text -> int64, element by element, without raising on bad elements (and
+    stricter than Arrow's cast, which takes hex)."""
+    text = pc.utf8_trim_whitespace(text)
+    present = _mask(pc.greater(pc.utf8_length(text), 0))
+    magnitude = pc.utf8_ltrim(text, "-0")  # digits without sign and leading zeros
+    digits = pc.utf8_length(magnitude)
+    fits = pc.or_(
+        pc.less(digits, len(INT64_MAX_DIGITS)),
+        pc.and_(
+            pc.equal(digits, len(INT64_MAX_DIGITS)), pc.less_equal(magnitude, INT64_MAX_DIGITS)
+        ),
+    )
+    ok = present & _mask(pc.match_substring_regex(text, r"^-?[0-9]+$")) & _mask(fits)
+    parsed = pc.cast(pc.if_else(pa.array(ok), text, pa.scalar(None, text.type)), pa.int64())
+    return _Column(parsed.fill_null(0).to_numpy(), present, ok)
+
+
+PROTO_ABSENT, PROTO_UNKNOWN = -2, -1
+
+
+def _protocol_column(array: pa.Array | None, n: int) -> _Column:
+    if array is None or not _holds_text(array):
+        column = _int_column(array, n)
+        column.ok &= (column.values >= 0) & (column.values <= 255)
+        return column
+    encoded = _dictionary(array)
+    distinct = encoded.dictionary.to_pylist()
+    numbers = np.array([_protocol_number(text) for text in distinct] + [PROTO_ABSENT])
+    proto = numbers[encoded.indices.fill_null(len(distinct)).to_numpy()]
+    return _Column(np.maximum(proto, 0), proto != PROTO_ABSENT, proto >= 0)
+
+
+def _protocol_number(text: str) -> int:
+    text = text.strip()
+    if not text:
+        return PROTO_ABSENT
+    if text.isascii() and text.isdigit():
+        number = int(text)
+        return number if number <= 255 else PROTO_UNKNOWN
+    return PROTOCOL_NUMBERS.get(text.upper(), PROTO_UNKNOWN)
+
+
+@dataclass
+class _Addresses:
+    normalized: pa.Array  # text (dictionary-encoded when it came so), null where absent or invalid
+    family: np.ndarray  # 4 or 6; 0 absent; -1 invalid
+
+    @property
+    def present(self) -> np.ndarray:
+        return self.family != 0
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.family > 0
+
+
+def _address_column(array: pa.Array | None, n: int) -> _Addresses:
+    """Validate and normalize each distinct address once (dictionary encoding), not each row."""
+    if array is None:
+        return _Addresses(pa.nulls(n, pa.string()), np.zeros(n, np.int8))
+    if not _holds_text(array):
+        invalid = np.where(_valid(array), -1, 0).astype(np.int8)
+        return _Addresses(pa.nulls(n, pa.string()), invalid)
+    encoded = _dictionary(array)
+    checked = [_normalize_address(text) for text in encoded.dictionary.to_pylist()]
+    normalized = pa.array([text for text, _ in checked], pa.string())
+    families = np.array([family for _, family in checked] + [0], dtype=np.int8)
+    indices = encoded.indices
+    return _Addresses(
+        pa.DictionaryArray.from_arrays(indices, normalized),
+        families[indices.fill_null(len(checked)).to_numpy()],
+    )
+
+
+def _normalize_address(text: str) -> tuple[str | None, int]:
+    text = text.strip()
+    if not text:
+        return None, 0
+    if len(text) > MAX_ADDRESS_TEXT:  # and keep junk out of the cache
+        return None, -1
+    return _parse_address(text)
+
+
+# Flow files of one cluster repeat the same few thousand addresses: remember them across files.
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_address(text: str) -> tuple[str | None, int]:
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None, -1
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return str(address), address.version
+
+
+# --- validation -----------------------------------------------------------------------------------
+
+
+def _validate(records: _Records, source: str) -> ParsedFile:
+    n = records.num_parsed
+    columns = records.columns
+    ints = {name: _int_column(columns.get(name), n) for name in INT_FIELDS}
+    addresses = {name: _address_column(columns.get(name), n) for name in ADDRESS_FIELDS}
+    proto = _protocol_column(columns.get("proto"), n)
+
+    start, end, size = ints["time_flow_start_ns"], ints["time_flow_end_ns"], ints["bytes"]
+    packets, rate = ints["packets"], ints["sampling_rate"]
+    src, dst = addresses["src_addr"], addresses["dst_addr"]
+    scale = np.where(rate.ok & (rate.values > 1), rate.values, 1)
+    start_in_range = (start.values >= MIN_TIME_NS) & (start.values < MAX_TIME_NS)
+    end_in_range = (end.values >= MIN_TIME_NS) & (end.values < MAX_TIME_NS)
+    failures = {
+        **{f"missing_field:{name}": ~_present(name, ints, addresses) for name in FLOW_REQUIRED},
+        **{f"bad_type:{name}": ints[name].present & ~ints[name].ok for name in INT_FIELDS},
+        **{f"bad_addr:{name}": a.present & ~a.ok for name, a in addresses.items()},
+        "time_out_of_range": ~(start_in_range & end_in_range),
+        "end_before_start": end.values < start.values,
+        "nonpositive_bytes": size.values <= 0,
+        "mixed_family": src.family != dst.family,
+        "bad_proto": proto.present & ~proto.ok,
+        **{
+            f"bad_port:{name}": _out_of_port_range(ints[name])
+            for name in ("src_port", "dst_port")
+        },
+        "negative_packets": packets.ok & (packets.values < 0),
+        "negative_sampling_rate": rate.ok & (rate.values < 0),
+        "bytes_too_large": size.values * scale.astype(np.float64) > MAX_FLOW_BYTES,
+        "packets_too_large": packets.values * scale.astype(np.float64) > MAX_FLOW_PACKETS,
+    }
+    reason = np.full(n, -1, dtype=np.int16)
+    for code, check in enumerate(CHECK_ORDER):
+        reason[(reason < 0) & failures[check]] = code
+
+    good = reason < 0
+    bad = np.flatnonzero(~good)
+    clean = _clean_table(good, ints, addresses, proto, scale)
+    quarantine_starts = np.where(start.ok & start_in_range, start.values, -1)[bad]
+    reasons = np.array(CHECK_ORDER, dtype=object)[reason[bad]]
+    quarantine = _quarantine_table(source, records, bad, reasons)
+    starts = np.concatenate([quarantine_starts, np.full(len(records.unparseable), -1, np.int64)])
+    order = np.argsort(quarantine["row"].to_numpy(), kind="stable")
+    return ParsedFile(
+        clean,
+        quarantine.take(order),
+        starts[order],
+        n + len(records.unparseable),
+    )
+
+
+def _out_of_port_range(port: _Column) -> np.ndarray:
+    return port.ok & ((port.values < 0) | (port.values > 65535))
+
+
+def _present(name: str, ints: dict[str, _Column], addresses: dict[str, _Addresses]) -> np.ndarray:
+    return ints[name].present if name in ints else addresses[name].present
+
+
+def _clean_table(
+    good: np.ndarray,
+    ints: dict[str, _Column],
+    addresses: dict[str, _Addresses],
+    proto: _Column,
+    scale: np.ndarray,
+) -> pa.Table:
+    everything = bool(good.all())  # the common case: skip the copies that selection makes
+
+    def kept(values: np.ndarray) -> np.ndarray:
+        return values if everything else values[good]
+
+    def optional(column: _Column, values: np.ndarray, data_type: pa.DataType) -> pa.Array:
+        absent = ~kept(column.present)
+        return pa.array(kept(values), type=data_type, mask=absent if absent.any() else None)
+
+    def address(name: str) -> pa.Array:
+        normalized = addresses[name].normalized
+        return normalized if everything else normalized.filter(pa.array(good))
+
+    start = kept(ints["time_flow_start_ns"].values)
+    packets, received = ints["packets"], ints["time_received_ns"]
+    table = pa.table(
+        {
+            "time_flow_start_ns": start,
+            "time_flow_end_ns": kept(ints["time_flow_end_ns"].values),
+            "src_addr": address("src_addr"),
+            "dst_addr": address("dst_addr"),
+            "bytes": kept(ints["bytes"].values * scale),
+            "packets": optional(packets, packets.values * scale, pa.int64()),
+            "src_port": optional(ints["src_port"], ints["src_port"].values, pa.int32()),
+            "dst_port": optional(ints["dst_port"], ints["dst_port"].values, pa.int32()),
+            "proto": optional(proto, proto.values, pa.int16()),
+            "sampler_address": address("sampler_address"),
+            "time_received_ns": optional(received, received.values, pa.int64()),
+            "sampling_rate": kept(scale),
+            "minute": pa.array(start // MINUTE_NS * MINUTE_NS, type=TS),
+        }
+    )
+    return conform(table, FLOWS)
+
+
+def _quarantine_table(
+    source: str, records: _Records, bad: np.ndarray, reasons: np.ndarray
+) -> pa.Table:
+    unparseable = records.unparseable
+    rows = np.concatenate([records.positions[bad], np.array([u[0] for u in unparseable], np.int64)])
+    return pa.table(
+        {
+            "source": pa.array([source] * len(rows), pa.string()),
+            "row": rows,
+            "reason": reasons.tolist() + [u[1] for u in unparseable],
+            "raw": records.render(bad) + [u[2] for u in unparseable],
+        },
+        schema=QUARANTINE,
+    )
+
+
+# --- duplicates and footers -----------------------------------------------------------------------
+
+SORT_KEYS = ("time_flow_start_ns", "src_addr", "dst_addr", "src_port", "dst_port", "bytes")
+# Two exporters that report one flow differ only in who sent it and when it arrived.
+REPORTER = ("time_received_ns", "sampler_address")
+IDENTITY = tuple(name for name in FLOWS.names if name not in REPORTER)
+
+
+def dedupe(flows: pa.Table) -> tuple[pa.Table, int]:
+    """Drop exact duplicate flows (equal on IDENTITY). The table is sorted by SORT_KEYS, then by
+    every other column, so the copy kept (earliest received) and the output bytes do not depend
+    on the input order. Returns (table, number of rows dropped)."""
+    order = [*SORT_KEYS, *(name for name in IDENTITY if name not in SORT_KEYS), *REPORTER]
+    ordered = flows.take(
+        pc.sort_indices(flows, sort_keys=[(name, "ascending", "at_end") for name in order])
+    )
+    if ordered.num_rows < 2:
+        return ordered, 0
+    repeat = np.ones(ordered.num_rows - 1, dtype=bool)
+    for name in IDENTITY:
+        column = ordered[name].combine_chunks()
+        current, previous = column.slice(1), column.slice(0, len(column) - 1)
+        both_null = _mask(pc.and_(current.is_null(), previous.is_null()))
+        repeat &= _mask(pc.equal(current, previous)) | both_null
+    keep = np.concatenate(([True], ~repeat))
+    return ordered.filter(pa.array(keep)), int(repeat.sum())
+
+
+def parquet_time_bounds(file: BinaryIO | pa.NativeFile) -> tuple[int, int] | None:
+    """(min, max) time_flow_start_ns of a Parquet file from its footer statistics, reading no data,
+    so a run can skip files outside its hours. `file` is seekable; its position is left anywhere.
+    None when it cannot tell: not Parquet, no such int64 column, a row group without statistics,
+    or statistics outside the valid time range (invalid rows; parse the file to learn the bounds
+    of its valid ones)."""
+    try:
+        metadata = pq.ParquetFile(file).metadata
+    except READ_ERRORS:
+        return None
+    columns = [
+        i
+        for i in range(metadata.num_columns)
+        if metadata.schema.column(i).path == "time_flow_start_ns"
+        and metadata.schema.column(i).physical_type == "INT64"
+        and metadata.schema.column(i).logical_type.type in ("NONE", "INT")
+    ]
+    if not columns or metadata.num_row_groups == 0:
+        return None
+    lows, highs = [], []
+    for group in range(metadata.num_row_groups):
+        statistics = metadata.row_group(group).column(columns[0]).statistics
+        if statistics is None or not statistics.has_min_max:
+            return None
+        lows.append(statistics.min)
+        highs.append(statistics.max)
+    low, high = min(lows), max(highs)
+    if low < MIN_TIME_NS or high >= MAX_TIME_NS:
+        return None
+    return int(low), int(high)

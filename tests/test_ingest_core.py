@@ -1,0 +1,609 @@
+"""prism_core.ingest: formats, reason codes, conservation, typing, dedupe and footer bounds."""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import gzip
+import io
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from prism_core.ingest import (
+    CHECK_ORDER,
+    RAW_LIMIT,
+    ParsedFile,
+    dedupe,
+    parquet_time_bounds,
+    parse_flow_file,
+)
+from prism_core.schema import FLOW_OPTIONAL, FLOW_REQUIRED, FLOWS, QUARANTINE
+
+T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
+FIELDS = FLOW_REQUIRED + FLOW_OPTIONAL
+
+
+def record(**overrides) -> dict:
+    """A valid goflow2-style record; an override of None removes the field."""
+    base = {
+        "type": "IPFIX",
+        "time_received_ns": T0 + 2_000_000,
+        "sequence_num": 7,
+        "sampling_rate": 0,
+        "sampler_address": "10.255.0.1",
+        "time_flow_start_ns": T0 + 1_000,
+        "time_flow_end_ns": T0 + 501_000,
+        "bytes": 4096,
+        "packets": 4,
+        "src_addr": "10.1.2.3",
+        "dst_addr": "10.1.2.4",
+        "etype": "IPv4",
+        "proto": "UDP",
+        "src_port": 49152,
+        "dst_port": 4791,
+    }
+    base.update(overrides)
+    return {key: value for key, value in base.items() if value is not None}
+
+
+def as_jsonl(records: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+def csv_text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def as_csv(records: list[dict], columns: tuple[str, ...] = FIELDS) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for r in records:
+        writer.writerow([csv_text(r.get(c)) for c in columns])
+    return out.getvalue().encode()
+
+
+def as_parquet(records: list[dict], columns: tuple[str, ...] = FIELDS, **options) -> bytes:
+    """Typed columns where the values agree on a type, text columns where they do not."""
+    arrays = {}
+    for name in columns:
+        values = [r.get(name) for r in records]
+        kinds = {type(v) for v in values if v is not None}
+        if kinds <= {int}:
+            arrays[name] = pa.array(values, pa.int64())
+        elif kinds <= {str}:
+            arrays[name] = pa.array(values, pa.string())
+        else:
+            arrays[name] = pa.array([None if v is None else csv_text(v) for v in values])
+    buffer = io.BytesIO()
+    pq.write_table(pa.table(arrays), buffer, **options)
+    return buffer.getvalue()
+
+
+ENCODERS = {"jsonl": as_jsonl, "csv": as_csv, "parquet": as_parquet}
+
+
+def parse(payload: bytes, source: str) -> ParsedFile:
+    """parse_flow_file, checking what must hold for every file."""
+    parsed = parse_flow_file(payload, source)
+    assert parsed.clean.schema == FLOWS
+    assert parsed.quarantine.schema == QUARANTINE
+    assert parsed.rows_read == parsed.clean.num_rows + parsed.quarantine.num_rows
+    assert len(parsed.quarantine_start_ns) == parsed.quarantine.num_rows
+    assert parsed.quarantine_start_ns.dtype == np.int64
+    return parsed
+
+
+def quarantined(parsed: ParsedFile) -> list[tuple[int, str]]:
+    return list(zip(parsed.quarantine["row"].to_pylist(), parsed.quarantine["reason"].to_pylist()))
+
+
+# --- one crafted bad record, in every format ------------------------------------------------------
+
+BAD_RECORDS = [
+    *((f"missing_field:{name}", {name: None}) for name in FLOW_REQUIRED),
+    ("missing_field:bytes", {"bytes": "  "}),
+    ("bad_type:time_flow_start_ns", {"time_flow_start_ns": "abc"}),
+    ("bad_type:time_flow_end_ns", {"time_flow_end_ns": "1767225600000000000x"}),
+    ("bad_type:bytes", {"bytes": "abc"}),
+    ("bad_type:bytes", {"bytes": 1.5}),
+    ("bad_type:bytes", {"bytes": 1500.0}),
+    ("bad_type:bytes", {"bytes": True}),
+    ("bad_type:bytes", {"bytes": "0x10"}),
+    ("bad_type:bytes", {"bytes": "99999999999999999999"}),
+    ("bad_addr:src_addr", {"src_addr": "10.0.0.256"}),
+    ("bad_addr:src_addr", {"src_addr": "010.0.0.1"}),
+    ("bad_addr:dst_addr", {"dst_addr": "gpu-7"}),
+    ("time_out_of_range", {"time_flow_start_ns": 5, "time_flow_end_ns": 10}),
+    ("time_out_of_range", {"time_flow_end_ns": 4_200_000_000 * 10**9}),
+    ("end_before_start", {"time_flow_end_ns": T0}),
+    ("nonpositive_bytes", {"bytes": 0}),
+    ("nonpositive_bytes", {"bytes": -5}),
+    ("mixed_family", {"dst_addr": "fd00::4"}),
+    ("bad_type:packets", {"packets": "four"}),
+    ("bad_type:src_port", {"src_port": 1.5}),
+    ("bad_type:dst_port", {"dst_port": "roce"}),
+    ("bad_type:time_received_ns", {"time_received_ns": "yesterday"}),
+    ("bad_type:sampling_rate", {"sampling_rate": "1/100"}),
+    ("bad_proto", {"proto": "FOO"}),
+    ("bad_proto", {"proto": 256}),
+    ("bad_proto", {"proto": -1}),
+    ("bad_port:src_port", {"src_port": 70000}),
+    ("bad_port:dst_port", {"dst_port": -1}),
+    ("negative_packets", {"packets": -1}),
+    ("negative_sampling_rate", {"sampling_rate": -100}),
+    ("bad_addr:sampler_address", {"sampler_address": "exporter-1"}),
+    ("bytes_too_large", {"bytes": 10**13 + 1}),
+    ("bytes_too_large", {"bytes": 10**7, "sampling_rate": 10**7}),
+    ("packets_too_large", {"packets": 10**14}),
+]
+
+
+@pytest.mark.parametrize("file_format", ENCODERS)
+@pytest.mark.parametrize(("reason", "overrides"), BAD_RECORDS, ids=[r for r, _ in BAD_RECORDS])
+def test_each_reason_code_in_each_format(file_format, reason, overrides):
+    records = [record(), record(**overrides), record(src_port=50000)]
+    parsed = parse(ENCODERS[file_format](records), f"flows.{file_format}")
+    assert quarantined(parsed) == [(1, reason)]
+    assert parsed.clean.num_rows == 2
+    assert parsed.clean["src_port"].to_pylist() == [49152, 50000]
+
+
+def test_every_reason_code_is_covered():
+    assert {reason for reason, _ in BAD_RECORDS} == set(CHECK_ORDER)
+
+
+def test_first_problem_in_check_order_is_reported():
+    bad = record(src_addr=None, bytes=-5, proto="FOO")
+    parsed = parse(as_jsonl([bad]), "f.jsonl")
+    assert quarantined(parsed) == [(0, "missing_field:src_addr")]
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b'{"bytes": 5', "unparseable:json_syntax"),
+        (b"[1, 2, 3]", "unparseable:not_an_object"),
+        (b"42", "unparseable:not_an_object"),
+        (b'{"a": 1}{"b": 2}', "unparseable:json_syntax"),
+        ('{"src_addr": "caf\xe9"}'.encode("latin-1"), "unparseable:encoding"),
+    ],
+)
+def test_unparseable_json_lines_are_quarantined_alone(line, reason):
+    payload = as_jsonl([record()]) + line + b"\n" + as_jsonl([record(), record()])
+    parsed = parse(payload, "f.jsonl")
+    assert quarantined(parsed) == [(1, reason)]
+    assert parsed.quarantine["raw"][0].as_py() == line.decode("utf-8", "backslashreplace")
+    assert parsed.quarantine_start_ns.tolist() == [-1]
+    assert parsed.clean.num_rows == 3
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b"1,2,3", "unparseable:field_count"),
+        (b'"unterminated,2', "unparseable:csv_syntax"),
+        ("caf\xe9".encode("latin-1"), "unparseable:encoding"),
+    ],
+)
+def test_unparseable_csv_rows_are_quarantined_alone(line, reason):
+    header, first = as_csv([record()]).splitlines(keepends=True)
+    payload = header + first + line + b"\n" + as_csv([record()]).splitlines(keepends=True)[1]
+    parsed = parse(payload, "f.csv")
+    assert quarantined(parsed) == [(1, reason)]
+    assert parsed.clean.num_rows == 2
+
+
+def test_rows_count_records_not_blank_lines():
+    payload = b"\n  \n" + as_jsonl([record()]) + b"\r\n\n" + as_jsonl([record(bytes=-1)]) + b"\n"
+    parsed = parse(payload, "f.jsonl")
+    assert parsed.rows_read == 2
+    assert quarantined(parsed) == [(1, "nonpositive_bytes")]
+    assert parsed.quarantine["raw"][0].as_py() == json.dumps(record(bytes=-1))
+
+
+def test_a_few_bad_lines_among_many_are_found_and_the_rest_kept():
+    records = [record(bytes=1000 + i) for i in range(5000)]
+    lines = as_jsonl(records).splitlines()
+    for row in (0, 1234, 1235, 4999):
+        lines[row] = b'{"bytes": oops'
+    lines[3000] = json.dumps(record(bytes=1.5)).encode()  # a float makes Arrow read doubles
+    parsed = parse(b"\n".join(lines), "f.jsonl")
+    assert quarantined(parsed) == [
+        (0, "unparseable:json_syntax"),
+        (1234, "unparseable:json_syntax"),
+        (1235, "unparseable:json_syntax"),
+        (3000, "bad_type:bytes"),
+        (4999, "unparseable:json_syntax"),
+    ]
+    expected = [1000 + i for i in range(5000) if i not in (0, 1234, 1235, 3000, 4999)]
+    assert parsed.clean["bytes"].to_pylist() == expected
+
+
+def test_json_types_that_change_along_the_file_are_all_read():
+    # The first 1000 lines teach the fast reader text protocols and int bytes; later lines differ.
+    records = [record(bytes=100 + i) for i in range(1500)]
+    records += [record(proto=6, bytes=str(5000 + i), packets=None) for i in range(1500)]
+    records += [record(packets=9)]
+    parsed = parse(as_jsonl(records), "f.jsonl")
+    assert parsed.quarantine.num_rows == 0
+    assert parsed.clean["proto"].to_pylist() == [17] * 1500 + [6] * 1500 + [17]
+    assert parsed.clean["bytes"].to_pylist()[1499:1501] == [1599, 5000]
+    assert parsed.clean["packets"].to_pylist()[-2:] == [None, 9]
+
+
+def test_a_field_first_seen_after_the_sample_is_kept():
+    records = [record(packets=None) for _ in range(1200)] + [record(packets=3)]
+    parsed = parse(as_jsonl(records), "f.jsonl")
+    assert parsed.clean["packets"].to_pylist()[-2:] == [None, 3]
+
+
+# --- whole files ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("file_format", ["csv", "parquet"])
+def test_schema_without_a_required_column_rejects_the_file(file_format):
+    columns = tuple(c for c in FIELDS if c != "dst_addr")
+    payload = ENCODERS[file_format]([record(), record()], columns)
+    parsed = parse(payload, f"f.{file_format}")
+    assert parsed.rows_read == 1
+    assert quarantined(parsed) == [(-1, "missing_field:dst_addr")]
+    assert "src_addr" in parsed.quarantine["raw"][0].as_py()
+
+
+def test_json_lines_without_a_required_field_quarantine_each_record():
+    parsed = parse(as_jsonl([record(dst_addr=None)] * 3), "f.jsonl")
+    assert quarantined(parsed) == [(i, "missing_field:dst_addr") for i in range(3)]
+
+
+def zstd(payload: bytes) -> bytes:
+    return zstandard.ZstdCompressor().compress(payload)
+
+
+def parquet_bytes() -> bytes:
+    return as_parquet([record(bytes=100 + i) for i in range(500)])
+
+
+@pytest.mark.parametrize(
+    ("payload", "source", "stage"),
+    [
+        (parquet_bytes()[: len(parquet_bytes()) // 2], "f.parquet", "parquet"),
+        (parquet_bytes()[:-9], "f.parquet", "parquet"),
+        (b"PAR1" + b"\x07" * 300, "f.dat", "parquet"),
+        (gzip.compress(as_jsonl([record()] * 50))[:-12], "f.jsonl.gz", "gzip"),
+        (gzip.compress(as_jsonl([record()]))[:5] + b"\xff" * 40, "f.jsonl.gz", "gzip"),
+        (as_jsonl([record()]), "f.jsonl.gz", "gzip"),
+        (zstd(as_jsonl([record()] * 50))[:-7], "f.jsonl.zst", "zstd"),
+        (gzip.compress(parquet_bytes())[:-30], "f.parquet.gz", "gzip"),
+        (as_jsonl([record()]) + b"\x00\x00", "f.jsonl", "encoding"),
+        (codecs.BOM_UTF16_LE + b"\x00\xd8", "f.csv", "encoding"),
+    ],
+    ids=[
+        "parquet-half",
+        "parquet-footer",
+        "parquet-garbage",
+        "gzip-truncated",
+        "gzip-corrupt",
+        "gzip-suffix-plain-bytes",
+        "zstd-truncated",
+        "parquet-gz-truncated",
+        "nul-bytes",
+        "bad-utf16",
+    ],
+)
+def test_corrupt_file_is_one_quarantine_row(payload, source, stage):
+    parsed = parse(payload, source)
+    assert parsed.rows_read == 1
+    assert parsed.clean.num_rows == 0
+    [(row, reason)] = quarantined(parsed)
+    assert row == -1
+    assert reason.startswith(f"corrupt_file:{stage}:")
+    first_bytes = payload[:RAW_LIMIT].decode("utf-8", "backslashreplace")
+    assert parsed.quarantine["raw"][0].as_py() == first_bytes
+    assert parsed.quarantine_start_ns.tolist() == [-1]
+
+
+@pytest.mark.parametrize(
+    ("payload", "source"),
+    [
+        (b"", "f.jsonl"),
+        (b"", "f.parquet"),
+        (b"", "f.csv.zst"),
+        (b"\n \r\n\n", "f.jsonl"),
+        (as_csv([]), "f.csv"),
+        (as_csv([], ("a", "b")), "f.csv"),  # a bare header lacking columns: still nothing read
+        (gzip.compress(b""), "f.jsonl.gz"),
+        (as_parquet([]), "f.parquet"),
+        (codecs.BOM_UTF8, "f.jsonl"),
+    ],
+)
+def test_empty_file_reads_nothing(payload, source):
+    parsed = parse(payload, source)
+    assert parsed.rows_read == 0
+    assert parsed.quarantine.num_rows == 0
+
+
+# --- typing and normalization --------------------------------------------------------------------
+
+
+def clean_one(file_format: str = "jsonl", **overrides) -> dict:
+    parsed = parse(ENCODERS[file_format]([record(**overrides)]), f"f.{file_format}")
+    assert parsed.quarantine.num_rows == 0, quarantined(parsed)
+    return parsed.clean.to_pylist()[0]
+
+
+@pytest.mark.parametrize("file_format", ENCODERS)
+def test_sampling_rate_scales_bytes_and_packets(file_format):
+    scaled = clean_one(file_format, bytes=1500, packets=3, sampling_rate=100)
+    assert (scaled["bytes"], scaled["packets"], scaled["sampling_rate"]) == (150_000, 300, 100)
+    unknown = clean_one(file_format, bytes=1500, packets=3, sampling_rate=0)
+    assert (unknown["bytes"], unknown["packets"], unknown["sampling_rate"]) == (1500, 3, 1)
+    absent = clean_one(file_format, bytes=1500, packets=None, sampling_rate=None)
+    assert (absent["bytes"], absent["packets"], absent["sampling_rate"]) == (1500, None, 1)
+    one = clean_one(file_format, bytes=1500, sampling_rate=1)
+    assert one["bytes"] == 1500
+
+
+@pytest.mark.parametrize(
+    ("written", "stored"),
+    [
+        ("FD00:0:0:0::0001", "fd00::1"),
+        ("::ffff:10.1.2.3", "10.1.2.3"),
+        (" 10.1.2.3 ", "10.1.2.3"),
+        ("10.1.2.3", "10.1.2.3"),
+    ],
+)
+def test_addresses_are_normalized(written, stored):
+    other = "fd00::2" if ":" in stored else "10.9.9.9"
+    flow = clean_one(src_addr=written, dst_addr=other)
+    assert flow["src_addr"] == stored
+
+
+def test_ipv4_mapped_and_plain_ipv4_are_one_family():
+    flow = clean_one(
+        src_addr="::ffff:10.0.0.1", dst_addr="10.0.0.2", sampler_address="::ffff:1.2.3.4"
+    )
+    assert (flow["src_addr"], flow["sampler_address"]) == ("10.0.0.1", "1.2.3.4")
+
+
+@pytest.mark.parametrize(
+    ("proto", "number"),
+    [("UDP", 17), ("tcp", 6), ("ICMPv6", 58), (17, 17), ("6", 6), (" gre ", 47)],
+)
+def test_protocol_names_and_numbers(proto, number):
+    assert clean_one(proto=proto)["proto"] == number
+
+
+@pytest.mark.parametrize("file_format", ENCODERS)
+def test_integer_text_is_accepted_like_integers(file_format):
+    flow = clean_one(file_format, bytes=" 1500 ", packets="007", src_port="4791")
+    assert (flow["bytes"], flow["packets"], flow["src_port"]) == (1500, 7, 4791)
+
+
+def test_parquet_column_of_the_wrong_type_fails_every_row():
+    records = [record(bytes=1000 + i) for i in range(4)]
+    table = pa.Table.from_pylist(records).set_column(
+        list(records[0]).index("bytes"), "bytes", pa.array([1000.0, 1001.0, 1002.5, None])
+    )
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    parsed = parse(buffer.getvalue(), "f.parquet")
+    assert [reason for _, reason in quarantined(parsed)] == ["bad_type:bytes"] * 3 + [
+        "missing_field:bytes"
+    ]
+    assert json.loads(parsed.quarantine["raw"][2].as_py())["bytes"] == 1002.5
+
+
+def test_parquet_unsigned_and_narrow_integer_columns():
+    table = pa.Table.from_pylist([record(), record()])
+    for name, values in (
+        ("bytes", pa.array([5, 2**64 - 1], pa.uint64())),
+        ("src_port", pa.array([-3, 80], pa.int16())),
+    ):
+        table = table.set_column(table.column_names.index(name), name, values)
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    parsed = parse(buffer.getvalue(), "f.parquet")
+    assert quarantined(parsed) == [(0, "bad_port:src_port"), (1, "bad_type:bytes")]
+
+
+def test_clean_rows_are_typed_and_have_their_minute():
+    flow = clean_one(time_flow_start_ns=T0 + 61 * 10**9 + 5, time_flow_end_ns=T0 + 62 * 10**9)
+    assert flow["minute"].timestamp() == T0 / 1e9 + 60
+    assert (flow["proto"], flow["dst_port"], flow["time_received_ns"]) == (17, 4791, T0 + 2_000_000)
+
+
+def test_quarantine_start_is_the_valid_start_or_minus_one():
+    records = [
+        record(bytes=-1),
+        record(time_flow_start_ns="soon"),
+        record(time_flow_start_ns=5, time_flow_end_ns=6),
+        record(bytes=None, time_flow_start_ns=T0 + 77),
+    ]
+    parsed = parse(as_jsonl(records), "f.jsonl")
+    assert parsed.quarantine_start_ns.tolist() == [T0 + 1_000, -1, -1, T0 + 77]
+
+
+def test_raw_is_truncated():
+    huge = record(bytes="9" * 10_000)
+    parsed = parse(as_jsonl([huge]), "f.jsonl")
+    assert quarantined(parsed) == [(0, "bad_type:bytes")]
+    assert len(parsed.quarantine["raw"][0].as_py()) == RAW_LIMIT
+
+
+# --- formats agree -------------------------------------------------------------------------------
+
+
+def mixed_records() -> list[dict]:
+    rows = [
+        record(
+            time_flow_start_ns=T0 + i * 7_000_000_001,
+            time_flow_end_ns=T0 + i * 7_000_000_001 + 1000,
+            bytes=1 + i * 131,
+            src_addr=f"10.0.{i % 5}.{i % 7}",
+            dst_addr=f"10.1.{i % 3}.{i % 11}",
+            packets=None if i % 4 == 0 else i,
+            proto=["UDP", "TCP", 17][i % 3],
+            src_port=None if i % 6 == 0 else 1000 + i,
+            sampling_rate=[0, 1, 10][i % 3],
+            sampler_address=None if i % 5 == 0 else "10.255.0.1",
+        )
+        for i in range(60)
+    ]
+    rows += [record(src_addr="FD00::1", dst_addr="fd00::0:2")]
+    rows += [record(bytes=-4), record(dst_port=99999)]
+    return rows
+
+
+def test_csv_jsonl_and_parquet_give_the_same_tables():
+    records = mixed_records()
+    results = {
+        fmt: parse(encode(records), f"flows.{fmt}") for fmt, encode in ENCODERS.items()
+    }
+    reference = results["parquet"]
+    assert reference.clean.num_rows == 61
+    assert quarantined(reference) == [(61, "nonpositive_bytes"), (62, "bad_port:dst_port")]
+    for fmt, parsed in results.items():
+        assert parsed.clean.equals(reference.clean), fmt
+        assert quarantined(parsed) == quarantined(reference), fmt
+
+
+@pytest.mark.parametrize(
+    ("wrap", "source"),
+    [
+        (gzip.compress, "flows.jsonl.gz"),
+        (zstd, "flows.jsonl.zst"),
+        (lambda b: zstd(b[:300]) + zstd(b[300:]), "flows.ndjson.zst"),  # two frames
+        (gzip.compress, "flows"),  # compressed by magic bytes, JSON by content
+        (lambda b: b, "flows.txt"),
+        (lambda b: codecs.BOM_UTF8 + b, "flows.json"),
+        (lambda b: codecs.BOM_UTF16_LE + b.decode().encode("utf-16-le"), "flows.jsonl"),
+    ],
+)
+def test_compression_and_encodings(wrap, source):
+    reference = parse(as_jsonl(mixed_records()), "flows.jsonl")
+    parsed = parse(wrap(as_jsonl(mixed_records())), source)
+    assert parsed.clean.equals(reference.clean)
+    assert quarantined(parsed) == quarantined(reference)
+
+
+@pytest.mark.parametrize(
+    ("payload", "source"),
+    [
+        (lambda: as_csv(mixed_records()), "flows"),
+        (lambda: gzip.compress(as_csv(mixed_records())), "flows.csv.gz"),
+        (lambda: codecs.BOM_UTF16_BE + as_csv(mixed_records()).decode().encode("utf-16-be"), "c"),
+        (lambda: as_parquet(mixed_records()), "flows.bin"),
+        (lambda: zstd(as_parquet(mixed_records())), "x.parquet.zst"),
+    ],
+)
+def test_csv_and_parquet_by_content(payload, source):
+    reference = parse(as_parquet(mixed_records()), "flows.parquet")
+    parsed = parse(payload(), source)
+    assert parsed.clean.equals(reference.clean)
+
+
+def test_csv_header_order_extra_columns_and_duplicates():
+    columns = ("dst_addr", "note", *FIELDS[::-1], "bytes")
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(columns)
+    values = record(note="x", bytes=77)
+    writer.writerow([csv_text(values.get(name)) for name in columns[:-1]] + ["oops"])
+    parsed = parse(out.getvalue().encode(), "f.csv")
+    assert parsed.clean["bytes"].to_pylist() == [77]
+
+
+# --- dedupe --------------------------------------------------------------------------------------
+
+
+def flows_table(records: list[dict]) -> pa.Table:
+    parsed = parse(as_jsonl(records), "f.jsonl")
+    assert parsed.quarantine.num_rows == 0
+    return parsed.clean
+
+
+def test_dedupe_drops_flows_reported_by_two_exporters():
+    a = record(bytes=100)
+    records = [
+        a,
+        # The same flow from another exporter, received earlier.
+        record(bytes=100, sampler_address="10.255.0.2", time_received_ns=T0 + 1_500_000),
+        record(bytes=101),  # a different size: a different flow
+        a,
+        record(bytes=100, src_port=None),
+        record(bytes=100, src_port=None, sampler_address="10.255.0.9"),
+    ]
+    table, dropped = dedupe(flows_table(records))
+    assert dropped == 3
+    assert table.num_rows == 3
+    # The copy kept is the earliest received.
+    kept = table.filter(pa.compute.equal(table["bytes"], 100)).to_pylist()
+    assert [(r["src_port"], r["time_received_ns"]) for r in kept] == [
+        (49152, T0 + 1_500_000),
+        (None, T0 + 2_000_000),
+    ]
+
+
+def test_dedupe_output_does_not_depend_on_input_order():
+    records = mixed_records()[:-3] * 2
+    table = flows_table(records)
+    shuffled = table.take(np.random.default_rng(3).permutation(table.num_rows))
+    first, dropped_first = dedupe(table)
+    second, dropped_second = dedupe(shuffled)
+    assert dropped_first == dropped_second == 60
+    assert first.equals(second)
+    starts = first["time_flow_start_ns"].to_numpy()
+    assert (np.diff(starts) >= 0).all()
+    assert first.schema == FLOWS
+
+
+def test_dedupe_of_empty_and_single_tables():
+    assert dedupe(FLOWS.empty_table()) == (FLOWS.empty_table(), 0)
+    one = flows_table([record()])
+    table, dropped = dedupe(one)
+    assert dropped == 0 and table.equals(one)
+
+
+# --- footer statistics ---------------------------------------------------------------------------
+
+
+def test_parquet_time_bounds_from_footer():
+    starts = [T0 + i * 10**9 for i in range(100)]
+    records = [record(time_flow_start_ns=t, time_flow_end_ns=t + 1) for t in starts]
+    payload = as_parquet(records, row_group_size=30)
+    assert parquet_time_bounds(io.BytesIO(payload)) == (T0, T0 + 99 * 10**9)
+    assert parquet_time_bounds(pa.BufferReader(payload)) == (T0, T0 + 99 * 10**9)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        as_jsonl([record()]),
+        gzip.compress(as_parquet([record()])),
+        as_parquet([record()], write_statistics=False),
+        as_parquet([record(), record(time_flow_start_ns=3, time_flow_end_ns=4)]),
+        as_parquet([record(time_flow_start_ns="1767225600000000000")]),
+        as_parquet([record()])[:-20],
+        b"",
+    ],
+    ids=["json", "gzip", "no-statistics", "invalid-times", "text-column", "truncated", "empty"],
+)
+def test_parquet_time_bounds_unknown(payload):
+    assert parquet_time_bounds(io.BytesIO(payload)) is None
+
+
+def test_core_does_not_import_beam_or_dagster():
+    import prism_core.ingest as ingest
+
+    source = open(ingest.__file__).read()
+    assert "apache_beam" not in source and "dagster" not in source
