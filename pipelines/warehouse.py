@@ -124,3 +124,16 @@ def refresh_database(root: str | Path) -> Path:
 
 def connect(root: str | Path, read_only: bool = True) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(str(Path(root) / DATABASE_FILE), read_only=read_only)
+
+
+def load_tables(root: str | Path) -> dict[str, pa.Table]:
+    """Every table of the warehouse over all hours (for scoring and small reports), plus
+    `ingest_stats`: the per-hour ingest counts."""
+    root = Path(root)
+    tables = {}
+    for name, schema in TABLES.items():
+        files = sorted((root / name).glob(f"*/*/{DATA_FILE}"))
+        tables[name] = pa.concat_tables([pq.read_table(f, schema=schema) for f in files]) if files else schema.empty_table()
+    stats = [json.loads(p.read_text()) for p in sorted((root / "_state").glob("*/*/ingest.json"))]
+    tables["ingest_stats"] = pa.Table.from_pylist(stats) if stats else pa.table({"duplicates": pa.array([], pa.int64())})
+    return tables

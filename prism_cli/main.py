@@ -138,7 +138,7 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON")] = False,
 ) -> None:
     """Score the warehouse against simulator truth, stage by stage."""
-    from prism_core.evaluate import evaluate_warehouse
+    from pipelines.evaluation import evaluate_warehouse
 
     if not truth.is_dir():
         fail(f"truth directory {truth} does not exist")
