@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms import window
 
 from prism_core.arrays import group_indices
-from prism_core.ingest import dedupe, parse_flow_file
+from prism_core.ingest import dedupe, parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
 from prism_core.schema import FLOW_MINUTES, FLOWS, QUARANTINE
 
@@ -35,6 +35,9 @@ class HourRange:
 
     def contains(self, start_ns: np.ndarray) -> np.ndarray:
         return (start_ns >= self.first_ns) & (start_ns < self.end_ns)
+
+    def overlaps(self, low_ns: int, high_ns: int) -> bool:
+        return low_ns < self.end_ns and high_ns >= self.first_ns
 
     def hours(self) -> list[int]:
         return list(range(self.first_ns, self.end_ns, HOUR_NS))
@@ -68,9 +71,15 @@ class ParseFlowFiles(beam.DoFn):
         self.quarantined = Metrics.counter(NAMESPACE, "quarantined")
         self.out_of_range = Metrics.counter(NAMESPACE, "out_of_range")
         self.files = Metrics.counter(NAMESPACE, "files")
+        self.files_skipped = Metrics.counter(NAMESPACE, "files_skipped")
 
     def process(self, path: str):
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            bounds = parquet_time_bounds(handle)
+            if bounds is not None and not self.hours.overlaps(*bounds):
+                self.files_skipped.inc()  # its footer says no row of it falls in the run's hours
+                return
+            handle.seek(0)
             parsed = parse_flow_file(handle.read(), path)
         self.files.inc()
         self.rows_read.inc(parsed.rows_read)

@@ -110,6 +110,8 @@ def run_ingest(
     flows_dir: str, root: str, hours: list[datetime], beam_args: Sequence[str] = ()
 ) -> RunSummary:
     paths = list_flow_files(flows_dir)
+    if not paths:
+        raise RunError(f"no flow files in {flows_dir!r}")
     span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
     options, runner = pipeline_options(beam_args)
     pipeline = beam.Pipeline(runner=runner, options=options)
@@ -152,6 +154,13 @@ def run_hours(
     topology = load_topology(topology_path)
     on_stage("ingest")
     summary = run_ingest(flows_dir, root, hours, beam_args)
+    if not summary.counters.get("flows"):
+        raise RunError(
+            f"no valid flow records between {hours[0]:%Y-%m-%d %H}:00 and {hours[-1]:%Y-%m-%d %H}:59 "
+            f"in {flows_dir!r} ({summary.counters.get('files', 0)} files, "
+            f"{summary.counters.get('out_of_range', 0)} records outside the range, "
+            f"{summary.counters.get('quarantined', 0)} quarantined)"
+        )
     for hour in hours:
         on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
         summary.per_hour[warehouse.hour_key(hour)].update(run_analysis(root, hour, topology, beam_args))

@@ -106,3 +106,12 @@ def test_infer_range_covers_valid_flows(tmp_path):
     first, end = infer_range(str(tmp_path / "in"))
     assert first == HOUR0
     assert end == datetime(2026, 11, 22, 9, tzinfo=timezone.utc)  # the stray row at hour 3
+
+
+def test_parquet_files_outside_the_hours_are_skipped_unread(tmp_path):
+    write_inputs(tmp_path / "in")
+    later = datetime(2026, 11, 22, 6, tzinfo=timezone.utc)
+    summary = run_ingest(str(tmp_path / "in"), str(tmp_path / "wh"), [later])
+    assert summary.counters["files_skipped"] == 1  # a.parquet holds hour 5 only
+    assert summary.counters["files"] == 1
+    assert summary.per_hour["2026-11-22-06:00"]["flows"] == 2

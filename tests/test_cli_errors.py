@@ -1,0 +1,44 @@
+"""Operator mistakes get one clear message and a non-zero exit, not a traceback."""
+
+import pytest
+from typer.testing import CliRunner
+
+from prism_cli.main import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output
+    return result
+
+
+def test_missing_flow_directory(tmp_path):
+    result = run("run", "--flows", str(tmp_path / "nope"), "--warehouse", str(tmp_path / "wh"),
+                 "--start", "2026-11-22T05:00", "--end", "2026-11-22T06:00")
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+def test_unreadable_topology(scenario_dir, tmp_path):
+    bad = tmp_path / "topology.csv"
+    bad.write_text("addr,host\n10.0.0.1,h1\n")
+    result = run("run", "--flows", str(scenario_dir("tiny") / "flows"), "--warehouse", str(tmp_path / "wh"),
+                 "--topology", str(bad), "--start", "2026-11-22T05:00", "--end", "2026-11-22T06:00")
+    assert result.exit_code == 2
+    assert "gpu" in result.output  # names the missing column
+
+
+def test_empty_hour(scenario_dir, tmp_path):
+    result = run("run", "--flows", str(scenario_dir("tiny") / "flows"), "--warehouse", str(tmp_path / "wh"),
+                 "--start", "2020-01-01T00:00", "--end", "2020-01-01T01:00")
+    assert result.exit_code == 2
+    assert "no valid flow records" in result.output
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2026-13-01T00:00"])
+def test_bad_time(tmp_path, text):
+    result = run("run", "--flows", str(tmp_path), "--start", text, "--end", "2026-11-22T06:00")
+    assert result.exit_code == 2
+    assert "not a date and time" in result.output
