@@ -1,0 +1,15 @@
+"""Cluster simulator with ground truth: multi-tenant LLM training traffic as flow records.
+
+    from prism_core.simulate import SCENARIOS, write_scenario
+    summary = write_scenario("tiny", "/tmp/tiny", seed=0)
+
+writes `flows/` (per-exporter flow files), `topology.csv` and `truth/` (see `writer`). Modules:
+`scenarios` (what runs where), `cluster` (addresses, leaves), `model` (step-time model, 1F1B),
+`traffic` (one step's flows), `schedule` (a job's steps and faults), `background` (non-job
+traffic), `export` (exporters, noise, files), `writer` (the streaming loop and the truth tables).
+"""
+
+from prism_core.simulate.scenarios import SCENARIOS, FaultSpec, JobSpec, Scenario
+from prism_core.simulate.writer import SimulationSummary, write_scenario
+
+__all__ = ["SCENARIOS", "FaultSpec", "JobSpec", "Scenario", "SimulationSummary", "write_scenario"]

@@ -1,0 +1,334 @@
+"""The network traffic of one training step, as flow records.
+
+A *template* is every flow of one step of one job under one condition (attempt, slowdowns), with
+times relative to the start of the step's compute: PP activation and gradient sends at the times
+the 1F1B schedule dictates, the DP gradient collective when each stage's replicas are ready, MoE
+all-to-all inside forward and backward, ZeRO-3 parameter gathers. A step of the plan is its
+template shifted to the step start and scaled by the step's jitter, plus per-flow launch noise.
+
+Rank layout is Megatron's: rank = tp_rank + tp * (dp_rank + dp * pp_stage); rank r runs on GPU
+r % 8 of job host r // 8. Sends between GPUs of one host ride NVLink and produce no record. Cross-
+host sends are rail-aligned (NCCL PXN): GPU i on host A sending to GPU j on host B goes through
+NIC j of A to NIC j of B. One record per transfer per queue pair (NCCL channel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import numpy as np
+
+from prism_core.simulate.cluster import GPUS_PER_HOST
+from prism_core.simulate.model import NIC_RATE, NVLINK_RATE, JobModel, align, one_f_one_b
+
+ROCE_PORT = 4791
+UDP, TCP = 17, 6
+DP, PP, OTHER, STORAGE = 0, 1, 2, 3
+KIND_NAMES = {DP: "dp", PP: "pp", OTHER: "other"}  # kinds of GPU-to-GPU job traffic
+LAUNCH_SKEW_S = 3e-4  # kernel launch / NCCL proxy delay spread between peers
+MOE_LEVELS = np.array([0.5, 0.75, 1.0, 1.25, 1.5])  # expert load imbalance: several a2a sizes
+SLOW_RING_SLACK = 0.1  # in a ring throttled by one slow link, the other hops finish this much earlier
+
+
+@dataclass
+class FlowBatch:
+    """Flow records as columns; times in seconds from the scenario start, endpoints as indices."""
+
+    start: np.ndarray  # float64
+    end: np.ndarray  # float64
+    src: np.ndarray  # int32 endpoint
+    dst: np.ndarray  # int32 endpoint
+    nbytes: np.ndarray  # int64
+    src_port: np.ndarray  # int32
+    dst_port: np.ndarray  # int32
+    proto: np.ndarray  # int16
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def take(self, index: np.ndarray) -> FlowBatch:
+        return FlowBatch(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @staticmethod
+    def concat(batches: list[FlowBatch]) -> FlowBatch:
+        return FlowBatch(
+            *(np.concatenate([getattr(b, f.name) for b in batches]) for f in fields(FlowBatch))
+        )
+
+    @staticmethod
+    def empty() -> FlowBatch:
+        return FlowBatch(
+            np.empty(0), np.empty(0), *(np.empty(0, t) for t in (np.int32, np.int32, np.int64,
+                                                                 np.int32, np.int32, np.int16))
+        )
+
+
+def roce_port(src, dst, qp, salt: int):
+    """RoCEv2 source port: a hash of the queue pair, as NICs derive it for ECMP entropy."""
+    h = np.asarray(src, np.int64) * 7919 + np.asarray(dst, np.int64) * 104729
+    return (49152 + (h + np.asarray(qp, np.int64) * 1299709 + salt * 15485863) % 16384).astype(np.int32)
+
+
+class Condition(NamedTuple):
+    """What shapes one step's traffic besides the job itself."""
+
+    attempt: int
+    compute_scale: float = 1.0  # warm-up, degradation
+    straggler_host: int = -1  # job host index computing slower
+    straggler_factor: float = 1.0
+    slow_nic: int = -1  # endpoint running below line rate
+    slow_fraction: float = 1.0
+
+
+@dataclass
+class Template:
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    rel_start: np.ndarray
+    rel_end: np.ndarray
+    kind: np.ndarray  # DP | PP | OTHER | STORAGE
+    varsize: np.ndarray  # bool: size drawn per step around nbytes (MoE all-to-all)
+    src_port: np.ndarray
+    dst_port: int
+    proto: int
+    channels: int
+    duration: float  # compute start -> step end, before jitter and checkpoint
+
+    def expand(self, base: np.ndarray, jitter: np.ndarray, rng: np.random.Generator) -> FlowBatch:
+        """The flows of steps whose compute starts at `base` (seconds), scaled by `jitter`."""
+        shape = (len(base), len(self.src))
+        start = base[:, None] + jitter[:, None] * self.rel_start
+        end = base[:, None] + jitter[:, None] * self.rel_end
+        launch = rng.uniform(0.0, LAUNCH_SKEW_S, shape)
+        stretch = np.abs(rng.normal(0.0, 0.02, shape)) * (end - start)
+        nbytes = np.broadcast_to(self.nbytes, shape)
+        if self.varsize.any():
+            level = MOE_LEVELS[rng.integers(len(MOE_LEVELS), size=shape)]
+            nbytes = np.where(self.varsize, align(nbytes * level, self.channels), nbytes)
+        n = shape[0]
+        return FlowBatch(
+            start=(start + launch).ravel(),
+            end=(end + launch + stretch).ravel(),
+            src=np.tile(self.src, n),
+            dst=np.tile(self.dst, n),
+            nbytes=nbytes.ravel(),
+            src_port=np.tile(self.src_port, n),
+            dst_port=np.full(n * shape[1], self.dst_port, np.int32),
+            proto=np.full(n * shape[1], self.proto, np.int16),
+        )
+
+
+class _Links:
+    """Routes rank-to-rank sends of one job onto NIC pairs and collects the network transfers."""
+
+    def __init__(self, hosts: np.ndarray, slow_nic: int, slow_fraction: float):
+        self.hosts = hosts
+        self.slow_nic = slow_nic
+        self.slow_fraction = slow_fraction
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def route(self, a: np.ndarray, b: np.ndarray):
+        rail = b % GPUS_PER_HOST
+        src = self.hosts[a // GPUS_PER_HOST] * GPUS_PER_HOST + rail
+        dst = self.hosts[b // GPUS_PER_HOST] * GPUS_PER_HOST + rail
+        return src, dst, (a // GPUS_PER_HOST) != (b // GPUS_PER_HOST)
+
+    def rate(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        src, dst, on_network = self.route(a, b)
+        rate = np.where(on_network, NIC_RATE, NVLINK_RATE)
+        slow = on_network & ((src == self.slow_nic) | (dst == self.slow_nic))
+        return np.where(slow, rate * self.slow_fraction, rate)
+
+    def add(self, a, b, start, nbytes, kind: int, end=None, varsize: bool = False) -> None:
+        if end is None:
+            end = start + nbytes / self.rate(a, b)
+        a, b, start, end, nbytes = np.broadcast_arrays(a, b, start, end, nbytes)
+        src, dst, on_network = self.route(a, b)
+        keep = on_network.ravel()
+        self.parts.append(
+            (src.ravel()[keep], dst.ravel()[keep], nbytes.ravel()[keep], start.ravel()[keep],
+             end.ravel()[keep], np.full(keep.sum(), kind, np.int8), np.full(keep.sum(), varsize))
+        )
+
+    def template(self, duration: float, channels: int, salt: int) -> Template:
+        empty = (np.empty(0, np.int64),) * 3 + (np.empty(0),) * 2 + (np.empty(0, np.int8),
+                                                                      np.empty(0, bool))
+        src, dst, nbytes, start, end, kind, varsize = (
+            np.concatenate(column) for column in zip(empty, *self.parts)
+        )
+        qp = np.tile(np.arange(channels), len(src))
+        src, dst = np.repeat(src, channels).astype(np.int32), np.repeat(dst, channels).astype(np.int32)
+        start = np.repeat(start, channels)
+        return Template(
+            src=src,
+            dst=dst,
+            nbytes=np.repeat(nbytes, channels).astype(np.int64) // channels,
+            rel_start=start,
+            rel_end=np.maximum(np.repeat(end, channels), start + 1e-6),
+            kind=np.repeat(kind, channels).astype(np.int8),
+            varsize=np.repeat(varsize, channels).astype(bool),
+            src_port=roce_port(src, dst, qp, salt),
+            dst_port=ROCE_PORT,
+            proto=UDP,
+            channels=channels,
+            duration=duration,
+        )
+
+
+def step_template(model: JobModel, hosts: np.ndarray, cond: Condition, salt: int) -> Template:
+    """Every GPU-to-GPU flow of one step of a job (see module doc)."""
+    tp, pp, dp, m = model.tp, model.pp, model.dp, model.micro_batches
+
+    def rank(t, d, s):
+        return t + tp * (d + dp * s)
+
+    fwd = np.full((dp, pp), model.fwd_s * cond.compute_scale)
+    bwd = np.full((dp, pp), model.bwd_s * cond.compute_scale)
+    if cond.straggler_host >= 0:
+        # the TP group holding a slow GPU runs at its pace (TP all-reduces every layer)
+        ranks = np.arange(GPUS_PER_HOST) + GPUS_PER_HOST * cond.straggler_host
+        slow = ((ranks // tp) % dp, ranks // (tp * dp))
+        fwd[slow] *= cond.straggler_factor
+        bwd[slow] *= cond.straggler_factor
+    links = _Links(hosts, cond.slow_nic, cond.slow_fraction)
+
+    # Each DP replica runs its own pipeline; its PP hops take as long as the slowest TP rank's.
+    t, d, s = np.meshgrid(np.arange(tp), np.arange(dp), np.arange(pp - 1), indexing="ij")
+    comm_fwd = (model.act_bytes / links.rate(rank(t, d, s), rank(t, d, s + 1))).max(axis=0, initial=0)
+    comm_bwd = (model.act_bytes / links.rate(rank(t, d, s + 1), rank(t, d, s))).max(axis=0, initial=0)
+    fwd_start, bwd_start = np.empty((dp, pp, m)), np.empty((dp, pp, m))
+    schedules: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+    for replica in range(dp):
+        inputs = (fwd[replica], bwd[replica], comm_fwd[replica], comm_bwd[replica])
+        key = b"".join(x.tobytes() for x in inputs)
+        if key not in schedules:
+            schedules[key] = one_f_one_b(*inputs, m)
+        fwd_start[replica], bwd_start[replica] = schedules[key]
+    fwd_end = fwd_start + fwd[:, :, None]
+    bwd_end = bwd_start + bwd[:, :, None]
+    ready = bwd_end[:, :, -1]  # (dp, pp): the replica's stage has all its gradients
+
+    if pp > 1:
+        t, d, s, i = np.meshgrid(np.arange(tp), np.arange(dp), np.arange(pp - 1), np.arange(m),
+                                 indexing="ij")
+        links.add(rank(t, d, s), rank(t, d, s + 1), fwd_end[d, s, i], model.act_bytes, PP)
+        links.add(rank(t, d, s + 1), rank(t, d, s), bwd_end[d, s + 1, i], model.act_bytes, PP)
+        if model.tied_embeddings:
+            t, d = np.meshgrid(np.arange(tp), np.arange(dp), indexing="ij")
+            both = np.maximum(ready[d, 0], ready[d, pp - 1])
+            links.add(rank(t, d, 0), rank(t, d, pp - 1), both, model.emb_bytes, OTHER)
+            links.add(rank(t, d, pp - 1), rank(t, d, 0), both, model.emb_bytes, OTHER)
+
+    sync_end = ready.max()
+    if dp > 1:
+        # DP groups: one per (tp rank, stage), members ordered by dp rank; axes (group, member)
+        t, s, d = (x.reshape(tp * pp, dp) for x in np.meshgrid(
+            np.arange(tp), np.arange(pp), np.arange(dp), indexing="ij"))
+        member, succ = rank(t, d, s), rank(t, (d + 1) % dp, s)
+        member_ready = ready[d, s]
+        release = member_ready.max(axis=1)
+        buckets = np.asarray(model.bucket_bytes)
+        if model.collective == "tree":
+            sync_end = _tree(links, t[:, 1:], s[:, 1:], d[:, 1:], rank, buckets, member_ready[:, 1:],
+                             release).max()
+        else:
+            share = 2 * (dp - 1) / dp if model.collective == "ring" else (dp - 1) / dp
+            sync_end = _ring(links, member, succ, align(buckets * share, model.channels),
+                             member_ready, release).max()
+        if model.collective == "zero":
+            # ZeRO-3: parameters gathered again for every micro-batch's forward
+            gather_start = fwd_start[d, s].transpose(2, 0, 1).reshape(m * tp * pp, dp)
+            _ring(links, np.tile(member, (m, 1)), np.tile(succ, (m, 1)),
+                  align([model.param_bytes * (dp - 1) / dp], model.channels), gather_start,
+                  gather_start.max(axis=1))
+        if model.moe:
+            _all_to_all(links, model, rank, fwd_start, bwd_start, fwd, bwd)
+    step_end = sync_end + model.opt_s
+    if dp > 1 and model.collective == "rs_ag":
+        # ZeRO-1/2: updated parameter shards all-gathered after the optimizer
+        step_end = _ring(links, member, succ, align(buckets * (dp - 1) / dp, model.channels),
+                         np.full(member.shape, step_end), np.full(len(member), step_end)).max()
+    return links.template(step_end, model.channels, salt)
+
+
+def _ring(links: _Links, member, succ, hop_bytes, first_start, release) -> np.ndarray:
+    """Bucketed ring collective: every member sends each bucket's share to its successor.
+
+    A member starts sending its first bucket when it is ready (`first_start`), but the ring only
+    moves once the last member is ready (`release`): early members' first flows stretch while
+    they wait, the latecomer's look normal. The ring runs at its slowest link's pace. Returns the
+    end of each group's collective.
+    """
+    ring_rate = links.rate(member, succ).min(axis=1)
+    took = hop_bytes[None, :] / ring_rate[:, None]  # (group, bucket)
+    done = release[:, None] + np.cumsum(took, axis=1)
+    start = np.where(np.arange(len(hop_bytes)) == 0, first_start[:, :, None],
+                     (done - took)[:, None, :])
+    end = np.broadcast_to(done[:, None, :], start.shape)
+    src, dst, on_network = links.route(member, succ)
+    throttled = (ring_rate < NIC_RATE)[:, None] & (src != links.slow_nic) & (dst != links.slow_nic)
+    end = end - np.where(throttled[:, :, None], SLOW_RING_SLACK * took[:, None, :], 0.0)
+    links.add(member[:, :, None], succ[:, :, None], start, hop_bytes, DP, end=end)
+    return done[:, -1]
+
+
+def _tree(links: _Links, t, s, d, rank, buckets, child_ready, release) -> np.ndarray:
+    """NCCL tree all-reduce over the dp ranks of each group (binary tree, parent (d-1)//2).
+
+    Each bucket goes up from child to parent (reduce) and comes back down (broadcast), pipelined
+    half a bucket apart. `t, s, d` cover the non-root members, axes (group, member).
+    """
+    child, parent = rank(t, d, s), rank(t, (d - 1) // 2, s)
+    tree_rate = links.rate(child, parent).min(axis=1)
+    took = buckets[None, :] / tree_rate[:, None]
+    done = release[:, None] + np.cumsum(took, axis=1)
+    up_start = np.where(np.arange(len(buckets)) == 0, child_ready[:, :, None], (done - took)[:, None, :])
+    links.add(child[:, :, None], parent[:, :, None], up_start, buckets, DP,
+              end=np.broadcast_to(done[:, None, :], up_start.shape))
+    down_start = (done - took / 2)[:, None, :]
+    links.add(parent[:, :, None], child[:, :, None], down_start, buckets, DP,
+              end=down_start + took[:, None, :])
+    return done[:, -1] + took[:, -1] / 2
+
+
+def _all_to_all(links: _Links, model: JobModel, rank, fwd_start, bwd_start, fwd, bwd) -> None:
+    """MoE expert all-to-all among the DP (= expert-parallel) group, inside every fwd and bwd."""
+    tp, pp, dp, m = model.tp, model.pp, model.dp, model.micro_batches
+    t, s, d1, d2, i = np.meshgrid(np.arange(tp), np.arange(pp), np.arange(dp), np.arange(dp),
+                                  np.arange(m), indexing="ij")
+    peer = d1 != d2
+    t, s, d1, d2, i = (x[peer] for x in (t, s, d1, d2, i))
+    a, b = rank(t, d1, s), rank(t, d2, s)
+    links.add(a, b, fwd_start[d1, s, i] + 0.25 * fwd[d1, s], model.a2a_bytes, OTHER, varsize=True)
+    links.add(a, b, bwd_start[d1, s, i] + 0.25 * bwd[d1, s], model.a2a_bytes, OTHER, varsize=True)
+
+
+def checkpoint_template(
+    model: JobModel, hosts: np.ndarray, storage_base: int, n_storage: int, salt: int
+) -> Template:
+    """Checkpoint writes: every dp_rank-0 GPU streams its shard to a storage server over RDMA,
+    in 4 chunks spread over the save time; times relative to the end of the step's compute."""
+    chunks = 4
+    tp, pp, dp = model.tp, model.pp, model.dp
+    writer = (np.arange(tp)[:, None] + tp * dp * np.arange(pp)[None, :]).ravel()
+    nic = hosts[writer // GPUS_PER_HOST] * GPUS_PER_HOST + writer % GPUS_PER_HOST
+    server = storage_base + (nic * 7 + salt) % n_storage
+    chunk = np.tile(np.arange(chunks), len(nic))
+    nic, server = np.repeat(nic, chunks).astype(np.int32), np.repeat(server, chunks).astype(np.int32)
+    start = model.ckpt_save_s * (0.05 + 0.225 * chunk)
+    return Template(
+        src=nic,
+        dst=server,
+        nbytes=np.full(len(nic), align(model.ckpt_bytes / chunks, 1), np.int64),
+        rel_start=start,
+        rel_end=start + 0.2 * model.ckpt_save_s,
+        kind=np.full(len(nic), STORAGE, np.int8),
+        varsize=np.zeros(len(nic), bool),
+        src_port=roce_port(nic, server, chunk, salt),
+        dst_port=ROCE_PORT,
+        proto=UDP,
+        channels=1,
+        duration=model.ckpt_save_s,
+    )

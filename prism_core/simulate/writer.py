@@ -1,0 +1,183 @@
+"""`write_scenario`: plan every job, stream the flows a minute at a time, then write the truth.
+
+Output layout under `out_dir` (`flows/` and `truth/` are replaced on every run):
+
+    flows/<YYYY-MM-DDTHH-MM>_<leaf>.parquet|jsonl|jsonl.gz   one file per exporter per 10 minutes
+    topology.csv                                             GPU NIC inventory: addr,host,gpu,leaf,pod
+    truth/{jobs,job_gpus,pairs,steps,faults}.parquet         prism_core.truth.TRUTH_TABLES
+    truth/noise.json                                         noise counts, exporters, background, parameters
+
+Memory stays bounded by one minute of flows plus the export buffers, whatever the scenario length.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prism_core.simulate.background import Background
+from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
+from prism_core.simulate.export import FlowSink
+from prism_core.simulate.schedule import JobPlan, plan_job
+from prism_core.simulate.scenarios import SCENARIOS, Scenario, scenario_jobs
+from prism_core.simulate.traffic import KIND_NAMES, FlowBatch
+from prism_core.truth import TRUTH_TABLES
+
+
+@dataclass(frozen=True)
+class SimulationSummary:
+    records: int  # distinct valid flow records
+    malformed: int  # malformed rows injected (on top of records)
+    duplicates: int  # duplicate rows injected (on top of records)
+    files: int  # flow files
+    bytes_written: int  # size of the flow files
+    jobs: int
+    seconds: float
+
+
+def write_scenario(
+    scenario: str | Scenario,
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    fmt: str = "parquet",
+    progress: Callable[[int, int], None] | None = None,
+) -> SimulationSummary:
+    """Simulate `scenario` into `out_dir`; the same scenario and seed give byte-identical files."""
+    began = time.perf_counter()
+    if isinstance(scenario, str):
+        scenario = SCENARIOS[scenario]
+    out = Path(out_dir)
+    for sub in ("flows", "truth"):
+        shutil.rmtree(out / sub, ignore_errors=True)
+        (out / sub).mkdir(parents=True)
+    cluster = Cluster(scenario.n_hosts, scenario.pod_hosts, scenario.n_storage)
+    specs = [spec for spec in scenario_jobs(scenario, seed) if spec.end_s > 0]
+    plans = [plan_job(i, spec, cluster, scenario.window_s, seed) for i, spec in enumerate(specs)]
+    background = Background(scenario, cluster, plans, seed)
+    sink = FlowSink(out / "flows", fmt, scenario, cluster, seed)
+
+    # A step's flows can start minutes after the step (checkpoints): they wait in `pending`
+    # until their own minute, so each minute is written once and in time order.
+    pending = FlowBatch.empty()
+    for minute in range(scenario.minutes):
+        lo = 60.0 * minute if minute else -np.inf
+        hi = 60.0 * (minute + 1)
+        flows = FlowBatch.concat(
+            [pending, background.minute(minute)]
+            + [p.flows(lo, hi, np.random.default_rng([seed, i, minute, 0xF10])) for i, p in enumerate(plans)]
+        )
+        due = flows.start < hi
+        sink.write(minute, flows.take(due & (flows.start >= 0)))
+        pending = flows.take(~due)
+        if progress is not None:
+            progress(minute + 1, scenario.minutes)
+    sink.close()
+
+    _write_truth(out / "truth", plans, cluster, scenario)
+    with open(out / "topology.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        topology = cluster.topology()
+        writer.writerow(topology.column_names)
+        writer.writerows(zip(*(topology[c].to_pylist() for c in topology.column_names)))
+    counts = sink.counts
+    noise = {
+        "seed": seed,
+        "format": fmt,
+        "rows_written": counts.records + counts.duplicates + sum(counts.malformed.values()),
+        "records": counts.records,
+        "duplicates": counts.duplicates,
+        "malformed": counts.malformed,
+        "malformed_total": sum(counts.malformed.values()),
+        "huge_bytes_threshold": 10**15,
+        "files": counts.files,
+        "exporters": sink.exporters,
+        "cross_job_transfers": background.cross_job,
+        "storage_addrs": cluster.addrs[cluster.storage_base: cluster.mgmt_base].to_pylist(),
+        "management_addrs": cluster.addrs[cluster.mgmt_base:].to_pylist(),
+        "drained_hosts": [cluster.host_name(h) for h in scenario.drained],
+        "scenario": _parameters(scenario, plans),
+    }
+    (out / "truth" / "noise.json").write_text(json.dumps(noise, indent=1, sort_keys=True, default=str))
+    return SimulationSummary(
+        records=counts.records,
+        malformed=sum(counts.malformed.values()),
+        duplicates=counts.duplicates,
+        files=counts.files,
+        bytes_written=counts.bytes_written,
+        jobs=len(plans),
+        seconds=time.perf_counter() - began,
+    )
+
+
+def _parameters(scenario: Scenario, plans: list[JobPlan]) -> dict:
+    params = {k: v for k, v in asdict(scenario).items() if k not in ("jobs", "fleet", "extra")}
+    params["jobs"] = {p.job_id: asdict(p.spec) for p in plans}
+    return params
+
+
+def _write_truth(truth_dir: Path, plans: list[JobPlan], cluster: Cluster, scenario: Scenario) -> None:
+    def ts(seconds) -> pa.Array:
+        # whole microseconds: ample for truth, and readable as Python datetimes
+        us = np.round(np.asarray(seconds, float) * 1e6).astype(np.int64)
+        return pa.array(scenario.start_ns + us * 1000, pa.timestamp("ns", tz="UTC"))
+
+    def names(hosts) -> list[str]:
+        return [cluster.host_name(h) for h in hosts]
+
+    parts: dict[str, list[pa.Table]] = {name: [] for name in TRUTH_TABLES}
+
+    def add(name: str, **columns) -> None:
+        n = max(len(v) for v in columns.values() if not np.isscalar(v))
+        columns = {k: [v] * n if np.isscalar(v) else v for k, v in columns.items()}
+        parts[name].append(pa.table(columns, schema=TRUTH_TABLES[name]))
+
+    for plan in plans:
+        spec, model = plan.spec, plan.model
+        hosts = list(dict.fromkeys(h for attempt in plan.hosts for h in attempt.tolist()))
+        add("jobs", job_id=[plan.job_id], hosts=[names(hosts)], n_hosts=spec.n_hosts,
+            n_gpus=spec.n_gpus, dp=spec.dp, pp=spec.pp, tp=spec.tp, start=ts([plan.start_s]),
+            end=ts([plan.end_s]), collective=spec.collective, moe=spec.moe,
+            micro_batches=spec.micro_batches, has_network=plan.has_network, restarts=plan.restarts)
+
+        # every host the job ever used, with the ranks of its slot (a replacement host takes over
+        # the ranks of the host it replaced)
+        slot = {h: i for attempt in plan.hosts for i, h in enumerate(attempt.tolist())}
+        host = np.repeat(hosts, GPUS_PER_HOST)
+        gpu = np.tile(np.arange(GPUS_PER_HOST), len(hosts))
+        rank = np.array([slot[h] for h in host]) * GPUS_PER_HOST + gpu
+        add("job_gpus", job_id=plan.job_id, addr=cluster.addrs.take(host * GPUS_PER_HOST + gpu),
+            host=names(host), gpu=gpu, pp_stage=rank // (model.tp * model.dp),
+            dp_rank=(rank // model.tp) % model.dp, tp_rank=rank % model.tp)
+
+        pairs = np.unique(np.concatenate([np.stack([t.src, t.dst, t.kind], axis=1)
+                                          for t in plan.templates]), axis=0)
+        pairs = pairs[np.isin(pairs[:, 2], list(KIND_NAMES))]
+        if len(pairs):
+            add("pairs", job_id=plan.job_id, src_addr=cluster.addrs.take(pairs[:, 0]),
+                dst_addr=cluster.addrs.take(pairs[:, 1]), kind=[KIND_NAMES[k] for k in pairs[:, 2]])
+
+        steps = plan.steps
+        seen = steps["complete"] & (steps["start"] >= 0) & (steps["end"] <= scenario.window_s)
+        if seen.any():
+            add("steps", job_id=plan.job_id, step=steps["number"][seen], start=ts(steps["start"][seen]),
+                end=ts(steps["end"][seen]), attempt=steps["attempt"][seen],
+                checkpoint=steps["checkpoint"][seen])
+
+        for f in plan.faults:
+            add("faults", fault_id=[f["fault_id"]], job_id=plan.job_id, kind=f["kind"],
+                subject=f["subject"], start=ts([f["start"]]), end=ts([f["end"]]),
+                wasted_gpu_s=f["wasted"], params=f["params"])
+
+    for name, schema in TRUTH_TABLES.items():
+        table = pa.concat_tables(parts[name]) if parts[name] else schema.empty_table()
+        pq.write_table(table, truth_dir / f"{name}.parquet")
