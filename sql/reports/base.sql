@@ -1,0 +1,130 @@
+-- Building blocks shared by every report in sql/reports/: run this file once per session, before
+-- any report (DuckDB CLI: `.read sql/reports/base.sql`). It only creates TEMP views, so it also
+-- works on a read-only connection to prism.duckdb.
+--
+-- Needs the warehouse views (flows, flow_minutes, jobs, job_gpus, comm_pairs, steps, issues) and
+-- `topology` (the NIC inventory: addr, host, gpu, leaf, pod).
+--
+-- Report range: the variables report_start and report_end (UTC instants, end exclusive), e.g.
+--     SET VARIABLE report_start = TIMESTAMPTZ '2026-11-22 09:00:00+00';
+-- Unset, the range is every hour that has flow_minutes.
+--
+-- Inside the reports times are naive UTC TIMESTAMPs, so hour and day boundaries do not depend on
+-- the session's TimeZone setting; results give instants back as TIMESTAMPTZ.
+
+-- The report range, [range_start, range_end).
+CREATE OR REPLACE TEMP VIEW report_range AS
+WITH stored AS (
+    SELECT
+        date_trunc('hour', timezone('UTC', min(minute))) AS first_hour,
+        date_trunc('hour', timezone('UTC', max(minute))) + INTERVAL 1 HOUR AS end_hour
+    FROM flow_minutes
+)
+SELECT
+    coalesce(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ), first_hour) AS range_start,
+    coalesce(timezone('UTC', getvariable('report_end')::TIMESTAMPTZ), end_hour) AS range_end
+FROM stored;
+
+-- Every hour of the range.
+CREATE OR REPLACE TEMP VIEW report_hours AS
+SELECT unnest(range(date_trunc('hour', range_start), range_end, INTERVAL 1 HOUR)) AS hour
+FROM report_range;
+
+-- GPU NICs of the inventory; a pod-less inventory is one pod.
+CREATE OR REPLACE TEMP VIEW inventory AS
+SELECT DISTINCT addr, host, gpu, leaf, coalesce(pod, 'all') AS pod
+FROM topology
+WHERE gpu >= 0;
+
+-- One row per job over all hours: its life from first to last traffic, the latest value of every
+-- attribute (an hour's `jobs` row describes the job as of that hour), and until when it held its
+-- GPUs: a hung job holds them, silent, until the end of its hang issue.
+CREATE OR REPLACE TEMP VIEW job_life AS
+WITH lives AS (
+    SELECT
+        job_id,
+        timezone('UTC', min(first_seen)) AS started,
+        timezone('UTC', max(last_seen)) AS ended,
+        arg_max(status, last_seen) AS status,
+        max(n_gpus) AS n_gpus,
+        max(n_hosts) AS n_hosts,
+        arg_max(dp, last_seen) FILTER (WHERE dp IS NOT NULL) AS dp,
+        arg_max(pp, last_seen) FILTER (WHERE pp IS NOT NULL) AS pp,
+        arg_max(tp, last_seen) FILTER (WHERE tp IS NOT NULL) AS tp,
+        coalesce(max(restarts), 0) AS restarts
+    FROM jobs
+    GROUP BY job_id
+),
+hangs AS (
+    SELECT job_id, max(timezone('UTC', "end")) AS hang_ended FROM issues WHERE kind = 'hang' GROUP BY job_id
+)
+SELECT l.*, greatest(l.ended, h.hang_ended) AS held_until
+FROM lives AS l
+LEFT JOIN hangs AS h USING (job_id);
+
+-- Jobs that held GPUs during the range, with the part of that time inside it.
+CREATE OR REPLACE TEMP VIEW jobs_in_range AS
+SELECT
+    j.*,
+    greatest(j.started, r.range_start) AS seen_from,
+    least(j.held_until, r.range_end) AS seen_until,
+    epoch(least(j.held_until, r.range_end) - greatest(j.started, r.range_start)) AS seen_s
+FROM job_life AS j, report_range AS r
+WHERE j.started < r.range_end AND j.held_until >= r.range_start;
+
+-- Every GPU NIC a job used (over all hours; a replaced host stays listed), with its host's stage.
+CREATE OR REPLACE TEMP VIEW job_members AS
+SELECT job_id, addr, host, min(pp_stage) AS pp_stage
+FROM job_gpus
+GROUP BY job_id, addr, host;
+
+-- Steps that end inside the range, one row per (job, step) even if two hours wrote it.
+CREATE OR REPLACE TEMP VIEW range_steps AS
+SELECT
+    s.job_id,
+    s.step,
+    s.attempt,
+    timezone('UTC', s.start) AS started,
+    timezone('UTC', s."end") AS ended,
+    s.duration_s,
+    timezone('UTC', s.sync_start) AS sync_started,
+    s.sync_s
+FROM steps AS s, report_range AS r
+WHERE timezone('UTC', s."end") >= r.range_start AND timezone('UTC', s."end") < r.range_end
+QUALIFY row_number() OVER (PARTITION BY s.job_id, s.step ORDER BY s."end" DESC) = 1;
+
+-- Issues that overlap the range, one row per issue_id (the latest version, if re-written), with
+-- their wasted GPU-seconds spread evenly over [started, ended].
+CREATE OR REPLACE TEMP VIEW range_issues AS
+SELECT
+    i.issue_id,
+    i.job_id,
+    i.kind,
+    i.subject,
+    timezone('UTC', i.start) AS started,
+    timezone('UTC', i."end") AS ended,
+    i.severity,
+    i.confidence,
+    coalesce(i.wasted_gpu_s, 0) AS wasted_gpu_s,
+    i.evidence
+FROM issues AS i, report_range AS r
+WHERE timezone('UTC', i.start) < r.range_end AND timezone('UTC', i."end") >= r.range_start
+QUALIFY row_number() OVER (PARTITION BY i.issue_id ORDER BY i."end" DESC) = 1;
+
+-- Wasted GPU-seconds of each issue per hour of the range, in proportion to the issue's time in
+-- that hour (an instantaneous issue counts in the hour it happened).
+CREATE OR REPLACE TEMP VIEW issue_waste_hours AS
+SELECT
+    i.issue_id,
+    i.job_id,
+    i.kind,
+    h.hour,
+    i.wasted_gpu_s * CASE
+        WHEN i.ended <= i.started THEN 1.0
+        ELSE epoch(least(i.ended, h.hour + INTERVAL 1 HOUR) - greatest(i.started, h.hour))
+             / epoch(i.ended - i.started)
+    END AS wasted_gpu_s
+FROM range_issues AS i
+JOIN report_hours AS h
+    ON i.started < h.hour + INTERVAL 1 HOUR
+    AND (i.ended > h.hour OR i.started >= h.hour);

@@ -1,0 +1,83 @@
+-- Per-host straggler table: how often each host was the last of its DP group to start the
+-- gradient synchronization that closes a step, and the waiting that caused (GPU-seconds its peers
+-- spent between their own start and its start), with its share of all such waiting; and the
+-- straggler issues the diagnosis filed against the host. Worst first: hosts the diagnosis blamed,
+-- by the GPU-hours their issues wasted, then by the waiting they caused.
+-- A DP group is one pipeline stage of one job in one step: the hosts whose gradients are
+-- synchronized together. A host is "in" a step's sync from its first DP flow at or after the
+-- step's sync_start. A host behind a slow pipeline neighbour arrives late too: the issue columns
+-- say which host the diagnosis blamed.
+-- Needs base.sql; parameters: report_start, report_end.
+WITH dp_pairs AS (
+    SELECT DISTINCT job_id, src_addr, dst_addr FROM comm_pairs WHERE kind = 'dp'
+),
+host_gpus AS (
+    SELECT job_id, host, count(*) AS gpus, min(pp_stage) AS pp_stage
+    FROM job_members
+    GROUP BY job_id, host
+),
+dp_sends AS (  -- DP flows in the range, by job and sending host
+    SELECT p.job_id, m.host, make_timestamp_ns(f.time_flow_start_ns) AS sent
+    FROM flows AS f
+    JOIN dp_pairs AS p USING (src_addr, dst_addr)
+    JOIN job_members AS m ON m.job_id = p.job_id AND m.addr = f.src_addr
+    JOIN report_range AS r
+        ON f.time_flow_start_ns >= epoch_ns(r.range_start)
+        AND f.time_flow_start_ns < epoch_ns(r.range_end)
+),
+synced_steps AS (
+    SELECT job_id, step, sync_started, ended FROM range_steps WHERE sync_started IS NOT NULL
+),
+arrivals AS (  -- when each host joined each step's sync
+    SELECT s.job_id, s.step, d.host, min(d.sent) AS arrived
+    FROM dp_sends AS d
+    ASOF JOIN synced_steps AS s ON d.job_id = s.job_id AND d.sent >= s.sync_started
+    WHERE d.sent <= s.ended
+    GROUP BY s.job_id, s.step, d.host
+),
+groups AS (
+    SELECT
+        a.*,
+        g.gpus,
+        max(a.arrived) OVER dp_group AS last_arrival,
+        arg_max(a.host, a.arrived) OVER dp_group AS last_host,
+        count(*) OVER dp_group AS group_hosts
+    FROM arrivals AS a
+    JOIN host_gpus AS g USING (job_id, host)
+    WINDOW dp_group AS (PARTITION BY a.job_id, a.step, coalesce(g.pp_stage, 0))
+),
+per_host AS (
+    SELECT host, string_agg(DISTINCT job_id, ', ' ORDER BY job_id) AS jobs, count(*) AS syncs
+    FROM groups
+    WHERE group_hosts > 1
+    GROUP BY host
+),
+caused AS (  -- waiting charged to the host that arrived last
+    SELECT
+        last_host AS host,
+        count(DISTINCT (job_id, step)) AS times_last,
+        sum(epoch(last_arrival - arrived) * gpus) AS wait_caused_gpu_s
+    FROM groups
+    WHERE group_hosts > 1
+    GROUP BY last_host
+),
+blamed AS (
+    SELECT subject AS host, count(*) AS straggler_issues, sum(wasted_gpu_s) / 3600 AS straggler_wasted_gpu_h
+    FROM range_issues
+    WHERE kind = 'straggler'
+    GROUP BY subject
+)
+SELECT
+    host,
+    coalesce(h.jobs, '') AS jobs,
+    coalesce(h.syncs, 0) AS syncs,
+    coalesce(c.times_last, 0) AS times_last,
+    coalesce(c.times_last, 0) / nullif(h.syncs, 0) AS last_share,
+    coalesce(c.wait_caused_gpu_s, 0) AS wait_caused_gpu_s,
+    coalesce(c.wait_caused_gpu_s / nullif(sum(c.wait_caused_gpu_s) OVER (), 0), 0) AS wait_share,
+    coalesce(b.straggler_issues, 0) AS straggler_issues,
+    coalesce(b.straggler_wasted_gpu_h, 0) AS straggler_wasted_gpu_h
+FROM per_host AS h
+FULL JOIN caused AS c USING (host)
+FULL JOIN blamed AS b USING (host)
+ORDER BY straggler_wasted_gpu_h DESC, wait_caused_gpu_s DESC, host;
