@@ -231,7 +231,7 @@ class _SegmentModel:
         since = prefix[:, None] - prefix[birth_row][None, :]  # (block + 1, runs, 3, dims)
 
         stats = np.concatenate((stats, np.zeros((n_block,) + stats.shape[1:])))
-        reference = np.concatenate((reference, np.broadcast_to(block_reference, (n_block, len(block_reference)))))
+        reference = np.concatenate((reference, np.tile(block_reference, (n_block, 1))))
         shift = block_reference - reference  # moves sums around block_reference onto each run's reference
         count = stats[:, 0] + since[:, :, 0]
         total = stats[:, 1] + since[:, :, 1] + since[:, :, 0] * shift
@@ -248,7 +248,7 @@ class _SegmentModel:
             kappa_n = prior.kappa + count
             mean_n = (prior.kappa * prior_offset + total) / kappa_n
             two_beta_n = 2.0 * prior.beta + prior.kappa * prior_offset**2 + squares - kappa_n * mean_n**2
-            # nu * sigma^2 of the Student-t: nu = 2 alpha_n, sigma^2 = beta_n (kappa_n + 1) / (alpha_n kappa_n)
+            # nu * sigma^2 of the Student-t (nu = 2 alpha_n, sigma^2 = beta_n (kappa_n+1) / (alpha_n kappa_n))
             nu_scale = two_beta_n * (kappa_n + 1.0) / kappa_n
             index = count.astype(np.intp)
             log_pdf = (
