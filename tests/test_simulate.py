@@ -45,11 +45,22 @@ def noise(out: Path) -> dict:
     return json.loads((out / "truth" / "noise.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def tiny_db(tiny) -> duckdb.DuckDBPyConnection:
+    return flows_db(tiny)
+
+
+@pytest.fixture(scope="module")
+def small_db(small) -> duckdb.DuckDBPyConnection:
+    return flows_db(small)
+
+
 def flows_db(out: Path) -> duckdb.DuckDBPyConnection:
     """DuckDB with `raw` (every row written), `flows` (valid rows, once each, sampling undone, times
     in seconds from the scenario start), `steps` and `owner` (which job holds a host when)."""
     con = duckdb.connect()
     origin = SCENARIOS[noise(out)["scenario"]["name"]].start_ns
+    con.create_function("bad_addr", _bad_pair, [str, str], bool, null_handling="special")
     con.execute(f"create view raw as select * from read_parquet('{out}/flows/*.parquet')")
     con.execute(f"""
         create table flows as select distinct
@@ -97,7 +108,7 @@ def test_same_seed_same_bytes_and_other_seed_other_bytes(tiny, tmp_path):
     assert (tiny / "truth/steps.parquet").read_bytes() != (tmp_path / "other/truth/steps.parquet").read_bytes()
 
 
-def test_layout_and_schemas(tiny):
+def test_layout_and_schemas(tiny, tiny_db):
     flow_files = sorted((tiny / "flows").iterdir())
     # 09:54-10:06 on one pod of 8 leaves: files of 09:50 and 10:00, one per leaf
     assert [p.name for p in flow_files[:2]] == ["2026-11-22T09-50_leaf-p00-r0.parquet",
@@ -113,7 +124,7 @@ def test_layout_and_schemas(tiny):
     # storage and management servers talk on the network but are not in the GPU inventory
     stored = set(noise(tiny)["storage_addrs"]) | set(noise(tiny)["management_addrs"])
     assert not stored & set(topology["addr"].to_pylist())
-    con = flows_db(tiny)
+    con = tiny_db
     assert con.execute("select count(*) from flows where dst_addr like '10.200.%'").fetchone()[0] > 0
 
 
@@ -133,16 +144,16 @@ def test_job_gpus_follow_megatron_rank_order(small):
     assert sum(j["n_gpus"] for j in jobs.values()) + 8 == len(ranks) * 8  # one replaced host
 
 
-def test_every_cross_host_flow_is_rail_aligned(small):
-    con = flows_db(small)
+def test_every_cross_host_flow_is_rail_aligned(small_db):
+    con = small_db
     misaligned, aligned = con.execute("""
         select count(*) filter (where s.gpu <> d.gpu), count(*) filter (where s.gpu = d.gpu)
         from flows f join topo s on f.src_addr = s.addr join topo d on f.dst_addr = d.addr""").fetchone()
     assert misaligned == 0 and aligned > 100_000
 
 
-def test_pp_pairs_carry_steady_same_size_sends(small):
-    con = flows_db(small)
+def test_pp_pairs_carry_steady_same_size_sends(small_db):
+    con = small_db
     rows = con.execute("""
         with pp_only as (select job_id, src_addr, dst_addr from pairs group by all
                          having count(*) = 1 and any_value(kind) = 'pp')
@@ -161,8 +172,8 @@ def test_pp_pairs_carry_steady_same_size_sends(small):
         assert late - early > 0.4  # spread through the step, not a burst
 
 
-def test_dp_pairs_burst_together_at_step_ends(tiny):
-    con = flows_db(tiny)
+def test_dp_pairs_burst_together_at_step_ends(tiny_db):
+    con = tiny_db
     # ring (job 1) and rs_ag (job 2) DP traffic outside the straggler's span
     rows = con.execute("""
         with dp as (select distinct job_id, src_addr, dst_addr from pairs where kind = 'dp')
@@ -178,10 +189,10 @@ def test_dp_pairs_burst_together_at_step_ends(tiny):
         assert sizes <= 4  # buckets (a smaller tail bucket), rs and ag shares
 
 
-def test_straggler_peers_wait_in_the_sync(tiny):
+def test_straggler_peers_wait_in_the_sync(tiny, tiny_db):
     """In a straggler step, the peers' first sync flows start early and stretch; the straggler's
     flows start last and look normal."""
-    con = flows_db(tiny)
+    con = tiny_db
     fault = truth(tiny, "faults").filter(pc.field("kind") == "straggler").to_pylist()[0]
     straggler_nics = [r["addr"] for r in truth(tiny, "job_gpus").to_pylist() if r["host"] == fault["subject"]]
     rows = con.execute(f"""
@@ -196,8 +207,8 @@ def test_straggler_peers_wait_in_the_sync(tiny):
     assert peer_longest > 10 * straggler_longest
 
 
-def test_hung_job_goes_silent(tiny):
-    con = flows_db(tiny)
+def test_hung_job_goes_silent(tiny, tiny_db):
+    con = tiny_db
     hang = truth(tiny, "faults").filter(pc.field("kind") == "hang").to_pylist()[0]
     origin = SCENARIOS["tiny"].start_ns / 1e9
     at = hang["start"].timestamp() - origin
@@ -217,10 +228,9 @@ def test_hung_job_goes_silent(tiny):
     assert con.execute("select max(s1) from steps where job_id = ?", [job]).fetchone()[0] <= at
 
 
-def test_noise_counts_match_the_files(tiny):
+def test_noise_counts_match_the_files(tiny, tiny_db):
     counts = noise(tiny)
-    con = flows_db(tiny)
-    con.create_function("bad_addr", lambda a, b: _bad_pair(a, b), [str, str], bool, null_handling="special")
+    con = tiny_db
     total, malformed = con.execute("""
         select count(*), count(*) filter (where time_flow_start_ns is null or time_flow_end_ns is null
             or src_addr is null or dst_addr is null or bytes is null or bytes <= 0 or bytes >= ?
@@ -273,8 +283,8 @@ def test_jsonl_gz_output(tmp_path):
             "time_received_ns", "sampling_rate"} <= first.keys()
 
 
-def test_only_injected_transfers_cross_between_jobs(small):
-    con = flows_db(small)
+def test_only_injected_transfers_cross_between_jobs(small, small_db):
+    con = small_db
     injected = {(t["src_addr"], t["dst_addr"]) for t in noise(small)["cross_job_transfers"]}
     assert len(injected) == 3
     crossing = con.execute("""
@@ -287,7 +297,7 @@ def test_only_injected_transfers_cross_between_jobs(small):
     assert set(crossing) == injected
 
 
-def test_small_has_every_shape_and_fault(small):
+def test_small_has_every_shape_and_fault(small, small_db):
     jobs = truth(small, "jobs")
     assert {1, 2, 4, 8} <= set(jobs["tp"].to_pylist())
     assert max(jobs["pp"].to_pylist()) == 8 and max(jobs["dp"].to_pylist()) >= 16
@@ -302,7 +312,7 @@ def test_small_has_every_shape_and_fault(small):
     numbers, attempts = steps["step"].to_numpy(), steps["attempt"].to_numpy()
     assert np.all(np.diff(numbers) == 1) and set(attempts) == {0, 1}
     # the one-host job and the drained hosts put nothing on the GPU fabric
-    con = flows_db(small)
+    con = small_db
     one_host = jobs.filter(pc.invert(pc.field("has_network"))).to_pylist()[0]["hosts"][0]
     assert con.execute("""select count(*) from flows f join topo s on f.src_addr = s.addr
         join topo d on f.dst_addr = d.addr where s.host = ? or d.host = ?""",
@@ -315,9 +325,9 @@ def test_small_has_every_shape_and_fault(small):
                for _, end_a, hosts_a in lives for start_b, _, hosts_b in lives)
 
 
-def test_step_times_follow_the_nominal_step(tiny):
+def test_step_times_follow_the_nominal_step(tiny_db):
     spec = SCENARIOS["tiny"].jobs[0]
-    con = flows_db(tiny)
+    con = tiny_db
     durations = np.array([d for (d,) in con.execute("""
         select s1 - s0 from steps join jobs using (job_id)
         where not checkpoint and len(hosts) = 4 and s0 < 230""").fetchall()])
@@ -341,3 +351,28 @@ def test_custom_scenario_with_a_replaced_host_restart(tmp_path):
     assert fault["wasted_gpu_s"] > 16 * (60 + params["lost_since_checkpoint_s"])
     gpus = truth(tmp_path, "job_gpus")
     assert sorted(set(gpus["host"].to_pylist())) == ["gpu0000", "gpu0001", "gpu0005"]
+
+
+def test_slow_link_shows_as_the_slowest_nic(small, small_db):
+    con = small_db
+    fault = truth(small, "faults").filter(pc.field("kind") == "slow_link").to_pylist()[0]
+    origin = SCENARIOS["small"].start_ns / 1e9
+    lo, hi = fault["start"].timestamp() - origin, fault["end"].timestamp() - origin
+    throughput = dict(con.execute("""
+        with x as (select f.* from flows f join (select distinct src_addr, dst_addr from pairs
+                   where job_id = ?) using (src_addr, dst_addr) where f.t0 between ? and ?),
+        per_nic as (select src_addr addr, size / (t1 - t0) rate from x
+                    union all select dst_addr, size / (t1 - t0) from x)
+        select addr, median(rate) from per_nic group by 1""", [fault["job_id"], lo, hi]).fetchall())
+    slowest = sorted(throughput, key=throughput.get)
+    assert fault["subject"] in slowest[:2]
+    assert throughput[fault["subject"]] < 0.5 * np.median(list(throughput.values()))
+
+
+def test_moe_all_to_all_has_several_sizes(small, small_db):
+    con = small_db
+    sizes = con.execute("""select count(distinct f.size) from pairs p join jobs j using (job_id)
+        join flows f using (src_addr, dst_addr) where p.kind = 'other' and j.collective = 'ring'
+        and p.job_id in (select job_id from read_parquet(?) where moe) group by p.src_addr, p.dst_addr""",
+                        [f"{small}/truth/jobs.parquet"]).fetchall()
+    assert len(sizes) > 10 and min(n for (n,) in sizes) >= 3

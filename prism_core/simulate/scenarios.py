@@ -8,7 +8,7 @@ already running when the scenario began.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -109,7 +109,6 @@ class Scenario:
     sampling_rate: int = 4
     clock_skew_ms: float = 3.0  # standard deviation of each exporter's clock offset
     file_minutes: int = 10  # one flow file per exporter per this many minutes
-    extra: dict = field(default_factory=dict, compare=False)
 
     @property
     def window_s(self) -> float:
@@ -320,25 +319,31 @@ def _with_faults(
     for kind, count in scenario.fleet.faults:
         for nth in range(min(count, len(order))):
             i = order.pop()
-            job = jobs[i]
-            lo, hi = seen(job)
+            lo, hi = seen(jobs[i])
             at = round(float(lo + rng.uniform(0.15, 0.55) * (hi - lo)), 1)
-            host = int(rng.integers(job.n_hosts))
-            rail = int(rng.integers(GPUS_PER_HOST))
-            rest = hi - at
-            fault = {
-                "straggler": lambda: FaultSpec(kind, at, span_s=round(0.4 * rest, 1), host=host,
-                                               factor=round(float(rng.uniform(1.1, 1.5)), 2)),
-                "slow_link": lambda: FaultSpec(kind, at, span_s=round(0.4 * rest, 1), host=host,
-                                               rail=rail, factor=round(float(rng.uniform(0.2, 0.5)), 2)),
-                "hang": lambda: FaultSpec(kind, at, host=host, rail=rail),
-                # the first restart of the scenario moves to a spare host, the others resume in place
-                "restart": lambda: FaultSpec(kind, at, gap_s=round(float(rng.uniform(60, 300)), 1),
-                                             host=host,
-                                             replace_host=spare_host(at, job.end_s) if nth == 0 else None),
-                "degradation": lambda: FaultSpec(kind, at, factor=round(float(rng.uniform(1.1, 1.3)), 2)),
-                "slow_step": lambda: FaultSpec(kind, at, span_s=round(rest - 60, 1), count=3,
-                                               factor=round(float(rng.uniform(1.3, 3.0)), 2)),
-            }[kind]()
-            jobs[i] = replace(job, faults=(fault,))
+            # the first restart of the scenario moves to a spare host, the others resume in place
+            spare = spare_host(at, jobs[i].end_s) if kind == "restart" and nth == 0 else None
+            jobs[i] = replace(jobs[i], faults=(_draw_fault(kind, at, hi, jobs[i], spare, rng),))
     return tuple(jobs)
+
+
+def _draw_fault(kind: str, at: float, seen_until: float, job: JobSpec, spare: int | None,
+                rng: np.random.Generator) -> FaultSpec:
+    host = int(rng.integers(job.n_hosts))
+    rail = int(rng.integers(GPUS_PER_HOST))
+    rest = seen_until - at
+    if kind == "straggler":
+        return FaultSpec(kind, at, span_s=round(0.4 * rest, 1), host=host,
+                         factor=round(float(rng.uniform(1.1, 1.5)), 2))
+    if kind == "slow_link":
+        return FaultSpec(kind, at, span_s=round(0.4 * rest, 1), host=host, rail=rail,
+                         factor=round(float(rng.uniform(0.2, 0.5)), 2))
+    if kind == "hang":
+        return FaultSpec(kind, at, host=host, rail=rail)
+    if kind == "restart":
+        return FaultSpec(kind, at, gap_s=round(float(rng.uniform(60, 300)), 1), host=host,
+                         replace_host=spare)
+    if kind == "degradation":
+        return FaultSpec(kind, at, factor=round(float(rng.uniform(1.1, 1.3)), 2))
+    return FaultSpec(kind, at, span_s=round(rest - 60, 1), count=3,
+                     factor=round(float(rng.uniform(1.3, 3.0)), 2))

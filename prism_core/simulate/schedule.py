@@ -48,7 +48,6 @@ class JobPlan:
     start_s: float
     end_s: float
     restarts: int
-    salt: int = field(repr=False)
 
     @property
     def has_network(self) -> bool:
@@ -83,6 +82,7 @@ def _cut(flows: FlowBatch, cutoff: np.ndarray) -> FlowBatch:
 class _StepLog:
     COLUMNS = ("start", "base", "compute_end", "end", "jitter", "template", "checkpoint", "attempt",
                "number", "complete", "cut")
+    DTYPES = (float, float, float, float, float, np.int32, bool, np.int32, np.int64, bool, np.int32)
 
     def __init__(self) -> None:
         self.rows: list[tuple] = []
@@ -91,179 +91,198 @@ class _StepLog:
         self.rows.append(tuple(row[c] for c in self.COLUMNS))
 
     def arrays(self) -> dict[str, np.ndarray]:
-        dtypes = (float, float, float, float, float, np.int32, bool, np.int32, np.int64, bool, np.int32)
         columns = zip(*self.rows) if self.rows else [()] * len(self.COLUMNS)
-        return {c: np.array(v, dtype=t) for c, v, t in zip(self.COLUMNS, columns, dtypes)}
+        return {c: np.array(v, dtype=t) for c, v, t in zip(self.COLUMNS, columns, self.DTYPES)}
+
+
+@dataclass
+class _Tally:
+    """What one fault did to the steps the scenario sees."""
+
+    wasted_gpu_s: float = 0.0
+    start: float = np.inf
+    end: float = -np.inf
+    params: dict = field(default_factory=dict)
+    slow_steps: list[tuple[float, float, float]] = field(default_factory=list)  # start, end, extra
 
 
 def plan_job(index: int, spec: JobSpec, cluster: Cluster, window_s: float, seed: int) -> JobPlan:
-    rng = np.random.default_rng([seed, index, 0x10B])
-    job_id = f"sim-job-{index:03d}"
-    model = job_model(spec, rng)
-    salt = index + 1
-    hosts = [np.asarray(spec.hosts, np.int64)]
-    templates: list[Template] = []
-    template_ids: dict[Condition, int] = {}
+    return _Planner(index, spec, cluster, window_s, seed).run()
 
-    def template(cond: Condition) -> tuple[int, float]:
-        if cond not in template_ids:
-            template_ids[cond] = len(templates)
-            templates.append(step_template(model, hosts[cond.attempt], cond, salt))
-        tid = template_ids[cond]
-        return tid, templates[tid].duration
 
-    def checkpoint(attempt: int) -> Template:
-        return checkpoint_template(model, hosts[attempt], cluster.storage_base, cluster.n_storage, salt)
+class _Planner:
+    """Walks one job's allotment step by step (see module doc)."""
 
-    faults = list(spec.faults)
-    first = templates[template(Condition(0))[0]]
-    subject_nic = {i: _busy_nic(first, spec.hosts[f.host], f.rail) for i, f in enumerate(faults)
-                   if f.kind in ("slow_link", "hang")}
-    events = sorted((f.at_s, i) for i, f in enumerate(faults) if f.kind in ("hang", "restart"))
-    stalls = sorted((f.at_s + (k + 0.5) * f.span_s / f.count, i)
-                    for i, f in enumerate(faults) if f.kind == "slow_step" for k in range(f.count))
-    wasted = np.zeros(len(faults))
-    touched = [[np.inf, -np.inf] for _ in faults]  # first start, last end of affected steps
-    cutoffs: list[np.ndarray] = []
-    lost: dict[int, dict] = {}  # hang / restart: work and time lost
-    slow_steps: list[dict] = []
+    def __init__(self, index: int, spec: JobSpec, cluster: Cluster, window_s: float, seed: int):
+        self.rng = np.random.default_rng([seed, index, 0x10B])
+        self.job_id = f"sim-job-{index:03d}"
+        self.spec, self.cluster, self.window_s = spec, cluster, window_s
+        self.model = job_model(spec, self.rng)
+        self.salt = index + 1
+        self.hosts = [np.asarray(spec.hosts, np.int64)]
+        self.templates: list[Template] = []
+        self.template_ids: dict[Condition, int] = {}
+        self.faults = spec.faults
+        self.tally = [_Tally() for _ in self.faults]
+        nominal = self.templates[self.template(Condition(0))[0]]
+        self.subject_nic = {i: _busy_nic(nominal, spec.hosts[f.host], f.rail)
+                            for i, f in enumerate(self.faults) if f.kind in ("slow_link", "hang")}
+        self.log = _StepLog()
+        self.cutoffs: list[np.ndarray] = []
 
-    def blame(i: int, start: float, end: float, extra: float) -> None:
-        if start >= 0 and end <= window_s:
-            wasted[i] += extra * spec.n_gpus
-            touched[i][0] = min(touched[i][0], start)
-            touched[i][1] = max(touched[i][1], end)
+    def template(self, cond: Condition) -> tuple[int, float]:
+        """Id and duration of the step template for `cond`, built on first use."""
+        if cond not in self.template_ids:
+            self.template_ids[cond] = len(self.templates)
+            self.templates.append(step_template(self.model, self.hosts[cond.attempt], cond, self.salt))
+        tid = self.template_ids[cond]
+        return tid, self.templates[tid].duration
 
-    log = _StepLog()
-    t = spec.start_s
-    number = int(rng.integers(1_000, 50_000)) if t < 0 else 0  # jobs seen mid-life
-    attempt, warmup = 0, (WARMUP_AT_START if t >= 0 else ())
-    warm_step = 0
-    last_checkpoint = t
-    end_of_traffic = None
-    stop = min(spec.end_s, window_s)
-    while t < stop:
-        level = warmup[warm_step] if warm_step < len(warmup) else 1.0
+    def condition(self, t: float, attempt: int, level: float) -> tuple[Condition, int | None]:
+        """The condition of a step starting at `t`, and the fault shaping it (at most one)."""
         scale, straggler, slow, active = level, (-1, 1.0), (-1, 1.0), None
-        for i, f in enumerate(faults):
+        for i, f in enumerate(self.faults):
             if f.kind == "degradation" and t >= f.at_s:
                 scale, active = scale * f.factor, i
-            elif f.kind in ("straggler", "slow_link") and f.at_s <= t < f.at_s + f.span_s:
-                active = i
-                if f.kind == "straggler":
-                    straggler = (f.host, f.factor)
-                else:
-                    slow = (subject_nic[i], f.factor)
-        tid, duration = template(Condition(attempt, scale, *straggler, *slow))
-        after_restart = attempt > 0 and level != 1.0
-        _, fault_free = template(Condition(attempt, 1.0 if after_restart else level))
-        jitter = float(rng.lognormal(0.0, model.jitter_sigma))
-        is_checkpoint = (number + 1) % model.ckpt_every == 0 and level == 1.0
-        stall, slow_step = 0.0, None
-        if stalls and stalls[0][0] <= t and not is_checkpoint:
-            slow_step = stalls.pop(0)[1]
-            stall = (faults[slow_step].factor - 1.0) * jitter * fault_free
-        compute_end = t + stall + jitter * duration
-        end = compute_end + (model.ckpt_save_s if is_checkpoint else 0.0)
-        if end > spec.end_s:
-            break  # the allotment cannot hold another step
-        row = dict(start=t, base=t + stall, compute_end=compute_end, end=end, jitter=jitter,
-                   template=tid, checkpoint=is_checkpoint, attempt=attempt, number=number)
-        if events and events[0][0] < end:
-            failed_at, i = events.pop(0)
-            failed_at = max(failed_at, t)
-            f = faults[i]
-            job_nics = _nics(hosts[attempt])
-            cutoff = np.full(cluster.n_endpoints, np.inf)
-            if f.kind == "hang":
-                cutoff[job_nics] = failed_at + rng.uniform(*HANG_SPREAD_S, len(job_nics))
-                cutoff[subject_nic[i]] = failed_at
-            else:
-                cutoff[job_nics] = failed_at + rng.uniform(0, RESTART_STOP_S, len(job_nics))
-            log.add(**row, complete=False, cut=len(cutoffs))
-            cutoffs.append(cutoff)
-            end_of_traffic = failed_at
-            lost[i] = {"lost_since_checkpoint_s": round(failed_at - max(last_checkpoint, 0.0), 3)}
-            if f.kind == "hang":
-                silent_until = min(spec.end_s, window_s)
-                wasted[i] = spec.n_gpus * (silent_until - max(last_checkpoint, 0.0))
-                touched[i] = [failed_at, silent_until]
-                break
-            resume = failed_at + f.gap_s
-            wasted[i] = spec.n_gpus * (min(resume, window_s) - max(last_checkpoint, 0.0))
-            touched[i] = [failed_at, min(resume, window_s)]
-            lost[i]["gap_s"] = f.gap_s
-            attempt += 1
-            new_hosts = hosts[-1].copy()
-            if f.replace_host is not None:
-                new_hosts[f.host] = f.replace_host
-            hosts.append(new_hosts)
-            warmup, warm_step, t = WARMUP_AFTER_RESTART, 0, resume
-            continue
-        log.add(**row, complete=True, cut=-1)
-        extra = jitter * (duration - fault_free)
-        if active is not None:
-            blame(active, t, end, extra)
-        elif after_restart:
-            blame(max(i for i, f in enumerate(faults) if f.kind == "restart"), t, end, extra)
-        if slow_step is not None:
-            blame(slow_step, t, end, stall)
-            slow_steps.append({"fault": slow_step, "start": t, "end": end, "extra": stall})
-        if is_checkpoint:
-            last_checkpoint = end
-        t, number, warm_step = end, number + 1, warm_step + 1
-        end_of_traffic = end
+            elif f.kind == "straggler" and f.at_s <= t < f.at_s + f.span_s:
+                straggler, active = (f.host, f.factor), i
+            elif f.kind == "slow_link" and f.at_s <= t < f.at_s + f.span_s:
+                slow, active = (self.subject_nic[i], f.factor), i
+        return Condition(attempt, scale, *straggler, *slow), active
 
-    plan = JobPlan(
-        job_id=job_id,
-        spec=spec,
-        model=model,
-        hosts=hosts,
-        templates=templates,
-        checkpoints=[checkpoint(a) for a in range(len(hosts))],
-        steps=log.arrays(),
-        cutoffs=cutoffs,
-        faults=[],
-        start_s=max(spec.start_s, 0.0),
-        end_s=min(end_of_traffic if end_of_traffic is not None else spec.start_s, window_s),
-        restarts=len(hosts) - 1,
-        salt=salt,
-    )
-    plan.faults = _fault_rows(plan, cluster, subject_nic, wasted, touched, lost, slow_steps,
-                              window_s)
-    return plan
+    def blame(self, i: int, start: float, end: float, extra: float) -> None:
+        if start >= 0 and end <= self.window_s:
+            tally = self.tally[i]
+            tally.wasted_gpu_s += extra * self.spec.n_gpus
+            tally.start, tally.end = min(tally.start, start), max(tally.end, end)
 
+    def run(self) -> JobPlan:
+        spec, model, rng = self.spec, self.model, self.rng
+        events = sorted((f.at_s, i) for i, f in enumerate(self.faults) if f.kind in ("hang", "restart"))
+        stalls = sorted((f.at_s + (k + 0.5) * f.span_s / f.count, i) for i, f in enumerate(self.faults)
+                        if f.kind == "slow_step" for k in range(f.count))
+        restart = next((i for i, f in enumerate(self.faults) if f.kind == "restart"), None)
+        t = spec.start_s
+        number = int(rng.integers(1_000, 50_000)) if t < 0 else 0  # a job seen mid-life
+        attempt, warmup, warm_step = 0, (WARMUP_AT_START if t >= 0 else ()), 0
+        last_checkpoint, end_of_traffic = t, None
+        while t < min(spec.end_s, self.window_s):
+            level = warmup[warm_step] if warm_step < len(warmup) else 1.0
+            after_restart = attempt > 0 and level != 1.0  # warm-up after a restart is its cost
+            cond, active = self.condition(t, attempt, level)
+            tid, duration = self.template(cond)
+            _, fault_free = self.template(Condition(attempt, 1.0 if after_restart else level))
+            jitter = float(rng.lognormal(0.0, model.jitter_sigma))
+            is_checkpoint = (number + 1) % model.ckpt_every == 0 and level == 1.0
+            stall, slow_step = 0.0, None
+            if stalls and stalls[0][0] <= t and not is_checkpoint:
+                slow_step = stalls.pop(0)[1]
+                stall = (self.faults[slow_step].factor - 1.0) * jitter * fault_free
+            compute_end = t + stall + jitter * duration
+            end = compute_end + (model.ckpt_save_s if is_checkpoint else 0.0)
+            if end > spec.end_s:
+                break  # the allotment cannot hold another step
+            row = dict(start=t, base=t + stall, compute_end=compute_end, end=end, jitter=jitter,
+                       template=tid, checkpoint=is_checkpoint, attempt=attempt, number=number)
+            if events and events[0][0] < end:
+                failed_at, i = events.pop(0)
+                failed_at = max(failed_at, t)
+                self.log.add(**row, complete=False, cut=len(self.cutoffs))
+                self.cutoffs.append(self.silence(i, failed_at, attempt))
+                end_of_traffic = failed_at
+                if self.faults[i].kind == "hang":
+                    self.hang(i, failed_at, last_checkpoint)
+                    break
+                t = self.restart(i, failed_at, last_checkpoint)
+                attempt, warmup, warm_step = attempt + 1, WARMUP_AFTER_RESTART, 0
+                continue
+            self.log.add(**row, complete=True, cut=-1)
+            if active is not None or after_restart:
+                self.blame(restart if active is None else active, t, end, jitter * (duration - fault_free))
+            if slow_step is not None:
+                self.blame(slow_step, t, end, stall)
+                self.tally[slow_step].slow_steps.append((t, end, stall))
+            if is_checkpoint:
+                last_checkpoint = end
+            t, number, warm_step, end_of_traffic = end, number + 1, warm_step + 1, end
 
-def _fault_rows(plan, cluster, subject_nic, wasted, touched, lost, slow_steps, window_s) -> list[dict]:
-    rows = []
-    spec = plan.spec
-    for i, f in enumerate(spec.faults):
-        start, end = touched[i]
-        if f.kind == "slow_step":
-            for k, s in enumerate(r for r in slow_steps if r["fault"] == i):
-                if s["start"] >= 0 and s["end"] <= window_s:
-                    rows.append(dict(kind=f.kind, subject=plan.job_id, start=s["start"], end=s["end"],
-                                     wasted=s["extra"] * spec.n_gpus,
-                                     params={"factor": f.factor, "nth": k}))
-            continue
-        if not start < end:
-            continue  # the fault never touched a step the scenario sees
-        subject, params = plan.job_id, {"factor": f.factor}
-        if f.kind == "straggler":
-            subject = cluster.host_name(spec.hosts[f.host])
-        elif f.kind in ("slow_link", "hang"):
-            subject = cluster.addrs[subject_nic[i]].as_py()
-        if f.kind in ("hang", "restart"):
-            params = lost[i]
-        if f.kind == "restart" and f.replace_host is not None:
-            params["replaced_host"] = {"old": cluster.host_name(spec.hosts[f.host]),
-                                       "new": cluster.host_name(f.replace_host)}
-        rows.append(dict(kind=f.kind, subject=subject, start=start, end=end, wasted=float(wasted[i]),
-                         params=params))
-    for n, row in enumerate(rows):
-        row["fault_id"] = f"{plan.job_id}-f{n}"
-        row["params"] = json.dumps(row["params"], sort_keys=True)
-    return rows
+        return JobPlan(
+            job_id=self.job_id,
+            spec=spec,
+            model=model,
+            hosts=self.hosts,
+            templates=self.templates,
+            checkpoints=[checkpoint_template(model, h, self.cluster.storage_base, self.cluster.n_storage,
+                                             self.salt) for h in self.hosts],
+            steps=self.log.arrays(),
+            cutoffs=self.cutoffs,
+            faults=self.fault_rows(),
+            start_s=max(spec.start_s, 0.0),
+            end_s=min(spec.start_s if end_of_traffic is None else end_of_traffic, self.window_s),
+            restarts=len(self.hosts) - 1,
+        )
+
+    def silence(self, i: int, failed_at: float, attempt: int) -> np.ndarray:
+        """When each endpoint stops sending: a hung GPU's NIC first, its peers within seconds; a
+        failing job all at once."""
+        job_nics = _nics(self.hosts[attempt])
+        cutoff = np.full(self.cluster.n_endpoints, np.inf)
+        if self.faults[i].kind == "hang":
+            cutoff[job_nics] = failed_at + self.rng.uniform(*HANG_SPREAD_S, len(job_nics))
+            cutoff[self.subject_nic[i]] = failed_at
+        else:
+            cutoff[job_nics] = failed_at + self.rng.uniform(0, RESTART_STOP_S, len(job_nics))
+        return cutoff
+
+    def hang(self, i: int, at: float, last_checkpoint: float) -> None:
+        """The job holds its hosts, silent, until its allotment ends: all since the last checkpoint
+        is lost."""
+        silent_until = min(self.spec.end_s, self.window_s)
+        self.tally[i] = _Tally(
+            wasted_gpu_s=self.spec.n_gpus * (silent_until - max(last_checkpoint, 0.0)),
+            start=at, end=silent_until,
+            params={"lost_since_checkpoint_s": round(at - max(last_checkpoint, 0.0), 3)})
+
+    def restart(self, i: int, at: float, last_checkpoint: float) -> float:
+        """The job resumes from its last checkpoint after the gap, maybe on a replacement host;
+        returns when."""
+        f = self.faults[i]
+        resume = at + f.gap_s
+        self.tally[i] = _Tally(
+            wasted_gpu_s=self.spec.n_gpus * (min(resume, self.window_s) - max(last_checkpoint, 0.0)),
+            start=at, end=min(resume, self.window_s),
+            params={"lost_since_checkpoint_s": round(at - max(last_checkpoint, 0.0), 3), "gap_s": f.gap_s})
+        hosts = self.hosts[-1].copy()
+        if f.replace_host is not None:
+            hosts[f.host] = f.replace_host
+            self.tally[i].params["replaced_host"] = {"old": self.cluster.host_name(self.hosts[-1][f.host]),
+                                                     "new": self.cluster.host_name(f.replace_host)}
+        self.hosts.append(hosts)
+        return resume
+
+    def fault_rows(self) -> list[dict]:
+        """Truth rows (times in scenario seconds); faults that touched no step seen are left out."""
+        rows = []
+        for i, (f, tally) in enumerate(zip(self.faults, self.tally)):
+            if f.kind == "slow_step":
+                rows += [dict(kind=f.kind, subject=self.job_id, start=start, end=end,
+                              wasted=extra * self.spec.n_gpus, params={"factor": f.factor, "nth": k})
+                         for k, (start, end, extra) in enumerate(tally.slow_steps)
+                         if start >= 0 and end <= self.window_s]
+                continue
+            if not tally.start < tally.end:
+                continue
+            subject = self.job_id
+            if f.kind == "straggler":
+                subject = self.cluster.host_name(self.spec.hosts[f.host])
+            elif f.kind in ("slow_link", "hang"):
+                subject = self.cluster.addrs[self.subject_nic[i]].as_py()
+            rows.append(dict(kind=f.kind, subject=subject, start=tally.start, end=tally.end,
+                             wasted=tally.wasted_gpu_s, params=tally.params or {"factor": f.factor}))
+        for n, row in enumerate(rows):
+            row["fault_id"] = f"{self.job_id}-f{n}"
+            row["params"] = json.dumps(row["params"], sort_keys=True)
+        return rows
 
 
 def _nics(hosts: np.ndarray) -> np.ndarray:

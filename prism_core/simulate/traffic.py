@@ -28,7 +28,7 @@ DP, PP, OTHER, STORAGE = 0, 1, 2, 3
 KIND_NAMES = {DP: "dp", PP: "pp", OTHER: "other"}  # kinds of GPU-to-GPU job traffic
 LAUNCH_SKEW_S = 3e-4  # kernel launch / NCCL proxy delay spread between peers
 MOE_LEVELS = np.array([0.5, 0.75, 1.0, 1.25, 1.5])  # expert load imbalance: several a2a sizes
-SLOW_RING_SLACK = 0.1  # in a ring throttled by one slow link, the other hops finish this much earlier
+SLOW_RING_SLACK = 0.1  # in a collective throttled by one slow link, other links finish this much earlier
 
 
 @dataclass
@@ -140,6 +140,12 @@ class _Links:
         rate = np.where(on_network, NIC_RATE, NVLINK_RATE)
         slow = on_network & ((src == self.slow_nic) | (dst == self.slow_nic))
         return np.where(slow, rate * self.slow_fraction, rate)
+
+    def waiting_on_slow_link(self, a: np.ndarray, b: np.ndarray, group_rate: np.ndarray) -> np.ndarray:
+        """Sends of a collective throttled by a slow link elsewhere in its group: they move at the
+        group's pace but drain SLOW_RING_SLACK earlier than the slow link itself."""
+        src, dst, _ = self.route(a, b)
+        return (group_rate < NIC_RATE)[:, None] & (src != self.slow_nic) & (dst != self.slow_nic)
 
     def add(self, a, b, start, nbytes, kind: int, end=None, varsize: bool = False) -> None:
         if end is None:
@@ -266,11 +272,9 @@ def _ring(links: _Links, member, succ, hop_bytes, first_start, release) -> np.nd
     done = release[:, None] + np.cumsum(took, axis=1)
     start = np.where(np.arange(len(hop_bytes)) == 0, first_start[:, :, None],
                      (done - took)[:, None, :])
-    end = np.broadcast_to(done[:, None, :], start.shape)
-    src, dst, on_network = links.route(member, succ)
-    throttled = (ring_rate < NIC_RATE)[:, None] & (src != links.slow_nic) & (dst != links.slow_nic)
-    end = end - np.where(throttled[:, :, None], SLOW_RING_SLACK * took[:, None, :], 0.0)
-    links.add(member[:, :, None], succ[:, :, None], start, hop_bytes, DP, end=end)
+    slack = np.where(links.waiting_on_slow_link(member, succ, ring_rate)[:, :, None],
+                     SLOW_RING_SLACK * took[:, None, :], 0.0)
+    links.add(member[:, :, None], succ[:, :, None], start, hop_bytes, DP, end=done[:, None, :] - slack)
     return done[:, -1]
 
 
@@ -285,11 +289,12 @@ def _tree(links: _Links, t, s, d, rank, buckets, child_ready, release) -> np.nda
     took = buckets[None, :] / tree_rate[:, None]
     done = release[:, None] + np.cumsum(took, axis=1)
     up_start = np.where(np.arange(len(buckets)) == 0, child_ready[:, :, None], (done - took)[:, None, :])
-    links.add(child[:, :, None], parent[:, :, None], up_start, buckets, DP,
-              end=np.broadcast_to(done[:, None, :], up_start.shape))
+    slack = np.where(links.waiting_on_slow_link(child, parent, tree_rate)[:, :, None],
+                     SLOW_RING_SLACK * took[:, None, :], 0.0)
+    links.add(child[:, :, None], parent[:, :, None], up_start, buckets, DP, end=done[:, None, :] - slack)
     down_start = (done - took / 2)[:, None, :]
     links.add(parent[:, :, None], child[:, :, None], down_start, buckets, DP,
-              end=down_start + took[:, None, :])
+              end=down_start + took[:, None, :] - slack)
     return done[:, -1] + took[:, -1] / 2
 
 

@@ -120,7 +120,7 @@ def write_scenario(
 
 
 def _parameters(scenario: Scenario, plans: list[JobPlan]) -> dict:
-    params = {k: v for k, v in asdict(scenario).items() if k not in ("jobs", "fleet", "extra")}
+    params = {k: v for k, v in asdict(scenario).items() if k not in ("jobs", "fleet")}
     params["jobs"] = {p.job_id: asdict(p.spec) for p in plans}
     return params
 
