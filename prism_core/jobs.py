@@ -1,0 +1,592 @@
+"""Job recognition per minute and job tracking across minutes, hours and restarts.
+
+Per minute, the GPU NICs that exchange repeated traffic form connected components
+(scipy.sparse.csgraph over integer-coded addresses). On a rail-aligned fabric one job shows up as
+up to one component per rail over the same hosts, so components of a minute whose host sets are
+similar are merged (LLMPrism's topology-aware merge). Jobs own whole hosts, so a job's GPUs are
+all NICs of its hosts.
+
+Tracking links each minute's jobs to the jobs already known: a job keeps its id while its hosts
+keep talking, and across a stop-and-resume on the same hosts (or with one host replaced) when the
+flow sizes it uses (its signature: activation and bucket sizes) are the same. A new job on hosts
+another just left has other sizes and gets a new id. Ids are deterministic (first minute + hosts),
+so re-running an hour from the same previous state gives the same ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
+
+from prism_core.minutes import HOUR_NS, MINUTE_NS
+from prism_core.schema import JOBS, TS, conform
+from prism_core.topology import Topology
+
+# Components of one minute whose host sets have at least this Jaccard similarity are one job
+# (one component per rail over the same hosts).
+DEFAULT_JACCARD = 0.5
+# Pauses up to this long inside one NIC's traffic of a minute are bridged; longer ones separate
+# a job that stopped from one that started on the same hosts within the minute.
+SEGMENT_GAP_NS = 2_000_000_000
+# An edge is job traffic when some flow size repeats on it within the minute: activations and
+# gradient buckets repeat every micro-batch and step, one-off background transfers do not.
+MIN_REPEATED_FLOWS = 2
+# A minute's job continues a running job when this share of the smaller host set is shared.
+TRACK_OVERLAP = 0.5
+# Traffic on a job's hosts continues the job without comparing flow sizes only when it comes
+# within this much silence and on exactly the job's hosts: a new job can start on all or part of
+# the hosts another left seconds before.
+RESUME_CHECK_NS = 10_000_000_000
+# Silence longer than this between a job's flows is a stop; resuming after it is a restart.
+RESTART_GAP_NS = 60_000_000_000
+# A stopped job that resumes within this time on the same hosts (or one replaced) is restarted.
+RESTART_WINDOW_NS = 30 * MINUTE_NS
+# Share of a resumed job's repeated bytes in flow sizes the stopped job also used.
+SIGNATURE_MATCH = 0.5
+# Flow sizes kept per job as its signature (most frequent first).
+SIGNATURE_SIZES = 32
+
+STATE_VERSION = 2
+
+MEMBERSHIP = pa.schema(
+    [
+        ("job_id", pa.string()),
+        ("addr", pa.string()),
+        ("host", pa.string()),
+        ("gpu", pa.int32()),
+        ("first_ns", pa.int64()),
+        ("last_ns", pa.int64()),
+    ]
+)
+
+EVENT_KINDS = ("start", "end", "restart", "host_replaced")
+
+EVENTS = pa.schema(
+    [
+        ("job_id", pa.string()),
+        ("kind", pa.string()),
+        ("at_ns", pa.int64()),
+        ("detail", pa.string()),  # JSON
+    ]
+)
+
+
+@dataclass
+class Recognition:
+    jobs: pa.Table  # JOBS columns (dp/pp/tp null: parallelism fills them)
+    membership: pa.Table  # MEMBERSHIP: which addresses belonged to which job when, this hour
+    events: pa.Table  # EVENTS: start | end | restart | host_replaced
+    state: dict  # JSON-serializable, handed to the next hour
+
+
+@dataclass
+class _Observations:
+    """The jobs seen in each minute of an hour, as flat arrays (one entry per minute-job)."""
+
+    minute_ns: np.ndarray  # int64, start of the minute
+    first_ns: np.ndarray  # int64, first flow start of the job in the minute
+    last_ns: np.ndarray  # int64, last flow end
+    host_ptr: np.ndarray  # CSR over host codes: hosts of observation k are
+    host_codes: np.ndarray  #   host_codes[host_ptr[k]:host_ptr[k + 1]], sorted
+    size_ptr: np.ndarray  # CSR over the repeated flow sizes of each observation
+    sizes: np.ndarray  # int64 flow size
+    size_flows: np.ndarray  # int64 flows of that size
+
+    def hosts(self, k: int) -> np.ndarray:
+        return self.host_codes[self.host_ptr[k] : self.host_ptr[k + 1]]
+
+    def signature(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        span = slice(self.size_ptr[k], self.size_ptr[k + 1])
+        return self.sizes[span], self.size_flows[span]
+
+
+@dataclass
+class _Track:
+    """One job as tracking knows it."""
+
+    job_id: str
+    hosts: np.ndarray  # sorted host codes
+    first_seen_ns: int
+    last_end_ns: int
+    restarts: int = 0
+    status: str = "running"
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # signature
+    size_flows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    size_minutes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # minutes seen
+    seen_this_hour: bool = False
+    reported_end: bool = False  # an `end` event was already emitted for the current stop
+
+
+def recognize_minute(
+    minute_pairs: pa.Table, topology: Topology, *, jaccard: float = DEFAULT_JACCARD
+) -> list[np.ndarray]:
+    """The jobs communicating in one minute's `flow_minutes` rows: for each, the sorted addresses
+    of all NICs of its hosts."""
+    vocabulary = _HostVocabulary(topology)
+    minute_ns = _minute_ns(minute_pairs)
+    observations = _observe(minute_pairs, vocabulary, minute_ns, jaccard)
+    return [
+        np.sort(vocabulary.nics(observations.hosts(k))["addr"].to_numpy(zero_copy_only=False))
+        for k in range(len(observations.minute_ns))
+    ]
+
+
+def recognize_hour(
+    flow_minutes: pa.Table,
+    topology: Topology,
+    previous_state: dict | None,
+    hour_start_ns: int,
+    *,
+    jaccard: float = DEFAULT_JACCARD,
+) -> Recognition:
+    """Jobs of one hour from its `flow_minutes`, continuing the jobs of `previous_state`."""
+    vocabulary = _HostVocabulary(topology)
+    hour_end_ns = hour_start_ns + HOUR_NS
+    tracks = _load_state(previous_state, vocabulary, hour_start_ns)
+    observations = _observe(flow_minutes, vocabulary, _minute_ns(flow_minutes), jaccard)
+    tracker = _Tracker(tracks, vocabulary)
+    for minute_rows in _rows_by_minute(observations.minute_ns):
+        tracker.observe_minute(observations, minute_rows)
+    return tracker.close_hour(hour_end_ns)
+
+
+class _HostVocabulary:
+    """Integer codes for host names, and each host's NICs from the topology. Without an inventory
+    every address is its own host with one NIC (gpu 0)."""
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self.names: list[str] = []
+        self._codes: dict[str, int] = {}
+        by_host = topology.table.sort_by([("host", "ascending"), ("gpu", "ascending")])
+        self._nic_table = by_host.select(["addr", "host", "gpu"])
+        self._nic_hosts = pc.unique(by_host["host"]) if topology.from_inventory else None
+
+    def host_of(self, addrs: pa.Array) -> pa.Array:
+        return self.topology.lookup(addrs)["host"].combine_chunks()
+
+    def encode(self, hosts: pa.Array | list[str]) -> np.ndarray:
+        """Codes of `hosts`, adding unseen names to the vocabulary."""
+        encoded = pa.array(hosts, pa.string()).dictionary_encode()
+        codes = np.array([self._code(name) for name in encoded.dictionary.to_pylist()], np.int64)
+        return codes[encoded.indices.to_numpy(zero_copy_only=False)] if len(codes) else codes
+
+    def _code(self, name: str) -> int:
+        code = self._codes.get(name)
+        if code is None:
+            code = self._codes[name] = len(self.names)
+            self.names.append(name)
+        return code
+
+    def name_list(self, codes: np.ndarray) -> list[str]:
+        return sorted(self.names[c] for c in codes.tolist())
+
+    def nics(self, codes: np.ndarray) -> pa.Table:
+        """addr, host, gpu of every NIC of the hosts `codes`, sorted by host then gpu."""
+        hosts = pa.array(self.name_list(codes), pa.string())
+        if self._nic_hosts is None:
+            return pa.table({"addr": hosts, "host": hosts, "gpu": pa.array(np.zeros(len(hosts), np.int32))})
+        return self._nic_table.filter(pc.is_in(self._nic_table["host"], value_set=hosts))
+
+
+def _minute_ns(flow_minutes: pa.Table) -> np.ndarray:
+    return flow_minutes["minute"].cast(pa.int64()).to_numpy()
+
+
+def _job_edges(flow_minutes: pa.Table, topology: Topology) -> pa.Table:
+    """The rows that are job traffic: between two different GPU NICs, with a repeated size."""
+    if flow_minutes.num_rows == 0:
+        return flow_minutes
+    src, dst = flow_minutes["src_addr"], flow_minutes["dst_addr"]
+    keep = (
+        topology.is_gpu_nic(src)
+        & topology.is_gpu_nic(dst)
+        & pc.not_equal(src, dst).to_numpy(zero_copy_only=False)
+        & (flow_minutes["top_size_flows"].to_numpy(zero_copy_only=False) >= MIN_REPEATED_FLOWS)
+    )
+    return flow_minutes.filter(pa.array(keep))
+
+
+def _observe(
+    flow_minutes: pa.Table, vocabulary: _HostVocabulary, minute_ns: np.ndarray, jaccard: float
+) -> _Observations:
+    """Per minute: connected components of the job-traffic graph, then components whose host sets
+    have Jaccard >= `jaccard` merged into one job. All minutes are solved in one graph whose nodes
+    are an address's traffic in one minute (split where it pauses, see `_time_segments`), so no
+    component or merge crosses a minute."""
+    edges = _job_edges(flow_minutes.append_column("_minute_ns", pa.array(minute_ns)), vocabulary.topology)
+    if edges.num_rows == 0:
+        empty = np.zeros(0, np.int64)
+        return _Observations(empty, empty, empty, np.zeros(1, np.int64), empty, np.zeros(1, np.int64), empty, empty)
+    n_edges = edges.num_rows
+    both = pa.concat_arrays([edges["src_addr"].combine_chunks(), edges["dst_addr"].combine_chunks()])
+    encoded = both.dictionary_encode()
+    addr_code = encoded.indices.to_numpy().astype(np.int64)
+    host_of_addr = vocabulary.encode(vocabulary.host_of(encoded.dictionary))
+    n_addrs = len(encoded.dictionary)
+
+    edge_minutes, edge_minute_pos = np.unique(edges["_minute_ns"].to_numpy(), return_inverse=True)
+    ends_key = np.tile(edge_minute_pos, 2) * n_addrs + addr_code  # (minute, address) of both ends
+    span = (np.tile(edges["first_start_ns"].to_numpy(), 2), np.tile(edges["last_end_ns"].to_numpy(), 2))
+    node_of_end, node_key = _time_segments(ends_key, *span)
+    src_node, dst_node = node_of_end[:n_edges], node_of_end[n_edges:]
+    n_nodes = len(node_key)
+    graph = sp.coo_matrix((np.ones(n_edges, np.int8), (src_node, dst_node)), shape=(n_nodes, n_nodes))
+    _, component = connected_components(graph, directed=False)
+
+    # Rail merge: host keys carry the minute, so components of different minutes share none.
+    node_minute_pos = node_key // n_addrs
+    node_addr = node_key % n_addrs
+    n_hosts = len(vocabulary.names)
+    node_host_key = node_minute_pos * n_hosts + host_of_addr[node_addr]
+    job = _merge_by_jaccard(component, node_host_key, jaccard)
+
+    # Order jobs by (minute, smallest host name) so tracking sees them deterministically.
+    job_minute = np.zeros(job.max() + 1, np.int64)
+    job_minute[job] = node_minute_pos
+    job_host_pairs = np.unique(np.stack([job, host_of_addr[node_addr]], axis=1), axis=0)
+    host_rank = np.argsort(np.argsort(np.array(vocabulary.names, dtype=object)))
+    smallest_host = np.full(len(job_minute), np.iinfo(np.int64).max)
+    np.minimum.at(smallest_host, job_host_pairs[:, 0], host_rank[job_host_pairs[:, 1]])
+    order = np.lexsort((smallest_host, job_minute))
+    renumber = np.empty_like(order)
+    renumber[order] = np.arange(len(order))
+    job = renumber[job]
+    job_host_pairs[:, 0] = renumber[job_host_pairs[:, 0]]
+    job_host_pairs = job_host_pairs[np.lexsort((job_host_pairs[:, 1], job_host_pairs[:, 0]))]
+    n_jobs = len(order)
+
+    edge_job = job[src_node]
+    first_ns = np.full(n_jobs, np.iinfo(np.int64).max)
+    last_ns = np.full(n_jobs, np.iinfo(np.int64).min)
+    np.minimum.at(first_ns, edge_job, edges["first_start_ns"].to_numpy())
+    np.maximum.at(last_ns, edge_job, edges["last_end_ns"].to_numpy())
+
+    # Signature: flows per repeated size, per job.
+    size_keys = np.stack([edge_job, edges["top_size"].to_numpy()], axis=1)
+    size_pairs, size_of_edge = np.unique(size_keys, axis=0, return_inverse=True)
+    size_flows = np.bincount(size_of_edge.ravel(), weights=edges["top_size_flows"].to_numpy(), minlength=len(size_pairs))
+
+    return _Observations(
+        minute_ns=edge_minutes[job_minute[order]],
+        first_ns=first_ns,
+        last_ns=last_ns,
+        host_ptr=_csr_pointer(job_host_pairs[:, 0], n_jobs),
+        host_codes=job_host_pairs[:, 1],
+        size_ptr=_csr_pointer(size_pairs[:, 0], n_jobs),
+        sizes=size_pairs[:, 1],
+        size_flows=size_flows.astype(np.int64),
+    )
+
+
+def _time_segments(key: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Split each key's (an address in a minute) pair activity into segments of overlapping
+    [start, end] intervals, bridging pauses up to SEGMENT_GAP_NS. A job that stops and another that
+    starts on the same NIC within one minute then stay apart. Returns the segment of every
+    interval and the key of every segment."""
+    order = np.lexsort((start_ns, key))
+    key_sorted, start, end = key[order], start_ns[order], end_ns[order]
+    # Running max of ends within each key: offset every key by more than the widest time span.
+    base = start.min()
+    width = int(max(end.max(), start.max()) - base) + SEGMENT_GAP_NS + 1
+    _, dense_key = np.unique(key_sorted, return_inverse=True)
+    if (int(dense_key.max()) + 1) * width >= np.iinfo(np.int64).max:
+        raise OverflowError("too many (minute, address) keys for one hour of flow_minutes")
+    offset = dense_key.astype(np.int64) * width
+    reach = np.maximum.accumulate(offset + (end - base))
+    opens = np.r_[True, (key_sorted[1:] != key_sorted[:-1]) | (offset[1:] + start[1:] - base > reach[:-1] + SEGMENT_GAP_NS)]
+    segment_sorted = np.cumsum(opens) - 1
+    segment = np.empty_like(segment_sorted)
+    segment[order] = segment_sorted
+    return segment, key_sorted[opens]
+
+
+def _merge_by_jaccard(component: np.ndarray, node_host_key: np.ndarray, jaccard: float) -> np.ndarray:
+    """Job label of each node: components joined when their host sets have Jaccard >= `jaccard`."""
+    comp_keys = np.unique(np.stack([component, node_host_key], axis=1), axis=0)
+    _, key_col = np.unique(comp_keys[:, 1], return_inverse=True)
+    n_comp = component.max() + 1
+    incidence = sp.csr_matrix(
+        (np.ones(len(comp_keys), np.int32), (comp_keys[:, 0], key_col.ravel())),
+        shape=(n_comp, key_col.max() + 1),
+    )
+    sizes = np.asarray(incidence.sum(axis=1)).ravel()
+    shared = (incidence @ incidence.T).tocoo()
+    union = sizes[shared.row] + sizes[shared.col] - shared.data
+    similar = shared.data >= jaccard * union
+    merge = sp.coo_matrix(
+        (np.ones(similar.sum(), np.int8), (shared.row[similar], shared.col[similar])), shape=(n_comp, n_comp)
+    )
+    _, job_of_comp = connected_components(merge, directed=False)
+    return job_of_comp[component]
+
+
+def _csr_pointer(sorted_rows: np.ndarray, n_rows: int) -> np.ndarray:
+    return np.searchsorted(sorted_rows, np.arange(n_rows + 1)).astype(np.int64)
+
+
+def _rows_by_minute(minute_ns: np.ndarray) -> list[np.ndarray]:
+    """Observation indices of each minute, in minute order (observations are sorted by minute)."""
+    if len(minute_ns) == 0:
+        return []
+    starts = np.flatnonzero(np.r_[True, minute_ns[1:] != minute_ns[:-1]])
+    return np.split(np.arange(len(minute_ns)), starts[1:])
+
+
+def _job_id(minute_ns: int, host_names: list[str]) -> str:
+    digest = hashlib.sha1(f"{minute_ns}|{','.join(host_names)}".encode()).hexdigest()
+    return f"job-{digest[:12]}"
+
+
+def _signature_share(sizes: np.ndarray, flows: np.ndarray, track: _Track) -> float:
+    """Share of the observed repeated bytes in flow sizes the track's job also used. Weighing by
+    bytes lets the gradient buckets (sized by the model and its sharding) outweigh activation
+    sizes, which many models share. Only sizes seen in two minutes or more count once there are
+    any: a minute where one job ends and the next starts on the same NIC pairs mixes both."""
+    moved = sizes.astype(np.float64) * flows
+    total = moved.sum()
+    established = track.sizes[track.size_minutes >= 2]
+    known = established if len(established) else track.sizes
+    if total == 0 or len(known) == 0:
+        return 1.0  # nothing to compare: trust the hosts
+    return float(moved[np.isin(sizes, known)].sum() / total)
+
+
+class _Tracker:
+    """Links each minute's observed jobs to tracks; collects membership and events. Jobs own
+    whole hosts, so every host has at most one owning track, which makes overlaps a bincount."""
+
+    def __init__(self, tracks: list[_Track], vocabulary: _HostVocabulary):
+        self.tracks = tracks
+        self.vocabulary = vocabulary
+        self.owner = np.full(len(vocabulary.names), -1, np.int64)
+        for index, track in enumerate(tracks):
+            self.owner[track.hosts] = index
+        self.events: list[tuple[str, str, int, str]] = []
+        # (track index, first_ns, last_ns, host codes) per job-minute, for membership
+        self.presence: list[tuple[int, int, int, np.ndarray]] = []
+
+    def observe_minute(self, obs: _Observations, rows: np.ndarray) -> None:
+        if len(self.owner) < len(self.vocabulary.names):
+            self.owner = np.r_[self.owner, np.full(len(self.vocabulary.names) - len(self.owner), -1)]
+        last_end = np.array([t.last_end_ns for t in self.tracks], np.int64)
+        claimed: dict[int, tuple[list[int], list[np.ndarray]]] = {}  # track -> observations, hosts
+        for k in rows.tolist():
+            index = self._match(obs, k, last_end)
+            hosts = obs.hosts(k)
+            owners = self.owner[hosts]
+            # Hosts of another running job stay with it, whatever glued them to this component.
+            others = np.flatnonzero((owners >= 0) & (owners != (-1 if index is None else index)))
+            others = others[obs.first_ns[k] - last_end[owners[others]] < RESTART_GAP_NS]
+            hosts = np.delete(hosts, others)
+            if len(hosts) == 0:
+                continue
+            if index is None:
+                index = self._start(obs, k, hosts)
+                last_end = np.r_[last_end, obs.last_ns[k]]
+            ks, host_sets = claimed.setdefault(index, ([], []))
+            ks.append(k)
+            host_sets.append(hosts)
+            self.owner[hosts] = index
+        for index, (ks, host_sets) in claimed.items():
+            self._advance(index, np.unique(np.concatenate(host_sets)), obs, np.array(ks))
+
+    def _start(self, obs: _Observations, k: int, hosts: np.ndarray) -> int:
+        names = self.vocabulary.name_list(hosts)
+        track = _Track(_job_id(int(obs.minute_ns[k]), names), hosts, int(obs.first_ns[k]), int(obs.last_ns[k]))
+        self.tracks.append(track)
+        self.events.append((track.job_id, "start", track.first_seen_ns, json.dumps({"hosts": names})))
+        return len(self.tracks) - 1
+
+    def _match(self, obs: _Observations, k: int, last_end: np.ndarray) -> int | None:
+        """The track observation `k` continues or restarts, or None for a new job."""
+        hosts = obs.hosts(k)
+        owners = self.owner[hosts]
+        owners = owners[owners >= 0]
+        if len(owners) == 0:
+            return None
+        shared_by_track = np.bincount(owners)
+        best = int(np.argmax(shared_by_track))  # ties: the earlier track
+        track, shared = self.tracks[best], int(shared_by_track[best])
+        gap = int(obs.first_ns[k]) - int(last_end[best])
+        unchanged = gap < RESUME_CHECK_NS and shared == len(hosts) == len(track.hosts)
+        same_sizes = unchanged or _signature_share(*obs.signature(k), track) >= SIGNATURE_MATCH
+        if gap < RESTART_GAP_NS and same_sizes:
+            # Running: a partial minute is a subset of the job, a replacement mostly the same hosts.
+            return best if shared >= TRACK_OVERLAP * min(len(hosts), len(track.hosts)) else None
+        same_hosts_but_one = len(hosts) == len(track.hosts) and len(hosts) - shared <= 1
+        if gap <= RESTART_WINDOW_NS and same_hosts_but_one and same_sizes:
+            track.restarts += 1
+            detail = {"stopped_ns": track.last_end_ns, "gap_s": gap / 1e9}
+            self.events.append((track.job_id, "restart", int(obs.first_ns[k]), json.dumps(detail)))
+            track.reported_end = False
+            return best
+        # Another job took these hosts: the stopped one will not resume on them.
+        track.status = "ended"
+        self.owner[hosts[self.owner[hosts] == best]] = -1
+        return None
+
+    def _advance(self, index: int, seen: np.ndarray, obs: _Observations, ks: np.ndarray) -> None:
+        track = self.tracks[index]
+        added = np.setdiff1d(seen, track.hosts)
+        if len(added):
+            # New hosts: the ones not heard from this minute were replaced (or the job grew).
+            removed = np.setdiff1d(track.hosts, seen)
+            if len(removed):
+                detail = {"removed": self.vocabulary.name_list(removed), "added": self.vocabulary.name_list(added)}
+                self.events.append((track.job_id, "host_replaced", int(obs.first_ns[ks].min()), json.dumps(detail)))
+                self.owner[removed[self.owner[removed] == index]] = -1
+            track.hosts = seen
+        first_ns, last_ns = int(obs.first_ns[ks].min()), int(obs.last_ns[ks].max())
+        track.last_end_ns = max(track.last_end_ns, last_ns)
+        track.status = "running"
+        track.seen_this_hour = True
+        seen_sizes = np.concatenate([obs.signature(k)[0] for k in ks.tolist()])
+        sizes = np.concatenate([track.sizes, seen_sizes])
+        flows = np.concatenate([track.size_flows] + [obs.signature(k)[1] for k in ks.tolist()])
+        minutes = np.concatenate([track.size_minutes, np.zeros(len(seen_sizes), np.int64)])
+        distinct, position = np.unique(sizes, return_inverse=True)
+        totals = np.bincount(position, weights=flows).astype(np.int64)
+        minutes = np.bincount(position, weights=minutes).astype(np.int64) + np.isin(distinct, seen_sizes)
+        keep = np.argsort(-totals, kind="stable")[:SIGNATURE_SIZES]
+        track.sizes, track.size_flows, track.size_minutes = distinct[keep], totals[keep], minutes[keep]
+        self.presence.append((index, first_ns, last_ns, track.hosts))
+
+    def close_hour(self, hour_end_ns: int) -> Recognition:
+        job_rows = []
+        for track in self.tracks:
+            carried_running = not track.seen_this_hour and track.status == "running"
+            if not (track.seen_this_hour or carried_running):
+                continue
+            if hour_end_ns - track.last_end_ns >= RESTART_GAP_NS:
+                track.status = "ended"
+            if track.status == "ended" and not track.reported_end:
+                self.events.append((track.job_id, "end", track.last_end_ns, "{}"))
+                track.reported_end = True
+            nics = self.vocabulary.nics(track.hosts)
+            job_rows.append(
+                {
+                    "job_id": track.job_id,
+                    "first_seen": track.first_seen_ns,
+                    "last_seen": track.last_end_ns,
+                    "n_gpus": nics.num_rows,
+                    "n_hosts": len(track.hosts),
+                    "status": track.status,
+                    "restarts": track.restarts,
+                    "hosts": self.vocabulary.name_list(track.hosts),
+                }
+            )
+        return Recognition(
+            jobs=_jobs_table(job_rows),
+            membership=self._membership(),
+            events=_events_table(self.events),
+            state=self._state(hour_end_ns),
+        )
+
+    def _membership(self) -> pa.Table:
+        if not self.presence:
+            return MEMBERSHIP.empty_table()
+        track_of = np.concatenate([np.full(len(h), t) for t, _, _, h in self.presence])
+        hosts = np.concatenate([h for _, _, _, h in self.presence])
+        first = np.concatenate([np.full(len(h), f) for _, f, _, h in self.presence])
+        last = np.concatenate([np.full(len(h), l) for _, _, l, h in self.presence])
+        keys, position = np.unique(np.stack([track_of, hosts], axis=1), axis=0, return_inverse=True)
+        position = position.ravel()
+        first_ns = np.full(len(keys), np.iinfo(np.int64).max)
+        last_ns = np.full(len(keys), np.iinfo(np.int64).min)
+        np.minimum.at(first_ns, position, first)
+        np.maximum.at(last_ns, position, last)
+        host_names = np.array(self.vocabulary.names, dtype=object)[keys[:, 1]]
+        per_host = pa.table(
+            {
+                "job_id": pa.array([self.tracks[t].job_id for t in keys[:, 0].tolist()], pa.string()),
+                "host": pa.array(host_names, pa.string()),
+                "first_ns": first_ns,
+                "last_ns": last_ns,
+            }
+        )
+        nics = self.vocabulary.nics(np.unique(keys[:, 1]))
+        joined = per_host.join(nics, "host", join_type="inner")
+        return conform(joined, MEMBERSHIP).sort_by([("job_id", "ascending"), ("host", "ascending"), ("gpu", "ascending")])
+
+    def _state(self, hour_end_ns: int) -> dict:
+        """Tracks the next hour may continue: running, or stopped recently on hosts no other job
+        took (listed in creation order, so a newer job's hosts win when the state is loaded)."""
+        owning = set(np.unique(self.owner[self.owner >= 0]).tolist())
+        kept = [
+            t
+            for index, t in enumerate(self.tracks)
+            if index in owning and (t.status == "running" or hour_end_ns - t.last_end_ns <= RESTART_WINDOW_NS)
+        ]
+        return {
+            "version": STATE_VERSION,
+            "hour_end_ns": hour_end_ns,
+            "jobs": [
+                {
+                    "job_id": t.job_id,
+                    "hosts": self.vocabulary.name_list(t.hosts),
+                    "first_seen_ns": t.first_seen_ns,
+                    "last_end_ns": t.last_end_ns,
+                    "restarts": t.restarts,
+                    "status": t.status,
+                    "reported_end": t.reported_end,
+                    "signature": np.stack([t.sizes, t.size_flows, t.size_minutes], axis=1).tolist(),
+                }
+                for t in kept
+            ],
+        }
+
+
+def _incidence(host_sets: list[np.ndarray], n_codes: int) -> sp.csr_matrix:
+    lengths = [len(h) for h in host_sets]
+    rows = np.repeat(np.arange(len(host_sets)), lengths)
+    cols = np.concatenate(host_sets) if host_sets else np.zeros(0, np.int64)
+    return sp.csr_matrix((np.ones(len(cols), np.int32), (rows, cols)), shape=(len(host_sets), n_codes))
+
+
+def _load_state(state: dict | None, vocabulary: _HostVocabulary, hour_start_ns: int) -> list[_Track]:
+    if not state:
+        return []
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"job state version {state.get('version')!r}, expected {STATE_VERSION}")
+    tracks = []
+    for job in state["jobs"]:
+        signature = np.array(job["signature"], np.int64).reshape(-1, 3)
+        tracks.append(
+            _Track(
+                job_id=job["job_id"],
+                hosts=np.sort(vocabulary.encode(job["hosts"])),
+                first_seen_ns=job["first_seen_ns"],
+                last_end_ns=job["last_end_ns"],
+                restarts=job["restarts"],
+                status=job["status"],
+                sizes=signature[:, 0],
+                size_flows=signature[:, 1],
+                size_minutes=signature[:, 2],
+                reported_end=job["reported_end"],
+            )
+        )
+    return tracks
+
+
+def _jobs_table(rows: list[dict]) -> pa.Table:
+    if not rows:
+        return JOBS.empty_table()
+    table = pa.Table.from_pylist(rows)
+    for name in ("first_seen", "last_seen"):
+        table = table.set_column(table.column_names.index(name), name, table[name].cast(pa.int64()).cast(TS))
+    return conform(table, JOBS).sort_by("job_id")
+
+
+def _events_table(events: list[tuple[str, str, int, str]]) -> pa.Table:
+    if not events:
+        return EVENTS.empty_table()
+    job_id, kind, at_ns, detail = zip(*events)
+    return pa.table({"job_id": job_id, "kind": kind, "at_ns": at_ns, "detail": detail}, schema=EVENTS)
