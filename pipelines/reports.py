@@ -56,6 +56,7 @@ def connect(
         raise ReportError(f"{database} does not exist: run the pipeline on {root} first")
     con = warehouse.connect(root)
     con.execute("SET TimeZone = 'UTC'")  # instants in results print and convert as UTC
+    con.execute("SET enable_progress_bar = false")  # reports run under the CLI's own progress
     if topology is not None:
         try:
             inventory = Topology.from_csv_bytes(Path(topology).read_bytes(), str(topology)).table
@@ -148,7 +149,7 @@ def render_report(tables: dict[str, pa.Table], range_start: datetime, range_end:
         ("Fleet utilization", _utilization_chart(capacity)),
         ("Waste by issue kind", _waste_chart(waste)),
         ("Step times", _step_time_chart(tables["step_times"], tables["issue_log"], jobs)),
-        ("Jobs", _gantt_chart(jobs, tables["issue_log"])),
+        ("Job timeline", _gantt_chart(jobs, tables["issue_log"])),
     ]
     sections = [
         _headline(capacity, jobs, tables["issue_log"]),
@@ -189,9 +190,18 @@ th {{ background: #f0f0f0; }} td.text {{ text-align: left; }}
 </style>
 <script>
 window.__prismChartsDrawn = 0;
+window.__prismScriptErrors = [];
+function prismShowErrors() {{
+  var box = document.getElementById("{errors_id}");
+  if (box) box.textContent = window.__prismScriptErrors.join("\\n");
+}}
 window.addEventListener("error", function (event) {{
-  document.getElementById("{errors_id}").textContent += event.message + "\\n";
+  window.__prismScriptErrors.push(event.message); prismShowErrors();
 }});
+window.addEventListener("unhandledrejection", function (event) {{
+  window.__prismScriptErrors.push(String(event.reason)); prismShowErrors();
+}});
+document.addEventListener("DOMContentLoaded", prismShowErrors);
 </script>
 <script>{plotly_js}</script>
 </head><body>

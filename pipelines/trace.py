@@ -47,25 +47,27 @@ def trace_events(job: dict, steps: pa.Table, issues: pa.Table) -> dict:
     for name, tid in tracks.items():
         events += [_meta("thread_name", tid, name=name), _meta("thread_sort_index", tid, sort_index=tid)]
 
-    step_start, step_end = _micros(steps["started"]), _micros(steps["ended"])
-    sync_start = _micros(steps["sync_started"])
-    attempts: dict[int, list[float]] = {}
+    step_start, step_end = _nanos(steps["started"]), _nanos(steps["ended"])
+    sync_start = _nanos(steps["sync_started"])
+    attempts: dict[int, list[int]] = {}
     for n, row in enumerate(steps.select(["step", "attempt", "duration_s", "sync_s"]).to_pylist()):
-        events.append(_complete(f"step {row['step']}", "step", TRACKS["steps"], step_start[n], step_end[n],
-                                step=row["step"], attempt=row["attempt"], duration_s=row["duration_s"]))
+        events.append(_complete(f"step {row['step']}", "step", TRACKS["steps"], step_start[n],
+                                step_end[n] - step_start[n], step=row["step"], attempt=row["attempt"],
+                                duration_s=row["duration_s"]))
         if sync_start[n] is not None and row["sync_s"] is not None:
-            events.append(_complete("DP sync", "sync", TRACKS["DP sync"], sync_start[n],
-                                    sync_start[n] + row["sync_s"] * 1e6, step=row["step"], sync_s=row["sync_s"]))
+            events.append(_complete("DP sync", "sync", TRACKS["DP sync"], sync_start[n], row["sync_s"] * 1e9,
+                                    step=row["step"], sync_s=row["sync_s"]))
         span = attempts.setdefault(row["attempt"] or 0, [step_start[n], step_end[n]])
         span[0], span[1] = min(span[0], step_start[n]), max(span[1], step_end[n])
     for attempt, (first, last) in sorted(attempts.items()):
-        events.append(_complete(f"attempt {attempt}", "attempt", TRACKS["attempts"], first, last, attempt=attempt))
+        events.append(_complete(f"attempt {attempt}", "attempt", TRACKS["attempts"], first, last - first,
+                                attempt=attempt))
 
-    issue_start, issue_end = _micros(issues["started"]), _micros(issues["ended"])
+    issue_start, issue_end = _nanos(issues["started"]), _nanos(issues["ended"])
     columns = ["issue_id", "kind", "subject", "severity", "confidence", "wasted_gpu_h", "evidence"]
     for n, row in enumerate(issues.select(columns).to_pylist()):
         events.append(_complete(
-            row["kind"], "issue", tracks[f"issues: {row['kind']}"], issue_start[n], issue_end[n],
+            row["kind"], "issue", tracks[f"issues: {row['kind']}"], issue_start[n], issue_end[n] - issue_start[n],
             issue_id=row["issue_id"], subject=row["subject"], severity=row["severity"],
             confidence=row["confidence"], wasted_gpu_h=row["wasted_gpu_h"], evidence=_parsed(row["evidence"]),
         ))
@@ -80,17 +82,17 @@ def _meta(kind: str, tid: int, **args) -> dict:
     return {"name": kind, "ph": "M", "pid": JOB_PID, "tid": tid, "args": args}
 
 
-def _complete(name: str, category: str, tid: int, start_us: float, end_us: float, **args) -> dict:
+def _complete(name: str, category: str, tid: int, start_ns: int, duration_ns: float, **args) -> dict:
+    """A complete event; trace times are microseconds (fractions allowed), given here in ns so
+    that durations are not differences of two rounded epoch times."""
     return {
         "name": name, "cat": category, "ph": "X", "pid": JOB_PID, "tid": tid,
-        "ts": start_us, "dur": max(end_us - start_us, 0.0), "args": args,
+        "ts": start_ns / 1000, "dur": max(duration_ns, 0) / 1000, "args": args,
     }
 
 
-def _micros(column: pa.ChunkedArray) -> list[float | None]:
-    """Instants as microseconds since the epoch (float: trace viewers take fractions)."""
-    nanos = column.cast(pa.timestamp("ns", "UTC")).cast(pa.int64())
-    return [None if ns is None else ns / 1000 for ns in nanos.to_pylist()]
+def _nanos(column: pa.ChunkedArray) -> list[int | None]:
+    return column.cast(pa.timestamp("ns", "UTC")).cast(pa.int64()).to_pylist()
 
 
 def _parsed(evidence: str | None):
