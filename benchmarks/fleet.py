@@ -1,0 +1,159 @@
+"""Fleet benchmark: one hour of the 2,880-GPU `fleet` scenario through the whole pipeline.
+
+    python -m benchmarks.fleet [--fractions 0.25,0.5,1] [--beam-arg=--direct_running_mode=...]
+
+Generates (and caches) the scenario, then for each fraction of the flow files runs, in a fresh
+process so peak memory is its own: the Prism pipeline on the default runner (per-stage wall time,
+records per second, peak RSS), and a single-process DuckDB reference of the same ingest and
+per-minute stages. Figures go to benchmarks/results/fleet.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CACHE = HERE / ".cache"
+RESULTS = HERE / "results" / "fleet.json"
+
+
+def scenario(seed: int) -> Path:
+    from prism_core.simulate import write_scenario
+
+    out = CACHE / f"fleet-{seed}"
+    if not (out / "truth" / "noise.json").exists():
+        started = time.perf_counter()
+        summary = write_scenario("fleet", out, seed)
+        print(f"generated fleet: {summary.records:,} records, {summary.bytes_written / 1e6:.0f} MB "
+              f"in {time.perf_counter() - started:.0f} s", flush=True)
+    return out
+
+
+def subset(flows: Path, fraction: float, into: Path) -> Path:
+    """Every k-th flow file (round robin over exporters and times), linked into `into`."""
+    files = sorted(flows.iterdir())
+    keep = files if fraction >= 1 else files[:: round(1 / fraction)]
+    into.mkdir(parents=True, exist_ok=True)
+    for path in keep:
+        (into / path.name).symlink_to(path)
+    return into
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_prism(flows: str, topology: str, root: str, beam_args: list[str]) -> dict:
+    from pipelines.run import infer_range, run_hours
+
+    stages: dict[str, float] = {}
+    clock = {"stage": None, "at": time.perf_counter()}
+
+    def on_stage(stage: str) -> None:
+        now = time.perf_counter()
+        if clock["stage"]:
+            stages[clock["stage"]] = stages.get(clock["stage"], 0.0) + now - clock["at"]
+        clock.update(stage=stage.split(" ")[0], at=now)
+
+    started = time.perf_counter()
+    first, end = infer_range(flows)
+    summary = run_hours(flows, root, first, end, topology_path=topology, beam_args=beam_args, on_stage=on_stage)
+    on_stage("done")
+    total = time.perf_counter() - started
+    records = summary.counters.get("rows_read", 0)
+    return {
+        "wall_s": round(total, 2),
+        "stages_s": {k: round(v, 2) for k, v in stages.items()},
+        "records": records,
+        "records_per_s": round(records / total),
+        "peak_rss_mb": round(peak_rss_mb()),
+    }
+
+
+def measure_reference(flows: str) -> dict:
+    """Ingest + per-minute aggregation written directly in DuckDB: read, validate the basics,
+    drop duplicates, group by (minute, src, dst)."""
+    import duckdb
+
+    started = time.perf_counter()
+    con = duckdb.connect()
+    con.execute(f"""
+        CREATE TABLE flows AS
+        SELECT DISTINCT time_flow_start_ns, time_flow_end_ns, src_addr, dst_addr, bytes, packets,
+               src_port, dst_port, proto, sampling_rate,
+               time_flow_start_ns // 60000000000 AS minute
+        FROM read_parquet('{flows}/*.parquet', union_by_name = true)
+        WHERE bytes > 0 AND time_flow_end_ns >= time_flow_start_ns
+          AND src_addr IS NOT NULL AND dst_addr IS NOT NULL
+    """)
+    rows = con.execute("""
+        SELECT count(*) FROM (
+            SELECT minute, src_addr, dst_addr, count(*), sum(bytes), count(DISTINCT bytes)
+            FROM flows GROUP BY ALL)
+    """).fetchone()[0]
+    con.execute("COPY flows TO '/dev/null' (FORMAT parquet)")
+    total = time.perf_counter() - started
+    return {"wall_s": round(total, 2), "minute_rows": rows, "peak_rss_mb": round(peak_rss_mb())}
+
+
+def in_subprocess(kind: str, *args: str) -> dict:
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fleet", "--measure", kind, *args],
+        check=True, capture_output=True, text=True, cwd=HERE.parent,
+    ).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fractions", default="0.25,0.5,1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--beam-arg", action="append", default=[])
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("args", nargs="*", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.measure == "prism":
+        print(json.dumps(measure_prism(*options.args[:3], beam_args=options.args[3:])))
+        return
+    if options.measure == "reference":
+        print(json.dumps(measure_reference(options.args[0])))
+        return
+
+    data = scenario(options.seed)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="prism-bench-") as scratch:
+        for fraction in [float(f) for f in options.fractions.split(",")]:
+            flows = subset(data / "flows", fraction, Path(scratch) / f"flows-{fraction}")
+            prism = in_subprocess("prism", str(flows), str(data / "topology.csv"),
+                                  str(Path(scratch) / f"wh-{fraction}"), *options.beam_arg)
+            reference = in_subprocess("reference", str(flows))
+            ingest_s = prism["stages_s"].get("ingest", prism["wall_s"])
+            run = {"fraction": fraction, "prism": prism, "reference": reference,
+                   "ingest_vs_reference": round(ingest_s / reference["wall_s"], 2)}
+            print(json.dumps(run), flush=True)
+            runs.append(run)
+    full, half = (next((r for r in runs if r["fraction"] == f), None) for f in (1.0, 0.5))
+    result = {
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "beam_args": options.beam_arg,
+        "runs": runs,
+        "time_ratio_2x_records": round(full["prism"]["wall_s"] / half["prism"]["wall_s"], 2) if full and half else None,
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
