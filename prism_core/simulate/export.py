@@ -153,7 +153,7 @@ class FlowSink:
         )
 
     def _route(self, tables: list[pa.Table]) -> None:
-        """Append records to their exporters' buffers, flushing the big ones."""
+
         tables = [t for t in tables if t.num_rows]
         if not tables:
             return

@@ -200,7 +200,7 @@ FLEET = Scenario(
             JobSpec(16, tp=8, pp=2, start_s=-300, end_s=FOREVER, step_s=12.0, moe=True,
                     micro_batches=4, channels=1, checkpoint_s=600),
         ),
-        arrivals=70,
+        arrivals=60,
     ),
 )
 
@@ -265,8 +265,9 @@ def _arrivals(scenario: Scenario, rng: np.random.Generator) -> tuple[JobSpec, ..
         start = float(rng.uniform(-1800, scenario.window_s - 120))
         minutes = float(np.clip(rng.lognormal(np.log(mix.median_minutes), 0.8), 4, 240))
         tp = int(rng.choice([8, 4, 2, 1], p=[0.6, 0.2, 0.1, 0.1]))
-        pp_options = [p for p in (1, 2, 4, 8) if (n_hosts * GPUS_PER_HOST) % (tp * p) == 0]
-        pp = int(rng.choice(pp_options[: 2 + n_hosts.bit_length() // 2]))
+        # deeper pipelines for bigger jobs
+        pp = int(rng.choice([p for p in (1, 2, 4, 8)
+                             if p <= 2 * n_hosts and (n_hosts * GPUS_PER_HOST) % (tp * p) == 0]))
         dp = n_hosts * GPUS_PER_HOST // (tp * pp)
         collective = str(rng.choice(COLLECTIVES, p=[0.55, 0.2, 0.15, 0.1]))
         if collective == "zero" and pp > 1:
@@ -318,7 +319,9 @@ def _with_faults(
     jobs = list(jobs)
     for kind, count in scenario.fleet.faults:
         for nth in range(min(count, len(order))):
-            i = order.pop()
+            # a hung 1k-GPU job would leave the fleet silent for the rest of the hour
+            i = next(i for i in reversed(order) if kind != "hang" or jobs[i].n_hosts <= 32)
+            order.remove(i)
             lo, hi = seen(jobs[i])
             at = round(float(lo + rng.uniform(0.15, 0.55) * (hi - lo)), 1)
             # the first restart of the scenario moves to a spare host, the others resume in place

@@ -58,10 +58,8 @@ class FlowBatch:
 
     @staticmethod
     def empty() -> FlowBatch:
-        return FlowBatch(
-            np.empty(0), np.empty(0), *(np.empty(0, t) for t in (np.int32, np.int32, np.int64,
-                                                                 np.int32, np.int32, np.int16))
-        )
+        dtypes = (float, float, np.int32, np.int32, np.int64, np.int32, np.int32, np.int16)
+        return FlowBatch(*(np.empty(0, t) for t in dtypes))
 
 
 def roce_port(src, dst, qp, salt: int):

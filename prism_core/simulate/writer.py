@@ -8,6 +8,27 @@ Output layout under `out_dir` (`flows/` and `truth/` are replaced on every run):
     truth/noise.json                                         noise counts, exporters, background, parameters
 
 Memory stays bounded by one minute of flows plus the export buffers, whatever the scenario length.
+
+Truth conventions (what a scorer can rely on):
+- Times are whole microseconds, clipped to the scenario window. `jobs.start` is the first step or
+  the window start for a job already running; `jobs.end` is its last traffic (a hang's onset, a
+  failure in its last restart gap) or the window end.
+- `jobs.n_hosts` / `n_gpus` are the job's size; `hosts` and `job_gpus` hold every host it ever
+  used, so a restart onto a replacement host lists both (the newcomer takes the replaced host's
+  ranks). `job_gpus` lists all 8 NICs of each host, also those NVLink keeps off the network.
+- `pairs`: directed GPU NIC pairs that carry the job's traffic. `dp`: the gradient collective
+  (ring, tree, reduce-scatter/all-gather, ZeRO-3 parameter gathers); `pp`: activations and their
+  gradients; `other`: MoE all-to-all and the tied-embedding all-reduce between first and last
+  stage. A pair can carry several kinds (one row each). Checkpoint writes to storage are not pairs.
+- `has_network`: whether the job's GPUs talk over the fabric (one-host jobs still read storage).
+- `steps`: completed steps wholly inside the window, numbered over the job's life (a job seen
+  mid-life starts at a high number; a restart continues the count while training resumes from the
+  checkpoint). A step runs from its first forward to the end of its optimizer (and checkpoint save).
+- `faults`: straggler (subject host), slow_link (NIC address), hang (the NIC that fell silent
+  first; until the allotment or window ends), restart (job id; until it is back at full speed),
+  degradation (job id; to its end), slow_step (job id; one row per step).
+- Background endpoints (storage 10.200.x, management 10.250.x) are not in `topology.csv`; one-off
+  transfers between two jobs' hosts are listed in noise.json under `cross_job_transfers`.
 """
 
 from __future__ import annotations
@@ -26,7 +47,7 @@ import pyarrow.parquet as pq
 
 from prism_core.simulate.background import Background
 from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
-from prism_core.simulate.export import FlowSink
+from prism_core.simulate.export import HUGE_BYTES, FlowSink
 from prism_core.simulate.schedule import JobPlan, plan_job
 from prism_core.simulate.scenarios import SCENARIOS, Scenario, scenario_jobs
 from prism_core.simulate.traffic import KIND_NAMES, FlowBatch
@@ -98,7 +119,7 @@ def write_scenario(
         "duplicates": counts.duplicates,
         "malformed": counts.malformed,
         "malformed_total": sum(counts.malformed.values()),
-        "huge_bytes_threshold": 10**15,
+        "huge_bytes_threshold": HUGE_BYTES,
         "files": counts.files,
         "exporters": sink.exporters,
         "cross_job_transfers": background.cross_job,
