@@ -7,10 +7,9 @@ point is a product of Student-t densities (a sum of their logs).
 
 State. After point ``t`` the filter holds, for every live *run* (identified by the index ``s`` of
 its first point, so its run length is ``t - s + 1`` points), the log posterior
-``log P(segment containing x[t] started at s | x[0..t])``. Run statistics are not carried along:
-each run's sufficient statistics are differences of prefix sums of the series. The predictive
-densities depend on the data only, so they are computed for blocks of steps in one vectorized
-call; the sequential part of a step is a few numpy operations over the live runs.
+``log P(segment containing x[t] started at s | x[0..t])``, and the run's sufficient statistics.
+The predictive densities depend on the data only, so they are computed for a block of steps in
+one vectorized call; the sequential part of a step is a few numpy operations over the live runs.
 
 Pruning. After each step, runs whose posterior is below ``prune_below`` are dropped (the most
 probable run is always kept). The posterior sums to one, so at most ``1 / prune_below`` runs are
