@@ -29,7 +29,8 @@ from prism_core import tcpd
 from prism_core.bocd import bocd
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TCPD_DIR = Path(os.environ.get("PRISM_TCPD_DIR", "/work/shared/data/tcpd"))
+# ../shared beside the repository, as CI lays it out.
+TCPD_DIR = Path(os.environ.get("PRISM_TCPD_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "tcpd"))
 # BOCPD default setting in van den Burg & Williams (2020), mean over the univariate series
 PUBLISHED_F1 = 0.662
 PUBLISHED_COVER = 0.594
