@@ -54,6 +54,8 @@ def connect(
     database = Path(root) / warehouse.DATABASE_FILE
     if not database.exists():
         raise ReportError(f"{database} does not exist: run the pipeline on {root} first")
+    if not any((Path(root) / "flow_minutes").glob(f"*/*/{warehouse.DATA_FILE}")):
+        raise ReportError(f"the warehouse at {root} has no flow_minutes: nothing to report")
     con = warehouse.connect(root)
     con.execute("SET TimeZone = 'UTC'")  # instants in results print and convert as UTC
     con.execute("SET enable_progress_bar = false")  # reports run under the CLI's own progress
@@ -124,8 +126,6 @@ def build_report(
         (range_start, range_end), = con.execute(
             "SELECT timezone('UTC', range_start), timezone('UTC', range_end) FROM report_range"
         ).fetchall()
-        if range_start is None:
-            raise ReportError(f"the warehouse at {root} has no flow_minutes: nothing to report")
         tables = {
             name: run_report(con, name)
             for name in (

@@ -6,8 +6,9 @@ from the truth and the flows, not from the warehouse's SQL.
 """
 
 import json
+import shutil
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +17,7 @@ import pyarrow.csv as pacsv
 import pytest
 
 import truth_warehouse
-from pipelines import reports, trace
+from pipelines import reports, trace, warehouse
 from prism_core.minutes import HOUR_NS, MINUTE_NS
 
 HOUR_10 = datetime(2026, 11, 22, 10, tzinfo=timezone.utc)
@@ -193,6 +194,20 @@ def test_waste_per_day_totals_every_fault(small, con):
     expected = pc.sum(small.truth["faults"]["wasted_gpu_s"]).as_py() / 3600
     assert total["wasted_gpu_h"][0].as_py() == pytest.approx(expected, rel=1e-9)
     assert reports.run_report(con, "waste").num_rows > days.num_rows  # the variable was reset
+
+
+def test_reports_read_only_the_partitions_of_their_range(small, tmp_path):
+    """With the range set, flows and flow_minutes partitions outside it are never opened: here
+    they are not even Parquet."""
+    root = tmp_path / "warehouse"
+    shutil.copytree(small.root, root)
+    warehouse.refresh_database(root)  # views of the copy
+    for table in ("flows", "flow_minutes"):
+        (warehouse.partition_dir(root, table, HOUR_10) / warehouse.DATA_FILE).write_bytes(b"not parquet")
+    with reports.connect(root, HOUR_10 - timedelta(hours=1), HOUR_10, small.topology) as con:
+        results = {name: reports.run_report(con, name) for name in reports.report_names()}
+    assert results["traffic_rollup"].num_rows == 2  # 09:50 and 09:55
+    assert results["host_stragglers"].num_rows > 0
 
 
 def test_report_range_clips_waste_and_steps_to_it(small):
@@ -426,5 +441,9 @@ def test_unknown_job_and_missing_warehouse_are_report_errors(small, tmp_path):
         trace.export_trace(small.root, "nope", tmp_path / "t.json")
     with pytest.raises(reports.ReportError, match="run the pipeline"):
         reports.connect(tmp_path / "empty")
+    shutil.copytree(small.root / "issues", tmp_path / "no-flows" / "issues")
+    warehouse.refresh_database(tmp_path / "no-flows")
+    with pytest.raises(reports.ReportError, match="no flow_minutes"):
+        reports.connect(tmp_path / "no-flows")
     with reports.connect(small.root) as con, pytest.raises(reports.ReportError, match="no report"):
         reports.run_report(con, "base")

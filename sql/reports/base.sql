@@ -7,18 +7,21 @@
 --
 -- Report range: the variables report_start and report_end (UTC instants, end exclusive), e.g.
 --     SET VARIABLE report_start = TIMESTAMPTZ '2026-11-22 09:00:00+00';
--- Unset, the range is every hour that has flow_minutes.
+-- Unset, the range is every hour that has flow_minutes. Set the variables before reading this
+-- file or after: the views read them whenever a report runs.
 --
 -- Inside the reports times are naive UTC TIMESTAMPs, so hour and day boundaries do not depend on
 -- the session's TimeZone setting; results give instants back as TIMESTAMPTZ.
 
--- The report range, [range_start, range_end).
+-- The report range, [range_start, range_end): from the variables, else the hours that have
+-- flow_minutes partitions (read only when a variable is unset).
 CREATE OR REPLACE TEMP VIEW report_range AS
 WITH stored AS (
     SELECT
-        date_trunc('hour', timezone('UTC', min(minute))) AS first_hour,
-        date_trunc('hour', timezone('UTC', max(minute))) + INTERVAL 1 HOUR AS end_hour
+        min(date + to_hours(hour)) AS first_hour,
+        max(date + to_hours(hour + 1)) AS end_hour
     FROM flow_minutes
+    WHERE getvariable('report_start') IS NULL OR getvariable('report_end') IS NULL
 )
 SELECT
     coalesce(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ), first_hour) AS range_start,
@@ -29,6 +32,37 @@ FROM stored;
 CREATE OR REPLACE TEMP VIEW report_hours AS
 SELECT unnest(range(date_trunc('hour', range_start), range_end, INTERVAL 1 HOUR)) AS hour
 FROM report_range;
+
+-- The flows and flow_minutes of the range. The conditions on the partition columns (date, hour)
+-- only use the variables, so DuckDB skips the partitions outside the range without opening them
+-- (the end is exclusive: its partition is the one of the instant just before it).
+CREATE OR REPLACE TEMP VIEW range_flows AS
+SELECT f.*
+FROM flows AS f, report_range AS r
+WHERE (getvariable('report_start') IS NULL OR (
+        f.date >= CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
+        AND (f.date > CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
+             OR f.hour >= hour(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ)))))
+    AND (getvariable('report_end') IS NULL OR (
+        f.date <= CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
+        AND (f.date < CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
+             OR f.hour <= hour((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND)))))
+    AND f.time_flow_start_ns >= epoch_ns(r.range_start)
+    AND f.time_flow_start_ns < epoch_ns(r.range_end);
+
+CREATE OR REPLACE TEMP VIEW range_flow_minutes AS
+SELECT fm.* REPLACE (timezone('UTC', fm.minute) AS minute)
+FROM flow_minutes AS fm, report_range AS r
+WHERE (getvariable('report_start') IS NULL OR (
+        fm.date >= CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
+        AND (fm.date > CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
+             OR fm.hour >= hour(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ)))))
+    AND (getvariable('report_end') IS NULL OR (
+        fm.date <= CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
+        AND (fm.date < CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
+             OR fm.hour <= hour((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND)))))
+    AND timezone('UTC', fm.minute) >= r.range_start
+    AND timezone('UTC', fm.minute) < r.range_end;
 
 -- GPU NICs of the inventory; a pod-less inventory is one pod.
 CREATE OR REPLACE TEMP VIEW inventory AS

@@ -21,12 +21,11 @@ WITH job_busy AS (  -- seconds each GPU spent in recognized jobs, per hour
 active_minutes AS (  -- minutes in which a GPU NIC sent or received a flow
     SELECT DISTINCT t.minute, t.addr
     FROM (
-        SELECT timezone('UTC', minute) AS minute, src_addr AS addr FROM flow_minutes
+        SELECT minute, src_addr AS addr FROM range_flow_minutes
         UNION ALL
-        SELECT timezone('UTC', minute) AS minute, dst_addr AS addr FROM flow_minutes
+        SELECT minute, dst_addr AS addr FROM range_flow_minutes
     ) AS t
-    JOIN inventory USING (addr), report_range AS r
-    WHERE t.minute >= r.range_start AND t.minute < r.range_end
+    JOIN inventory USING (addr)
 ),
 traffic_only AS (  -- seconds with traffic outside every recognized job, per GPU and hour
     SELECT date_trunc('hour', a.minute) AS hour, a.addr, 60 * count(*) AS traffic_s

@@ -8,8 +8,11 @@
 -- step's sync_start. A host behind a slow pipeline neighbour arrives late too: the issue columns
 -- say which host the diagnosis blamed.
 -- Needs base.sql; parameters: report_start, report_end.
-WITH dp_pairs AS (
-    SELECT DISTINCT job_id, src_addr, dst_addr FROM comm_pairs WHERE kind = 'dp'
+WITH dp_pairs AS (  -- each DP pair of a job, with the host that sends on it
+    SELECT DISTINCT p.job_id, p.src_addr, p.dst_addr, m.host
+    FROM comm_pairs AS p
+    JOIN job_members AS m ON m.job_id = p.job_id AND m.addr = p.src_addr
+    WHERE p.kind = 'dp'
 ),
 host_gpus AS (
     SELECT job_id, host, count(*) AS gpus, min(pp_stage) AS pp_stage
@@ -17,13 +20,9 @@ host_gpus AS (
     GROUP BY job_id, host
 ),
 dp_sends AS (  -- DP flows in the range, by job and sending host
-    SELECT p.job_id, m.host, make_timestamp_ns(f.time_flow_start_ns) AS sent
-    FROM flows AS f
+    SELECT p.job_id, p.host, make_timestamp_ns(f.time_flow_start_ns) AS sent
+    FROM range_flows AS f
     JOIN dp_pairs AS p USING (src_addr, dst_addr)
-    JOIN job_members AS m ON m.job_id = p.job_id AND m.addr = f.src_addr
-    JOIN report_range AS r
-        ON f.time_flow_start_ns >= epoch_ns(r.range_start)
-        AND f.time_flow_start_ns < epoch_ns(r.range_end)
 ),
 synced_steps AS (
     SELECT job_id, step, sync_started, ended FROM range_steps WHERE sync_started IS NOT NULL

@@ -8,10 +8,8 @@ WITH by_host AS (
         sum(fm.bytes)::BIGINT AS bytes,
         sum(fm.flows)::BIGINT AS flows,
         count(DISTINCT fm.dst_addr) AS peers
-    FROM flow_minutes AS fm
+    FROM range_flow_minutes AS fm
     LEFT JOIN inventory AS i ON i.addr = fm.src_addr
-    JOIN report_range AS r
-        ON timezone('UTC', fm.minute) >= r.range_start AND timezone('UTC', fm.minute) < r.range_end
     GROUP BY 1
 ),
 ranked AS (

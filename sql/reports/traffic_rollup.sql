@@ -4,16 +4,13 @@
 -- Needs base.sql; parameters: report_start, report_end, bucket_minutes.
 WITH pair_minutes AS (
     SELECT
-        time_bucket(
-            to_minutes(coalesce(getvariable('bucket_minutes'), 5)::INTEGER), timezone('UTC', fm.minute)
-        ) AS bucket,
-        timezone('UTC', fm.minute) AS minute,
-        fm.src_addr,
-        fm.dst_addr,
-        fm.flows,
-        fm.bytes
-    FROM flow_minutes AS fm, report_range AS r
-    WHERE timezone('UTC', fm.minute) >= r.range_start AND timezone('UTC', fm.minute) < r.range_end
+        time_bucket(to_minutes(coalesce(getvariable('bucket_minutes'), 5)::INTEGER), minute) AS bucket,
+        minute,
+        src_addr,
+        dst_addr,
+        flows,
+        bytes
+    FROM range_flow_minutes
 ),
 busiest AS (
     SELECT bucket, max(bytes) AS peak_minute_bytes
