@@ -46,11 +46,11 @@ from __future__ import annotations
 import codecs
 import csv
 import functools
-import gzip
 import ipaddress
 import json
+import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import PurePosixPath
@@ -173,7 +173,14 @@ READ_ERRORS = (
     UnicodeError,
     csv.Error,
 )
-FALLBACK_RECORDS = 16  # text chunks this small that still fail are parsed line by line in Python
+# Arrow streams text in blocks this big: as fast as larger ones, and an error wastes less of a
+# block (what the block read before the bad line is read again).
+TEXT_BLOCK_BYTES = 256 << 10
+FALLBACK_RECORDS = 16  # runs of text lines this short are parsed in Python, not by Arrow
+# Lines that Arrow's readers split into several records: two JSON objects on one line (JSON
+# white space includes \r); a bare \r, which ends a CSV row.
+JSON_MULTI_RECORD = re.compile(rb"\}[ \t\r]*\{")
+CSV_MULTI_RECORD = re.compile(rb"\r[^\n]")
 
 
 @dataclass
@@ -236,26 +243,26 @@ def _decompress(payload: bytes, name: str) -> tuple[bytes, str]:
     if promised and codec != promised:
         raise _FileRejected(f"corrupt_file:{promised}: no {promised} magic bytes")
     try:
-        if codec == "gzip":
-            return gzip.decompress(payload), name
+        if codec == "gzip":  # zlib directly: a third faster than the gzip module
+            return _frames(payload, lambda: zlib.decompressobj(wbits=31), padding=True), name
         if codec == "zstd":
-            return _zstd_decompress(payload), name
+            return _frames(payload, lambda: zstandard.ZstdDecompressor().decompressobj()), name
     except READ_ERRORS as error:
         raise _FileRejected(_corrupt(codec, error)) from error
     return payload, name
 
 
-def _zstd_decompress(payload: bytes) -> bytes:
-    """All frames of a zstd stream; a truncated last frame is an error (the streaming reader of
-    `zstandard` would silently return what it got)."""
+def _frames(payload: bytes, decompressor: Callable, padding: bool = False) -> bytes:
+    """Every frame (gzip member) of a compressed stream; a truncated one is an error, which the
+    streaming readers would not report. gzip(1) accepts zero padding after a member: so do we."""
     parts = []
     rest = payload
     while rest:
-        frame = zstandard.ZstdDecompressor().decompressobj()
+        frame = decompressor()
         parts.append(frame.decompress(rest))
         if not frame.eof:
-            raise zstandard.ZstdError("truncated frame")
-        rest = frame.unused_data
+            raise EOFError("compressed stream ends in the middle of a frame")
+        rest = frame.unused_data.lstrip(b"\x00") if padding else frame.unused_data
     return b"".join(parts)
 
 
@@ -295,7 +302,9 @@ def _text(raw: bytes) -> str:
 class _Records:
     """Parsed records of one file, before validation."""
 
-    columns: dict[str, pa.Array]  # flow fields the file has, any Arrow type, one value per record
+    # Flow fields the file has, one value per record, in chunks whose Arrow types may differ
+    # (Arrow reads integers where Python reads the odd line as text).
+    columns: dict[str, list[pa.Array]]
     positions: np.ndarray  # each record's 0-based position in the file
     render: Callable[[np.ndarray], list[str]]  # raw text of records, by index into `columns`
     unparseable: list[tuple[int, str, str]] = field(default_factory=list)  # position, reason, raw
@@ -339,7 +348,7 @@ def _read_parquet(data: bytes) -> _Records:
             for row in table.take(rows).to_pylist()
         ]
 
-    columns = {name: _single_array(table[name]) for name in present}
+    columns = {name: table[name].chunks for name in present}
     return _Records(columns, np.arange(table.num_rows, dtype=np.int64), render)
 
 
@@ -383,6 +392,11 @@ class _Lines:
             for start, end in zip(self.starts[indices].tolist(), self.ends[indices].tolist())
         ]
 
+    def matching(self, pattern: re.Pattern) -> set[int]:
+        """Lines where `pattern` matches."""
+        found = np.fromiter((m.start() for m in pattern.finditer(self.data)), dtype=np.int64)
+        return set((np.searchsorted(self.starts, found, side="right") - 1).tolist())
+
     @cached_property
     def undecodable(self) -> set[int]:
         """Lines that are not valid UTF-8 (checked only on lines holding non-ASCII bytes)."""
@@ -401,12 +415,14 @@ class _Lines:
 
 @dataclass
 class _TextFormat:
-    """How to parse lines of one text format: a fast Arrow reader for a run of lines, and a
-    Python parser for one line (returning flow fields as text, or raising _Unparseable)."""
+    """How to read one text format: Arrow's streaming reader for runs of lines, a Python parser
+    for one line (flow fields as text, or _Unparseable), and a pattern for the lines Arrow reads
+    as several records."""
 
-    read_chunk: Callable[[memoryview], pa.Table]
+    open_stream: Callable[[memoryview], pa.RecordBatchReader]
     parse_line: Callable[[bytes], dict[str, str | None]]
     fields: tuple[str, ...]
+    multi_record: re.Pattern
 
 
 class _Unparseable(Exception):
@@ -414,60 +430,88 @@ class _Unparseable(Exception):
 
 
 def _read_text(lines: _Lines, first: int, text_format: _TextFormat) -> _Records:
-    """Records of lines[first:], read by Arrow in the largest runs that parse cleanly.
+    """Records of lines[first:]. Lines Arrow would merge (several records on one line) are found
+    only when the counts disagree, then read alone; if Arrow still surprises, Python reads all."""
+    records = _read_text_lines(lines, first, text_format, lines.undecodable)
+    if records.num_parsed + len(records.unparseable) == len(lines) - first:
+        return records
+    merged = lines.undecodable | lines.matching(text_format.multi_record)
+    records = _read_text_lines(lines, first, text_format, merged)
+    if records.num_parsed + len(records.unparseable) == len(lines) - first:
+        return records
+    return _read_text_lines(lines, first, text_format, set(range(first, len(lines))))
 
-    A run that fails (bad syntax, a type that differs from its neighbours, a line that yields the
-    wrong number of rows) is halved until the bad lines are isolated in small runs, which are
-    parsed line by line in Python. A clean file is read in one Arrow call."""
-    pieces: list[tuple[np.ndarray, dict[str, pa.Array]]] = []
+
+def _read_text_lines(
+    lines: _Lines, first: int, text_format: _TextFormat, python_lines: set[int]
+) -> _Records:
+    """Records of lines[first:]. Arrow streams each run of lines between `python_lines` and stops
+    at the first line it cannot read: the batches before it are kept, and its error names the
+    line ("in row N" of the current block), which goes to Python, with the next few lines when
+    it is close (bad lines come in clusters); then Arrow resumes after it. An error that names no
+    line halves the run until the bad line is found. A clean run is one pass of Arrow."""
+    arrow_tables: list[pa.Table] = []
+    arrow_positions: list[np.ndarray] = []
+    python_rows: list[dict[str, str | None]] = []
+    python_positions: list[int] = []
     unparseable: list[tuple[int, str, str]] = []
-    fallback_rows: list[dict[str, str | None]] = []
-    fallback_positions: list[int] = []
 
-    def flush_fallback() -> None:
-        if fallback_positions:
-            columns = {
-                name: pa.array([row.get(name) for row in fallback_rows], pa.string())
-                for name in text_format.fields
-            }
-            pieces.append((np.array(fallback_positions, dtype=np.int64), columns))
-            fallback_rows.clear()
-            fallback_positions.clear()
-
-    def parse_lines(start: int, stop: int) -> None:
+    def parse_in_python(start: int, stop: int) -> None:
         for index in range(start, stop):
             position = index - first
             if index in lines.undecodable:
                 unparseable.append((position, "unparseable:encoding", lines.raw([index])[0]))
                 continue
             try:
-                fallback_rows.append(text_format.parse_line(lines.line(index)))
-                fallback_positions.append(position)
+                python_rows.append(text_format.parse_line(lines.line(index)))
+                python_positions.append(position)
             except _Unparseable as error:
                 unparseable.append((position, f"unparseable:{error}", lines.raw([index])[0]))
 
+    def keep(start: int, table: pa.Table) -> None:
+        arrow_tables.append(table)
+        arrow_positions.append(np.arange(start - first, start - first + table.num_rows))
+
     def read(start: int, stop: int) -> None:
-        if start == stop:
-            return
-        table = _try_chunk(text_format, lines.chunk(start, stop), stop - start)
-        if table is not None:
-            flush_fallback()
-            columns = {name: _single_array(table[name]) for name in table.column_names}
-            pieces.append((np.arange(start - first, stop - first, dtype=np.int64), columns))
-        elif stop - start <= FALLBACK_RECORDS:
-            parse_lines(start, stop)
-        else:
-            middle = (start + stop) // 2
-            read(start, middle)
-            read(middle, stop)
+        while stop - start > FALLBACK_RECORDS:
+            batches, error = _stream(text_format.open_stream, lines.chunk(start, stop))
+            if batches:
+                keep(start, pa.Table.from_batches(batches))
+                start += sum(batch.num_rows for batch in batches)
+            if error is None:
+                return
+            row = _error_row(error)
+            if row is None or start + row >= stop:
+                middle = (start + stop) // 2
+                read(start, middle)
+                start = middle
+            elif row >= FALLBACK_RECORDS:
+                read(start, start + row)
+                parse_in_python(start + row, start + row + 1)
+                start += row + 1
+            else:
+                parse_in_python(start, start + FALLBACK_RECORDS)
+                start += FALLBACK_RECORDS
+        parse_in_python(start, stop)
 
-    for start, stop in _decodable_runs(lines, first):
-        read(start, stop)
-        parse_lines(stop, min(stop + 1, len(lines)))  # the undecodable line after the run, if any
-    flush_fallback()
+    start = first
+    for line in sorted(i for i in python_lines if i >= first):
+        read(start, line)
+        parse_in_python(line, line + 1)
+        start = line + 1
+    read(start, len(lines))
 
-    positions = np.concatenate([p for p, _ in pieces]) if pieces else np.zeros(0, np.int64)
-    columns = _merge_pieces(pieces, text_format.fields)
+    # Two chunks per field: what Arrow read (typed), then what Python read (text); `positions`
+    # keeps each record's place in the file.
+    positions = np.concatenate([*arrow_positions, np.array(python_positions, dtype=np.int64)])
+    arrow = pa.concat_tables(arrow_tables) if arrow_tables else None
+    columns = {
+        name: [
+            *([arrow[name].combine_chunks()] if arrow else []),
+            pa.array([row.get(name) for row in python_rows], pa.string()),
+        ]
+        for name in text_format.fields
+    }
     unparseable.sort()
 
     def render(rows: np.ndarray) -> list[str]:
@@ -476,94 +520,63 @@ def _read_text(lines: _Lines, first: int, text_format: _TextFormat) -> _Records:
     return _Records(columns, positions, render, unparseable)
 
 
-def _decodable_runs(lines: _Lines, first: int) -> Iterator[tuple[int, int]]:
-    """Maximal runs [start, stop) of valid UTF-8 lines from `first`, each followed by one
-    undecodable line or the end; empty runs are included so that their bad line is handled."""
-    start = first
-    for bad in sorted(i for i in lines.undecodable if i >= first):
-        yield start, bad
-        start = bad + 1
-    yield start, len(lines)
-
-
-def _try_chunk(text_format: _TextFormat, chunk: memoryview, expected_rows: int) -> pa.Table | None:
-    """The chunk's flow fields when Arrow reads exactly one row per line, with usable types."""
+def _stream(
+    open_stream: Callable[[memoryview], pa.RecordBatchReader], chunk: memoryview
+) -> tuple[list[pa.RecordBatch], pa.ArrowException | None]:
+    """The batches Arrow reads before its first error, and the error."""
+    batches: list[pa.RecordBatch] = []
     try:
-        table = text_format.read_chunk(chunk)
-    except pa.ArrowException:
-        return None
-    if table.num_rows != expected_rows:
-        return None
-    table = table.select([name for name in table.column_names if name in text_format.fields])
-    usable = (pa.int64(), pa.string(), pa.null())
-    if any(column.type not in usable for column in table.columns):
-        # A JSON number column read as double may hold 1500 as well as 1500.0, which we judge
-        # differently; timestamps and nested values likewise lose their text. Let Python decide.
-        return None
-    return table
+        with open_stream(chunk) as reader:  # closing joins its threads
+            batches.extend(reader)
+    except pa.ArrowException as error:
+        return batches, error
+    return batches, None
 
 
-def _merge_pieces(
-    pieces: list[tuple[np.ndarray, dict[str, pa.Array]]], fields: tuple[str, ...]
-) -> dict[str, pa.Array]:
-    """Concatenate pieces field by field. A field read as int64 in one piece and as text in
-    another is turned into text throughout, which validation parses back the same way."""
-    merged = {}
-    for name in fields:
-        types = {columns[name].type for _, columns in pieces if name in columns} - {pa.null()}
-        if not any(name in columns for _, columns in pieces):
-            continue
-        common = types.pop() if len(types) == 1 else pa.string() if types else pa.null()
-        merged[name] = pa.concat_arrays(
-            [
-                columns[name].cast(common) if name in columns else pa.nulls(len(positions), common)
-                for positions, columns in pieces
-            ]
-        )
-    return merged
+ERROR_ROW = re.compile(r"\bin row (\d+)")
+
+
+def _error_row(error: Exception) -> int | None:
+    """The row, within the block being read, that an Arrow reader error names, if any."""
+    found = ERROR_ROW.search(str(error))
+    return int(found.group(1)) if found else None
 
 
 def _read_json_lines(lines: _Lines) -> _Records:
-    explicit = _json_sample_schema(lines)
-    options = [pa_json.ParseOptions()]  # infer every field's type
-    if explicit is not None:
-        options.insert(0, pa_json.ParseOptions(explicit, unexpected_field_behavior="ignore"))
+    parse_options = pa_json.ParseOptions(
+        explicit_schema=_json_schema(lines), unexpected_field_behavior="ignore"
+    )
+    read_options = pa_json.ReadOptions(block_size=TEXT_BLOCK_BYTES)
 
-    def read_chunk(chunk: memoryview) -> pa.Table:
+    def open_stream(chunk: memoryview) -> pa.RecordBatchReader:
+        return pa_json.open_json(pa.BufferReader(chunk), read_options, parse_options)
+
+    text_format = _TextFormat(open_stream, _parse_json_line, FLOW_FIELDS, JSON_MULTI_RECORD)
+    return _read_text(lines, 0, text_format)
+
+
+def _json_schema(lines: _Lines, sample_lines: int = 100) -> pa.Schema:
+    """Arrow types for the flow fields, as the first lines write them (integer or text; text for
+    an int field means numbers in quotes). An explicit schema lets Arrow skip the dozens of other
+    goflow2 fields (about 1.4x faster) and keeps its types fixed from block to block; a line that
+    differs stops the reader and is read in Python."""
+    votes = {name: 0 for name in FLOW_FIELDS}  # > 0: integers, < 0: text
+    for index in range(min(len(lines), sample_lines)):
         try:
-            return pa_json.read_json(pa.BufferReader(chunk), parse_options=options[0])
-        except pa.ArrowException:
-            if len(options) == 1:
-                raise
-            # The sample's types do not hold for the whole file: infer them from now on, so that
-            # a file whose types change halfway is still read in large runs.
-            options.pop(0)
-            return pa_json.read_json(pa.BufferReader(chunk), parse_options=options[0])
+            record = json.loads(lines.line(index))
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            for name, value in record.items():
+                if name in votes and isinstance(value, (int, str)) and not isinstance(value, bool):
+                    votes[name] += 1 if isinstance(value, int) else -1
 
-    return _read_text(lines, 0, _TextFormat(read_chunk, _parse_json_line, FLOW_FIELDS))
+    def arrow_type(name: str, vote: int) -> pa.DataType:
+        if vote == 0:  # not in the sample: its natural type (goflow2 prints proto by name)
+            return pa.int64() if name in INT_FIELDS else pa.string()
+        return pa.int64() if vote > 0 else pa.string()
 
-
-def _json_sample_schema(lines: _Lines, sample_lines: int = 1000) -> pa.Schema | None:
-    """Types of the flow fields, learnt from the first lines, so that the full read can skip the
-    dozens of other goflow2 fields (about 1.4x faster). None, to infer everything, when the sample
-    does not parse or a flow field it lacks appears later in the file."""
-    count = min(len(lines), sample_lines)
-    if count == 0 or lines.undecodable:
-        return None
-    try:
-        sample = pa_json.read_json(pa.BufferReader(lines.chunk(0, count)))
-    except pa.ArrowException:
-        return None
-    known = {
-        name: sample.schema.field(name).type
-        for name in FLOW_FIELDS
-        if name in sample.column_names
-        and sample.schema.field(name).type in (pa.int64(), pa.string())
-    }
-    unseen = [name for name in FLOW_FIELDS if name not in known]
-    if any(f'"{name}"'.encode() in lines.data for name in unseen):
-        return None
-    return pa.schema(list(known.items()))
+    return pa.schema([(name, arrow_type(name, vote)) for name, vote in votes.items()])
 
 
 def _parse_json_line(line: bytes) -> dict[str, str | None]:
@@ -603,14 +616,14 @@ def _read_csv(lines: _Lines) -> _Records:
         for i, name in enumerate(header)
     ]
     present = tuple(name for name in FLOW_FIELDS if name in column_names)
-    read_options = pa_csv.ReadOptions(column_names=column_names)
+    read_options = pa_csv.ReadOptions(column_names=column_names, block_size=TEXT_BLOCK_BYTES)
     parse_options = pa_csv.ParseOptions(newlines_in_values=False)
     convert_options = pa_csv.ConvertOptions(
         include_columns=list(present), column_types={name: pa.string() for name in present}
     )
 
-    def read_chunk(chunk: memoryview) -> pa.Table:
-        return pa_csv.read_csv(pa.BufferReader(chunk), read_options, parse_options, convert_options)
+    def open_stream(chunk: memoryview) -> pa.RecordBatchReader:
+        return pa_csv.open_csv(pa.BufferReader(chunk), read_options, parse_options, convert_options)
 
     def parse_line(line: bytes) -> dict[str, str | None]:
         try:
@@ -621,7 +634,8 @@ def _read_csv(lines: _Lines) -> _Records:
             raise _Unparseable("field_count")
         return {name: value for name, value in zip(column_names, values) if name in present}
 
-    return _read_text(lines, 1, _TextFormat(read_chunk, parse_line, present))
+    text_format = _TextFormat(open_stream, parse_line, present, CSV_MULTI_RECORD)
+    return _read_text(lines, 1, text_format)
 
 
 # --- typing: any Arrow column -> numpy values and masks -------------------------------------------
@@ -639,9 +653,16 @@ class _Column:
     def absent(n: int) -> _Column:
         return _Column(np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, bool))
 
-
-def _single_array(column: pa.ChunkedArray) -> pa.Array:
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    @staticmethod
+    def of_chunks(chunks: list[pa.Array] | None, n: int, typed: Callable) -> _Column:
+        if chunks is None:
+            return _Column.absent(n)
+        parts = [typed(chunk) for chunk in chunks]
+        return _Column(
+            np.concatenate([part.values for part in parts]),
+            np.concatenate([part.present for part in parts]),
+            np.concatenate([part.ok for part in parts]),
+        )
 
 
 def _mask(array: pa.Array) -> np.ndarray:
@@ -669,9 +690,12 @@ def _dictionary(array: pa.Array) -> pa.DictionaryArray:
     return array if pa.types.is_dictionary(array.type) else pc.dictionary_encode(array)
 
 
-def _int_column(array: pa.Array | None, n: int) -> _Column:
-    if array is None:
-        return _Column.absent(n)
+def _int_column(chunks: list[pa.Array] | None, n: int) -> _Column:
+    return _Column.of_chunks(chunks, n, _int_chunk)
+
+
+def _int_chunk(array: pa.Array) -> _Column:
+    n = len(array)
     array = _decoded(array)
     if _is_text(array.type):
         return _parse_int_text(array)
@@ -706,9 +730,13 @@ def _parse_int_text(text: pa.Array) -> _Column:
 PROTO_ABSENT, PROTO_UNKNOWN = -2, -1
 
 
-def _protocol_column(array: pa.Array | None, n: int) -> _Column:
-    if array is None or not _holds_text(array):
-        column = _int_column(array, n)
+def _protocol_column(chunks: list[pa.Array] | None, n: int) -> _Column:
+    return _Column.of_chunks(chunks, n, _protocol_chunk)
+
+
+def _protocol_chunk(array: pa.Array) -> _Column:
+    if not _holds_text(array):
+        column = _int_chunk(array)
         column.ok &= (column.values >= 0) & (column.values <= 255)
         return column
     encoded = _dictionary(array)
@@ -730,7 +758,7 @@ def _protocol_number(text: str) -> int:
 
 @dataclass
 class _Addresses:
-    normalized: pa.Array  # text (dictionary-encoded when it came so), null where absent or invalid
+    normalized: pa.ChunkedArray  # dictionary-encoded text, null where absent or invalid
     family: np.ndarray  # 4 or 6; 0 absent; -1 invalid
 
     @property
@@ -742,20 +770,33 @@ class _Addresses:
         return self.family > 0
 
 
-def _address_column(array: pa.Array | None, n: int) -> _Addresses:
+def _address_column(chunks: list[pa.Array] | None, n: int) -> _Addresses:
+    if chunks is None:
+        return _address_chunk(pa.nulls(n))
+    parts = [_address_chunk(chunk) for chunk in chunks]
+    return _Addresses(
+        pa.chunked_array([c for p in parts for c in p.normalized.chunks], ADDRESS_TYPE),
+        np.concatenate([p.family for p in parts]),
+    )
+
+
+ADDRESS_TYPE = pa.dictionary(pa.int32(), pa.string())
+NO_ADDRESSES = pa.array([], pa.string())
+
+
+def _address_chunk(array: pa.Array) -> _Addresses:
     """Validate and normalize each distinct address once (dictionary encoding), not each row."""
-    if array is None:
-        return _Addresses(pa.nulls(n, pa.string()), np.zeros(n, np.int8))
     if not _holds_text(array):
+        no_text = pa.DictionaryArray.from_arrays(pa.nulls(len(array), pa.int32()), NO_ADDRESSES)
         invalid = np.where(_valid(array), -1, 0).astype(np.int8)
-        return _Addresses(pa.nulls(n, pa.string()), invalid)
+        return _Addresses(pa.chunked_array([no_text]), invalid)
     encoded = _dictionary(array)
     checked = [_normalize_address(text) for text in encoded.dictionary.to_pylist()]
     normalized = pa.array([text for text, _ in checked], pa.string())
     families = np.array([family for _, family in checked] + [0], dtype=np.int8)
-    indices = encoded.indices
+    indices = encoded.indices.cast(pa.int32())
     return _Addresses(
-        pa.DictionaryArray.from_arrays(indices, normalized),
+        pa.chunked_array([pa.DictionaryArray.from_arrays(indices, normalized)]),
         families[indices.fill_null(len(checked)).to_numpy()],
     )
 
@@ -822,6 +863,9 @@ def _validate(records: _Records, source: str) -> ParsedFile:
     good = reason < 0
     bad = np.flatnonzero(~good)
     clean = _clean_table(good, ints, addresses, proto, scale)
+    clean_positions = records.positions[good]
+    if np.any(np.diff(clean_positions) < 0):  # lines read in Python come last: restore file order
+        clean = clean.take(np.argsort(clean_positions, kind="stable"))
     quarantine_starts = np.where(start.ok & start_in_range, start.values, -1)[bad]
     reasons = np.array(CHECK_ORDER, dtype=object)[reason[bad]]
     quarantine = _quarantine_table(source, records, bad, reasons)

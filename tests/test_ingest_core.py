@@ -148,14 +148,15 @@ BAD_RECORDS = [
 ]
 
 
+# Text files of a few lines are parsed in Python; longer runs of lines are read by Arrow.
+@pytest.mark.parametrize("neighbours", [1, 40], ids=["python", "arrow"])
 @pytest.mark.parametrize("file_format", ENCODERS)
 @pytest.mark.parametrize(("reason", "overrides"), BAD_RECORDS, ids=[r for r, _ in BAD_RECORDS])
-def test_each_reason_code_in_each_format(file_format, reason, overrides):
-    records = [record(), record(**overrides), record(src_port=50000)]
+def test_each_reason_code_in_each_format(file_format, reason, overrides, neighbours):
+    records = [record()] * neighbours + [record(**overrides)] + [record(src_port=5)] * neighbours
     parsed = parse(ENCODERS[file_format](records), f"flows.{file_format}")
-    assert quarantined(parsed) == [(1, reason)]
-    assert parsed.clean.num_rows == 2
-    assert parsed.clean["src_port"].to_pylist() == [49152, 50000]
+    assert quarantined(parsed) == [(neighbours, reason)]
+    assert parsed.clean["src_port"].to_pylist() == [49152] * neighbours + [5] * neighbours
 
 
 def test_every_reason_code_is_covered():
@@ -227,6 +228,42 @@ def test_a_few_bad_lines_among_many_are_found_and_the_rest_kept():
     ]
     expected = [1000 + i for i in range(5000) if i not in (0, 1234, 1235, 3000, 4999)]
     assert parsed.clean["bytes"].to_pylist() == expected
+
+
+@pytest.mark.parametrize("every", [2, 3, 17, 40])
+def test_clusters_of_bad_lines(every):
+    lines = as_jsonl([record(bytes=i + 1) for i in range(3000)]).splitlines()
+    bad = set(range(5, 3000, every)) | {2999}
+    breakers = [b'{"bytes": oops', b'{"bytes": "12.5MB"}', b'{"bytes": 1.5}', b"", b"[]"]
+    for i in bad:
+        lines[i] = breakers[i % len(breakers)]
+    parsed = parse(b"\n".join(lines), "f.jsonl")
+    blank = {i for i in bad if i % len(breakers) == 3}
+    position = {line: line - sum(b < line for b in blank) for line in range(3000)}
+    assert [row for row, _ in quarantined(parsed)] == sorted(position[i] for i in bad - blank)
+    assert parsed.clean["bytes"].to_pylist() == [i + 1 for i in range(3000) if i not in bad]
+
+
+def test_several_records_on_one_line_in_a_long_file():
+    lines = as_jsonl([record(bytes=i + 1) for i in range(500)]).splitlines()
+    lines[300] = lines[300] + b" " + lines[301]
+    parsed = parse(b"\n".join(lines), "f.jsonl")
+    assert quarantined(parsed) == [(300, "unparseable:json_syntax")]
+    assert parsed.clean.num_rows == 499
+
+
+def test_csv_bad_rows_in_a_long_file():
+    header, *rows = as_csv([record(bytes=i + 1) for i in range(2000)]).splitlines()
+    rows[10] = b"1,2,3"
+    rows[1500] = rows[1500].replace(b",", b"\r", 1)  # a bare CR ends a row for Arrow
+    rows[1999] = b'"unterminated,' + rows[1999]
+    parsed = parse(b"\n".join([header, *rows]), "f.csv")
+    assert quarantined(parsed) == [
+        (10, "unparseable:field_count"),
+        (1500, "unparseable:csv_syntax"),
+        (1999, "unparseable:csv_syntax"),
+    ]
+    assert parsed.clean.num_rows == 1997
 
 
 def test_json_types_that_change_along_the_file_are_all_read():
