@@ -1,0 +1,919 @@
+"""What went wrong in one job over one hour, and what it cost: the `issues` table.
+
+Input is what the earlier stages know about the job (its flows, GPUs, classified pairs, steps and
+recognition events) plus the state the previous hour left. The analysis, in order:
+
+1. *Checkpoints*: a step that writes a large flow out of the job (to storage) is a checkpoint, and
+   so is a long step on the job's checkpoint rhythm (long steps every N steps). Checkpoints are
+   the job's normal rhythm, never slow steps.
+2. *Restarts*: the attempt number goes up, or the job falls silent between two steps for longer
+   than any step takes. The first `warmup_steps` steps of an attempt (and of a job first seen)
+   are warm-up: slow by nature, charged to the restart.
+3. *Slow links* (per step): a NIC whose fastest transfer is far below the transfers of the same
+   size elsewhere in the job.
+4. *Stragglers* (per step, Holmes): peers that wait look normal, the one they wait for is late.
+   Each DP/PP flow is compared with the same flow (same kind, size, order) of the hosts of the
+   same pipeline stage in the same step; a host alone in its stage is compared with its own
+   timing in the other steps, as a share of the step. The host that sends the earliest late flow
+   of a step is that step's culprit; a host that is the culprit of enough nearby steps is a
+   straggler.
+5. *Baseline and degradation*: BOCD (prism_core.bocd) segments the log step durations of the
+   remaining steps; the baseline is a rolling median inside a segment, and a persistent rise of
+   the level is a degradation.
+6. *Slow steps* (Holmes' delta-irregular steps): longer than max(delta, 1 + k sigma) x baseline,
+   not a checkpoint, not warm-up, and not inside a straggler or slow-link window.
+7. *Hangs*: the job stopped in the middle of a step, its GPUs fell silent one after another (the
+   first ones are the subject), and its hosts stayed silent, not taken by another job.
+
+Waste is computed by prism_core.waste. An issue that crosses an hour boundary keeps its id (a hash
+of job, kind, subject and start) and each hour's row carries that hour's waste, so the sum over
+rows with one `issue_id` is the issue's total.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism_core import waste
+from prism_core.bocd import NormalGammaPrior, bocd
+from prism_core.schema import ISSUES, STEPS, conform
+
+DP, PP, OTHER, UNCLASSIFIED = 0, 1, 2, 3
+KIND_CODES = {"dp": DP, "pp": PP, "other": OTHER}
+NS = 1_000_000_000
+MAD_TO_SIGMA = 1.4826
+BOUNDARY_SLACK_S = 0.02
+REGULAR_SHARE = 0.8  # a transfer class is regular when its count per step is the usual one this often
+SEVERITY_BANDS = ((0.10, "low"), (0.25, "medium"), (0.50, "high"))  # impact share below -> band
+
+
+@dataclass(frozen=True)
+class DiagnosisConfig:
+    # Holmes' delta: a step is slow when longer than delta x its local baseline. Jitter below ~1.04
+    # is indistinguishable from noise; 1.1 is 3-10 sigma of the 1-3% step jitter of real jobs.
+    slow_step_delta: float = 1.1
+    jitter_sigmas: float = 5.0  # ... and at least this many robust sigmas of the job's own jitter
+    baseline_steps: int = 10  # rolling median over this many steps on each side
+    warmup_steps: int = 3
+    checkpoint_write_bytes: int = 64 << 20
+    restart_gap_s: float = 20.0  # a silence between steps this long (and > 3 steps) is a restart
+    throughput_min_bytes: int = 1 << 20  # smaller transfers are dominated by latency
+    slow_link_ratio: float = 0.7  # throughput below this share of same-size transfers
+    late_min_s: float = 0.005  # a flow later than its stage peers by more than clock skew ...
+    late_min_share: float = 0.01  # ... or, alone in its stage, by this share of the step
+    late_sigmas: float = 4.0  # ... and by this many robust sigmas of its own timing noise
+    window_min_steps: int = 3  # straggler / slow link: steps it must show in
+    window_max_gap: int = 3  # steps without the culprit that do not break a window
+    degradation_min_shift: float = 0.03  # level rise, as a share of the baseline
+    degradation_min_steps: int = 10  # steps the new level must hold
+    hang_confirm_s: float = 30.0  # silence (hosts not taken) before a stop can be called a hang
+    hang_stagger_s: float = 0.4  # GPUs stopping this far apart: a hang, not a crash
+
+
+DEFAULT_CONFIG = DiagnosisConfig()
+
+
+@dataclass
+class Diagnosis:
+    issues: pa.Table  # ISSUES schema
+    state: dict  # JSON-serializable, handed to the next hour's diagnosis of this job
+
+
+def diagnose_job(
+    job_id: str,
+    job_flows: pa.Table,
+    job_gpus: pa.Table,
+    comm_pairs: pa.Table,
+    steps: pa.Table,
+    events: pa.Table,
+    previous: dict | None,
+    hour_start_ns: int,
+    hour_end_ns: int,
+    hour_membership: pa.Table | None = None,
+    config: DiagnosisConfig = DEFAULT_CONFIG,
+) -> Diagnosis:
+    """Issues of one job over [hour_start_ns, hour_end_ns).
+
+    `hour_membership` (prism_core.jobs.MEMBERSHIP, every job of the hour) tells whether the job's
+    hosts were taken by another job after it fell silent, and how far the hour's data reaches;
+    without it the hour is assumed complete and no host taken. `events` (prism_core.jobs.EVENTS)
+    add host replacements to the restart evidence. Call this also for a job without flows whose
+    previous state has an open issue (`has_open_issue`), so an ongoing hang keeps counting.
+    """
+    state = _State.load(previous)
+    job = _JobHour.build(job_flows, job_gpus, comm_pairs, steps, hour_start_ns, config.checkpoint_write_bytes)
+    run = _Run(job_id, job, state, events, hour_start_ns, hour_end_ns, hour_membership, config)
+    run.analyze()
+    return Diagnosis(run.issues_table(), run.next_state())
+
+
+def has_open_issue(previous: dict | None) -> bool:
+    """True when a job's diagnosis state carries an issue that continues without traffic."""
+    return bool(previous and (previous.get("open_hang") or _undecided(previous.get("stop"))))
+
+
+# --- the job's hour as arrays -------------------------------------------------------------------
+
+
+@dataclass
+class _JobHour:
+    origin_ns: int  # times below are float seconds from here
+    addrs: np.ndarray  # member addresses (str), sorted
+    host_of_addr: np.ndarray  # host code per address
+    hosts: np.ndarray  # host names (str)
+    gpus_of_host: np.ndarray  # job GPUs per host
+    stage_of_host: np.ndarray  # most common pp_stage of the host's GPUs (-1 unknown)
+    # flows between members, sorted by start
+    start: np.ndarray
+    end: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    kind: np.ndarray
+    step: np.ndarray  # index of the step the flow starts in, -1 outside every step
+    write_start: np.ndarray  # starts of large flows from members to outside the job
+    # steps, sorted by start
+    step_start: np.ndarray
+    step_end: np.ndarray
+    duration: np.ndarray
+    number: np.ndarray
+    attempt: np.ndarray
+
+    @classmethod
+    def build(cls, flows: pa.Table, gpus: pa.Table, pairs: pa.Table, steps: pa.Table, origin_ns: int,
+              write_bytes: int) -> _JobHour:
+        gpus = gpus.sort_by("addr")
+        addr_col = gpus["addr"].to_numpy(zero_copy_only=False)
+        keep = np.r_[True, addr_col[1:] != addr_col[:-1]] if len(addr_col) else np.zeros(0, bool)
+        gpus = gpus.filter(pa.array(keep))
+        addrs = gpus["addr"].to_numpy(zero_copy_only=False).astype(str)
+        hosts, host_of_addr = np.unique(gpus["host"].to_numpy(zero_copy_only=False).astype(str), return_inverse=True)
+        stages = pc.fill_null(gpus["pp_stage"], -1).to_numpy().astype(np.int64)
+        stage_of_host = np.full(len(hosts), -1)
+        for h in range(len(hosts)):
+            values, counts = np.unique(stages[host_of_addr == h], return_counts=True)
+            stage_of_host[h] = values[np.argmax(counts)]
+        member_set = pa.array(addrs, pa.string())
+
+        def code(column: pa.ChunkedArray) -> np.ndarray:
+            return pc.fill_null(pc.index_in(column, value_set=member_set), -1).to_numpy().astype(np.int64)
+
+        src, dst = code(flows["src_addr"]), code(flows["dst_addr"])
+        start = (flows["time_flow_start_ns"].to_numpy() - origin_ns) / NS
+        end = (flows["time_flow_end_ns"].to_numpy() - origin_ns) / NS
+        nbytes = flows["bytes"].to_numpy()
+        writes = (src >= 0) & (dst < 0) & (nbytes >= write_bytes)
+        comm = (src >= 0) & (dst >= 0)
+        order = np.flatnonzero(comm)[np.argsort(start[comm], kind="stable")]
+
+        n = max(len(addrs), 1)
+        pair_src, pair_dst = code(pairs["src_addr"]), code(pairs["dst_addr"])
+        pair_kind = np.array([KIND_CODES.get(k, UNCLASSIFIED) for k in pairs["kind"].to_pylist()], np.int8)
+        known = (pair_src >= 0) & (pair_dst >= 0)
+        pair_key = pair_src[known] * n + pair_dst[known]
+        key_order = np.argsort(pair_key, kind="stable")
+        pair_key, pair_kind = pair_key[key_order], pair_kind[known][key_order]
+        flow_key = src[order] * n + dst[order]
+        at = np.clip(np.searchsorted(pair_key, flow_key), 0, max(len(pair_key) - 1, 0))
+        found = (pair_key[at] == flow_key) if len(pair_key) else np.zeros(len(flow_key), bool)
+        kind = np.where(found, pair_kind[at] if len(pair_kind) else UNCLASSIFIED, UNCLASSIFIED).astype(np.int8)
+
+        steps = conform(steps, STEPS).sort_by("start")
+        step_start = (steps["start"].cast(pa.int64()).to_numpy() - origin_ns) / NS
+        step_end = (steps["end"].cast(pa.int64()).to_numpy() - origin_ns) / NS
+        # exporters' clocks are a few ms apart: a flow that starts just before a step belongs to it
+        shifted = start[order] + BOUNDARY_SLACK_S
+        step = np.searchsorted(step_start, shifted, side="right") - 1
+        inside = (step >= 0) & (shifted < step_end[np.maximum(step, 0)] + BOUNDARY_SLACK_S) if len(step_start) else step < -1
+        return cls(
+            origin_ns=origin_ns,
+            addrs=addrs,
+            host_of_addr=host_of_addr,
+            hosts=hosts,
+            gpus_of_host=np.bincount(host_of_addr, minlength=len(hosts)),
+            stage_of_host=stage_of_host,
+            start=start[order],
+            end=end[order],
+            src=src[order],
+            dst=dst[order],
+            nbytes=nbytes[order],
+            kind=kind,
+            step=np.where(inside, step, -1),
+            write_start=np.sort(start[writes]),
+            step_start=step_start,
+            step_end=step_end,
+            duration=step_end - step_start,
+            number=pc.fill_null(steps["step"], -1).to_numpy(),
+            attempt=pc.fill_null(steps["attempt"], 0).to_numpy().astype(np.int64),
+        )
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.step_start)
+
+    def ns(self, seconds: float) -> int:
+        return self.origin_ns + int(round(seconds * NS))
+
+    def seconds(self, ns: int) -> float:
+        return (ns - self.origin_ns) / NS
+
+    def gpus_active(self, lo: float, hi: float) -> int:
+        """GPUs of the hosts that exchanged traffic in [lo, hi]: a job's size at that time (a
+        replaced host is not counted twice)."""
+        during = (self.start <= hi) & (self.end >= lo)
+        hosts = np.unique(self.host_of_addr[np.concatenate([self.src[during], self.dst[during]])])
+        return int(self.gpus_of_host[hosts].sum())
+
+
+# --- state carried between hours ----------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    recent_s: list[float] = field(default_factory=list)  # last clean step durations
+    level_s: float | None = None  # the job's normal step time (before any open degradation)
+    last_attempt: int = 0
+    last_step_end_ns: int | None = None
+    first_step_ns: int | None = None  # work since here is lost when no checkpoint is known
+    last_checkpoint_ns: int | None = None
+    checkpoint_rhythm: list[int] | None = None  # [period, phase] in step numbers
+    n_gpus: int = 0
+    open_windows: dict = field(default_factory=dict)  # kind -> {issue_id, subject, start_ns, baseline_s}
+    open_degradation: dict | None = None  # {issue_id, start_ns, baseline_s}
+    open_hang: dict | None = None  # {issue_id, subject, start_ns, hosts, n_gpus}
+    stop: dict | None = None  # how the job's traffic last stopped: {at_ns, staggered, decided, ...}
+
+    @classmethod
+    def load(cls, previous: dict | None) -> _State:
+        return cls(**previous) if previous else cls()
+
+    def dump(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+# --- one diagnosis run --------------------------------------------------------------------------
+
+
+class _Run:
+    def __init__(self, job_id, job: _JobHour, state: _State, events, hour_start_ns, hour_end_ns,
+                 membership, config: DiagnosisConfig):
+        self.job_id, self.job, self.state, self.config = job_id, job, state, config
+        self.events = events
+        self.hour_start, self.hour_end = 0.0, job.seconds(hour_end_ns)
+        self.membership = membership
+        self.rows: list[dict] = []
+        n = job.n_steps
+        self.checkpoint = np.zeros(n, bool)
+        self.warmup = np.zeros(n, bool)
+        self.windowed = np.zeros(n, bool)  # inside a straggler or slow-link window
+        self.slow = np.zeros(n, bool)
+        self.baseline = np.full(n, np.nan)
+        self.sigma = 0.02
+        self.open_windows: dict = {}
+        self.open_degradation = None
+        self.open_hang = None
+        self.checkpoint_before_hour = state.last_checkpoint_ns
+
+    # -- orchestration --
+
+    def analyze(self) -> None:
+        job = self.job
+        self.continue_hang()
+        if job.n_steps:
+            resumes = self.find_restarts()
+            self.find_checkpoints()
+            self.slow_link_runs = self.windows("slow_link", self.slow_link_steps())
+            self.straggler_runs = self.windows("straggler", self.straggler_steps())
+            self.fit_baseline()
+            self.report_restarts(resumes)
+            self.report_windows()
+            self.report_degradation()
+            self.report_slow_steps()
+        self.check_stop()
+
+    # -- checkpoints, restarts, warm-up --
+
+    def find_checkpoints(self) -> None:
+        job, state = self.job, self.state
+        # a checkpoint step is long; a large write alone may be a copy to another job
+        long = (job.duration > 1.5 * np.median(job.duration)) & ~self.warmup
+        writes = np.searchsorted(job.step_start, job.write_start, side="right") - 1
+        writes = writes[(writes >= 0) & (job.write_start < job.step_end[np.maximum(writes, 0)])]
+        self.checkpoint[writes] = True
+        self.checkpoint &= long
+        rhythm = _rhythm(job.number[self.checkpoint if self.checkpoint.any() else long]) or state.checkpoint_rhythm
+        if rhythm:
+            period, phase = rhythm
+            self.checkpoint |= long & (job.number % period == phase)
+            state.checkpoint_rhythm = [int(period), int(phase)]
+        done = np.flatnonzero(self.checkpoint)
+        if len(done):
+            state.last_checkpoint_ns = job.ns(job.step_end[done[-1]])
+
+    def find_restarts(self) -> list[int]:
+        """Indices of the steps that resume the job after a restart; marks warm-up steps."""
+        job, state = self.job, self.state
+        previous_attempt = np.r_[state.last_attempt, job.attempt[:-1]]
+        previous_end = np.r_[job.seconds(state.last_step_end_ns) if state.last_step_end_ns is not None else np.nan,
+                             job.step_end[:-1]]
+        silence = job.step_start - previous_end
+        gap_limit = max(self.config.restart_gap_s, 3 * float(np.median(job.duration)))
+        resumes = np.flatnonzero((job.attempt > previous_attempt) | (silence > gap_limit)).tolist()
+        firsts = resumes + ([0] if state.first_step_ns is None else [])
+        for first in firsts:
+            self.warmup[first:first + self.config.warmup_steps] = True
+        if state.first_step_ns is None:
+            state.first_step_ns = job.ns(job.step_start[0])
+        return resumes
+
+    def report_restarts(self, resumes: list[int]) -> None:
+        job, state, config = self.job, self.state, self.config
+        checkpoint_ends = job.step_end[self.checkpoint]
+        for i in resumes:
+            previous_end = job.step_end[i - 1] if i else (
+                job.seconds(state.last_step_end_ns) if state.last_step_end_ns is not None else job.step_start[i])
+            partial = (job.start >= previous_end) & (job.start < job.step_start[i] - BOUNDARY_SLACK_S)
+            failed = float(job.end[partial].max()) if partial.any() else previous_end
+            hosts_before = self.hosts_between(failed - 60, failed)
+            if i == 0 and state.stop:
+                failed = job.seconds(state.stop["at_ns"])
+                hosts_before = state.stop["hosts"]
+            before = checkpoint_ends[checkpoint_ends <= failed]
+            if len(before):
+                checkpoint_ns = job.ns(before[-1])
+            elif self.checkpoint_before_hour is not None:
+                checkpoint_ns = self.checkpoint_before_hour
+            else:
+                checkpoint_ns = state.first_step_ns
+            warm = np.arange(i, min(i + config.warmup_steps, job.n_steps))
+            warm = warm[job.attempt[warm] == job.attempt[i]]
+            n_gpus = job.gpus_active(job.step_start[i], job.step_end[warm[-1]])
+            cost = waste.restart_gpu_s(n_gpus, checkpoint_ns, job.ns(job.step_start[i]),
+                                       job.duration[warm], self.baseline[warm])
+            hosts_after = self.hosts_between(job.step_start[i], job.step_end[warm[-1]])
+            evidence = {
+                "failed_at_ns": job.ns(failed),
+                "gap_s": job.step_start[i] - failed,
+                "lost_since_checkpoint_s": (job.ns(failed) - checkpoint_ns) / NS,
+                "warmup_excess_s": float(np.sum(job.duration[warm] - self.baseline[warm])),
+                "attempt": int(job.attempt[i]),
+                "hosts_replaced": sorted(set(hosts_before) - set(hosts_after)),
+                "hosts_added": sorted(set(hosts_after) - set(hosts_before)),
+                "recognized_events": self.event_kinds(job.ns(failed), job.ns(job.step_start[i])),
+            }
+            self.add("restart", self.job_id, job.ns(failed), job.ns(job.step_start[i]), 1.0, 0.95, cost,
+                     evidence)
+
+    def event_kinds(self, lo_ns: int, hi_ns: int) -> list[str]:
+        if self.events is None or not self.events.num_rows:
+            return []
+        at = self.events["at_ns"].to_numpy()
+        kinds = self.events["kind"].to_numpy(zero_copy_only=False)
+        return sorted(set(kinds[(at >= lo_ns - 60 * NS) & (at <= hi_ns + 60 * NS)].tolist()))
+
+    def hosts_between(self, lo: float, hi: float) -> list[str]:
+        job = self.job
+        during = (job.start <= hi) & (job.end >= lo)
+        codes = np.unique(job.host_of_addr[np.concatenate([job.src[during], job.dst[during]])])
+        return job.hosts[codes].tolist()
+
+    # -- per-step evidence of slow links and stragglers --
+
+    def slow_link_steps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per step: the address whose fastest transfer is slowest against transfers of the same
+        size in the same step (-1 when none is below `slow_link_ratio`), and that ratio."""
+        job, config = self.job, self.config
+        culprit = np.full(job.n_steps, -1)
+        score = np.ones(job.n_steps)
+        seconds = job.end - job.start
+        sel = (job.step >= 0) & (job.kind != UNCLASSIFIED) & (job.nbytes >= config.throughput_min_bytes) & (seconds > 0)
+        sel &= ~self.warmup[np.maximum(job.step, 0)]
+        step, rate = job.step[sel], job.nbytes[sel] / np.maximum(seconds[sel], 1e-9)
+        size = np.unique(job.nbytes[sel], return_inverse=True)[1]
+        ratio = rate / _group_median(_key(step, size), rate) if sel.any() else rate
+        self.link_ratio = (step, job.src[sel], job.dst[sel], ratio)
+        if not sel.any():
+            return culprit, score
+        # every flow speaks for both its ends: an address is as fast as its fastest transfer
+        addr = np.concatenate([job.src[sel], job.dst[sel]])
+        step, ratio = np.concatenate([step, step]), np.concatenate([ratio, ratio])
+        capacity = _group_reduce(_key(step, addr), ratio, np.maximum)
+        order = np.lexsort((capacity, step))
+        lowest = order[np.r_[True, step[order][1:] != step[order][:-1]]]
+        score[step[lowest]] = capacity[lowest]
+        slow = lowest[capacity[lowest] < config.slow_link_ratio]
+        culprit[step[slow]] = addr[slow]
+        return culprit, score
+
+    def straggler_steps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per step: the host that sent the earliest late DP/PP flow (-1 when none), and how late
+        that flow was (seconds, or share of the step for a host alone in its stage)."""
+        job, config = self.job, self.config
+        culprit = np.full(job.n_steps, -1)
+        lateness = np.zeros(job.n_steps)
+        usable = ~self.warmup & ~self.windowed  # slow links make their receivers late too
+        sel = (job.step >= 0) & (job.kind <= PP)
+        sel &= usable[np.maximum(job.step, 0)]
+        if not sel.any():
+            return culprit, lateness
+        host = job.host_of_addr[job.src[sel]]
+        # a transfer class: kind, size and direction along the pipeline (forward or backward)
+        direction = np.sign(job.stage_of_host[job.host_of_addr[job.dst[sel]]] - job.stage_of_host[host]) + 1
+        size = np.unique(job.nbytes[sel], return_inverse=True)[1]
+        kind = _key(job.kind[sel], size, direction)
+        step, start = job.step[sel], job.start[sel]
+        order = np.lexsort((start, host, kind, step))
+        step, kind, start, host = step[order], kind[order], start[order], host[order]
+        # The n-th flow of a host is compared with the n-th flow of its peers. So a host that sent
+        # an unusual number of flows in a step (a lost record, a flow across the step boundary)
+        # is left out of that step, and classes whose count varies from step to step (MoE
+        # all-to-all sizes) are left out altogether.
+        sender_group = _key(step, kind, host)
+        sent = _group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
+        class_of_host = _key(kind, host)
+        usual = sent == _group_mode(class_of_host, sent)
+        regular = _group_reduce(class_of_host, usual / sent, np.add) / _group_reduce(class_of_host, 1.0 / sent, np.add)
+        kept = usual & (regular >= REGULAR_SHARE)
+        step, kind, start, host, sender_group = (a[kept] for a in (step, kind, start, host, sender_group))
+        if not len(step):
+            return culprit, lateness
+        ordinal = np.arange(len(step)) - _group_first_index(sender_group)
+        stage = job.stage_of_host[host]
+        peers = _key(step, kind, stage, ordinal)
+        peer_first = _group_reduce(peers, start, np.minimum)
+        peer_hosts = _group_reduce(peers, np.ones(len(step)), np.add)
+        alone = peer_hosts < 2
+        # against its stage peers in the same step (seconds), or alone against its own rhythm
+        position = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
+        structure = _key(kind, host, ordinal)
+        usual = _group_median(structure, position)
+        noise = MAD_TO_SIGMA * _group_median(structure, np.abs(position - usual))
+        seen = _group_reduce(structure, np.ones(len(step)), np.add)
+        excess = position - usual
+        late = (excess > np.where(alone, config.late_min_share, config.late_min_s))
+        late &= (excess > config.late_sigmas * noise) & (seen >= 5)
+        if not late.any():
+            return culprit, lateness
+        late_idx = np.flatnonzero(late)
+        earliest = late_idx[np.lexsort((start[late_idx], step[late_idx]))]
+        first = np.r_[True, step[earliest][1:] != step[earliest][:-1]]
+        chosen = earliest[first]
+        culprit[step[chosen]] = host[chosen]
+        lateness[step[chosen]] = excess[chosen]
+        return culprit, lateness
+
+    def windows(self, kind: str, per_step: tuple[np.ndarray, np.ndarray]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """(culprit code, its steps, their scores) for each run of steps sharing a culprit, with
+        at most `window_max_gap` other steps between two of its steps. A run that continues an
+        open window of the previous hour counts from the hour's first step."""
+        culprit, score = per_step
+        config = self.config
+        names = self.job.hosts if kind == "straggler" else self.job.addrs
+        carried = self.state.open_windows.get(kind, {}).get("name")
+        found = []
+        for code in np.unique(culprit[culprit >= 0]):
+            at = np.flatnonzero(culprit == code)
+            for run in np.split(at, np.flatnonzero(np.diff(at) > config.window_max_gap + 1) + 1):
+                continues = names[code] == carried and run[0] <= config.window_max_gap
+                if continues:
+                    run = np.r_[0, run] if run[0] else run
+                if len(run) >= config.window_min_steps or continues:
+                    found.append((int(code), run, score[run]))
+                    self.windowed[run[0]:run[-1] + 1] = True
+        return found
+
+    # -- baseline, degradation, slow steps --
+
+    def fit_baseline(self) -> None:
+        """Rolling-median baseline inside BOCD segments of the clean steps' log durations."""
+        job, state, config = self.job, self.state, self.config
+        history = np.asarray(state.recent_s, float)
+        durations = np.r_[history, job.duration]
+        clean = np.r_[np.ones(len(history), bool), ~(self.checkpoint | self.warmup | self.windowed)]
+        logs = np.log(durations)
+        rough = _rolling_median(logs, clean, np.zeros(len(logs), int), config.baseline_steps)
+        diffs = np.diff(logs[clean])
+        self.sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(diffs))) / np.sqrt(2) if len(diffs) > 4 else 0.02, 1e-3)
+        limit = np.log(max(config.slow_step_delta, 1 + config.jitter_sigmas * self.sigma))
+        outlier = clean & (logs - rough > limit)
+        clean &= ~outlier
+        segment = self.segments(logs, clean)
+        baseline = np.exp(_rolling_median(logs, clean, segment, config.baseline_steps))
+        self.segment = segment[len(history):]
+        self.baseline = baseline[len(history):]
+        # a window of many steps is measured against its segment's level, not against the few
+        # clean steps at its edges
+        self.level = np.exp(_segment_median(logs, clean, segment))[len(history):]
+        self.slow = (job.duration > self.baseline * np.exp(limit)) & ~(self.checkpoint | self.warmup | self.windowed)
+        self.clean = clean[len(history):]
+        keep = durations[clean][-2 * config.baseline_steps:]
+        state.recent_s = [round(float(x), 6) for x in keep]
+
+    def segments(self, logs: np.ndarray, clean: np.ndarray) -> np.ndarray:
+        """Segment id per step: BOCD MAP change points of the clean log durations, keeping only
+        level shifts of at least `degradation_min_shift` that last `degradation_min_steps`."""
+        config = self.config
+        if clean.sum() < 2 * config.degradation_min_steps:
+            return np.zeros(len(logs), int)
+        z = np.where(clean, (logs - np.median(logs[clean])) / self.sigma, np.nan)
+        found = bocd(z, hazard_lambda=1000.0, prior=NormalGammaPrior(kappa=0.1), threshold=None).changepoints
+        cuts = [0]
+        for cp in found.tolist() + [len(logs)]:
+            before = clean[cuts[-1]:cp].sum()
+            if cp == len(logs) or before < config.degradation_min_steps:
+                continue
+            after_end = next((c for c in found.tolist() + [len(logs)] if c > cp), len(logs))
+            level_before = np.median(logs[cuts[-1]:cp][clean[cuts[-1]:cp]])
+            after = logs[cp:after_end][clean[cp:after_end]]
+            if len(after) >= config.degradation_min_steps and abs(np.median(after) - level_before) >= np.log1p(config.degradation_min_shift):
+                cuts.append(cp)
+        segment = np.zeros(len(logs), int)
+        for cut in cuts[1:]:
+            segment[cut:] += 1
+        return segment
+
+    def report_degradation(self) -> None:
+        job, state, config = self.job, self.state, self.config
+        clean = self.clean
+        if state.level_s is None and clean.any():
+            first_segment = self.segment == self.segment[clean][0]
+            state.level_s = float(np.median(job.duration[clean & first_segment]))
+        opened = state.open_degradation
+        changes = np.flatnonzero(np.diff(self.segment)) + 1
+        level = state.level_s
+        for cp in changes:
+            segment_steps = clean & (self.segment == self.segment[cp])
+            new_level = float(np.median(job.duration[segment_steps]))
+            risen = new_level / level - 1 >= config.degradation_min_shift
+            if opened and not risen:
+                self.close_degradation(opened, cp)
+                opened = None
+            elif not opened and risen:
+                opened = {"issue_id": None, "start_ns": job.ns(job.step_start[cp]), "baseline_s": level, "from": int(cp)}
+            elif not opened:
+                level = new_level
+        state.level_s = level
+        if opened:
+            self.close_degradation(opened, job.n_steps, still_open=True)
+
+    def close_degradation(self, opened: dict, stop: int, still_open: bool = False) -> None:
+        job = self.job
+        first = opened.get("from", 0)
+        steps = np.arange(first, stop)
+        if not len(steps):
+            self.open_degradation = opened if still_open else None
+            return
+        measured = steps[~(self.checkpoint[steps] | self.warmup[steps] | self.slow[steps] | self.windowed[steps])]
+        baseline = opened["baseline_s"]
+        n_gpus = job.gpus_active(job.step_start[first], job.step_end[stop - 1])
+        cost = waste.window_excess_gpu_s(job.duration[measured], baseline, len(steps), n_gpus)
+        share = float(np.median(job.duration[measured])) / baseline - 1 if len(measured) else 0.0
+        evidence = {"baseline_s": baseline, "level_s": baseline * (1 + share), "steps": len(steps),
+                    "measured_steps": len(measured), "continued": opened.get("issue_id") is not None}
+        row = self.add("degradation", self.job_id, opened["start_ns"], job.ns(job.step_end[stop - 1]), share,
+                       _confidence(share / self.config.degradation_min_shift), cost, evidence)
+        if still_open:
+            self.open_degradation = {"issue_id": row["issue_id"], "start_ns": opened["start_ns"], "baseline_s": baseline}
+
+    def report_slow_steps(self) -> None:
+        job = self.job
+        limit = max(self.config.slow_step_delta, 1 + self.config.jitter_sigmas * self.sigma)
+        for i in np.flatnonzero(self.slow):
+            ratio = job.duration[i] / self.baseline[i]
+            n_gpus = job.gpus_active(job.step_start[i], job.step_end[i])
+            cost = waste.excess_gpu_s(job.duration[i:i + 1], self.baseline[i], n_gpus)
+            evidence = {"step": int(job.number[i]), "duration_s": job.duration[i], "baseline_s": self.baseline[i],
+                        "ratio": ratio, "threshold": limit, "jitter_sigma": self.sigma}
+            self.add("slow_step", self.job_id, job.ns(job.step_start[i]), job.ns(job.step_end[i]), ratio - 1,
+                     _confidence((ratio - 1) / (limit - 1)), cost, evidence)
+
+    # -- straggler and slow-link windows --
+
+    def report_windows(self) -> None:
+        job = self.job
+        for kind, runs in (("slow_link", self.slow_link_runs), ("straggler", self.straggler_runs)):
+            names = job.hosts if kind == "straggler" else job.addrs
+            previous = self.state.open_windows.get(kind)
+            for code, run, scores in runs:
+                continued = bool(previous) and names[code] == previous["name"] and run[0] == 0
+                steps = np.arange(run[0], run[-1] + 1)
+                measured = steps[~(self.checkpoint[steps] | self.warmup[steps] | self.slow[steps])]
+                baseline = previous["baseline_s"] if continued else self.level[measured]
+                n_gpus = job.gpus_active(job.step_start[run[0]], job.step_end[run[-1]])
+                cost = waste.window_excess_gpu_s(job.duration[measured], baseline, len(steps), n_gpus)
+                base = float(np.mean(baseline)) if np.size(baseline) else np.nan
+                share = float(np.mean(job.duration[measured])) / base - 1 if len(measured) else 0.0
+                votes = len(run) / len(steps)
+                if kind == "straggler":
+                    subject = str(job.hosts[code])
+                    evidence = {"late_steps": len(run), "window_steps": len(steps), "median_lateness": float(np.median(scores)),
+                                "alone_in_stage": bool(np.sum(job.stage_of_host == job.stage_of_host[code]) < 2),
+                                "runner_up": self.runner_up(code, steps)}
+                    confidence = votes * _confidence(len(run) / self.config.window_min_steps)
+                else:
+                    subject, detail = self.link_subject(code, steps)
+                    evidence = {"slow_steps": len(run), "window_steps": len(steps),
+                                "throughput_ratio": float(np.median(scores)), **detail}
+                    confidence = votes * _confidence(self.config.slow_link_ratio / max(float(np.median(scores)), 1e-3))
+                start_ns = previous["start_ns"] if continued else job.ns(job.step_start[run[0]])
+                evidence["continued"] = continued
+                self.add(kind, subject, start_ns, job.ns(job.step_end[run[-1]]), share, confidence, cost, evidence)
+                if run[-1] >= job.n_steps - 1 - self.config.window_max_gap:
+                    self.open_windows[kind] = {"name": str(names[code]), "start_ns": start_ns, "baseline_s": base}
+
+    def runner_up(self, code: int, steps: np.ndarray) -> str | None:
+        others = [c for c, run, _ in self.straggler_runs if c != code and np.isin(run, steps).any()]
+        return str(self.job.hosts[others[0]]) if others else None
+
+    def link_subject(self, addr: int, steps: np.ndarray) -> tuple[str, dict]:
+        """The NIC when all its transfers are slow, else the one slow directed link."""
+        step, src, dst, ratio = self.link_ratio
+        mine = np.isin(step, steps) & ((src == addr) | (dst == addr))
+        pair = _key(src[mine], dst[mine])
+        pairs, first = np.unique(pair, return_index=True)
+        pair_ratio = np.array([np.max(ratio[mine][pair == p]) for p in pairs])
+        slow_pairs = pair_ratio < self.config.slow_link_ratio
+        name = str(self.job.addrs[addr])
+        detail = {"slow_pairs": int(slow_pairs.sum()), "pairs": len(pairs)}
+        if slow_pairs.sum() == 1 and len(pairs) > 2:
+            i = first[np.flatnonzero(slow_pairs)[0]]
+            return f"{self.job.addrs[src[mine][i]]}->{self.job.addrs[dst[mine][i]]}", detail
+        return name, detail
+
+    # -- stops and hangs --
+
+    def continue_hang(self) -> None:
+        """An open hang from an earlier hour: it lasts until traffic resumes, its hosts are taken,
+        or the data ends."""
+        hang = self.state.open_hang
+        if not hang:
+            return
+        resumed = float(self.job.start[0]) if len(self.job.start) else np.inf
+        taken = self.hosts_taken_after(hang["hosts"], 0.0)
+        end = min(resumed, taken, self.horizon())
+        cost = waste.idle_gpu_s(hang["n_gpus"], self.job.origin_ns, self.job.ns(end))
+        self.add("hang", hang["subject"], hang["start_ns"], self.job.ns(end), 1.0, hang["confidence"], cost,
+                 {"continued": True, "ended_by": _ended_by(end, resumed, taken, self.hour_end)})
+        if end >= self.hour_end:
+            self.open_hang = hang
+        self.state.open_hang = None
+
+    def check_stop(self) -> None:
+        """Did the job stop before the data ends? Decide hang now, or wait for the next hour."""
+        job, state, config = self.job, self.state, self.config
+        if len(job.start) and state.first_step_ns is not None:
+            stop = self.describe_stop()
+        elif _undecided(state.stop):
+            stop = state.stop
+        else:
+            return
+        state.stop = stop  # a restart in a later hour failed when this stop happened
+        if self.open_hang:
+            return
+        stopped_at = job.seconds(stop["at_ns"])
+        taken = self.hosts_taken_after(stop["hosts"], stopped_at)
+        silent_until = min(taken, self.horizon())
+        if silent_until - stopped_at < config.hang_confirm_s and silent_until >= self.hour_end - 1e-9:
+            return  # too close to the hour's end to tell: decide next hour
+        stop["decided"] = True
+        if silent_until - stopped_at < config.hang_confirm_s or not (stop["mid_step"] and stop["staggered"]):
+            return  # running on, a normal end, a crash (a restart shows when the job resumes), or hosts reused
+        checkpoint_ns = state.last_checkpoint_ns if state.last_checkpoint_ns is not None else state.first_step_ns
+        checkpoint_ns = min(checkpoint_ns, stop["at_ns"])
+        cost = waste.idle_gpu_s(stop["n_gpus"], checkpoint_ns, job.ns(silent_until))
+        evidence = {"silent_first": stop["silent_first"], "stagger_s": stop["stagger_s"],
+                    "lost_since_checkpoint_s": (stop["at_ns"] - checkpoint_ns) / NS,
+                    "silent_s": silent_until - stopped_at, "hosts": stop["hosts"],
+                    "ended_by": _ended_by(silent_until, np.inf, taken, self.hour_end)}
+        confidence = 0.9 if len(stop["silent_first"]) < stop["active"] / 2 else 0.6
+        subject = ",".join(stop["silent_first"])
+        row = self.add("hang", subject, stop["at_ns"], job.ns(silent_until), 1.0, confidence, cost, evidence)
+        if silent_until >= self.hour_end - 1e-9:
+            self.open_hang = {"issue_id": row["issue_id"], "subject": subject, "start_ns": stop["at_ns"],
+                              "hosts": stop["hosts"], "n_gpus": stop["n_gpus"], "confidence": confidence}
+
+    def describe_stop(self) -> dict:
+        """How the job's traffic ended this hour: when, whether in the middle of a step, and
+        which GPUs went silent first."""
+        job, config = self.job, self.config
+        stopped = float(job.end.max())
+        per_step = np.bincount(job.step[job.step >= 0], minlength=job.n_steps)
+        complete = np.flatnonzero(per_step >= 0.9 * np.median(per_step)) if job.n_steps else np.zeros(0, int)
+        last_complete_end = job.step_end[complete[-1]] if len(complete) else -np.inf
+        tail = job.start > last_complete_end
+        mid_step = bool(tail.any())
+        recent = (job.end >= last_complete_end - (job.duration[complete[-1]] if len(complete) else 0.0))
+        addr = np.concatenate([job.src[recent], job.dst[recent]])
+        last = np.concatenate([job.end[recent], job.end[recent]])
+        active = np.unique(addr)
+        last_seen = np.full(len(job.addrs), -np.inf)
+        np.maximum.at(last_seen, addr, last)
+        last_seen = last_seen[active]
+        first_silent = active[last_seen <= last_seen.min() + config.hang_stagger_s / 2]
+        stagger = float(np.median(last_seen) - last_seen.min())
+        hosts = self.hosts_between(stopped - 60, stopped)
+        return {
+            "at_ns": job.ns(float(last_seen.min())),
+            "mid_step": mid_step,
+            "staggered": stagger >= config.hang_stagger_s,
+            "stagger_s": stagger,
+            "silent_first": sorted(job.addrs[first_silent].tolist()),
+            "active": int(len(active)),
+            "hosts": hosts,
+            "n_gpus": job.gpus_active(stopped - 60, stopped),
+            "decided": False,
+        }
+
+    def horizon(self) -> float:
+        """How far this hour's data reaches (the last flow of any job), at most the hour's end."""
+        if self.membership is None or not self.membership.num_rows:
+            return self.hour_end
+        return min(self.job.seconds(int(pc.max(self.membership["last_ns"]).as_py())), self.hour_end)
+
+    def hosts_taken_after(self, hosts: list[str], after: float) -> float:
+        """When another job first used one of `hosts` after `after` (inf: never this hour)."""
+        members = self.membership
+        if members is None or not members.num_rows or not hosts:
+            return np.inf
+        other = pc.and_(pc.not_equal(members["job_id"], self.job_id), pc.is_in(members["host"], pa.array(hosts)))
+        rows = members.filter(other)
+        last = (rows["last_ns"].to_numpy() - self.job.origin_ns) / NS
+        first = (rows["first_ns"].to_numpy() - self.job.origin_ns) / NS
+        later = last > after
+        return float(max(first[later].min(), after)) if later.any() else np.inf
+
+    # -- output --
+
+    def add(self, kind: str, subject: str, start_ns: int, end_ns: int, share: float, confidence: float,
+            cost: float, evidence: dict) -> dict:
+        row = {
+            "issue_id": issue_id(self.job_id, kind, subject, start_ns),
+            "job_id": self.job_id,
+            "kind": kind,
+            "subject": subject,
+            "start": int(start_ns),
+            "end": int(max(end_ns, start_ns)),
+            "severity": "critical" if kind in ("hang", "restart") else severity(share),
+            "confidence": float(np.clip(confidence, 0.0, 1.0)),
+            "wasted_gpu_s": float(cost),
+            "evidence": json.dumps(_rounded(evidence), sort_keys=True),
+        }
+        self.rows.append(row)
+        return row
+
+    def issues_table(self) -> pa.Table:
+        if not self.rows:
+            return ISSUES.empty_table()
+        columns = {name: [row[name] for row in self.rows] for name in ISSUES.names}
+        columns["start"] = pa.array(columns["start"], pa.int64()).cast(ISSUES.field("start").type)
+        columns["end"] = pa.array(columns["end"], pa.int64()).cast(ISSUES.field("end").type)
+        return pa.table(columns, schema=ISSUES)
+
+    def next_state(self) -> dict:
+        state, job = self.state, self.job
+        if job.n_steps:
+            state.last_attempt = int(job.attempt[-1])
+            state.last_step_end_ns = job.ns(job.step_end[-1])
+            state.n_gpus = job.gpus_active(job.step_start[-1], job.step_end[-1])
+        state.open_windows = self.open_windows
+        state.open_degradation = self.open_degradation
+        state.open_hang = self.open_hang
+        return state.dump()
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def issue_id(job_id: str, kind: str, subject: str, start_ns: int) -> str:
+    """Deterministic id: the same issue keeps its id on re-runs and across hours."""
+    return hashlib.sha1(f"{job_id}|{kind}|{subject}|{int(start_ns)}".encode()).hexdigest()[:16]
+
+
+def severity(share: float) -> str:
+    """Band of an impact given as a share of the step time (see docs/waste.md)."""
+    for limit, band in SEVERITY_BANDS:
+        if share < limit:
+            return band
+    return "critical"
+
+
+def _confidence(margin: float) -> float:
+    """0.5 at the detection threshold (margin 1), approaching 1 as the evidence grows."""
+    return float(1.0 - 0.5 * np.exp(-max(margin - 1.0, 0.0)))
+
+
+def _undecided(stop: dict | None) -> bool:
+    return bool(stop) and not stop["decided"]
+
+
+def _ended_by(end: float, resumed: float, taken: float, hour_end: float) -> str:
+    if end >= hour_end - 1e-9:
+        return "ongoing"
+    return "resumed" if end == resumed else "hosts_taken" if end == taken else "data_end"
+
+
+def _rhythm(numbers: np.ndarray) -> tuple[int, int] | None:
+    """(period, phase) when long steps recur every `period` step numbers at least twice."""
+    numbers = np.unique(numbers[numbers >= 0])
+    if len(numbers) < 3:
+        return None
+    gaps, counts = np.unique(np.diff(numbers), return_counts=True)
+    best = np.argmax(counts)
+    if counts[best] < 2 or gaps[best] < 2:
+        return None
+    period = int(gaps[best])
+    return period, int(numbers[-1] % period)
+
+
+def _key(*columns: np.ndarray) -> np.ndarray:
+    """One int64 per row identifying the combination of non-negative integer columns."""
+    key = np.zeros(len(columns[0]), np.int64)
+    for column in columns:
+        column = np.asarray(column, np.int64)
+        key = key * (int(column.max(initial=0)) + 2) + column + 1
+    return key
+
+
+def _group_first_index(sorted_key: np.ndarray) -> np.ndarray:
+    """For a sorted key array: the index of each row's group's first row."""
+    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    return np.repeat(starts, np.diff(np.r_[starts, len(sorted_key)]))
+
+
+def _group_reduce(key: np.ndarray, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """ufunc.reduce of `values` over each key group, broadcast back to the rows."""
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    reduced = ufunc.reduceat(values[order], starts)
+    out = np.empty(len(key), reduced.dtype)
+    out[order] = np.repeat(reduced, np.diff(np.r_[starts, len(key)]))
+    return out
+
+
+def _group_mode(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Most frequent value of each key group (the smallest on ties), broadcast back to the rows."""
+    pairs, counts = np.unique(np.stack([key, values]), axis=1, return_counts=True)
+    order = np.lexsort((-counts, pairs[0]))
+    first = order[np.r_[True, pairs[0][order][1:] != pairs[0][order][:-1]]]
+    return pairs[1][first][np.searchsorted(pairs[0][first], key)]
+
+
+def _group_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Median of `values` over each key group, broadcast back to the rows."""
+    order = np.lexsort((values, key))
+    sorted_key, sorted_values = key[order], values[order]
+    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    counts = np.diff(np.r_[starts, len(key)])
+    median = (sorted_values[starts + (counts - 1) // 2] + sorted_values[starts + counts // 2]) / 2
+    out = np.empty(len(key))
+    out[order] = np.repeat(median, counts)
+    return out
+
+
+def _rolling_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray, half: int) -> np.ndarray:
+    """Median of the valid values within `half` positions and the same segment; positions with no
+    such neighbour take the median of their segment's valid values (or of all valid values)."""
+    n = len(values)
+    index = np.arange(n)[:, None] + np.arange(-half, half + 1)[None, :]
+    inside = (index >= 0) & (index < n)
+    index = np.clip(index, 0, n - 1)
+    usable = inside & valid[index] & (segment[index] == segment[:, None])
+    window = np.sort(np.where(usable, values[index], np.inf), axis=1)
+    count = usable.sum(axis=1)
+    rows = np.arange(n)
+    lo, hi = np.maximum((count - 1) // 2, 0), np.maximum(count // 2, 0)
+    median = (window[rows, lo] + window[rows, hi]) / 2
+    return np.where(count > 0, median, _segment_median(values, valid, segment))
+
+
+def _segment_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Median of the valid values of each position's segment (of all valid values when its
+    segment has none)."""
+    medians = np.full(len(values), np.median(values[valid]) if valid.any() else np.median(values))
+    for s in np.unique(segment):
+        mine = valid & (segment == s)
+        if mine.any():
+            medians[segment == s] = np.median(values[mine])
+    return medians
+
+
+def _rounded(value):
+    """Evidence with floats rounded to 6 significant digits and numpy scalars made plain."""
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(f"{float(value):.6g}") if np.isfinite(value) else None
+    return value
