@@ -183,8 +183,14 @@ def test_waste_per_hour_by_kind_and_job_matches_truth_faults(small, con):
     for hour, value in total.items():
         assert got[(hour, "(all)", "(all)")] == pytest.approx(value, rel=1e-9)
     assert len(got) == len(expected) + len(by_kind) + len(by_job) + len(total)
-    spans_hours = {k[0] for k in expected if k[1] == "restart"}
-    assert len(spans_hours) == 2  # the restart of `small` crosses 10:00 and is split
+    # the restart of `small` crosses 10:00: one row per hour in the warehouse, one in the log
+    assert con.execute("SELECT count(*) FROM issues WHERE kind = 'restart'").fetchall() == [(2,)]
+    log = rows_by(reports.run_report(con, "issue_log"), "issue_id")
+    faults = rows_by(small.truth["faults"], "fault_id")
+    assert set(log) == set(faults)
+    for issue_id, fault in faults.items():
+        assert log[issue_id]["wasted_gpu_h"] == pytest.approx(fault["wasted_gpu_s"] / 3600, rel=1e-9)
+        assert (log[issue_id]["started"], log[issue_id]["ended"]) == (fault["start"], fault["end"])
 
 
 def test_waste_per_day_totals_every_fault(small, con):

@@ -116,7 +116,7 @@ def _write_analysis(root: Path, truth: dict[str, pa.Table], steps: pa.Table, sce
         rows[name].setdefault(hour, []).append(table)
 
     jobs = truth["jobs"]
-    lives = zip(jobs["start"].cast(pa.int64()).to_pylist(), jobs["end"].cast(pa.int64()).to_pylist())
+    lives = zip(ns_list(jobs["start"]), ns_list(jobs["end"]))
     for job, (first, last) in zip(jobs.drop_columns(["start", "end"]).to_pylist(), lives):
         job_id = job["job_id"]
         gpus = truth["job_gpus"].filter(pc.equal(truth["job_gpus"]["job_id"], job_id))
@@ -140,18 +140,32 @@ def _write_analysis(root: Path, truth: dict[str, pa.Table], steps: pa.Table, sce
     step_hours = pc.divide(steps["end"].cast(pa.int64()), HOUR_NS).to_numpy()
     for hour in np.unique(step_hours):
         add("steps", int(hour), steps.filter(pa.array(step_hours == hour)))
-    faults = truth["faults"]
-    issues = pa.table({
-        "issue_id": faults["fault_id"], "job_id": faults["job_id"], "kind": faults["kind"],
-        "subject": faults["subject"], "start": faults["start"], "end": faults["end"],
-        "severity": pa.array(["high"] * faults.num_rows), "confidence": pa.array([1.0] * faults.num_rows),
-        "wasted_gpu_s": faults["wasted_gpu_s"], "evidence": faults["params"],
-    })
-    issue_hours = pc.divide(issues["start"].cast(pa.int64()), HOUR_NS).to_numpy()
-    for hour in np.unique(issue_hours):
-        add("issues", int(hour), issues.filter(pa.array(issue_hours == hour)))
+    for hour, issues in _issue_rows(truth["faults"]).items():
+        add("issues", hour, issues)
     for name, by_hour in rows.items():
         for hour, parts in by_hour.items():
             table = pa.concat_tables(parts, promote_options="permissive")
             when = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
             warehouse.write_partition(root, name, when, conform(table, TABLES[name]))
+
+
+def _issue_rows(faults: pa.Table) -> dict[int, pa.Table]:
+    """Issues as the diagnosis writes them: an issue spanning hours has one row per hour, with its
+    start, the end as known in that hour, and the waste of that hour (the fault's waste in
+    proportion to its time in the hour)."""
+    rows: dict[int, list[dict]] = {}
+    starts, ends = ns_list(faults["start"]), ns_list(faults["end"])
+    for fault, start, end in zip(faults.drop_columns(["start", "end"]).to_pylist(), starts, ends):
+        for hour in _hours(start, max(end - 1, start)):
+            until = min(end, (hour + 1) * HOUR_NS)
+            share = (until - max(start, hour * HOUR_NS)) / (end - start) if end > start else 1.0
+            rows.setdefault(hour, []).append({
+                "issue_id": fault["fault_id"], "job_id": fault["job_id"], "kind": fault["kind"],
+                "subject": fault["subject"], "start": start, "end": until, "severity": "high",
+                "confidence": 1.0, "wasted_gpu_s": fault["wasted_gpu_s"] * share, "evidence": fault["params"],
+            })
+    return {hour: pa.Table.from_pylist(hour_rows) for hour, hour_rows in rows.items()}
+
+
+def ns_list(column: pa.ChunkedArray) -> list[int]:
+    return column.cast(pa.int64()).to_pylist()

@@ -127,38 +127,45 @@ FROM steps AS s, report_range AS r
 WHERE timezone('UTC', s."end") >= r.range_start AND timezone('UTC', s."end") < r.range_end
 QUALIFY row_number() OVER (PARTITION BY s.job_id, s.step ORDER BY s."end" DESC) = 1;
 
--- Issues that overlap the range, one row per issue_id (the latest version, if re-written), with
--- their wasted GPU-seconds spread evenly over [started, ended].
+-- Issue rows with the hour whose waste they carry. An issue that spans hours has one row per hour
+-- (same issue_id, same start, the end as known in that hour) carrying that hour's waste, so a
+-- row counts in the hour its end falls in (an end on the hour boundary closes the hour before).
+CREATE OR REPLACE TEMP VIEW issue_hours AS
+SELECT
+    issue_id,
+    job_id,
+    kind,
+    subject,
+    timezone('UTC', start) AS started,
+    timezone('UTC', "end") AS ended,
+    severity,
+    confidence,
+    coalesce(wasted_gpu_s, 0) AS wasted_gpu_s,
+    evidence,
+    date_trunc('hour', greatest(timezone('UTC', start), timezone('UTC', "end") - INTERVAL 1 MICROSECOND)) AS hour
+FROM issues;
+
+-- Wasted GPU-seconds of each issue in each hour of the range.
+CREATE OR REPLACE TEMP VIEW issue_waste_hours AS
+SELECT i.issue_id, i.job_id, i.kind, i.hour, sum(i.wasted_gpu_s) AS wasted_gpu_s
+FROM issue_hours AS i
+JOIN report_hours AS h USING (hour)
+GROUP BY i.issue_id, i.job_id, i.kind, i.hour;
+
+-- One row per issue with rows in the range: from its start to its latest end there, with the
+-- waste of its rows there and the latest severity, confidence and evidence.
 CREATE OR REPLACE TEMP VIEW range_issues AS
 SELECT
     i.issue_id,
-    i.job_id,
-    i.kind,
-    i.subject,
-    timezone('UTC', i.start) AS started,
-    timezone('UTC', i."end") AS ended,
-    i.severity,
-    i.confidence,
-    coalesce(i.wasted_gpu_s, 0) AS wasted_gpu_s,
-    i.evidence
-FROM issues AS i, report_range AS r
-WHERE timezone('UTC', i.start) < r.range_end AND timezone('UTC', i."end") >= r.range_start
-QUALIFY row_number() OVER (PARTITION BY i.issue_id ORDER BY i."end" DESC) = 1;
-
--- Wasted GPU-seconds of each issue per hour of the range, in proportion to the issue's time in
--- that hour (an instantaneous issue counts in the hour it happened).
-CREATE OR REPLACE TEMP VIEW issue_waste_hours AS
-SELECT
-    i.issue_id,
-    i.job_id,
-    i.kind,
-    h.hour,
-    i.wasted_gpu_s * CASE
-        WHEN i.ended <= i.started THEN 1.0
-        ELSE epoch(least(i.ended, h.hour + INTERVAL 1 HOUR) - greatest(i.started, h.hour))
-             / epoch(i.ended - i.started)
-    END AS wasted_gpu_s
-FROM range_issues AS i
-JOIN report_hours AS h
-    ON i.started < h.hour + INTERVAL 1 HOUR
-    AND (i.ended > h.hour OR i.started >= h.hour);
+    any_value(i.job_id) AS job_id,
+    any_value(i.kind) AS kind,
+    arg_max(i.subject, i.ended) AS subject,
+    min(i.started) AS started,
+    max(i.ended) AS ended,
+    arg_max(i.severity, i.ended) AS severity,
+    arg_max(i.confidence, i.ended) AS confidence,
+    sum(i.wasted_gpu_s) AS wasted_gpu_s,
+    arg_max(i.evidence, i.ended) AS evidence
+FROM issue_hours AS i
+JOIN report_hours AS h USING (hour)
+GROUP BY i.issue_id;

@@ -1,7 +1,6 @@
--- Waste: GPU-hours lost to diagnosed issues per period, by issue kind and by job. An issue's
--- wasted GPU-seconds are spread evenly over its duration, so an issue spanning hours counts in
--- each hour it touched. Rows with kind '(all)' total a job; rows with job_id '(all)' total a
--- kind; kind = job_id = '(all)' is the period's total.
+-- Waste: GPU-hours lost to diagnosed issues per period, by issue kind and by job; an issue that
+-- spans hours counts in each hour with the waste of that hour. Rows with kind '(all)' total a
+-- job; rows with job_id '(all)' total a kind; kind = job_id = '(all)' is the period's total.
 -- Needs base.sql; parameters: report_start, report_end, waste_period ('hour' (default) or 'day').
 WITH periods AS (
     SELECT
