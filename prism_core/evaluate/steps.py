@@ -1,0 +1,142 @@
+"""Scores the `steps` table against the simulator's truth steps.
+
+Prism jobs are matched to truth jobs by their address sets (best Jaccard), so the score measures
+step division on whatever job Prism recognized. A step is counted in the hour where it ends, for
+both sides. Boundary errors are shares of the truth job's median step time, so jobs with 1 s and
+30 s steps weigh the same.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism_core.arrays import group_indices
+from prism_core.evaluate.figures import Figure, ratio
+from prism_core.minutes import HOUR_NS, MINUTE_NS
+from prism_core.schema import STEPS
+
+MIN_JACCARD = 0.5  # below this a Prism job is not the truth job, only overlaps it
+TOLERANCE_SHARE = 0.01  # "within 1% of the median step time"
+
+
+def match_jobs(
+    truth_gpus: pa.Table, prism_gpus: pa.Table, truth_spans: dict[str, tuple[int, int]],
+    prism_spans: dict[str, tuple[int, int]],
+) -> dict[str, str]:
+    """{truth job_id: prism job_id} by the best Jaccard similarity of address sets (>= 0.5) among
+    the Prism jobs whose steps overlap the truth job's in time (jobs reuse hosts one after the
+    other); ties go to the longer overlap."""
+    truth_sets = _addr_sets(truth_gpus)
+    prism_sets = _addr_sets(prism_gpus)
+    matches = {}
+    for truth_id, truth_addrs in truth_sets.items():
+        lo, hi = truth_spans.get(truth_id, (0, 0))
+        best_id, best = None, (MIN_JACCARD, 0)
+        for prism_id, prism_addrs in prism_sets.items():
+            shared = len(truth_addrs & prism_addrs)
+            p_lo, p_hi = prism_spans.get(prism_id, (0, 0))
+            overlap = min(hi, p_hi) - max(lo, p_lo)
+            if shared and overlap > 0:
+                key = (shared / len(truth_addrs | prism_addrs), overlap)
+                if key >= best:
+                    best_id, best = prism_id, key
+        if best_id is not None:
+            matches[truth_id] = best_id
+    return matches
+
+
+def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dict) -> dict[str, Figure]:
+    truth_steps = _steps_by_job(truth["steps"])
+    prism_steps = _steps_by_job(_inside_window(warehouse["steps"], noise))
+    matches = match_jobs(truth["job_gpus"], warehouse["job_gpus"], _spans(truth_steps), _spans(prism_steps))
+
+    exact_hours = job_hours = 0
+    errors: list[np.ndarray] = []  # per matched truth step: mean |boundary error| / median step
+    within = truth_total = prism_total = 0
+    for truth_id, (t_start, t_end) in truth_steps.items():
+        p_start, p_end = prism_steps.get(matches.get(truth_id), (np.empty(0, np.int64),) * 2)
+        truth_total += len(t_end)
+        prism_total += len(p_end)
+        hours, truth_counts = np.unique(t_end // HOUR_NS, return_counts=True)
+        p_hours, prism_counts = np.unique(p_end // HOUR_NS, return_counts=True)
+        all_hours = np.union1d(hours, p_hours)
+        job_hours += len(all_hours)
+        exact_hours += int(
+            np.sum(_counts_at(all_hours, hours, truth_counts) == _counts_at(all_hours, p_hours, prism_counts))
+        )
+        median_step = float(np.median(t_end - t_start))
+        start_error, end_error = _boundary_errors(t_start, t_end, p_start, p_end, median_step)
+        matched = np.isfinite(end_error)
+        errors.append((start_error[matched] + end_error[matched]) / 2)
+        within += int(np.sum(matched & (start_error <= TOLERANCE_SHARE) & (end_error <= TOLERANCE_SHARE)))
+
+    all_errors = np.concatenate(errors) if errors else np.empty(0)
+    return {
+        "jobs_matched": Figure(len(matches)),
+        "truth_steps": Figure(truth_total),
+        "prism_steps": Figure(prism_total),
+        "job_hours_exact_count": Figure(ratio(exact_hours, job_hours), 0.99),
+        "boundary_error_share": Figure(float(all_errors.mean()) if len(all_errors) else 0.0, 0.003, at_most=True),
+        "steps_within_1pct": Figure(ratio(within, truth_total), 0.99),
+    }
+
+
+def _inside_window(steps: pa.Table, noise: dict) -> pa.Table:
+    """The steps the truth can hold: the simulator records only steps wholly inside its window,
+    so a step Prism closes after the flows stop (or opened before they began) is not scored."""
+    scenario = noise.get("scenario", {})
+    if "start" not in scenario or "minutes" not in scenario:
+        return steps
+    start = pa.scalar(datetime.fromisoformat(str(scenario["start"])).astimezone(timezone.utc), STEPS.field("start").type)
+    end = pa.scalar(start.value + int(scenario["minutes"]) * MINUTE_NS, STEPS.field("end").type)
+    return steps.filter(pc.and_(pc.greater_equal(steps["start"], start), pc.less_equal(steps["end"], end)))
+
+
+def _boundary_errors(
+    t_start: np.ndarray, t_end: np.ndarray, p_start: np.ndarray, p_end: np.ndarray, median_step: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """|start error| and |end error| of each truth step against the Prism step whose end is
+    nearest, as shares of `median_step`; inf where no Prism step ends within half a median step."""
+    if len(p_end) == 0:
+        return np.full(len(t_end), np.inf), np.full(len(t_end), np.inf)
+    right = np.clip(np.searchsorted(p_end, t_end), 1, len(p_end) - 1) if len(p_end) > 1 else np.zeros(len(t_end), int)
+    left = np.maximum(right - 1, 0)
+    nearest = np.where(np.abs(p_end[left] - t_end) <= np.abs(p_end[right] - t_end), left, right)
+    end_error = np.abs(p_end[nearest] - t_end) / median_step
+    start_error = np.abs(p_start[nearest] - t_start) / median_step
+    unmatched = end_error > 0.5
+    return np.where(unmatched, np.inf, start_error), np.where(unmatched, np.inf, end_error)
+
+
+def _counts_at(hours: np.ndarray, keys: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(hours), np.int64)
+    out[np.searchsorted(hours, keys)] = counts
+    return out
+
+
+def _steps_by_job(steps: pa.Table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{job_id: (start_ns, end_ns)} sorted by end."""
+    if steps.num_rows == 0:
+        return {}
+    job_ids = steps["job_id"].to_numpy(zero_copy_only=False)
+    start = pc.cast(steps["start"], pa.int64()).to_numpy()
+    end = pc.cast(steps["end"], pa.int64()).to_numpy()
+    out = {}
+    for job_id, rows in group_indices(job_ids):
+        order = rows[np.argsort(end[rows], kind="stable")]
+        out[str(job_id)] = (start[order], end[order])
+    return out
+
+
+def _spans(steps: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, tuple[int, int]]:
+    return {job_id: (int(start.min()), int(end.max())) for job_id, (start, end) in steps.items()}
+
+
+def _addr_sets(job_gpus: pa.Table) -> dict[str, set[str]]:
+    job_ids = job_gpus["job_id"].to_numpy(zero_copy_only=False)
+    addrs = job_gpus["addr"].to_numpy(zero_copy_only=False)
+    return {str(job_id): set(addrs[rows].tolist()) for job_id, rows in group_indices(job_ids)}

@@ -1,0 +1,681 @@
+"""Training steps of one job, reconstructed from its network flows hour by hour.
+
+What a step is. A step runs from the start of its forward compute to the end of its optimizer
+update; the next step starts right then (the simulator's truth uses the same definition). The
+network shows neither end directly: the gradient synchronization over the data-parallel (DP) pairs
+closes each step, the optimizer runs silently after it, and the next step's first traffic comes
+some compute later. So every boundary is placed from two marks:
+
+* A, from the closing sync: the end of the sync phase plus the optimizer time. The optimizer time
+  is 0 when the phase ends with a second collective over the same pairs after a pause (ZeRO-1/2
+  all-gathers the updated shards after the optimizer); it is measured from B where the job has
+  pipeline traffic, and otherwise assumed to be `OPTIMIZER_SHARE` of the step.
+* B, from the next step's start: stage 0 of a pipeline sends its first micro-batches back to back,
+  one forward pass apart, so the first two sends t1, t2 on a stage-0 pair put the compute start at
+  2 t1 - t2. Without pipeline traffic B is the next step's first traffic (exact for ZeRO-3 gathers).
+
+A normal boundary is the earlier of A and B. An inter-step gap much longer than usual is a
+checkpoint when the job writes bulk data out of the job during it (the boundary is B: saving
+belongs to the step that ends), otherwise a stall at the start of the next step (the boundary is A).
+
+Finding the sync phases. DP flows that overlap (within `MERGE_NS`) form bursts. Gradient syncs are
+the heavy bursts (bytes x flows), set apart from ZeRO-3 gathers and MoE all-to-all on the same
+pairs. The quiet gaps between heavy bursts come in a few length regimes: pipeline stages syncing
+one after another, the optimizer pause of ZeRO-1/2, the compute between steps, checkpoints. BOCD
+over the sorted log gap lengths finds the regimes (a change point is a jump between two of them);
+the step boundaries are the regime that recurs once per step, i.e. the threshold whose longer gaps
+are the most periodic in time. Heavy bursts between two boundary gaps form one sync phase. Jobs
+without DP traffic (pure pipeline) use their pipeline flows the same way, without the heavy filter.
+
+Hours. A step is emitted by the first hour whose flows decide its end: usually the hour it ends
+in; a step ending in the last moments of an hour, before the next step's first traffic, is emitted
+by the next hour's run. The state carries the flows after the last emitted boundary, the step
+number, the attempt and the job's typical timings, so a re-run with the same state gives the same
+steps. A sync phase with fewer bytes than usual (a hang or a failure cut it) ends no step; after a
+restart the first step starts when the job's traffic resumes.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism_core.bocd import NormalGammaPrior, bocd
+from prism_core.schema import STEPS
+
+DP, PP, OTHER = 0, 1, 2
+KIND_CODES = {"dp": DP, "pp": PP, "other": OTHER}  # a pair with several kinds takes the lowest
+
+MERGE_NS = 1_000_000  # flows closer than this are one activity (launch jitter, exporter skew)
+CLUSTER_NS = 15_000_000  # one collective's flows start within this of each other across exporters
+TRANSFER_NS = 2_000_000  # a pair's flows starting within this are one transfer (its channels)
+HEAVY_SEPARATION = 2.5  # gradient syncs carry this many times the bytes x flows of other DP bursts
+MAX_IRREGULARITY = 0.15  # mean relative deviation of boundary spacing from its local median
+SMALL_SAMPLE_PENALTY = 0.2  # irregularity a class of one gap would have to beat
+MAX_UNIT_EXCESS = 2.0  # no step carries more than twice the sync flows of its neighbours
+CUT_RATIO = 1.05  # resolution of the candidate cuts between gap-length regimes
+OPTIMIZER_SHARE = 0.04  # optimizer time / step time when no pipeline traffic shows it
+LONG_GAP_SHARE = 0.1  # an inter-step gap this share of a step above usual is a checkpoint or stall
+COMPLETE_SHARE = 0.9  # a sync phase with fewer bytes than this share of usual was cut short
+WARMUP_RATIO = 1.15  # a job whose second step is this much slower than usual started in view
+SILENCE_STEPS = 4.0  # this many steps without traffic after a sync: the job stopped after it
+BULK_WRITE_BYTES = 64 << 20  # one outbound flow this large out of the job is a checkpoint write
+MAX_CARRY_NS = 600_000_000_000  # flows carried to the next hour reach back at most this far
+MIN_GAPS = 4  # fewer gaps than this: the gap threshold comes from the previous hours
+
+
+@dataclass
+class Timeline:
+    steps: pa.Table  # prism_core.schema.STEPS
+    state: dict  # JSON-serializable; the `previous` of the next hour
+
+
+def divide_steps(
+    job_id: str,
+    job_flows: pa.Table,
+    comm_pairs: pa.Table,
+    previous: dict | None,
+    hour_start_ns: int,
+    hour_end_ns: int,
+    restarts_ns: Sequence[int] = (),
+    *,
+    threshold: float = 0.95,
+) -> Timeline:
+    """Steps of `job_id` that end in this hour's view, from the job's flows of the hour (sent by its
+    members) and its directed pairs labelled dp / pp / other. `threshold` is the change-point
+    probability above which BOCD separates two gap-length regimes; `restarts_ns` are the job
+    tracker's restart instants (the attempt increments at each)."""
+    state = _State.load(previous)
+    traffic = _Traffic.build(job_flows, comm_pairs, state.carry)
+    restarts = np.array(sorted(r for r in restarts_ns if state.last_restart_ns is None or r > state.last_restart_ns),
+                        np.int64)
+    phases = _sync_phases(traffic, hour_end_ns, threshold, state.baseline.get("gap_threshold_ns"))
+    typical = _typical(phases, state.baseline)
+    rows, last_end, last_close = _steps(phases, typical, traffic, state, restarts, hour_end_ns)
+
+    state.next_step += len(rows)
+    if rows:
+        state.last_end_ns, state.last_close_ns = last_end, last_close
+        state.attempt = int(rows[-1]["attempt"])
+    if len(restarts):
+        emitted_until = last_close if rows else (state.last_close_ns or hour_start_ns)
+        handled = restarts[restarts <= emitted_until]
+        if len(handled):
+            state.last_restart_ns = int(handled[-1])
+    state.baseline = typical.as_baseline(phases.gap_threshold_ns)
+    carry_from = max(state.last_end_ns if state.last_end_ns is not None else -(1 << 62), hour_end_ns - MAX_CARRY_NS)
+    state.carry = traffic.carry(carry_from)
+    return Timeline(_steps_table(job_id, rows, state.next_step - len(rows)), state.dump())
+
+
+# --- traffic ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Traffic:
+    """One job's comm-pair flows as arrays sorted by start (ns), plus its outbound bulk writes."""
+
+    start: np.ndarray
+    end: np.ndarray
+    nbytes: np.ndarray
+    kind: np.ndarray  # DP | PP | OTHER
+    pair: np.ndarray  # index into `pairs`
+    exporter: np.ndarray  # index into `exporters`
+    pairs: list[str]  # "src>dst"
+    exporters: list[str]
+    bulk_writes: np.ndarray  # start of each large flow from the job to an address outside it
+
+    COLUMNS = ("start", "end", "nbytes", "kind", "pair", "exporter")
+
+    @classmethod
+    def build(cls, job_flows: pa.Table, comm_pairs: pa.Table, carry: dict | None) -> _Traffic:
+        kinds = _pair_kinds(comm_pairs)
+        flows = job_flows.select(["time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes",
+                                  "sampler_address"])
+        joined = flows.join(kinds, keys=["src_addr", "dst_addr"], join_type="left outer", use_threads=False)
+        on_pair = joined.filter(pc.is_valid(joined["kind"]))
+        off_pair = joined.filter(pc.is_null(joined["kind"]))
+        endpoints = pa.concat_arrays([kinds["src_addr"].combine_chunks(), kinds["dst_addr"].combine_chunks()])
+        outbound = pc.and_(pc.invert(pc.is_in(off_pair["dst_addr"], value_set=endpoints)),
+                           pc.greater_equal(off_pair["bytes"], BULK_WRITE_BYTES))
+        bulk = off_pair.filter(outbound)["time_flow_start_ns"].to_numpy()
+
+        carried = _decode_carry(carry)
+        pair_text = pc.binary_join_element_wise(on_pair["src_addr"], on_pair["dst_addr"], ">")
+        pair_code, pairs = _codes(carried["pairs"], pair_text)
+        exporter_code, exporters = _codes(carried["exporters"], pc.fill_null(on_pair["sampler_address"], ""))
+        columns = {
+            "start": on_pair["time_flow_start_ns"].to_numpy(),
+            "end": on_pair["time_flow_end_ns"].to_numpy(),
+            "nbytes": on_pair["bytes"].to_numpy(),
+            "kind": on_pair["kind"].to_numpy(),
+            "pair": pair_code,
+            "exporter": exporter_code,
+        }
+        columns = {name: np.concatenate([carried[name], values]).astype(np.int64) for name, values in columns.items()}
+        order = np.lexsort(tuple(columns[name] for name in reversed(cls.COLUMNS)))
+        return cls(**{name: values[order] for name, values in columns.items()}, pairs=pairs,
+                   exporters=exporters, bulk_writes=np.sort(np.concatenate([carried["bulk_writes"], bulk])))
+
+    def carry(self, from_ns: int) -> dict | None:
+        """The flows (and bulk writes) from `from_ns` on, compactly, for the next hour."""
+        rows = np.flatnonzero(self.start >= from_ns)
+        if not len(rows):
+            return None
+        pair_used, pair = np.unique(self.pair[rows], return_inverse=True)
+        exporter_used, exporter = np.unique(self.exporter[rows], return_inverse=True)
+        values = {name: getattr(self, name)[rows] for name in self.COLUMNS}
+        values["pair"], values["exporter"] = pair, exporter
+        packed = np.stack([values[name] for name in self.COLUMNS]).astype("<i8")
+        return {
+            "flows": base64.b64encode(zlib.compress(packed.tobytes(), 6)).decode("ascii"),
+            "pairs": [self.pairs[i] for i in pair_used],
+            "exporters": [self.exporters[i] for i in exporter_used],
+            "bulk_writes": self.bulk_writes[self.bulk_writes >= from_ns].tolist(),
+        }
+
+    def cluster_start(self, rows: np.ndarray) -> int:
+        """When the earliest of `rows` (one collective, say) started: per exporter the first start
+        within CLUSTER_NS of the earliest, the median over exporters (clock skew cancels)."""
+        first = self.start[rows].min()
+        rows = rows[self.start[rows] <= first + CLUSTER_NS]
+        return _median_per_group(self.start[rows], self.exporter[rows], np.minimum)
+
+    def cluster_end(self, rows: np.ndarray) -> int:
+        """When the collective of `rows` finished: each pair's last transfer ends at its earliest
+        channel's end (single flows stretch), and the collective at the median of the pairs that end
+        within CLUSTER_NS of the latest ones (the group that finished last; clock skew averages)."""
+        by_pair = rows[np.lexsort((self.start[rows], self.pair[rows]))]
+        pair = self.pair[by_pair]
+        last_of_pair = np.r_[pair[1:] != pair[:-1], True]
+        group = np.cumsum(np.r_[True, pair[1:] != pair[:-1]]) - 1
+        final = self.start[by_pair] >= self.start[by_pair][last_of_pair][group] - TRANSFER_NS
+        ends = np.full(group[-1] + 1, np.iinfo(np.int64).max)
+        np.minimum.at(ends, group[final], self.end[by_pair][final])
+        latest = np.sort(ends)[-2] if len(ends) > 1 else ends[0]
+        return int(np.median(ends[ends >= latest - CLUSTER_NS]))
+
+    def first_sends(self, rows: np.ndarray) -> tuple[int, int] | None:
+        """(t1, f) of a step whose pipeline traffic starts with `rows` (kind PP): the pairs that
+        send first send their first two micro-batches one forward pass f apart, the first at t1;
+        medians over those pairs (clock skew cancels in f)."""
+        if not len(rows):
+            return None
+        by_pair = rows[np.lexsort((self.start[rows], self.pair[rows]))]
+        pair, start = self.pair[by_pair], self.start[by_pair]
+        first_of_pair = np.r_[True, pair[1:] != pair[:-1]]
+        t1 = start[first_of_pair][np.cumsum(first_of_pair) - 1]
+        later = np.flatnonzero(start > t1 + TRANSFER_NS)
+        later = later[np.r_[True, pair[later][1:] != pair[later][:-1]]] if len(later) else later
+        if not len(later):
+            return None
+        t1, t2 = t1[later], start[later]
+        earliest = t1.min()
+        forward = t2[np.argmin(t1)] - earliest
+        leading = t1 <= earliest + min(CLUSTER_NS, forward // 2)
+        return int(np.median(t1[leading])), int(np.median(t2[leading] - t1[leading]))
+
+
+def _pair_kinds(comm_pairs: pa.Table) -> pa.Table:
+    """One row per directed pair with its kind code (dp before pp before other)."""
+    code = pa.array([KIND_CODES[k] for k in comm_pairs["kind"].to_pylist()], pa.int64())
+    table = pa.table({"src_addr": comm_pairs["src_addr"], "dst_addr": comm_pairs["dst_addr"], "kind": code})
+    return table.group_by(["src_addr", "dst_addr"], use_threads=False).aggregate([("kind", "min")]).rename_columns(
+        ["src_addr", "dst_addr", "kind"])
+
+
+def _codes(known: list[str], values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """Integer codes of `values` in a dictionary that starts with `known` (the carried codes
+    stay valid), and that dictionary."""
+    combined = pa.concat_arrays([pa.array(known, pa.string()), pa.chunked_array(values).combine_chunks()])
+    encoded = combined.dictionary_encode()
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    dictionary = encoded.dictionary.to_pylist()
+    # carried flows hold codes into `known`: keep that numbering by remapping known -> dictionary
+    remap = codes[: len(known)]
+    if len(known) and not np.array_equal(remap, np.arange(len(known))):
+        raise AssertionError("carried dictionary out of order")
+    return codes[len(known):], dictionary
+
+
+def _decode_carry(carry: dict | None) -> dict:
+    empty = {name: np.empty(0, np.int64) for name in _Traffic.COLUMNS}
+    if not carry:
+        return {**empty, "pairs": [], "exporters": [], "bulk_writes": np.empty(0, np.int64)}
+    packed = np.frombuffer(zlib.decompress(base64.b64decode(carry["flows"])), "<i8").reshape(len(_Traffic.COLUMNS), -1)
+    return {**dict(zip(_Traffic.COLUMNS, packed)), "pairs": list(carry["pairs"]),
+            "exporters": list(carry["exporters"]), "bulk_writes": np.asarray(carry["bulk_writes"], np.int64)}
+
+
+def _median_per_group(values: np.ndarray, groups: np.ndarray, reduce: np.ufunc) -> int:
+    order = np.argsort(groups, kind="stable")
+    groups, values = groups[order], values[order]
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    return int(np.median(reduce.reduceat(values, starts)))
+
+
+# --- sync phases ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Phases:
+    """Sync phases in time order, each closing a step (if complete), and what follows each."""
+
+    flows: list[np.ndarray]  # traffic rows of each phase's heavy bursts
+    start_ns: np.ndarray  # the phase's first burst starts
+    close_ns: np.ndarray  # its last burst ends
+    nbytes: np.ndarray
+    after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
+    closed: np.ndarray  # bool: nothing later can still join the phase
+    next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
+    first_send_ns: np.ndarray  # the next step's first pipeline sends (-1: none)
+    forward_ns: np.ndarray  # and one forward pass between them
+    bulk_write: np.ndarray  # bool: bulk writes between the phase and the next traffic
+    has_dp: bool
+    gap_threshold_ns: float | None
+
+
+def _sync_phases(traffic: _Traffic, hour_end_ns: int, threshold: float, gap_threshold_ns: float | None) -> _Phases:
+    has_dp = bool(np.any(traffic.kind == DP))
+    signal = np.flatnonzero(traffic.kind == (DP if has_dp else PP))
+    if not len(signal):
+        signal = np.arange(len(traffic.start))
+    burst, b_start, b_end = _bursts(traffic.start[signal], traffic.end[signal])
+    b_bytes = np.bincount(burst, traffic.nbytes[signal], minlength=len(b_start))
+    if has_dp:
+        # bytes and flows per pair: a sync of several stages at once weighs as one stage's sync
+        b_flows = np.bincount(burst, minlength=len(b_start))
+        b_pairs = np.bincount(np.unique(burst * len(traffic.pairs) + traffic.pair[signal]) // len(traffic.pairs),
+                              minlength=len(b_start))
+        heavy = _upper_class(np.log(np.maximum(b_bytes, 1.0) * b_flows / b_pairs.astype(float) ** 2))
+    else:
+        heavy = np.ones(len(b_start), bool)
+    candidates = np.flatnonzero(heavy)
+
+    gaps = b_start[candidates[1:]] - b_end[candidates[:-1]]
+    candidate_of_burst = np.cumsum(heavy) - 1
+    on_candidate = heavy[burst]
+    gap_threshold_ns = _boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
+                                               traffic.bulk_writes, gap_threshold_ns)
+    # phase p holds candidates[first[p]:first[p + 1]]
+    first = np.r_[0, np.flatnonzero(gaps >= gap_threshold_ns) + 1] if len(candidates) else np.empty(0, int)
+    first = _join_partial_phases(first, b_bytes[candidates], b_start[candidates], b_end[candidates])
+    last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
+
+    flows, start_ns, close_ns, nbytes, after_optimizer = [], [], [], [], []
+    flow_rank = np.argsort(burst, kind="stable")  # signal rows grouped by burst
+    burst_from = np.searchsorted(burst[flow_rank], np.arange(len(b_start) + 1))
+    for lo, hi in zip(first, last):
+        members = candidates[lo : hi + 1]
+        rows = [signal[flow_rank[burst_from[b] : burst_from[b + 1]]] for b in members]
+        flows.append(np.concatenate(rows))
+        start_ns.append(traffic.cluster_start(rows[0]))
+        close_ns.append(traffic.cluster_end(rows[-1]))
+        nbytes.append(float(b_bytes[members].sum()))
+        after_optimizer.append(has_dp and _repeats_collective(traffic, rows))
+    n = len(first)
+    close = np.array(close_ns, np.int64)
+    closed = np.ones(n, bool)
+    if n:
+        closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns
+    next_ns = np.full(n, -1, np.int64)
+    first_send_ns = np.full(n, -1, np.int64)
+    forward_ns = np.full(n, -1, np.int64)
+    bulk_write = np.zeros(n, bool)
+    for p in range(n):
+        # the next step's first traffic may open the next phase (pipeline-only jobs)
+        until = close[p + 1] if p + 1 < n else np.iinfo(np.int64).max
+        lo, hi = np.searchsorted(traffic.start, [traffic.end[flows[p]].max() + 1, until])
+        if hi <= lo:
+            continue
+        window = np.arange(lo, hi)
+        next_ns[p] = traffic.cluster_start(window)
+        sends = traffic.first_sends(window[traffic.kind[window] == PP])
+        if sends is not None:
+            first_send_ns[p], forward_ns[p] = sends
+        bulk_write[p] = np.any((traffic.bulk_writes > close[p]) & (traffic.bulk_writes < next_ns[p]))
+    return _Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes), np.array(after_optimizer, bool),
+                   closed, next_ns, first_send_ns, forward_ns, bulk_write, has_dp,
+                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Phases short of a usual phase's bytes join the phases after them while that brings them
+    closer to it: a warm-up step runs slower, and its pauses between micro-batches can look like
+    step gaps. A silence longer than a usual step keeps them apart (a failure: the cut phase stays
+    short and ends no step)."""
+    if len(first) < 2:
+        return first
+    bounds = np.r_[first, len(nbytes)]
+    cumulative = np.r_[0.0, np.cumsum(nbytes)]
+    phase_bytes = cumulative[bounds[1:]] - cumulative[bounds[:-1]]
+    usual = np.median(phase_bytes)
+    phase_end = end[bounds[1:] - 1]
+    step = np.median(np.diff(phase_end[phase_bytes >= COMPLETE_SHARE * usual]))
+    joined, carried = [], np.inf
+    for p in range(len(first)):
+        closer = abs(carried + phase_bytes[p] - usual) < abs(carried - usual)
+        if not closer or start[first[p]] - phase_end[p - 1] > step:
+            joined.append(first[p])
+            carried = 0.0
+        carried += phase_bytes[p]
+    return np.array(joined, first.dtype)
+
+
+def _repeats_collective(traffic: _Traffic, bursts: list[np.ndarray]) -> bool:
+    """Whether the last burst repeats a collective of the phase's earlier bursts on the same pairs
+    (at least half its bytes' worth): the all-gather that follows the optimizer under ZeRO-1/2,
+    as opposed to pipeline stages syncing one after another on their own pairs."""
+    if len(bursts) < 2:
+        return False
+    last, earlier = bursts[-1], np.concatenate(bursts[:-1])
+    repeated = np.isin(traffic.pair[earlier], traffic.pair[last])
+    return traffic.nbytes[earlier][repeated].sum() >= 0.5 * traffic.nbytes[last].sum()
+
+
+def _bursts(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flows (sorted by start) that overlap or nearly touch form one burst: (burst of each flow,
+    burst starts, burst ends)."""
+    if not len(start):
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+    reach = np.maximum.accumulate(end)
+    opens = np.r_[True, start[1:] > reach[:-1] + MERGE_NS]
+    burst = np.cumsum(opens) - 1
+    first = np.flatnonzero(opens)
+    return burst, start[first], np.maximum.reduceat(end, first)
+
+
+def _upper_class(weight: np.ndarray) -> np.ndarray:
+    """The upper of two classes of `weight` (log scale) by Otsu's split, when the two class means
+    are at least log(HEAVY_SEPARATION) apart; otherwise every element."""
+    n = len(weight)
+    if n < 2:
+        return np.ones(n, bool)
+    ordered = np.sort(weight)
+    below = np.arange(1, n)
+    sum_below = np.cumsum(ordered)[:-1]
+    mean_below = sum_below / below
+    mean_above = (ordered.sum() - sum_below) / (n - below)
+    split = int(np.argmax(below * (n - below) * (mean_above - mean_below) ** 2))
+    if mean_above[split] - mean_below[split] < np.log(HEAVY_SEPARATION):
+        return np.ones(n, bool)
+    return weight >= ordered[split + 1]
+
+
+def _boundary_gap_threshold(
+    gaps: np.ndarray, at: np.ndarray, flow_candidate: np.ndarray, bulk_writes: np.ndarray, previous: float | None
+) -> float:
+    """The shortest gap between two candidate bursts that still separates two steps.
+
+    The gap lengths fall into a few regimes: stages syncing one after another, the optimizer pause,
+    the compute between steps, checkpoints, and for pipelines the micro-batch cadence. Each cut on a
+    `CUT_RATIO` grid of lengths keeps the gaps above it; a cut marks steps when those gaps recur
+    regularly in time, no unit between two of them carries much more traffic than its neighbours
+    (as a regime boundary in the middle of the hour would), and they are not mostly checkpoint
+    saves. Of those, the most regular wins (a finer cut adds the micro-batch cadence, whose warm-up
+    and cool-down break the rhythm once per step), small classes handicapped as their regularity
+    may be luck (the micro-batches of a warm-up step alone). Without such a cut, the previous
+    hour's."""
+    fallback = previous if previous is not None else (float(gaps.min()) if len(gaps) else np.inf)
+    if len(gaps) < MIN_GAPS:
+        return fallback
+    log_gaps = np.log10(np.maximum(gaps, 1))
+    cuts = np.arange(log_gaps.min(), log_gaps.max() + 1e-9, np.log10(CUT_RATIO))
+    best, best_score, seen = fallback, np.inf, set()
+    for cut in cuts:
+        kept = np.flatnonzero(log_gaps >= cut)
+        if len(kept) in seen:
+            continue
+        seen.add(len(kept))
+        irregularity = _irregularity(at[kept])
+        # few gaps can look regular by chance: rank by an upper bound, ~1/sqrt(n) wide
+        score = irregularity + SMALL_SAMPLE_PENALTY / np.sqrt(len(kept))
+        if irregularity > MAX_IRREGULARITY or score >= best_score or _unit_excess(kept, flow_candidate) > MAX_UNIT_EXCESS:
+            continue
+        saving = np.searchsorted(bulk_writes, at[kept] + gaps[kept]) > np.searchsorted(bulk_writes, at[kept])
+        if np.mean(saving) < 0.5:
+            shortest_kept = gaps[kept].min()
+            dropped = gaps[gaps < shortest_kept]
+            # halfway (in log) to the longest gap left inside steps
+            best = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / CUT_RATIO
+            best_score = score
+    return best
+
+
+def _unit_excess(boundary_gaps: np.ndarray, flow_candidate: np.ndarray) -> float:
+    """The most flows any unit between boundary gaps carries against the median of its 8
+    neighbours (the first and last units left out: the window may cut them)."""
+    unit = np.searchsorted(boundary_gaps, flow_candidate)  # gap i separates candidates i and i + 1
+    flows = np.bincount(unit, minlength=len(boundary_gaps) + 1).astype(float)
+    if len(flows) < 3:
+        return np.inf
+    window = np.lib.stride_tricks.sliding_window_view(np.pad(flows, 4, mode="reflect"), 9)
+    local = np.median(np.delete(window, 4, axis=1), axis=1)
+    return float(np.max(flows[1:-1] / np.maximum(local[1:-1], 1.0)))
+
+
+def _irregularity(times: np.ndarray) -> float:
+    """Mean deviation of the spacing of `times` from the median of its 8 neighbours, each capped
+    at 1: near 0 for one event per step, high when two kinds of gaps interleave (an even number
+    of neighbours keeps an alternating pattern from matching itself)."""
+    spacing = np.diff(times).astype(float)
+    if len(spacing) < MIN_GAPS - 1:
+        return np.inf
+    window = np.lib.stride_tricks.sliding_window_view(np.pad(spacing, 4, mode="reflect"), 9)
+    local = np.median(np.delete(window, 4, axis=1), axis=1)
+    return float(np.mean(np.minimum(np.abs(spacing / local - 1.0), 1.0)))
+
+
+# --- boundaries ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Typical:
+    """The job's usual timings: from this hour's normal steps, else from the previous hours."""
+
+    period_ns: float
+    gap_ns: float  # end of a sync phase -> the next step's first traffic
+    phase_bytes: float
+    fill: int  # forward passes before the first visible pipeline send (stages on one host hide)
+    close_to_end_ns: float | None  # end of a sync phase -> end of the step, where measured
+    lead_ns: float | None  # start of a step -> its first traffic
+
+    def close_to_end(self) -> float:
+        if self.close_to_end_ns is not None:
+            return self.close_to_end_ns
+        return OPTIMIZER_SHARE * self.period_ns if np.isfinite(self.period_ns) else 0.0
+
+    def as_baseline(self, gap_threshold_ns: float | None) -> dict:
+        return {"period_ns": self.period_ns, "gap_ns": self.gap_ns, "phase_bytes": self.phase_bytes,
+                "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
+                "gap_threshold_ns": gap_threshold_ns}
+
+
+def _typical(phases: _Phases, baseline: dict) -> _Typical:
+    def median(values: np.ndarray, name: str) -> float | None:
+        return float(np.median(values)) if len(values) >= MIN_GAPS else baseline.get(name)
+
+    phase_bytes = median(phases.nbytes, "phase_bytes") or 0.0
+    complete = phases.nbytes >= COMPLETE_SHARE * phase_bytes
+    period = median(np.diff(phases.close_ns[complete]), "period_ns")
+    followed = complete & (phases.next_ns >= 0)
+    gap = median((phases.next_ns - phases.close_ns)[followed], "gap_ns")
+    typical = _Typical(period or np.inf, gap or np.inf, phase_bytes, baseline.get("fill", 1),
+                       baseline.get("close_to_end_ns"), baseline.get("lead_ns"))
+    if period is None or gap is None:
+        return typical
+    normal = followed & (phases.next_ns - phases.close_ns <= gap + LONG_GAP_SHARE * period)
+    sends = normal & (phases.first_send_ns >= 0)
+    if not phases.has_dp and sends.sum() >= MIN_GAPS:
+        # Without DP the phase ends with the last visible gradient send: the gap after it holds
+        # k backward passes (b = 2 f), the optimizer, and k forward passes before the first send.
+        unexplained = phases.first_send_ns - phases.close_ns - OPTIMIZER_SHARE * period
+        typical.fill = max(1, int(np.round(np.median((unexplained / (3 * phases.forward_ns))[sends]))))
+    start = _next_start(phases, typical)
+    typical.close_to_end_ns = median((start - phases.close_ns)[sends], "close_to_end_ns")
+    typical.lead_ns = median((phases.next_ns - _boundaries(phases, typical))[normal], "lead_ns")
+    return typical
+
+
+def _next_start(phases: _Phases, typical: _Typical) -> np.ndarray:
+    """B: the next step's compute start from its first pipeline sends, else its first traffic."""
+    from_sends = phases.first_send_ns - typical.fill * phases.forward_ns
+    return np.where(phases.first_send_ns >= 0, from_sends, phases.next_ns)
+
+
+def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
+    """End of the step each phase closes. A normal gap: the earlier of A and B. A long gap with
+    bulk writes: a checkpoint, B (from the next step's first traffic where no pipeline sends).
+    A long gap without: a stall before the next step, A. Nothing after the phase: A."""
+    after_sync = phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.close_to_end()).astype(np.int64)
+    start = _next_start(phases, typical)
+    followed = phases.next_ns >= 0
+    normal_end = np.where(followed, np.minimum(after_sync, start), after_sync)
+    long_gap = followed & (phases.next_ns - phases.close_ns > typical.gap_ns + LONG_GAP_SHARE * typical.period_ns)
+    lead = int(typical.lead_ns) if typical.lead_ns is not None else 0
+    saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - lead)
+    checkpoint = long_gap & phases.bulk_write
+    return np.where(checkpoint, np.maximum(saved, after_sync), np.where(long_gap, after_sync, normal_end))
+
+
+def _steps(
+    phases: _Phases, typical: _Typical, traffic: _Traffic, state: _State, restarts: np.ndarray, hour_end_ns: int
+) -> tuple[list[dict], int | None, int | None]:
+    """Walk the phases in time order and emit the steps they close."""
+    boundary = _boundaries(phases, typical)
+    complete = phases.nbytes >= COMPLETE_SHARE * typical.phase_bytes
+    silence = SILENCE_STEPS * typical.period_ns
+    normal_gap = typical.gap_ns + LONG_GAP_SHARE * typical.period_ns
+    rows: list[dict] = []
+    end, close = state.last_end_ns, state.last_close_ns
+    for p in range(len(phases.close_ns)):
+        followed = phases.next_ns[p] >= 0
+        decided = phases.closed[p] and (followed or hour_end_ns - phases.close_ns[p] >= silence)
+        if not decided or boundary[p] >= hour_end_ns:
+            break
+        if not complete[p]:
+            if end is None and followed and phases.next_ns[p] - phases.close_ns[p] <= normal_gap:
+                # the view opened inside this phase's step; the next step follows as usual
+                end, close = int(boundary[p]), int(phases.close_ns[p])
+            continue
+        after = close if close is not None else -(1 << 62)
+        restarted = restarts[(restarts > after) & (restarts <= phases.close_ns[p])]
+        start = end
+        if len(restarted):
+            start = _attempt_start(phases, p, boundary, traffic, int(restarted[-1]), typical)
+        elif end is None:
+            start = _opening_start(phases, p, boundary, complete, traffic, typical)
+            if start is None:  # the view opened inside this step: its end is only a reference
+                end, close = int(boundary[p]), int(phases.close_ns[p])
+                continue
+        attempt = state.attempt + int(np.sum(restarts <= phases.close_ns[p]))
+        sync = phases.has_dp
+        rows.append({"start": int(min(start, boundary[p] - 1)), "end": int(boundary[p]),
+                     "sync_start": int(phases.start_ns[p]) if sync else None,
+                     "sync_s": (phases.close_ns[p] - phases.start_ns[p]) / 1e9 if sync else None,
+                     "attempt": attempt})
+        end, close = int(boundary[p]), int(phases.close_ns[p])
+    return rows, end, close
+
+
+def _opening_start(
+    phases: _Phases, p: int, boundary: np.ndarray, complete: np.ndarray, traffic: _Traffic, typical: _Typical
+) -> int | None:
+    """Start of the step closed by the first phase in view, if the view holds all of it: the job
+    started in view (its next step is markedly slower than usual: warm-up), or the step's own
+    start markers follow a quiet gap and give it a usual length. None if the view opened inside."""
+    later = np.flatnonzero(complete[p + 1 :])
+    if not len(later) or not np.isfinite(typical.period_ns):
+        return None
+    if boundary[p + 1 + later[0]] - boundary[p] >= WARMUP_RATIO * typical.period_ns:
+        return _attempt_start(phases, p, boundary, traffic, None, typical)
+    before = np.arange(np.searchsorted(traffic.start, _step_traffic_until(phases, p)))
+    if not len(before):
+        return None
+    reach = np.maximum.accumulate(traffic.end[before])
+    # the view may open right at the step's start, or the step starts after a quiet gap in view
+    after_quiet = np.r_[0, before[1:][traffic.start[before[1:]] - reach[:-1] >= 0.8 * typical.gap_ns]]
+    for first in after_quiet:
+        start = _marked_start(traffic, np.arange(first, before[-1] + 1), typical)
+        if abs(boundary[p] - start - typical.period_ns) <= LONG_GAP_SHARE / 2 * typical.period_ns:
+            return start
+    return None
+
+
+def _attempt_start(
+    phases: _Phases, p: int, boundary: np.ndarray, traffic: _Traffic, since: int | None, typical: _Typical
+) -> int:
+    """Start of the first step of an attempt (after `since`, the tracker's restart, or from the
+    job's first traffic), closed by phase p: from the traffic before the phase when there is
+    some; when the sync itself is the first traffic, the step's length is extrapolated from the
+    next step's warm-up (the first step is slower still)."""
+    since = since if since is not None else -(1 << 62)
+    lo, hi = np.searchsorted(traffic.start, [since, _step_traffic_until(phases, p)])
+    if hi > lo:
+        return _marked_start(traffic, np.arange(lo, hi), typical)
+    later = float(boundary[p + 1] - boundary[p]) if p + 1 < len(boundary) else typical.period_ns
+    length = later * later / typical.period_ns if np.isfinite(typical.period_ns) else later
+    return int(max(boundary[p] - length, since))
+
+
+def _step_traffic_until(phases: _Phases, p: int) -> int:
+    """Where the traffic that can mark the start of the step closed by phase p ends: before its
+    sync, or, without DP, the phase itself (a pipeline step's traffic is its phase)."""
+    return int(phases.start_ns[p] - CLUSTER_NS if phases.has_dp else phases.close_ns[p])
+
+
+def _marked_start(traffic: _Traffic, rows: np.ndarray, typical: _Typical) -> int:
+    """Compute start of a step whose traffic begins with `rows`: from its first pipeline sends,
+    else its first traffic (ZeRO-3 gathers and MoE all-to-all come at or just after the start)."""
+    sends = traffic.first_sends(rows[traffic.kind[rows] == PP])
+    return sends[0] - typical.fill * sends[1] if sends is not None else traffic.cluster_start(rows)
+
+
+def _steps_table(job_id: str, rows: list[dict], first_step: int) -> pa.Table:
+    n = len(rows)
+    start = np.array([r["start"] for r in rows], np.int64)
+    end = np.array([r["end"] for r in rows], np.int64)
+    return pa.table(
+        {
+            "job_id": pa.array([job_id] * n, pa.string()),
+            "step": pa.array(np.arange(first_step, first_step + n), pa.int64()),
+            "start": pa.array(start, pa.int64()).cast(STEPS.field("start").type),
+            "end": pa.array(end, pa.int64()).cast(STEPS.field("end").type),
+            "duration_s": pa.array((end - start) / 1e9, pa.float64()),
+            "sync_start": pa.array([r["sync_start"] for r in rows], pa.int64()).cast(STEPS.field("sync_start").type),
+            "sync_s": pa.array([r["sync_s"] for r in rows], pa.float64()),
+            "attempt": pa.array([r["attempt"] for r in rows], pa.int32()),
+        },
+        schema=STEPS,
+    )
+
+
+# --- state --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    next_step: int = 0
+    attempt: int = 0
+    last_restart_ns: int | None = None  # the last restart already counted in `attempt`
+    last_end_ns: int | None = None  # end of the last emitted step; None until a boundary is seen
+    last_close_ns: int | None = None  # end of the sync phase that closed it
+    baseline: dict | None = None
+    carry: dict | None = None
+
+    @classmethod
+    def load(cls, previous: dict | None) -> _State:
+        state = cls(**(previous or {}))
+        state.baseline = dict(state.baseline or {})
+        return state
+
+    def dump(self) -> dict:
+        return {"next_step": self.next_step, "attempt": self.attempt, "last_restart_ns": self.last_restart_ns,
+                "last_end_ns": self.last_end_ns, "last_close_ns": self.last_close_ns,
+                "baseline": self.baseline, "carry": self.carry}
