@@ -352,10 +352,16 @@ def test_host_stragglers_match_the_flows_and_rank_the_blamed_host_first(small, c
         assert row["wait_share"] == pytest.approx(figures["wait"] / total_wait, rel=1e-4, abs=1e-6)
 
     faults = small.truth["faults"]
-    straggler = faults.filter(pc.equal(faults["kind"], "straggler")).to_pylist()[0]
+    straggler = _pylist(faults.filter(pc.equal(faults["kind"], "straggler")))[0]
     first = table.slice(0, 1).to_pylist()[0]
     assert first["host"] == straggler["subject"] and first["straggler_issues"] == 1
     assert first["straggler_wasted_gpu_h"] == pytest.approx(straggler["wasted_gpu_s"] / 3600)
+    steps = small.truth["steps"]
+    start = ns(steps["start"])
+    in_window = pc.equal(steps["job_id"], straggler["job_id"]).to_numpy(zero_copy_only=False) & (
+        (start >= straggler["start"]) & (start < straggler["end"])
+    )
+    assert first["diagnosed_late_steps"] == in_window.sum() > 10
     # the straggler's replica (every pipeline stage of it) holds up most of the job's syncs
     assert first["wait_share"] > 0.2 and first["times_last"] >= 20
 

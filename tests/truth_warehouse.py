@@ -140,7 +140,7 @@ def _write_analysis(root: Path, truth: dict[str, pa.Table], steps: pa.Table, sce
     step_hours = pc.divide(steps["end"].cast(pa.int64()), HOUR_NS).to_numpy()
     for hour in np.unique(step_hours):
         add("steps", int(hour), steps.filter(pa.array(step_hours == hour)))
-    for hour, issues in _issue_rows(truth["faults"]).items():
+    for hour, issues in _issue_rows(truth["faults"], steps).items():
         add("issues", hour, issues)
     for name, by_hour in rows.items():
         for hour, parts in by_hour.items():
@@ -149,20 +149,28 @@ def _write_analysis(root: Path, truth: dict[str, pa.Table], steps: pa.Table, sce
             warehouse.write_partition(root, name, when, conform(table, TABLES[name]))
 
 
-def _issue_rows(faults: pa.Table) -> dict[int, pa.Table]:
+def _issue_rows(faults: pa.Table, steps: pa.Table) -> dict[int, pa.Table]:
     """Issues as the diagnosis writes them: an issue spanning hours has one row per hour, with its
     start, the end as known in that hour, and the waste of that hour (the fault's waste in
-    proportion to its time in the hour)."""
+    proportion to its time in the hour). A straggler's evidence counts the job's steps that
+    started in its interval that hour (`late_steps`, as the diagnosis reports them)."""
     rows: dict[int, list[dict]] = {}
     starts, ends = ns_list(faults["start"]), ns_list(faults["end"])
+    step_job, step_start = steps["job_id"].to_pylist(), ns_list(steps["start"])
     for fault, start, end in zip(faults.drop_columns(["start", "end"]).to_pylist(), starts, ends):
         for hour in _hours(start, max(end - 1, start)):
-            until = min(end, (hour + 1) * HOUR_NS)
-            share = (until - max(start, hour * HOUR_NS)) / (end - start) if end > start else 1.0
+            since, until = max(start, hour * HOUR_NS), min(end, (hour + 1) * HOUR_NS)
+            share = (until - since) / (end - start) if end > start else 1.0
+            evidence = json.loads(fault["params"])
+            if fault["kind"] == "straggler":
+                evidence["late_steps"] = sum(
+                    j == fault["job_id"] and since <= t < until for j, t in zip(step_job, step_start)
+                )
             rows.setdefault(hour, []).append({
                 "issue_id": fault["fault_id"], "job_id": fault["job_id"], "kind": fault["kind"],
                 "subject": fault["subject"], "start": start, "end": until, "severity": "high",
-                "confidence": 1.0, "wasted_gpu_s": fault["wasted_gpu_s"] * share, "evidence": fault["params"],
+                "confidence": 1.0, "wasted_gpu_s": fault["wasted_gpu_s"] * share,
+                "evidence": json.dumps(evidence, sort_keys=True),
             })
     return {hour: pa.Table.from_pylist(hour_rows) for hour, hour_rows in rows.items()}
 

@@ -1,7 +1,8 @@
 -- Per-host straggler table: how often each host was the last of its DP group to start the
 -- gradient synchronization that closes a step, and the waiting that caused (GPU-seconds its peers
 -- spent between their own start and its start), with its share of all such waiting; and the
--- straggler issues the diagnosis filed against the host. Worst first: hosts the diagnosis blamed,
+-- straggler issues the diagnosis filed against the host, with the steps their evidence
+-- (`late_steps`) found it late in. Worst first: hosts the diagnosis blamed,
 -- by the GPU-hours their issues wasted, then by the waiting they caused.
 -- A DP group is one pipeline stage of one job in one step: the hosts whose gradients are
 -- synchronized together. A host is "in" a step's sync from its first DP flow at or after the
@@ -60,11 +61,16 @@ caused AS (  -- waiting charged to the host that arrived last
     WHERE group_hosts > 1
     GROUP BY last_host
 ),
-blamed AS (
-    SELECT subject AS host, count(*) AS straggler_issues, sum(wasted_gpu_s) / 3600 AS straggler_wasted_gpu_h
-    FROM range_issues
-    WHERE kind = 'straggler'
-    GROUP BY subject
+blamed AS (  -- straggler issues against the host; their evidence counts the steps it was late in
+    SELECT
+        i.subject AS host,
+        count(DISTINCT i.issue_id) AS straggler_issues,
+        sum(i.wasted_gpu_s) / 3600 AS straggler_wasted_gpu_h,
+        sum(json_extract(i.evidence, '$.late_steps')::BIGINT)::BIGINT AS diagnosed_late_steps
+    FROM issue_hours AS i
+    JOIN report_hours USING (hour)
+    WHERE i.kind = 'straggler'
+    GROUP BY i.subject
 )
 SELECT
     host,
@@ -75,7 +81,8 @@ SELECT
     coalesce(c.wait_caused_gpu_s, 0) AS wait_caused_gpu_s,
     coalesce(c.wait_caused_gpu_s / nullif(sum(c.wait_caused_gpu_s) OVER (), 0), 0) AS wait_share,
     coalesce(b.straggler_issues, 0) AS straggler_issues,
-    coalesce(b.straggler_wasted_gpu_h, 0) AS straggler_wasted_gpu_h
+    coalesce(b.straggler_wasted_gpu_h, 0) AS straggler_wasted_gpu_h,
+    coalesce(b.diagnosed_late_steps, 0) AS diagnosed_late_steps
 FROM per_host AS h
 FULL JOIN caused AS c USING (host)
 FULL JOIN blamed AS b USING (host)
