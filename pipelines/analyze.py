@@ -17,7 +17,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines import warehouse
 from prism_core import jobs
-from prism_core.analysis import analyze_job, assemble_hour, split_flows_by_job
+from prism_core.analysis import analyze_job, assemble_hour, jobs_to_analyze, split_flows_by_job
 from prism_core.topology import Topology
 
 NAMESPACE = "prism.analyze"
@@ -56,7 +56,8 @@ class AnalyzeJob(beam.DoFn):
 
     def process(self, element, recognition):
         job_id, batches = element
-        yield analyze_job(job_id, list(batches), recognition, self.previous, *self.hour)
+        batches = [b for b in batches if b is not None]
+        yield analyze_job(job_id, batches, recognition, self.previous, *self.hour)
 
 
 class AnalyzeHour(beam.PTransform):
@@ -83,11 +84,19 @@ class AnalyzeHour(beam.PTransform):
             )
         )
         recognition_side = beam.pvalue.AsSingleton(recognition)
-        return (
+        # Every job to analyze gets a key even without flows (None), so silent jobs are seen.
+        every_job = recognition | "EveryJob" >> beam.FlatMap(
+            lambda rec: [(job_id, None) for job_id in jobs_to_analyze(rec, self.previous)]
+        )
+        job_flows = (
             pipeline
             | "FlowsFile" >> beam.Create([flows_path])
             | "ReadFlows" >> beam.ParDo(ReadRowGroups())
             | "SplitByJob" >> beam.ParDo(SplitByJob(), recognition_side)
+        )
+        return (
+            (every_job, job_flows)
+            | "WithEveryJob" >> beam.Flatten()
             | "GroupByJob" >> beam.GroupByKey()
             | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour), recognition_side)
             | "AllJobs" >> beam.combiners.ToList()

@@ -114,13 +114,13 @@ def _run_with_progress(flows, warehouse, first, last, topology, beam_args):
 
 
 def _print_run(summary, warehouse: Path) -> None:
-    table = Table(title="rows per hour")
-    columns = sorted({name for counts in summary.per_hour.values() for name in (counts or {})})
-    table.add_column("hour")
-    for name in columns:
-        table.add_column(name, justify="right")
-    for hour, counts in summary.per_hour.items():
-        table.add_row(hour, *[f"{(counts or {}).get(name, 0):,}" for name in columns])
+    table = Table(title="rows written per hour")
+    table.add_column("table")
+    for hour in summary.per_hour:
+        table.add_column(hour, justify="right")
+    names = sorted({name for counts in summary.per_hour.values() for name in (counts or {})})
+    for name in names:
+        table.add_row(name, *[f"{(counts or {}).get(name, 0):,}" for counts in summary.per_hour.values()])
     console.print(table)
     counters = summary.counters
     console.print(

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from prism_core import diagnosis, jobs, parallelism, timeline
 from prism_core.arrays import group_indices
 from prism_core.minutes import MINUTE_NS
-from prism_core.schema import TABLES
+from prism_core.schema import COMM_PAIRS, FLOWS, JOB_GPUS, TABLES
 from prism_core.topology import Topology
 
 ANALYSIS_TABLES = ("jobs", "job_gpus", "comm_pairs", "steps", "issues")
@@ -67,6 +67,13 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
         yield str(job_id), flows.take(kept[rows])
 
 
+def jobs_to_analyze(recognition: jobs.Recognition, previous: dict) -> list[str]:
+    """Every job recognized this hour, and every silent job with an issue still open."""
+    recognized = set(recognition.jobs["job_id"].to_pylist())
+    open_issues = {j for j, s in previous.get("diagnosis", {}).items() if diagnosis.has_open_issue(s)}
+    return sorted(recognized | open_issues)
+
+
 def analyze_job(
     job_id: str,
     batches: list[pa.Table],
@@ -75,20 +82,25 @@ def analyze_job(
     hour_start_ns: int,
     hour_end_ns: int,
 ) -> JobAnalysis:
-    """Parallelism, steps and issues of one job over one hour."""
-    flows = pa.concat_tables(batches) if len(batches) > 1 else batches[0]
+    """Parallelism, steps and issues of one job over one hour (its flows may be empty: a job
+    that fell silent still has an ongoing hang to account for)."""
+    flows = pa.concat_tables(batches) if batches else FLOWS.empty_table()
     members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
     events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
     restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
 
-    found = parallelism.identify_parallelism(job_id, flows, members)
+    found = (
+        parallelism.identify_parallelism(job_id, flows, members)
+        if members.num_rows
+        else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None)
+    )
     steps = timeline.divide_steps(
         job_id, flows, found.comm_pairs, previous.get("timeline", {}).get(job_id),
         hour_start_ns, hour_end_ns, restarts_ns,
     )
     diagnosed = diagnosis.diagnose_job(
         job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
-        previous.get("diagnosis", {}).get(job_id), hour_start_ns, hour_end_ns,
+        previous.get("diagnosis", {}).get(job_id), hour_start_ns, hour_end_ns, recognition.membership,
     )
     return JobAnalysis(
         job_id,
@@ -127,8 +139,10 @@ def analyze_hour(
     previous = previous or {}
     recognition = jobs.recognize_hour(flow_minutes, topology, previous.get("jobs"), hour_start_ns)
     hour_end_ns = hour_start_ns + 60 * MINUTE_NS
+    flows_of = dict(split_flows_by_job(flows, recognition.membership))
     analyses = [
-        analyze_job(job_id, [job_flows], recognition, previous, hour_start_ns, hour_end_ns)
-        for job_id, job_flows in split_flows_by_job(flows, recognition.membership)
+        analyze_job(job_id, [flows_of[job_id]] if job_id in flows_of else [], recognition, previous,
+                    hour_start_ns, hour_end_ns)
+        for job_id in jobs_to_analyze(recognition, previous)
     ]
     return assemble_hour(analyses, recognition, previous)

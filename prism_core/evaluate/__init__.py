@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from prism_core.evaluate import ingest
+from prism_core.evaluate import ingest, issues, jobs, steps
 from prism_core.evaluate.figures import Figure
 
 Tables = dict[str, pa.Table]
@@ -19,6 +19,9 @@ Tables = dict[str, pa.Table]
 # stage -> (warehouse tables it needs, scorer)
 STAGES: dict[str, tuple[tuple[str, ...], Callable[[Tables, Tables, dict], dict[str, Figure]]]] = {
     "ingest": (("flows", "quarantine"), ingest.score),
+    "jobs": (("jobs", "job_gpus", "comm_pairs"), jobs.score),
+    "steps": (("steps", "job_gpus"), steps.score),
+    "issues": (("job_gpus", "issues"), issues.score),
 }
 
 
@@ -26,6 +29,6 @@ def score_warehouse(truth: Tables, noise: dict, warehouse: Tables) -> dict[str, 
     """{stage: {metric: {"value", "target", "ok"}}} for every stage whose tables exist."""
     report = {}
     for stage, (needs, scorer) in STAGES.items():
-        if all(name in warehouse and warehouse[name].num_rows for name in needs[:1]):
+        if warehouse[needs[0]].num_rows:  # the stage has run
             report[stage] = {name: figure.as_dict() for name, figure in scorer(truth, warehouse, noise).items()}
     return report
