@@ -207,8 +207,8 @@ document.addEventListener("DOMContentLoaded", prismShowErrors);
 </head><body>
 <h1>{title}</h1>
 <p>{range} &middot; generated {generated}</p>
-<p class="status">charts drawn: <span id="{drawn_id}" data-expected="{charts}">0</span> of {charts}
-<pre id="{errors_id}"></pre></p>
+<div class="status">charts drawn: <span id="{drawn_id}" data-expected="{charts}">0</span> of {charts}
+<pre id="{errors_id}"></pre></div>
 {body}
 </body></html>
 """
@@ -283,11 +283,10 @@ def _step_time_chart(steps: pa.Table, issues: pa.Table, jobs: pa.Table) -> go.Fi
     figure = go.Figure()
     buttons = []
     for n, job_id in enumerate(chosen):
-        rows = steps.filter(pc.equal(steps["job_id"], job_id))
+        x, y, step = _series_by_attempt(steps.filter(pc.equal(steps["job_id"], job_id)))
         figure.add_scatter(
-            x=_iso(rows["started"]), y=rows["duration_s"].to_pylist(), mode="lines+markers",
-            marker_size=4, name=job_id, visible=n == 0,
-            customdata=rows["step"].to_pylist(), hovertemplate="step %{customdata}: %{y:.3f} s<extra></extra>",
+            x=x, y=y, mode="lines+markers", marker_size=4, name=job_id, visible=n == 0,
+            customdata=step, hovertemplate="step %{customdata}: %{y:.3f} s<extra></extra>",
         )
         shapes = _issue_shapes(issues.filter(pc.equal(issues["job_id"], job_id)))
         buttons.append({
@@ -303,6 +302,22 @@ def _step_time_chart(steps: pa.Table, issues: pa.Table, jobs: pa.Table) -> go.Fi
         xaxis_title="step start (UTC)", yaxis_title="step time (s)",
     )
     return figure
+
+
+def _series_by_attempt(rows: pa.Table) -> tuple[list, list, list]:
+    """Step start, duration and number, with a gap (None) where a restart begins a new attempt,
+    so the line does not bridge the downtime."""
+    x, y, step = [], [], []
+    previous = None
+    for started, row in zip(_iso(rows["started"]), rows.select(["attempt", "duration_s", "step"]).to_pylist()):
+        if previous is not None and row["attempt"] != previous:
+            for column in (x, y, step):
+                column.append(None)
+        x.append(started)
+        y.append(row["duration_s"])
+        step.append(row["step"])
+        previous = row["attempt"]
+    return x, y, step
 
 
 ISSUE_COLOURS = {
