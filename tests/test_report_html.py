@@ -18,14 +18,14 @@ needs_chromium = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def small(scenario_dir, tmp_path_factory):
-    return truth_warehouse.build(scenario_dir("small"), tmp_path_factory.mktemp("small-truth-warehouse"))
+def tiny(scenario_dir, tmp_path_factory):
+    return truth_warehouse.build(scenario_dir("tiny"), tmp_path_factory.mktemp("tiny-truth-warehouse"))
 
 
 @pytest.fixture(scope="module")
-def page(small, tmp_path_factory):
+def page(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "report.html"
-    reports.build_report(small.root, None, None, out, topology=small.topology)
+    reports.build_report(tiny.root, None, None, out, topology=tiny.topology)
     return out
 
 
@@ -49,7 +49,7 @@ def charts_drawn(dom: str) -> tuple[int, int, str]:
     return int(drawn.group(2)), int(drawn.group(1)), errors.group(1).strip()
 
 
-def test_report_is_self_contained_and_holds_the_tables(small, page):
+def test_report_is_self_contained_and_holds_the_tables(tiny, page):
     text = page.read_text()
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=|<img[^>]+src=", text)  # nothing fetched
     assert "Plotly.newPlot" in text and "window.__prismChartsDrawn" in text
@@ -57,13 +57,13 @@ def test_report_is_self_contained_and_holds_the_tables(small, page):
                     "Hosts that held up DP synchronization", "GPU time by job size", "Job durations",
                     "Job outcomes, restarts and failures", "Top talkers", "Traffic per hour", "Issues"):
         assert f"<h2>{heading}" in text
-    for job_id in small.truth["jobs"]["job_id"].to_pylist():
+    for job_id in tiny.truth["jobs"]["job_id"].to_pylist():
         assert f"<td class=\"text\">{job_id}</td>" in text
-    faults = small.truth["faults"]
+    faults = tiny.truth["faults"]
     straggler = faults.filter(pc.equal(faults["kind"], "straggler"))["subject"][0].as_py()
     stragglers = text.split("Hosts that held up DP synchronization")[1]
     assert stragglers.index(f"<td class=\"text\">{straggler}</td>") < stragglers.index("</table>")
-    assert "<b>512.0</b><br>GPUs in the inventory" in text  # 64 hosts x 8 GPUs
+    assert "<b>64.0</b><br>GPUs in the inventory" in text  # 8 hosts x 8 GPUs
 
 
 @needs_chromium
@@ -76,13 +76,13 @@ def test_report_charts_draw_in_headless_chromium(page, tmp_path):
 
 
 @needs_chromium
-def test_report_of_a_warehouse_without_analysis_still_draws(small, tmp_path):
+def test_report_of_a_warehouse_without_analysis_still_draws(tiny, tmp_path):
     """Ingest only (the analysis tables are empty placeholders): empty charts, no errors."""
     root = tmp_path / "ingest-only"
     for table in ("flows", "flow_minutes"):
-        shutil.copytree(small.root / table, root / table)
+        shutil.copytree(tiny.root / table, root / table)
     warehouse.refresh_database(root)
-    out = reports.build_report(root, None, None, tmp_path / "report.html", topology=small.topology)
+    out = reports.build_report(root, None, None, tmp_path / "report.html", topology=tiny.topology)
     jobs_table = out.read_text().split("<h2>Jobs</h2>\n<table>")[1].split("</table>")[0]
     assert jobs_table.endswith(">none</td></tr>")
     drawn, expected, errors = charts_drawn(rendered_dom(out, tmp_path / "profile"))
