@@ -152,6 +152,8 @@ def run_hours(
         raise RunError(f"empty hour range: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}")
     Path(root).mkdir(parents=True, exist_ok=True)
     topology = load_topology(topology_path)
+    if topology.from_inventory:
+        warehouse.write_topology(root, topology.table)
     on_stage("ingest")
     summary = run_ingest(flows_dir, root, hours, beam_args)
     if not summary.counters.get("flows"):

@@ -92,6 +92,15 @@ def read_stats(root: str | Path, hour: datetime, stage: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def topology_path(root: str | Path) -> Path:
+    return Path(root) / "topology" / DATA_FILE
+
+
+def write_topology(root: str | Path, inventory: pa.Table) -> None:
+    """The NIC inventory the run used, for the reports (not partitioned: it describes the fleet)."""
+    _replace_atomically(topology_path(root), lambda path: pq.write_table(inventory, path))
+
+
 def views_sql(root: str | Path) -> str:
     """The DDL of sql/views.sql for this warehouse; tables with no partition yet get an empty
     table of the right columns instead of a view, since DuckDB cannot bind a glob of no files."""
@@ -101,6 +110,8 @@ def views_sql(root: str | Path) -> str:
     for name in TABLES:
         if any((root / name).glob(f"*/*/{DATA_FILE}")):
             statements.append(template.replace("@TABLE@", name).replace("@WAREHOUSE@", str(root)))
+    if topology_path(root).exists():
+        statements.append((SQL_DIR / "topology.sql").read_text().replace("@WAREHOUSE@", str(root)))
     return "\n".join(statements)
 
 

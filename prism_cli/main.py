@@ -163,6 +163,41 @@ def _print_scores(scores: dict) -> None:
 
 
 @app.command()
+def report(
+    warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
+    start: Annotated[Optional[str], typer.Option("--from", help="First instant (UTC)")] = None,
+    end: Annotated[Optional[str], typer.Option("--to", help="End, exclusive (UTC)")] = None,
+    out: Annotated[Path, typer.Option(help="HTML file")] = Path("prism-report.html"),
+    topology: Annotated[Optional[Path], typer.Option(help="NIC inventory CSV (default: the run's)")] = None,
+) -> None:
+    """Fleet and job report (charts and tables) as one self-contained HTML file."""
+    from pipelines.reports import ReportError, build_report
+
+    try:
+        path = build_report(warehouse, parse_instant(start), parse_instant(end), out, topology=topology)
+    except ReportError as error:
+        fail(str(error))
+    console.print(f"[green]report[/] {path}")
+
+
+@app.command("export-trace")
+def export_trace(
+    job: Annotated[str, typer.Option(help="job_id")],
+    warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
+    out: Annotated[Path, typer.Option(help="Trace JSON file")] = Path("trace.json"),
+) -> None:
+    """One job's timeline (attempts, steps, DP sync, issues) as trace-event JSON for Perfetto."""
+    from pipelines.reports import ReportError
+    from pipelines.trace import export_trace as write_trace
+
+    try:
+        path = write_trace(warehouse, job, out)
+    except ReportError as error:
+        fail(str(error))
+    console.print(f"[green]trace[/] {path}: open it in Perfetto (ui.perfetto.dev, Open trace file)")
+
+
+@app.command()
 def demo(
     data: Annotated[Path, typer.Option(help="Where the simulated cluster is written")] = Path("prism-data"),
     warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
