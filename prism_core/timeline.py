@@ -63,6 +63,8 @@ CUT_RATIO = 1.05  # resolution of the candidate cuts between gap-length regimes
 OPTIMIZER_SHARE = 0.04  # optimizer time / step time when no pipeline traffic shows it
 LONG_GAP_SHARE = 0.1  # an inter-step gap this share of a step above usual is a checkpoint or stall
 COMPLETE_SHARE = 0.9  # a sync phase with fewer bytes than this share of usual was cut short
+LAST_COMPLETE_SHARE = 0.97  # the same for a phase after which the job falls silent (hang, failure)
+TOGETHER_SHARE = 0.25  # a collective's pairs finish within this share of its length of each other
 WARMUP_RATIO = 1.15  # a job whose second step is this much slower than usual started in view
 SILENCE_STEPS = 4.0  # this many steps without traffic after a sync: the job stopped after it
 BULK_WRITE_BYTES = 64 << 20  # one outbound flow this large out of the job is a checkpoint write
@@ -201,6 +203,15 @@ class _Traffic:
         latest = np.sort(ends)[-2] if len(ends) > 1 else ends[0]
         return int(np.median(ends[ends >= latest - CLUSTER_NS]))
 
+    def finished_together(self, rows: np.ndarray, close_ns: int) -> bool:
+        """Whether every pair of the collective `rows` ended its part near `close_ns`: a collective
+        whose member hung leaves that member's pairs stopped early (cut short, not finished)."""
+        start = self.start[rows].min()
+        pair_end = np.full(int(self.pair[rows].max()) + 1, np.iinfo(np.int64).min)
+        np.maximum.at(pair_end, self.pair[rows], self.end[rows])
+        pair_end = pair_end[pair_end > np.iinfo(np.int64).min]
+        return bool(pair_end.min() >= close_ns - TOGETHER_SHARE * (close_ns - start))
+
     def first_sends(self, rows: np.ndarray) -> tuple[int, int] | None:
         """(t1, f) of a step whose pipeline traffic starts with `rows` (kind PP): the pairs that
         send first send their first two micro-batches one forward pass f apart, the first at t1;
@@ -272,6 +283,7 @@ class _Phases:
     close_ns: np.ndarray  # its last burst ends
     nbytes: np.ndarray
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
+    finished_together: np.ndarray  # bool: every pair of its last burst finished near its end
     closed: np.ndarray  # bool: nothing later can still join the phase
     next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
     first_send_ns: np.ndarray  # the next step's first pipeline sends (-1: none)
@@ -308,7 +320,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, threshold: float, gap_thre
     first = _join_partial_phases(first, b_bytes[candidates], b_start[candidates], b_end[candidates])
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
-    flows, start_ns, close_ns, nbytes, after_optimizer = [], [], [], [], []
+    flows, start_ns, close_ns, nbytes, after_optimizer, together = [], [], [], [], [], []
     flow_rank = np.argsort(burst, kind="stable")  # signal rows grouped by burst
     burst_from = np.searchsorted(burst[flow_rank], np.arange(len(b_start) + 1))
     for lo, hi in zip(first, last):
@@ -319,6 +331,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, threshold: float, gap_thre
         close_ns.append(traffic.cluster_end(rows[-1]))
         nbytes.append(float(b_bytes[members].sum()))
         after_optimizer.append(has_dp and _repeats_collective(traffic, rows))
+        together.append(traffic.finished_together(rows[-1], close_ns[-1]))
     n = len(first)
     close = np.array(close_ns, np.int64)
     closed = np.ones(n, bool)
@@ -341,7 +354,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, threshold: float, gap_thre
             first_send_ns[p], forward_ns[p] = sends
         bulk_write[p] = np.any((traffic.bulk_writes > close[p]) & (traffic.bulk_writes < next_ns[p]))
     return _Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes), np.array(after_optimizer, bool),
-                   closed, next_ns, first_send_ns, forward_ns, bulk_write, has_dp,
+                   np.array(together, bool), closed, next_ns, first_send_ns, forward_ns, bulk_write, has_dp,
                    float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
 
@@ -440,8 +453,8 @@ def _boundary_gap_threshold(
             continue
         saving = np.searchsorted(bulk_writes, at[kept] + gaps[kept]) > np.searchsorted(bulk_writes, at[kept])
         if np.mean(saving) < 0.5:
-            shortest_kept = gaps[kept].min()
-            dropped = gaps[gaps < shortest_kept]
+            shortest_kept = float(gaps[kept].min())
+            dropped = gaps[gaps < shortest_kept].astype(float)
             # halfway (in log) to the longest gap left inside steps
             best = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / CUT_RATIO
             best_score = score
@@ -450,14 +463,14 @@ def _boundary_gap_threshold(
 
 def _unit_excess(boundary_gaps: np.ndarray, flow_candidate: np.ndarray) -> float:
     """The most flows any unit between boundary gaps carries against the median of its 8
-    neighbours (the first and last units left out: the window may cut them)."""
+    neighbours (units cut by the window carry fewer, never more)."""
     unit = np.searchsorted(boundary_gaps, flow_candidate)  # gap i separates candidates i and i + 1
     flows = np.bincount(unit, minlength=len(boundary_gaps) + 1).astype(float)
     if len(flows) < 3:
         return np.inf
     window = np.lib.stride_tricks.sliding_window_view(np.pad(flows, 4, mode="reflect"), 9)
     local = np.median(np.delete(window, 4, axis=1), axis=1)
-    return float(np.max(flows[1:-1] / np.maximum(local[1:-1], 1.0)))
+    return float(np.max(flows / np.maximum(local, 1.0)))
 
 
 def _irregularity(times: np.ndarray) -> float:
@@ -559,7 +572,7 @@ def _steps(
         decided = phases.closed[p] and (followed or hour_end_ns - phases.close_ns[p] >= silence)
         if not decided or boundary[p] >= hour_end_ns:
             break
-        if not complete[p]:
+        if not complete[p] or not (followed or _finished(phases, p, typical)):
             if end is None and followed and phases.next_ns[p] - phases.close_ns[p] <= normal_gap:
                 # the view opened inside this phase's step; the next step follows as usual
                 end, close = int(boundary[p]), int(phases.close_ns[p])
@@ -584,6 +597,14 @@ def _steps(
     return rows, end, close
 
 
+def _finished(phases: _Phases, p: int, typical: _Typical) -> bool:
+    """Whether a phase after which the job falls silent finished (the job's last step) rather than
+    being cut by a hang or failure: all its bytes and, for a DP sync, every pair done at the end
+    (a pipeline step's pairs finish one after another anyway)."""
+    together = phases.finished_together[p] or not phases.has_dp
+    return bool(phases.nbytes[p] >= LAST_COMPLETE_SHARE * typical.phase_bytes and together)
+
+
 def _opening_start(
     phases: _Phases, p: int, boundary: np.ndarray, complete: np.ndarray, traffic: _Traffic, typical: _Typical
 ) -> int | None:
@@ -593,7 +614,9 @@ def _opening_start(
     later = np.flatnonzero(complete[p + 1 :])
     if not len(later) or not np.isfinite(typical.period_ns):
         return None
-    if boundary[p + 1 + later[0]] - boundary[p] >= WARMUP_RATIO * typical.period_ns:
+    after = p + 1 + later[0]
+    saving = phases.bulk_write[p] or phases.bulk_write[after]  # a checkpoint, not a warm-up
+    if boundary[after] - boundary[p] >= WARMUP_RATIO * typical.period_ns and not saving:
         return _attempt_start(phases, p, boundary, traffic, None, typical)
     before = np.arange(np.searchsorted(traffic.start, _step_traffic_until(phases, p)))
     if not len(before):
