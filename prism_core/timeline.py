@@ -543,13 +543,15 @@ def _next_start(phases: _Phases, typical: _Typical) -> np.ndarray:
 
 
 def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
-    """End of the step each phase closes. A normal gap: the earlier of A and B. A long gap with
+    """End of the step each phase closes. A normal gap: B from pipeline sends, else the earlier
+    of A and B (the next step's first traffic may come well after its start). A long gap with
     bulk writes: a checkpoint, B (from the next step's first traffic where no pipeline sends).
     A long gap without: a stall before the next step, A. Nothing after the phase: A."""
     after_sync = phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.close_to_end()).astype(np.int64)
     start = _next_start(phases, typical)
     followed = phases.next_ns >= 0
-    normal_end = np.where(followed, np.minimum(after_sync, start), after_sync)
+    # pipeline sends time the next step's start; other first traffic may come later than it
+    normal_end = np.where(phases.first_send_ns >= 0, start, np.where(followed, np.minimum(after_sync, start), after_sync))
     long_gap = followed & (phases.next_ns - phases.close_ns > typical.gap_ns + LONG_GAP_SHARE * typical.period_ns)
     lead = int(typical.lead_ns) if typical.lead_ns is not None else 0
     saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - lead)
