@@ -497,7 +497,7 @@ class _Typical:
     phase_bytes: float
     fill: int  # forward passes before the first visible pipeline send (stages on one host hide)
     close_to_end_ns: float | None  # end of a sync phase -> end of the step, where measured
-    lead_ns: float | None  # start of a step -> its first traffic
+    lead_per_sync: float | None  # start of a step -> its first traffic, per ns of its sync phase
 
     def close_to_end(self) -> float:
         if self.close_to_end_ns is not None:
@@ -506,7 +506,7 @@ class _Typical:
 
     def as_baseline(self, gap_threshold_ns: float | None) -> dict:
         return {"period_ns": self.period_ns, "gap_ns": self.gap_ns, "phase_bytes": self.phase_bytes,
-                "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
+                "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_per_sync": self.lead_per_sync,
                 "gap_threshold_ns": gap_threshold_ns}
 
 
@@ -520,7 +520,7 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     followed = complete & (phases.next_ns >= 0)
     gap = median((phases.next_ns - phases.close_ns)[followed], "gap_ns")
     typical = _Typical(period or np.inf, gap or np.inf, phase_bytes, baseline.get("fill", 1),
-                       baseline.get("close_to_end_ns"), baseline.get("lead_ns"))
+                       baseline.get("close_to_end_ns"), baseline.get("lead_per_sync"))
     if period is None or gap is None:
         return typical
     normal = followed & (phases.next_ns - phases.close_ns <= gap + LONG_GAP_SHARE * period)
@@ -532,7 +532,10 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
         typical.fill = max(1, int(np.round(np.median((unexplained / (3 * phases.forward_ns))[sends]))))
     start = _next_start(phases, typical)
     typical.close_to_end_ns = median((start - phases.close_ns)[sends], "close_to_end_ns")
-    typical.lead_ns = median((phases.next_ns - _boundaries(phases, typical))[normal], "lead_ns")
+    # the next step's compute before its first traffic scales with it, as its sync does (jitter)
+    timed = normal & (_next_sync(phases) > 0)
+    lead = (phases.next_ns - _boundaries(phases, typical)) / _next_sync(phases)
+    typical.lead_per_sync = median(lead[timed], "lead_per_sync")
     return typical
 
 
@@ -540,6 +543,11 @@ def _next_start(phases: _Phases, typical: _Typical) -> np.ndarray:
     """B: the next step's compute start from its first pipeline sends, else its first traffic."""
     from_sends = phases.first_send_ns - typical.fill * phases.forward_ns
     return np.where(phases.first_send_ns >= 0, from_sends, phases.next_ns)
+
+
+def _next_sync(phases: _Phases) -> np.ndarray:
+    """Length of the sync phase after each phase (-1 for the last)."""
+    return np.r_[phases.close_ns[1:] - phases.start_ns[1:], -1]
 
 
 def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
@@ -553,8 +561,9 @@ def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
     # pipeline sends time the next step's start; other first traffic may come later than it
     normal_end = np.where(phases.first_send_ns >= 0, start, np.where(followed, np.minimum(after_sync, start), after_sync))
     long_gap = followed & (phases.next_ns - phases.close_ns > typical.gap_ns + LONG_GAP_SHARE * typical.period_ns)
-    lead = int(typical.lead_ns) if typical.lead_ns is not None else 0
-    saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - lead)
+    next_sync = _next_sync(phases)
+    lead = (typical.lead_per_sync or 0.0) * np.where(next_sync > 0, next_sync, np.median(next_sync))
+    saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - lead.astype(np.int64))
     checkpoint = long_gap & phases.bulk_write
     return np.where(checkpoint, np.maximum(saved, after_sync), np.where(long_gap, after_sync, normal_end))
 
