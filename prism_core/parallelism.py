@@ -1,0 +1,424 @@
+"""Parallelism of one job from its flows: which pairs carry pipeline (PP) or data-parallel (DP)
+traffic, the pipeline stages, and the job's dp, pp and tp degrees.
+
+Flows are grouped per (source host, destination host, flow size); hosts rather than NICs because
+with rail-aligned NICs (PXN) a send from GPU i to GPU j leaves through NIC j, so the two directions
+of one GPU pair can use different NIC pairs.
+
+- A collective (ring or tree all-reduce, reduce-scatter + all-gather, all-to-all) is symmetric:
+  in every round each participant sends while its peers send too, so the flows of both directions
+  of a host pair overlap in time.
+- A pipeline is not: each step opens with warm-up forward sends before any backward gradient has
+  come back, and closes with cool-down backward sends after the last forward. So a PP host pair
+  carries one activation size both ways in equal numbers, and a share of its flows has no flow of
+  the other direction in flight.
+
+Groups that are balanced both ways and asymmetric in time are PP; the rest of the traffic between
+members is collective: 'dp' within a pipeline stage, 'other' between stages (tied embeddings) and
+for the MoE all-to-all, whose volume per peer follows the router's load and so comes in a family
+of sizes. Flows to non-members (storage, other jobs) are 'other'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, conform
+
+GPUS_PER_HOST = 8
+DP, PP, OTHER = (COMM_KINDS.index(kind) for kind in ("dp", "pp", "other"))
+
+# Flows of the two directions of a host pair that come this close count as in flight together
+# (exporter clocks disagree by a few milliseconds).
+IN_FLIGHT_SLACK_NS = 15_000_000
+# Share of a group's flows without reverse traffic in flight above which it is a pipeline: at
+# least the first warm-up forward of every step, 1 / micro-batches.
+PIPELINE_ASYMMETRY = 0.04
+# A PP group's reverse group (same size, other direction) has about as many flows.
+BALANCE = 2.0
+# Collective sizes on one host pair whose flow counts agree within this factor form a family;
+# MOE_FAMILY of them make an all-to-all.
+FAMILY_SPREAD = 1.5
+MOE_FAMILY = 4
+
+
+@dataclass
+class Parallelism:
+    job_gpus: pa.Table  # JOB_GPUS schema
+    comm_pairs: pa.Table  # COMM_PAIRS schema
+    dp: int
+    pp: int
+    tp: int
+
+
+@dataclass
+class _Groups:
+    """Flows of the job between members, grouped by (src host, dst host, size)."""
+
+    src_host: np.ndarray  # per group, host code
+    dst_host: np.ndarray
+    size: np.ndarray
+    flows: np.ndarray  # flows in the group
+    unmatched: np.ndarray  # flows with no reverse-direction traffic in flight
+    reverse: np.ndarray  # index of the (dst host, src host, size) group, -1 when absent
+    of_flow: np.ndarray  # group of every internal flow
+    answered: np.ndarray  # per internal flow: reverse-direction traffic in flight with it
+
+
+def _group_flows(src_host: np.ndarray, dst_host: np.ndarray, size: np.ndarray, start: np.ndarray, end: np.ndarray, n_hosts: int) -> _Groups:
+    sizes, size_code = np.unique(size, return_inverse=True)
+    n_sizes = len(sizes)
+    key = (src_host * n_hosts + dst_host) * n_sizes + size_code
+    group_keys, of_flow = np.unique(key, return_inverse=True)
+    answered = _reverse_in_flight(src_host * n_hosts + dst_host, dst_host * n_hosts + src_host, start, end)
+    pair, size_of_group = np.divmod(group_keys, n_sizes)
+    src_of_group, dst_of_group = np.divmod(pair, n_hosts)
+    reverse_keys = (dst_of_group * n_hosts + src_of_group) * n_sizes + size_of_group
+    position = np.minimum(np.searchsorted(group_keys, reverse_keys), len(group_keys) - 1)
+    return _Groups(
+        src_host=src_of_group,
+        dst_host=dst_of_group,
+        size=sizes[size_of_group],
+        flows=np.bincount(of_flow, minlength=len(group_keys)),
+        unmatched=np.bincount(of_flow, weights=~answered, minlength=len(group_keys)),
+        reverse=np.where(group_keys[position] == reverse_keys, position, -1),
+        of_flow=of_flow,
+        answered=answered,
+    )
+
+
+def _reverse_in_flight(direction: np.ndarray, reverse: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For every flow: does a flow of the reverse direction overlap it (within the slack)?
+
+    All flows sorted by (direction, start) with times offset per direction, so one running
+    maximum of ends serves every direction: a query only looks at its reverse direction's block."""
+    base = int(start.min()) - IN_FLIGHT_SLACK_NS - 1
+    width = int(end.max()) - base + 2 * IN_FLIGHT_SLACK_NS + 1
+    starts = direction * width + (start - base)
+    order = np.argsort(starts, kind="stable")
+    starts = starts[order]
+    reach = np.maximum.accumulate(direction[order] * width + (end[order] - base))
+    query_offset = reverse * width
+    query = query_offset + (end - base) + IN_FLIGHT_SLACK_NS
+    query_order = np.argsort(query, kind="stable")  # sorted queries keep the search cache-friendly
+    last = np.empty(len(query), np.int64)
+    last[query_order] = np.searchsorted(starts, query[query_order], side="right") - 1
+    found = last >= 0
+    return found & (reach[np.maximum(last, 0)] >= query_offset + (start - base) - IN_FLIGHT_SLACK_NS)
+
+
+def _is_pipeline(groups: _Groups) -> np.ndarray:
+    reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
+    balanced = (reverse_flows * BALANCE >= groups.flows) & (groups.flows * BALANCE >= reverse_flows)
+    return balanced & (groups.unmatched >= PIPELINE_ASYMMETRY * groups.flows)
+
+
+def identify_parallelism(job_id: str, job_flows: pa.Table, members: pa.Table) -> Parallelism:
+    """Pairs, stages and degrees of one job from the flows its members sent (an hour of them).
+    Flows a member sent outside its membership interval belong to another job and are ignored."""
+    job_flows = _sent_while_member(job_flows, members)
+    gpus = _member_gpus(members)
+    inside = pc.is_in(job_flows["dst_addr"], value_set=gpus["addr"]).to_numpy(zero_copy_only=False)
+    internal = job_flows.filter(pa.array(inside))
+    kind = np.full(job_flows.num_rows, OTHER, np.int8)
+    layout = _Layout.without_network_view(gpus)
+    if internal.num_rows:
+        flows = _InternalFlows.of(internal, gpus)
+        groups = _group_flows(flows.src_host, flows.dst_host, flows.size, flows.start, flows.end, flows.n_hosts)
+        pipeline = _is_pipeline(groups)
+        all_to_all = _is_all_to_all(groups, pipeline)
+        external = job_flows.filter(pa.array(~inside))
+        layout = _Layout.infer(gpus, flows, external, groups, pipeline, all_to_all)
+        between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
+        group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
+        kind[inside] = group_kind[groups.of_flow]
+    job_gpus = pa.table(
+        {
+            "job_id": pa.array([job_id] * gpus.num_rows, pa.string()),
+            "addr": gpus["addr"],
+            "host": gpus["host"],
+            "gpu": gpus["gpu"],
+            "pp_stage": pa.array(layout.pp_stage, pa.int32()),
+            "dp_rank": pa.array(layout.dp_rank, pa.int32()),
+        }
+    )
+    pairs = _comm_pairs(job_id, job_flows, kind)
+    return Parallelism(conform(job_gpus, JOB_GPUS), pairs, layout.dp, layout.pp, layout.tp)
+
+
+@dataclass
+class _InternalFlows:
+    """Flows between members, as arrays: host codes, the source NIC's rail, size and times."""
+
+    src_host: np.ndarray
+    dst_host: np.ndarray
+    rail: np.ndarray
+    size: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    n_hosts: int
+
+    @classmethod
+    def of(cls, internal: pa.Table, gpus: pa.Table) -> _InternalFlows:
+        src = pc.index_in(internal["src_addr"], value_set=gpus["addr"]).to_numpy()
+        dst = pc.index_in(internal["dst_addr"], value_set=gpus["addr"]).to_numpy()
+        host_code, rail = gpus["host_code"].to_numpy(), gpus["gpu"].to_numpy()
+        return cls(
+            src_host=host_code[src],
+            dst_host=host_code[dst],
+            rail=rail[src],
+            size=internal["bytes"].to_numpy(),
+            start=internal["time_flow_start_ns"].to_numpy(),
+            end=internal["time_flow_end_ns"].to_numpy(),
+            n_hosts=int(host_code.max()) + 1,
+        )
+
+
+def _is_all_to_all(groups: _Groups, pipeline: np.ndarray) -> np.ndarray:
+    """Collective groups in a family of MOE_FAMILY or more sizes on one directed host pair whose
+    flow counts agree within FAMILY_SPREAD: the MoE all-to-all (gradient buckets bring at most a
+    full size and a tail, ZeRO adds the parameter gather)."""
+    collective = np.flatnonzero(~pipeline)
+    if len(collective) == 0:
+        return np.zeros(len(pipeline), bool)
+    direction = groups.src_host[collective] * (groups.dst_host.max() + 1) + groups.dst_host[collective]
+    log_flows = np.log(groups.flows[collective])
+    spread = np.log(FAMILY_SPREAD)
+    width = log_flows.max() - log_flows.min() + 4 * spread
+    position = direction * width + log_flows
+    ordered = np.sort(position)
+    family = np.searchsorted(ordered, position + spread, side="right") - np.searchsorted(ordered, position - spread)
+    result = np.zeros(len(pipeline), bool)
+    result[collective] = family >= MOE_FAMILY
+    return result
+
+
+@dataclass
+class _Layout:
+    """Degrees and, per member GPU, pipeline stage and DP rank (Megatron order: rank = tp_rank +
+    tp * (dp_rank + dp * pp_stage), consecutive ranks on a host)."""
+
+    dp: int
+    pp: int
+    tp: int
+    host_stage: np.ndarray  # per host code: the first stage it holds
+    pp_stage: np.ndarray  # per member GPU
+    dp_rank: np.ndarray
+
+    @classmethod
+    def without_network_view(cls, gpus: pa.Table) -> _Layout:
+        """No traffic between members: nothing to tell the GPUs apart; all of them data-parallel."""
+        n_hosts = int(gpus["host_code"].to_numpy().max()) + 1 if gpus.num_rows else 0
+        zeros = np.zeros(gpus.num_rows, np.int64)
+        return cls(dp=max(gpus.num_rows, 1), pp=1, tp=1, host_stage=np.zeros(n_hosts, np.int64), pp_stage=zeros, dp_rank=zeros)
+
+    @classmethod
+    def infer(
+        cls, gpus: pa.Table, flows: _InternalFlows, external: pa.Table, groups: _Groups, pipeline: np.ndarray, all_to_all: np.ndarray
+    ) -> _Layout:
+        host_code = gpus["host_code"].to_numpy()
+        gpu = gpus["gpu"].to_numpy().astype(np.int64)
+        n_active = len(np.unique(host_code[gpus["active"].to_numpy(zero_copy_only=False)]))
+        level = _pipeline_levels(flows, groups, pipeline)
+        n_levels = int(level.max()) + 1
+        on_forward = pipeline[groups.of_flow] & (level[flows.dst_host] == level[flows.src_host] + 1)
+        forward_rails = len(np.unique(flows.rail[on_forward]))
+        if 0 < forward_rails < GPUS_PER_HOST:
+            # Stages smaller than a host: a forward send reaches the first GPUs of the next host.
+            stage_size = forward_rails
+            pp = GPUS_PER_HOST * n_active // stage_size
+        else:
+            pp = n_levels
+            stage_size = GPUS_PER_HOST * n_active // pp
+        collective = ~pipeline & ~all_to_all & (level[groups.src_host] == level[groups.dst_host])
+        writers = _checkpoint_writers(external, gpus, level)
+        tp = _tensor_parallel(flows, groups, collective, stage_size, writers, pp)
+        dp = max(stage_size // tp, 1)
+        stages_per_host = max(GPUS_PER_HOST // stage_size, 1)
+        if stage_size < GPUS_PER_HOST:
+            pp_stage = level[host_code] * stages_per_host + gpu // stage_size
+            rank_in_stage = gpu % stage_size
+        else:
+            pp_stage = level[host_code]
+            rank_in_stage = _slot_in_stage(host_code, level) * GPUS_PER_HOST + gpu
+        return cls(
+            dp=dp,
+            pp=pp,
+            tp=tp,
+            host_stage=level * stages_per_host,
+            pp_stage=pp_stage,
+            dp_rank=(rank_in_stage // tp) % dp,
+        )
+
+
+def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray) -> np.ndarray:
+    """Stage index of every host along its PP chain (0 where there is no PP traffic)."""
+    chosen = np.flatnonzero(pipeline[groups.of_flow])
+    low = np.minimum(flows.src_host[chosen], flows.dst_host[chosen])
+    high = np.maximum(flows.src_host[chosen], flows.dst_host[chosen])
+    pair = low * flows.n_hosts + high
+    upward = np.where(flows.src_host[chosen] == low, 1.0, -1.0)
+    vote = _warm_up_votes(pair, flows.start[chosen], groups.answered[chosen])
+    pairs, index = np.unique(pair, return_inverse=True)
+    upward_score = np.bincount(index, weights=upward * vote, minlength=len(pairs))
+    return _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, flows.n_hosts)
+
+
+def _warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> np.ndarray:
+    """Per PP flow: +1 for a warm-up forward, -1 for a cool-down backward, 0 otherwise.
+
+    Flows with no reverse traffic in flight open a step (warm-up forwards, followed closely by the
+    steady exchanges) or close it (cool-down backwards, preceded closely by them)."""
+    vote = np.zeros(len(pair))
+    if answered.all() or not answered.any():
+        return vote
+    base = int(start.min())
+    width = int(start.max()) - base + 1
+    exchanges = np.sort(pair[answered] * width + (start[answered] - base))
+    lone = np.flatnonzero(~answered)
+    at = pair[lone] * width + (start[lone] - base)
+    after = np.searchsorted(exchanges, at)
+    previous = np.where(after > 0, exchanges[np.maximum(after - 1, 0)], -1)
+    following = np.where(after < len(exchanges), exchanges[np.minimum(after, len(exchanges) - 1)], -1)
+    block = pair[lone] * width  # this pair's exchanges lie in [block, block + width)
+    far = 2 * width  # no exchange on that side
+    since = np.where(previous >= block, at - previous, far)
+    until = np.where((following >= block) & (following < block + width), following - at, far)
+    vote[lone] = np.sign(since - until)
+    return vote
+
+
+def _chain_levels(low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, n_hosts: int) -> np.ndarray:
+    """Walk every PP chain depth-first from one end, then number its hosts from the end whose
+    sends the warm-up votes call forward (summed over the chain, so one noisy hop cannot flip
+    part of it)."""
+    neighbours: dict[int, list[int]] = {}
+    score: dict[tuple[int, int], float] = {}
+    for a, b, value in zip(low.tolist(), high.tolist(), upward_score.tolist()):
+        neighbours.setdefault(a, []).append(b)
+        neighbours.setdefault(b, []).append(a)
+        score[(a, b)], score[(b, a)] = value, -value
+    level = np.zeros(n_hosts, np.int64)
+    depth = np.full(n_hosts, -1, np.int64)
+    for end in sorted(neighbours, key=lambda host: (len(neighbours[host]), host)):
+        if depth[end] >= 0:
+            continue
+        chain, toward_far_end, stack = [], 0.0, [end]
+        depth[end] = 0
+        while stack:
+            host = stack.pop()
+            chain.append(host)
+            for nxt in neighbours[host]:
+                if depth[nxt] < 0:
+                    depth[nxt] = depth[host] + 1
+                    toward_far_end += score[(host, nxt)]
+                    stack.append(nxt)
+        chain = np.array(chain)
+        level[chain] = depth[chain] if toward_far_end >= 0 else depth[chain].max() - depth[chain]
+    return level
+
+
+def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray) -> int:
+    """How many GPUs write the checkpoint: the largest flow size that several member NICs each send
+    to a non-member more than once (shards go out in equal chunks; log writes never repeat a size).
+    Counted per (stage level, GPU index), so a host replaced in a restart counts once."""
+    if external.num_rows == 0:
+        return 0
+    per_nic = external.group_by(["bytes", "src_addr"], use_threads=False).aggregate([("bytes", "count")])
+    per_nic = per_nic.filter(pc.greater_equal(per_nic["bytes_count"], 2))
+    if per_nic.num_rows == 0:
+        return 0
+    sizes, writers_of = np.unique(per_nic["bytes"].to_numpy(), return_inverse=True)
+    row = pc.index_in(per_nic["src_addr"], value_set=gpus["addr"]).to_numpy()
+    slot = level[gpus["host_code"].to_numpy()[row]] * GPUS_PER_HOST + gpus["gpu"].to_numpy()[row]
+    distinct = np.unique(np.stack([writers_of.ravel(), slot], axis=1), axis=0)
+    writers = np.bincount(distinct[:, 0], minlength=len(sizes))
+    best = np.lexsort((sizes, writers))[-1]  # most writers, then the largest size
+    return int(writers[best]) if writers[best] >= 2 else 0
+
+
+def _tensor_parallel(
+    flows: _InternalFlows, groups: _Groups, collective: np.ndarray, stage_size: int, writers: int, pp: int
+) -> int:
+    """tp, from the first of these clues that the traffic offers:
+    1. the checkpoint: DP rank 0 of every (stage, TP rank) writes its shard, so tp * pp GPUs write;
+    2. DP traffic between hosts: every crossing of a DP ring or tree edge between two hosts carries
+       one flow per TP rank, on the rail of the receiving GPU (PXN), so the fewest rails any directed
+       DP host pair uses is tp (exact for rings; a tree may cross twice between two hosts);
+    3. otherwise the stage's DP stays on NVLink inside a host and tp takes the whole stage (dp = 1),
+       the usual choice (TP needs NVLink, DP does not)."""
+    fits = [tp for tp in (8, 4, 2, 1) if stage_size % tp == 0]
+    if writers and writers % pp == 0 and writers // pp in fits:
+        return writers // pp
+    chosen = collective[groups.of_flow] & (flows.src_host != flows.dst_host)
+    if stage_size <= GPUS_PER_HOST or not chosen.any():
+        return fits[0]
+    keys = np.unique(np.stack([flows.src_host[chosen], flows.dst_host[chosen], flows.rail[chosen]], axis=1), axis=0)
+    _, rails_per_pair = np.unique(keys[:, :2], axis=0, return_counts=True)
+    return next(tp for tp in fits if tp <= rails_per_pair.min())
+
+
+def _slot_in_stage(host_code: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """Position of each GPU's host among the hosts of its stage, in host name order."""
+    hosts = np.unique(host_code)
+    order = np.lexsort((hosts, level[hosts]))
+    ranked = hosts[order]
+    first_of_level = np.searchsorted(level[ranked], level[ranked])
+    slot = np.empty(host_code.max() + 1, np.int64)
+    slot[ranked] = np.arange(len(ranked)) - first_of_level
+    return slot[host_code]
+
+
+def _comm_pairs(job_id: str, job_flows: pa.Table, kind: np.ndarray) -> pa.Table:
+    table = pa.table(
+        {
+            "src_addr": job_flows["src_addr"],
+            "dst_addr": job_flows["dst_addr"],
+            "kind": pa.DictionaryArray.from_arrays(pa.array(kind), pa.array(COMM_KINDS)).cast(pa.string()),
+            "bytes": job_flows["bytes"],
+        }
+    )
+    grouped = table.group_by(["src_addr", "dst_addr", "kind"], use_threads=False).aggregate(
+        [("bytes", "count"), ("bytes", "sum"), ("bytes", "count_distinct")]
+    )
+    grouped = grouped.rename_columns(
+        {"bytes_count": "flows", "bytes_sum": "bytes", "bytes_count_distinct": "distinct_sizes"}
+    )
+    grouped = grouped.append_column("job_id", pa.array([job_id] * grouped.num_rows, pa.string()))
+    keys = [("src_addr", "ascending"), ("dst_addr", "ascending"), ("kind", "ascending")]
+    return conform(grouped.sort_by(keys), COMM_PAIRS)
+
+
+def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> pa.Table:
+    index = pc.index_in(job_flows["src_addr"], value_set=members["addr"])
+    row = pc.fill_null(index, 0).to_numpy()
+    start = job_flows["time_flow_start_ns"].to_numpy()
+    within = (
+        pc.is_valid(index).to_numpy(zero_copy_only=False)
+        & (start >= members["first_ns"].to_numpy()[row])
+        & (start <= members["last_ns"].to_numpy()[row])
+    )
+    return job_flows.filter(pa.array(within))
+
+
+def _member_gpus(members: pa.Table) -> pa.Table:
+    """One row per member address (addr, host, gpu, host_code, active), sorted by host then gpu.
+    `active`: the host is still in the job at its last sighting (a host replaced in a restart
+    is not, and must not count twice in the degrees)."""
+    latest = members.group_by(["addr", "host", "gpu"], use_threads=False).aggregate([("last_ns", "max")])
+    latest = latest.sort_by([("host", "ascending"), ("gpu", "ascending")])
+    last_ns = latest["last_ns_max"].to_numpy()
+    host_code = pc.index_in(latest["host"], value_set=pc.unique(latest["host"])).to_numpy()
+    return pa.table(
+        {
+            "addr": latest["addr"],
+            "host": latest["host"],
+            "gpu": latest["gpu"].cast(pa.int32()),
+            "host_code": host_code.astype(np.int64),
+            "active": last_ns == last_ns.max(),
+        }
+    )
