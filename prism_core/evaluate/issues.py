@@ -75,7 +75,7 @@ def associate_jobs(truth_gpus: pa.Table, prism_gpus: pa.Table) -> set[tuple[str,
     """(truth job, Prism job) pairs whose address sets have Jaccard similarity >= MIN_JACCARD."""
     truth_addrs = truth_gpus.group_by(["job_id", "addr"], use_threads=False).aggregate([])
     prism_addrs = prism_gpus.group_by(["job_id", "addr"], use_threads=False).aggregate([])
-    shared = truth_addrs.join(prism_addrs, "addr", left_suffix="_truth", right_suffix="_prism")
+    shared = truth_addrs.join(prism_addrs, "addr", join_type="inner", left_suffix="_truth", right_suffix="_prism")
     shared = shared.group_by(["job_id_truth", "job_id_prism"], use_threads=False).aggregate([("addr", "count")])
     truth_size, prism_size = _sizes(truth_addrs), _sizes(prism_addrs)
     pairs = set()
