@@ -13,6 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+# Beam's optional cloud modules log warnings at import that say nothing about a Prism run.
+logging.getLogger().setLevel(logging.ERROR)
+
 app = typer.Typer(
     help="Prism: training-job observability for GPU platforms, from network flow logs.",
     no_args_is_help=True,
@@ -102,7 +105,6 @@ def run(
 def _run_with_progress(flows, warehouse, first, last, topology, beam_args):
     from pipelines.run import run_hours
 
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)
     with progress_bar() as progress:
         task = progress.add_task("starting", total=None)
         return run_hours(
@@ -214,10 +216,12 @@ def demo(
     _print_run(summary, warehouse)
     evaluate(truth=data / scenario / "truth", warehouse=warehouse, as_json=False)
     console.print(
-        "\nNext: query it with SQL, e.g.\n"
-        f"  duckdb -readonly {warehouse}/prism.duckdb \"SELECT * FROM jobs\"\n"
+        "\nNext:\n"
+        f"  prism report --warehouse {warehouse} --out prism-report.html   (charts and tables)\n"
         f"  python -c \"import duckdb; print(duckdb.connect('{warehouse}/prism.duckdb', read_only=True)"
-        ".sql('SELECT hour, count(*) FROM flows GROUP BY ALL ORDER BY 1'))\""
+        ".sql('SELECT * FROM jobs'))\"\n"
+        f"  or any DuckDB client: duckdb -readonly {warehouse}/prism.duckdb",
+        soft_wrap=True,
     )
 
 
