@@ -1,1 +1,1 @@
-"""Dagster definitions: hourly partitioned assets over the Prism pipelines."""
+"""Dagster definitions: hourly partitioned assets over the Prism pipelines (docs/orchestration.md)."""
