@@ -40,13 +40,12 @@ from __future__ import annotations
 import base64
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.bocd import NormalGammaPrior, bocd
 from prism_core.schema import STEPS
 
 DP, PP, OTHER = 0, 1, 2
@@ -86,34 +85,31 @@ def divide_steps(
     hour_start_ns: int,
     hour_end_ns: int,
     restarts_ns: Sequence[int] = (),
-    *,
-    threshold: float = 0.95,
 ) -> Timeline:
-    """Steps of `job_id` that end in this hour's view, from the job's flows of the hour (sent by its
-    members) and its directed pairs labelled dp / pp / other. `threshold` is the change-point
-    probability above which BOCD separates two gap-length regimes; `restarts_ns` are the job
-    tracker's restart instants (the attempt increments at each)."""
+    """Steps of `job_id` decided by this hour's flows: the job's flows of the hour (sent by its
+    members), its directed pairs labelled dp / pp / other, the state the previous hour returned
+    (None for a job new to Prism) and the job tracker's restart instants (the job's first traffic
+    after each downtime; the attempt increments at each). Flows carried from the previous hour
+    start before `hour_start_ns`; only flows older than MAX_CARRY_NS before `hour_end_ns` are
+    dropped from the carry."""
     state = _State.load(previous)
     traffic = _Traffic.build(job_flows, comm_pairs, state.carry)
-    restarts = np.array(sorted(r for r in restarts_ns if state.last_restart_ns is None or r > state.last_restart_ns),
-                        np.int64)
-    phases = _sync_phases(traffic, hour_end_ns, threshold, state.baseline.get("gap_threshold_ns"))
+    seen_until = state.last_close_ns if state.last_close_ns is not None else -(1 << 62)
+    restarts = np.unique(np.array([*state.pending_restarts_ns, *(r for r in restarts_ns if r > seen_until)], np.int64))
+    phases = _sync_phases(traffic, hour_end_ns, state.baseline.get("gap_threshold_ns"))
     typical = _typical(phases, state.baseline)
-    rows, last_end, last_close = _steps(phases, typical, traffic, state, restarts, hour_end_ns)
+    rows, state.last_end_ns, state.last_close_ns = _steps(phases, typical, traffic, state, restarts, hour_end_ns)
 
+    first_step = state.next_step
     state.next_step += len(rows)
-    if rows:
-        state.last_end_ns, state.last_close_ns = last_end, last_close
-        state.attempt = int(rows[-1]["attempt"])
-    if len(restarts):
-        emitted_until = last_close if rows else (state.last_close_ns or hour_start_ns)
-        handled = restarts[restarts <= emitted_until]
-        if len(handled):
-            state.last_restart_ns = int(handled[-1])
+    state.attempt = rows[-1]["attempt"] if rows else state.attempt
+    # restarts no emitted step is behind yet count for the next hour (within the carry's reach)
+    behind = state.last_close_ns if state.last_close_ns is not None else -(1 << 62)
+    state.pending_restarts_ns = [int(r) for r in restarts if r > max(behind, hour_end_ns - MAX_CARRY_NS)]
     state.baseline = typical.as_baseline(phases.gap_threshold_ns)
     carry_from = max(state.last_end_ns if state.last_end_ns is not None else -(1 << 62), hour_end_ns - MAX_CARRY_NS)
     state.carry = traffic.carry(carry_from)
-    return Timeline(_steps_table(job_id, rows, state.next_step - len(rows)), state.dump())
+    return Timeline(_steps_table(job_id, rows, first_step), state.dump())
 
 
 # --- traffic ------------------------------------------------------------------------------------
@@ -141,7 +137,7 @@ class _Traffic:
         flows = job_flows.select(["time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes",
                                   "sampler_address"])
         joined = flows.join(kinds, keys=["src_addr", "dst_addr"], join_type="left outer", use_threads=False)
-        on_pair = joined.filter(pc.is_valid(joined["kind"]))
+        on_pair = joined.filter(pc.is_valid(joined["kind"])).combine_chunks()
         off_pair = joined.filter(pc.is_null(joined["kind"]))
         endpoints = pa.concat_arrays([kinds["src_addr"].combine_chunks(), kinds["dst_addr"].combine_chunks()])
         outbound = pc.and_(pc.invert(pc.is_in(off_pair["dst_addr"], value_set=endpoints)),
@@ -149,19 +145,22 @@ class _Traffic:
         bulk = off_pair.filter(outbound)["time_flow_start_ns"].to_numpy()
 
         carried = _decode_carry(carry)
-        pair_text = pc.binary_join_element_wise(on_pair["src_addr"], on_pair["dst_addr"], ">")
-        pair_code, pairs = _codes(carried["pairs"], pair_text)
-        exporter_code, exporters = _codes(carried["exporters"], pc.fill_null(on_pair["sampler_address"], ""))
+        pairs = [f"{s}>{d}" for s, d in zip(kinds["src_addr"].to_pylist(), kinds["dst_addr"].to_pylist())]
+        exporter_text = pc.fill_null(on_pair["sampler_address"], "").dictionary_encode().combine_chunks()
+        exporters = list(carried["exporters"])
         columns = {
             "start": on_pair["time_flow_start_ns"].to_numpy(),
             "end": on_pair["time_flow_end_ns"].to_numpy(),
             "nbytes": on_pair["bytes"].to_numpy(),
             "kind": on_pair["kind"].to_numpy(),
-            "pair": pair_code,
-            "exporter": exporter_code,
+            "pair": on_pair["pair"].to_numpy(),
+            "exporter": _extend(exporters, exporter_text.dictionary.to_pylist())[exporter_text.indices.to_numpy()],
         }
+        # the carried flows' codes point into the lists they were carried with
+        carried["pair"] = _extend(pairs, carried["pairs"])[carried["pair"]]
+        columns["kind"] = _activations_only(columns["kind"], columns["pair"], columns["nbytes"])
         columns = {name: np.concatenate([carried[name], values]).astype(np.int64) for name, values in columns.items()}
-        order = np.lexsort(tuple(columns[name] for name in reversed(cls.COLUMNS)))
+        order = np.argsort(columns["start"], kind="stable")
         return cls(**{name: values[order] for name, values in columns.items()}, pairs=pairs,
                    exporters=exporters, bulk_writes=np.sort(np.concatenate([carried["bulk_writes"], bulk])))
 
@@ -234,25 +233,46 @@ class _Traffic:
 
 
 def _pair_kinds(comm_pairs: pa.Table) -> pa.Table:
-    """One row per directed pair with its kind code (dp before pp before other)."""
+    """One row per directed pair: its kind code (dp before pp before other) and its row number."""
     code = pa.array([KIND_CODES[k] for k in comm_pairs["kind"].to_pylist()], pa.int64())
     table = pa.table({"src_addr": comm_pairs["src_addr"], "dst_addr": comm_pairs["dst_addr"], "kind": code})
-    return table.group_by(["src_addr", "dst_addr"], use_threads=False).aggregate([("kind", "min")]).rename_columns(
-        ["src_addr", "dst_addr", "kind"])
+    table = table.group_by(["src_addr", "dst_addr"], use_threads=False).aggregate([("kind", "min")])
+    table = table.rename_columns(["src_addr", "dst_addr", "kind"]).sort_by([("src_addr", "ascending"),
+                                                                           ("dst_addr", "ascending")])
+    return table.append_column("pair", pa.array(np.arange(table.num_rows), pa.int64()))
 
 
-def _codes(known: list[str], values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    """Integer codes of `values` in a dictionary that starts with `known` (the carried codes
-    stay valid), and that dictionary."""
-    combined = pa.concat_arrays([pa.array(known, pa.string()), pa.chunked_array(values).combine_chunks()])
-    encoded = combined.dictionary_encode()
-    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    dictionary = encoded.dictionary.to_pylist()
-    # carried flows hold codes into `known`: keep that numbering by remapping known -> dictionary
-    remap = codes[: len(known)]
-    if len(known) and not np.array_equal(remap, np.arange(len(known))):
-        raise AssertionError("carried dictionary out of order")
-    return codes[len(known):], dictionary
+def _activations_only(kind: np.ndarray, pair: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """Pipeline pairs carry one activation size per micro-batch; other sizes on them (the tied
+    embedding all-reduce between the first and last stage of a 2-stage pipeline) are not
+    pipeline sends: kind OTHER."""
+    on_pipeline = np.flatnonzero(kind == PP)
+    if not len(on_pipeline):
+        return kind
+    order = on_pipeline[np.lexsort((nbytes[on_pipeline], pair[on_pipeline]))]
+    pair_size = np.stack([pair[order], nbytes[order]])
+    opens = np.r_[True, np.any(pair_size[:, 1:] != pair_size[:, :-1], axis=0)]
+    run_start = np.flatnonzero(opens)
+    run_length = np.diff(np.r_[run_start, len(order)])
+    run_pair = pair[order][run_start]
+    # the longest run of each pair (runs are sorted by pair, so take the last of a stable sort)
+    best = np.lexsort((run_length, run_pair))
+    last_of_pair = np.r_[run_pair[best][1:] != run_pair[best][:-1], True]
+    activation = np.zeros(int(pair.max()) + 1, np.int64)
+    activation[run_pair[best][last_of_pair]] = nbytes[order][run_start][best][last_of_pair]
+    kind = kind.copy()
+    kind[on_pipeline[nbytes[on_pipeline] != activation[pair[on_pipeline]]]] = OTHER
+    return kind
+
+
+def _extend(names: list[str], more: list[str]) -> np.ndarray:
+    """Append the names of `more` that `names` lacks; the index of each of `more` in `names`."""
+    index = {name: i for i, name in enumerate(names)}
+    for name in more:
+        if name not in index:
+            index[name] = len(names)
+            names.append(name)
+    return np.array([index[name] for name in more], np.int64)
 
 
 def _decode_carry(carry: dict | None) -> dict:
@@ -293,7 +313,7 @@ class _Phases:
     gap_threshold_ns: float | None
 
 
-def _sync_phases(traffic: _Traffic, hour_end_ns: int, threshold: float, gap_threshold_ns: float | None) -> _Phases:
+def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | None) -> _Phases:
     has_dp = bool(np.any(traffic.kind == DP))
     signal = np.flatnonzero(traffic.kind == (DP if has_dp else PP))
     if not len(signal):
@@ -303,8 +323,9 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, threshold: float, gap_thre
     if has_dp:
         # bytes and flows per pair: a sync of several stages at once weighs as one stage's sync
         b_flows = np.bincount(burst, minlength=len(b_start))
-        b_pairs = np.bincount(np.unique(burst * len(traffic.pairs) + traffic.pair[signal]) // len(traffic.pairs),
-                              minlength=len(b_start))
+        burst_pair = np.sort(burst * len(traffic.pairs) + traffic.pair[signal])
+        distinct = burst_pair[np.r_[True, burst_pair[1:] != burst_pair[:-1]]]
+        b_pairs = np.bincount(distinct // len(traffic.pairs), minlength=len(b_start))
         heavy = _upper_class(np.log(np.maximum(b_bytes, 1.0) * b_flows / b_pairs.astype(float) ** 2))
     else:
         heavy = np.ones(len(b_start), bool)
@@ -697,7 +718,7 @@ def _steps_table(job_id: str, rows: list[dict], first_step: int) -> pa.Table:
 class _State:
     next_step: int = 0
     attempt: int = 0
-    last_restart_ns: int | None = None  # the last restart already counted in `attempt`
+    pending_restarts_ns: list[int] = field(default_factory=list)  # not yet behind an emitted step
     last_end_ns: int | None = None  # end of the last emitted step; None until a boundary is seen
     last_close_ns: int | None = None  # end of the sync phase that closed it
     baseline: dict | None = None
@@ -710,6 +731,6 @@ class _State:
         return state
 
     def dump(self) -> dict:
-        return {"next_step": self.next_step, "attempt": self.attempt, "last_restart_ns": self.last_restart_ns,
+        return {"next_step": self.next_step, "attempt": self.attempt, "pending_restarts_ns": self.pending_restarts_ns,
                 "last_end_ns": self.last_end_ns, "last_close_ns": self.last_close_ns,
                 "baseline": self.baseline, "carry": self.carry}
