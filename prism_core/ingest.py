@@ -345,11 +345,19 @@ def _read_parquet(data: bytes) -> _Records:
     def render(rows: np.ndarray) -> list[str]:
         return [
             json.dumps(row, default=str, ensure_ascii=False)[:RAW_LIMIT]
-            for row in table.take(rows).to_pylist()
+            for row in _python_rows(table.take(rows))
         ]
 
     columns = {name: table[name].chunks for name in present}
     return _Records(columns, np.arange(table.num_rows, dtype=np.int64), render)
+
+
+def _python_rows(table: pa.Table) -> list[dict]:
+    """Rows as Python values; times as Arrow's text: Python's datetime has no nanoseconds."""
+    for i, data_type in enumerate(table.schema.types):
+        if pa.types.is_temporal(data_type) and not pa.types.is_interval(data_type):
+            table = table.set_column(i, table.field(i).name, table.column(i).cast(pa.string()))
+    return table.to_pylist()
 
 
 # --- text formats ---------------------------------------------------------------------------------
@@ -367,10 +375,11 @@ class _Lines:
         ends = np.concatenate((newlines, [len(data)]))
         has_cr = (ends > starts) & (buffer[np.maximum(ends - 1, 0)] == ord("\r"))
         ends = ends - has_cr
-        # Only lines that are empty or start with white space can be blank; check just those.
+        # Blank: only JSON white space, as Arrow's readers skip. Only lines that are empty or
+        # start with white space can be blank; check just those.
         first = buffer[np.minimum(starts, len(data) - 1)]
         maybe_blank = np.flatnonzero((ends <= starts) | np.isin(first, (9, 13, 32)))
-        blank = [i for i in maybe_blank.tolist() if not data[starts[i] : ends[i]].strip()]
+        blank = [i for i in maybe_blank.tolist() if not data[starts[i] : ends[i]].strip(b" \t\r")]
         keep = np.ones(len(starts), dtype=bool)
         keep[blank] = False
         self.starts = starts[keep]
@@ -501,16 +510,15 @@ def _read_text_lines(
         start = line + 1
     read(start, len(lines))
 
-    # Two chunks per field: what Arrow read (typed), then what Python read (text); `positions`
-    # keeps each record's place in the file.
+    # Up to two chunks per field: what Arrow read (typed), then what Python read (text);
+    # `positions` keeps each record's place in the file.
     positions = np.concatenate([*arrow_positions, np.array(python_positions, dtype=np.int64)])
-    arrow = pa.concat_tables(arrow_tables) if arrow_tables else None
+    tables = [pa.concat_tables(arrow_tables)] if arrow_tables else []
+    if python_rows:
+        texts = {name: [row.get(name) for row in python_rows] for name in text_format.fields}
+        tables.append(pa.table({name: pa.array(texts[name], pa.string()) for name in texts}))
     columns = {
-        name: [
-            *([arrow[name].combine_chunks()] if arrow else []),
-            pa.array([row.get(name) for row in python_rows], pa.string()),
-        ]
-        for name in text_format.fields
+        name: [table[name].combine_chunks() for table in tables] for name in text_format.fields
     }
     unparseable.sort()
 
@@ -591,12 +599,18 @@ def _parse_json_line(line: bytes) -> dict[str, str | None]:
 
 def _json_value_as_text(value: object) -> str | None:
     """A JSON value as the text validation parses: integers and strings keep their meaning, any
-    other value (1.5, true, [..]) becomes its JSON text, which no field accepts."""
-    if value is None or isinstance(value, str):
+    other value (1.5, true, [..], a string with a lone surrogate) becomes its JSON text (ASCII),
+    which no field accepts."""
+    if value is None:
+        return None
+    if isinstance(value, str) and (value.isascii() or not SURROGATE.search(value)):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     return json.dumps(value)
+
+
+SURROGATE = re.compile("[\ud800-\udfff]")  # JSON may escape them; UTF-8 cannot hold them
 
 
 def _read_csv(lines: _Lines) -> _Records:
@@ -654,15 +668,17 @@ class _Column:
         return _Column(np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, bool))
 
     @staticmethod
-    def of_chunks(chunks: list[pa.Array] | None, n: int, typed: Callable) -> _Column:
-        if chunks is None:
+    def concat(parts: list[_Column], n: int) -> _Column:
+        if not parts:
             return _Column.absent(n)
-        parts = [typed(chunk) for chunk in chunks]
         return _Column(
             np.concatenate([part.values for part in parts]),
             np.concatenate([part.present for part in parts]),
             np.concatenate([part.ok for part in parts]),
         )
+
+    def slice(self, start: int, stop: int) -> _Column:
+        return _Column(self.values[start:stop], self.present[start:stop], self.ok[start:stop])
 
 
 def _mask(array: pa.Array) -> np.ndarray:
@@ -690,8 +706,31 @@ def _dictionary(array: pa.Array) -> pa.DictionaryArray:
     return array if pa.types.is_dictionary(array.type) else pc.dictionary_encode(array)
 
 
-def _int_column(chunks: list[pa.Array] | None, n: int) -> _Column:
-    return _Column.of_chunks(chunks, n, _int_chunk)
+def _int_columns(columns: dict[str, list[pa.Array]], n: int) -> dict[str, _Column]:
+    """The integer fields. Their text chunks are parsed together: one round of Arrow calls per
+    file instead of one per field, which is most of the cost of a small file."""
+    text = [
+        (name, i)
+        for name in INT_FIELDS
+        for i, chunk in enumerate(columns.get(name, []))
+        if _holds_text(chunk)
+    ]
+    parsed = {}
+    if text:
+        texts = [_decoded(columns[name][i]).cast(pa.large_string()) for name, i in text]
+        joined = _parse_int_text(pa.concat_arrays(texts))
+        bounds = np.cumsum([0] + [len(chunk) for chunk in texts])
+        parsed = {key: joined.slice(a, b) for key, a, b in zip(text, bounds[:-1], bounds[1:])}
+    return {
+        name: _Column.concat(
+            [
+                parsed[name, i] if (name, i) in parsed else _int_chunk(chunk)
+                for i, chunk in enumerate(columns.get(name, []))
+            ],
+            n,
+        )
+        for name in INT_FIELDS
+    }
 
 
 def _int_chunk(array: pa.Array) -> _Column:
@@ -714,24 +753,28 @@ def _parse_int_text(text: pa.Array) -> _Column:
     stricter than Arrow's cast, which takes hex)."""
     text = pc.utf8_trim_whitespace(text)
     present = _mask(pc.greater(pc.utf8_length(text), 0))
-    magnitude = pc.utf8_ltrim(text, "-0")  # digits without sign and leading zeros
-    digits = pc.utf8_length(magnitude)
-    fits = pc.or_(
-        pc.less(digits, len(INT64_MAX_DIGITS)),
-        pc.and_(
-            pc.equal(digits, len(INT64_MAX_DIGITS)), pc.less_equal(magnitude, INT64_MAX_DIGITS)
-        ),
-    )
-    ok = present & _mask(pc.match_substring_regex(text, r"^-?[0-9]+$")) & _mask(fits)
-    parsed = pc.cast(pc.if_else(pa.array(ok), text, pa.scalar(None, text.type)), pa.int64())
+    # Up to 19 significant digits; the few 19-digit numbers beyond int64 fail the cast below.
+    ok = present & _mask(pc.match_substring_regex(text, r"^-?0*[0-9]{1,19}$"))
+    try:
+        parsed = pc.cast(_where(ok, text), pa.int64())
+    except pa.ArrowInvalid:
+        magnitude = pc.utf8_ltrim(_where(ok, text), "-0")  # digits without sign, leading zeros
+        below_19_digits = pc.less(pc.utf8_length(magnitude), len(INT64_MAX_DIGITS))
+        ok &= _mask(pc.or_(below_19_digits, pc.less_equal(magnitude, INT64_MAX_DIGITS)))
+        parsed = pc.cast(_where(ok, text), pa.int64())
     return _Column(parsed.fill_null(0).to_numpy(), present, ok)
+
+
+def _where(mask: np.ndarray, array: pa.Array) -> pa.Array:
+    """`array` where `mask`, null elsewhere."""
+    return pc.if_else(pa.array(mask), array, pa.scalar(None, array.type))
 
 
 PROTO_ABSENT, PROTO_UNKNOWN = -2, -1
 
 
-def _protocol_column(chunks: list[pa.Array] | None, n: int) -> _Column:
-    return _Column.of_chunks(chunks, n, _protocol_chunk)
+def _protocol_column(chunks: list[pa.Array], n: int) -> _Column:
+    return _Column.concat([_protocol_chunk(chunk) for chunk in chunks], n)
 
 
 def _protocol_chunk(array: pa.Array) -> _Column:
@@ -751,8 +794,8 @@ def _protocol_number(text: str) -> int:
     if not text:
         return PROTO_ABSENT
     if text.isascii() and text.isdigit():
-        number = int(text)
-        return number if number <= 255 else PROTO_UNKNOWN
+        digits = text.lstrip("0") or "0"
+        return int(digits) if len(digits) <= 3 and int(digits) <= 255 else PROTO_UNKNOWN
     return PROTOCOL_NUMBERS.get(text.upper(), PROTO_UNKNOWN)
 
 
@@ -770,8 +813,8 @@ class _Addresses:
         return self.family > 0
 
 
-def _address_column(chunks: list[pa.Array] | None, n: int) -> _Addresses:
-    if chunks is None:
+def _address_column(chunks: list[pa.Array], n: int) -> _Addresses:
+    if not chunks:
         return _address_chunk(pa.nulls(n))
     parts = [_address_chunk(chunk) for chunk in chunks]
     return _Addresses(
@@ -828,9 +871,9 @@ def _parse_address(text: str) -> tuple[str | None, int]:
 def _validate(records: _Records, source: str) -> ParsedFile:
     n = records.num_parsed
     columns = records.columns
-    ints = {name: _int_column(columns.get(name), n) for name in INT_FIELDS}
-    addresses = {name: _address_column(columns.get(name), n) for name in ADDRESS_FIELDS}
-    proto = _protocol_column(columns.get("proto"), n)
+    ints = _int_columns(columns, n)
+    addresses = {name: _address_column(columns.get(name, []), n) for name in ADDRESS_FIELDS}
+    proto = _protocol_column(columns.get("proto", []), n)
 
     start, end, size = ints["time_flow_start_ns"], ints["time_flow_end_ns"], ints["bytes"]
     packets, rate = ints["packets"], ints["sampling_rate"]

@@ -120,6 +120,8 @@ BAD_RECORDS = [
     ("bad_type:bytes", {"bytes": True}),
     ("bad_type:bytes", {"bytes": "0x10"}),
     ("bad_type:bytes", {"bytes": "99999999999999999999"}),
+    ("bad_type:bytes", {"bytes": "9223372036854775808"}),  # one above int64
+    ("time_out_of_range", {"time_flow_end_ns": " 9223372036854775807"}),  # int64 max parses
     ("bad_addr:src_addr", {"src_addr": "10.0.0.256"}),
     ("bad_addr:src_addr", {"src_addr": "010.0.0.1"}),
     ("bad_addr:dst_addr", {"dst_addr": "gpu-7"}),
@@ -438,6 +440,20 @@ def test_parquet_column_of_the_wrong_type_fails_every_row():
         "missing_field:bytes"
     ]
     assert json.loads(parsed.quarantine["raw"][2].as_py())["bytes"] == 1002.5
+
+
+def test_parquet_time_columns_are_bad_types_with_readable_raw():
+    # Python's datetime has no nanoseconds: `raw` shows Arrow's text of the time.
+    table = pa.Table.from_pylist([record()])
+    name = "time_flow_start_ns"
+    column = pa.array([T0 + 1], pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+    table = table.set_column(table.column_names.index(name), name, column)
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    parsed = parse(buffer.getvalue(), "f.parquet")
+    assert quarantined(parsed) == [(0, "bad_type:time_flow_start_ns")]
+    raw = json.loads(parsed.quarantine["raw"][0].as_py())
+    assert raw[name] == "2026-01-01 00:00:00.000000001Z"
 
 
 def test_parquet_unsigned_and_narrow_integer_columns():
