@@ -49,6 +49,9 @@ KIND_CODES = {"dp": DP, "pp": PP, "other": OTHER}
 NS = 1_000_000_000
 MAD_TO_SIGMA = 1.4826
 BOUNDARY_SLACK_S = 0.02
+DATA_END_MARGIN_S = 60.0  # an hour whose last flow comes earlier than this before its end ends the data
+STOP_REFERENCE_STEPS = 10  # complete steps that show where in a step each GPU is normally active
+LINK_TIE = 0.03  # two addresses this close in throughput are equally slow
 REGULAR_SHARE = 0.8  # a transfer class is regular when its count per step is the usual one this often
 SEVERITY_BANDS = ((0.10, "low"), (0.25, "medium"), (0.50, "high"))  # impact share below -> band
 
@@ -74,6 +77,7 @@ class DiagnosisConfig:
     degradation_min_steps: int = 10  # steps the new level must hold
     hang_confirm_s: float = 30.0  # silence (hosts not taken) before a stop can be called a hang
     hang_stagger_s: float = 0.4  # GPUs stopping this far apart: a hang, not a crash
+    crash_wait_s: float = 300.0  # a stop without stagger is a hang after this silence (restarts resume)
 
 
 DEFAULT_CONFIG = DiagnosisConfig()
@@ -137,7 +141,8 @@ class _JobHour:
     nbytes: np.ndarray
     kind: np.ndarray
     step: np.ndarray  # index of the step the flow starts in, -1 outside every step
-    write_start: np.ndarray  # starts of large flows from members to outside the job
+    write_start: np.ndarray  # large flows from members to outside the job (checkpoint writes)
+    write_end: np.ndarray
     # steps, sorted by start
     step_start: np.ndarray
     step_end: np.ndarray
@@ -177,7 +182,7 @@ class _JobHour:
         pair_kind = np.array([KIND_CODES.get(k, UNCLASSIFIED) for k in pairs["kind"].to_pylist()], np.int8)
         known = (pair_src >= 0) & (pair_dst >= 0)
         pair_key = pair_src[known] * n + pair_dst[known]
-        key_order = np.argsort(pair_key, kind="stable")
+        key_order = np.lexsort((pair_kind[known], pair_key))  # a pair with several kinds: the lowest
         pair_key, pair_kind = pair_key[key_order], pair_kind[known][key_order]
         flow_key = src[order] * n + dst[order]
         at = np.clip(np.searchsorted(pair_key, flow_key), 0, max(len(pair_key) - 1, 0))
@@ -206,6 +211,7 @@ class _JobHour:
             kind=kind,
             step=np.where(inside, step, -1),
             write_start=np.sort(start[writes]),
+            write_end=np.sort(end[writes]),
             step_start=step_start,
             step_end=step_end,
             duration=step_end - step_start,
@@ -225,10 +231,10 @@ class _JobHour:
 
     def gpus_active(self, lo: float, hi: float) -> int:
         """GPUs of the hosts that exchanged traffic in [lo, hi]: a job's size at that time (a
-        replaced host is not counted twice)."""
+        replaced host is not counted twice); all the job's GPUs when none did."""
         during = (self.start <= hi) & (self.end >= lo)
         hosts = np.unique(self.host_of_addr[np.concatenate([self.src[during], self.dst[during]])])
-        return int(self.gpus_of_host[hosts].sum())
+        return int(self.gpus_of_host[hosts].sum() if len(hosts) else self.gpus_of_host.sum())
 
 
 # --- state carried between hours ----------------------------------------------------------------
@@ -387,7 +393,10 @@ class _Run:
 
     def slow_link_steps(self) -> tuple[np.ndarray, np.ndarray]:
         """Per step: the address whose fastest transfer is slowest against transfers of the same
-        size in the same step (-1 when none is below `slow_link_ratio`), and that ratio."""
+        size in the same step (-1 when none is below `slow_link_ratio`), and that ratio. When
+        the two slowest addresses are as slow as each other, their link is the culprit, coded
+        n_addrs + a * n_addrs + b (two hosts talking only to each other cannot tell which end
+        is slow)."""
         job, config = self.job, self.config
         culprit = np.full(job.n_steps, -1)
         score = np.ones(job.n_steps)
@@ -403,12 +412,23 @@ class _Run:
         # every flow speaks for both its ends: an address is as fast as its fastest transfer
         addr = np.concatenate([job.src[sel], job.dst[sel]])
         step, ratio = np.concatenate([step, step]), np.concatenate([ratio, ratio])
-        capacity = _group_reduce(_key(step, addr), ratio, np.maximum)
-        order = np.lexsort((capacity, step))
-        lowest = order[np.r_[True, step[order][1:] != step[order][:-1]]]
+        key = _key(step, addr)
+        capacity = _group_reduce(key, ratio, np.maximum)
+        rows = np.unique(key, return_index=True)[1]  # one row per (step, address)
+        step, addr, capacity = step[rows], addr[rows], capacity[rows]
+        order = np.lexsort((addr, capacity, step))
+        first = np.r_[True, step[order][1:] != step[order][:-1]]
+        lowest = order[first]
+        second = np.full(len(lowest), -1)
+        has_second = np.r_[~first[1:], False][first]
+        second[has_second] = order[np.flatnonzero(first)[has_second] + 1]
         score[step[lowest]] = capacity[lowest]
-        slow = lowest[capacity[lowest] < config.slow_link_ratio]
-        culprit[step[slow]] = addr[slow]
+        n = len(job.addrs)
+        tied = (second >= 0) & (capacity[np.maximum(second, 0)] < capacity[lowest] * (1 + LINK_TIE))
+        a, b = np.minimum(addr[lowest], addr[np.maximum(second, 0)]), np.maximum(addr[lowest], addr[np.maximum(second, 0)])
+        code = np.where(tied, n + a * n + b, addr[lowest])
+        slow = capacity[lowest] < config.slow_link_ratio
+        culprit[step[lowest][slow]] = code[slow]
         return culprit, score
 
     def straggler_steps(self) -> tuple[np.ndarray, np.ndarray]:
@@ -452,6 +472,7 @@ class _Run:
         # against its stage peers in the same step (seconds), or alone against its own rhythm
         position = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
         structure = _key(kind, host, ordinal)
+        # median and MAD: robust while a straggler makes up to half of the steps late
         usual = _group_median(structure, position)
         noise = MAD_TO_SIGMA * _group_median(structure, np.abs(position - usual))
         seen = _group_reduce(structure, np.ones(len(step)), np.add)
@@ -474,13 +495,12 @@ class _Run:
         open window of the previous hour counts from the hour's first step."""
         culprit, score = per_step
         config = self.config
-        names = self.job.hosts if kind == "straggler" else self.job.addrs
         carried = self.state.open_windows.get(kind, {}).get("name")
         found = []
         for code in np.unique(culprit[culprit >= 0]):
             at = np.flatnonzero(culprit == code)
             for run in np.split(at, np.flatnonzero(np.diff(at) > config.window_max_gap + 1) + 1):
-                continues = names[code] == carried and run[0] <= config.window_max_gap
+                continues = self.subject_name(kind, code) == carried and run[0] <= config.window_max_gap
                 if continues:
                     run = np.r_[0, run] if run[0] else run
                 if len(run) >= config.window_min_steps or continues:
@@ -598,10 +618,9 @@ class _Run:
     def report_windows(self) -> None:
         job = self.job
         for kind, runs in (("slow_link", self.slow_link_runs), ("straggler", self.straggler_runs)):
-            names = job.hosts if kind == "straggler" else job.addrs
             previous = self.state.open_windows.get(kind)
             for code, run, scores in runs:
-                continued = bool(previous) and names[code] == previous["name"] and run[0] == 0
+                continued = bool(previous) and self.subject_name(kind, code) == previous["name"] and run[0] == 0
                 steps = np.arange(run[0], run[-1] + 1)
                 measured = steps[~(self.checkpoint[steps] | self.warmup[steps] | self.slow[steps])]
                 baseline = previous["baseline_s"] if continued else self.level[measured]
@@ -610,8 +629,8 @@ class _Run:
                 base = float(np.mean(baseline)) if np.size(baseline) else np.nan
                 share = float(np.mean(job.duration[measured])) / base - 1 if len(measured) else 0.0
                 votes = len(run) / len(steps)
+                subject = self.subject_name(kind, code)
                 if kind == "straggler":
-                    subject = str(job.hosts[code])
                     evidence = {"late_steps": len(run), "window_steps": len(steps), "median_lateness": float(np.median(scores)),
                                 "alone_in_stage": bool(np.sum(job.stage_of_host == job.stage_of_host[code]) < 2),
                                 "runner_up": self.runner_up(code, steps)}
@@ -625,21 +644,35 @@ class _Run:
                 evidence["continued"] = continued
                 self.add(kind, subject, start_ns, job.ns(job.step_end[run[-1]]), share, confidence, cost, evidence)
                 if run[-1] >= job.n_steps - 1 - self.config.window_max_gap:
-                    self.open_windows[kind] = {"name": str(names[code]), "start_ns": start_ns, "baseline_s": base}
+                    self.open_windows[kind] = {"name": self.subject_name(kind, code), "start_ns": start_ns,
+                                               "baseline_s": base}
 
     def runner_up(self, code: int, steps: np.ndarray) -> str | None:
         others = [c for c, run, _ in self.straggler_runs if c != code and np.isin(run, steps).any()]
         return str(self.job.hosts[others[0]]) if others else None
 
-    def link_subject(self, addr: int, steps: np.ndarray) -> tuple[str, dict]:
-        """The NIC when all its transfers are slow, else the one slow directed link."""
+    def subject_name(self, kind: str, code: int) -> str:
+        job = self.job
+        if kind == "straggler":
+            return str(job.hosts[code])
+        n = len(job.addrs)
+        if code < n:
+            return str(job.addrs[code])
+        a, b = divmod(code - n, n)
+        return f"{job.addrs[a]}->{job.addrs[b]}"
+
+    def link_subject(self, code: int, steps: np.ndarray) -> tuple[str, dict]:
+        """A NIC when all its transfers are slow, else the one slow directed link it carries."""
+        name = self.subject_name("slow_link", code)
+        if code >= len(self.job.addrs):
+            return name, {"ends_indistinguishable": True}
         step, src, dst, ratio = self.link_ratio
+        addr = code
         mine = np.isin(step, steps) & ((src == addr) | (dst == addr))
         pair = _key(src[mine], dst[mine])
         pairs, first = np.unique(pair, return_index=True)
         pair_ratio = np.array([np.max(ratio[mine][pair == p]) for p in pairs])
         slow_pairs = pair_ratio < self.config.slow_link_ratio
-        name = str(self.job.addrs[addr])
         detail = {"slow_pairs": int(slow_pairs.sum()), "pairs": len(pairs)}
         if slow_pairs.sum() == 1 and len(pairs) > 2:
             i = first[np.flatnonzero(slow_pairs)[0]]
@@ -678,63 +711,105 @@ class _Run:
             return
         stopped_at = job.seconds(stop["at_ns"])
         taken = self.hosts_taken_after(stop["hosts"], stopped_at)
-        silent_until = min(taken, self.horizon())
-        if silent_until - stopped_at < config.hang_confirm_s and silent_until >= self.hour_end - 1e-9:
-            return  # too close to the hour's end to tell: decide next hour
+        horizon = self.horizon()
+        silent_until = min(taken, horizon)
+        silence = silent_until - job.seconds(stop["last_active_ns"])
+        # A crash looks the same until the job resumes (a restart): wait longer for it. When the
+        # data ends first, the job is called hung if it was silent long enough to tell at all.
+        wait = stop["confirm_s"] if stop["staggered"] else max(stop["confirm_s"], config.crash_wait_s)
+        if silence < wait:
+            if silent_until >= self.hour_end:
+                return  # still silent at the hour's end: decide next hour
+            if not (silent_until == horizon and silence >= stop["confirm_s"]):
+                stop["decided"] = True
+                return  # running on, or hosts taken by another job
         stop["decided"] = True
-        if silent_until - stopped_at < config.hang_confirm_s or not (stop["mid_step"] and stop["staggered"]):
-            return  # running on, a normal end, a crash (a restart shows when the job resumes), or hosts reused
+        if not stop["mid_step"]:
+            return  # a normal end: the last step completed
         checkpoint_ns = state.last_checkpoint_ns if state.last_checkpoint_ns is not None else state.first_step_ns
         checkpoint_ns = min(checkpoint_ns, stop["at_ns"])
         cost = waste.idle_gpu_s(stop["n_gpus"], checkpoint_ns, job.ns(silent_until))
         evidence = {"silent_first": stop["silent_first"], "stagger_s": stop["stagger_s"],
-                    "lost_since_checkpoint_s": (stop["at_ns"] - checkpoint_ns) / NS,
+                    "staggered": stop["staggered"], "lost_since_checkpoint_s": (stop["at_ns"] - checkpoint_ns) / NS,
                     "silent_s": silent_until - stopped_at, "hosts": stop["hosts"],
                     "ended_by": _ended_by(silent_until, np.inf, taken, self.hour_end)}
-        confidence = 0.9 if len(stop["silent_first"]) < stop["active"] / 2 else 0.6
-        subject = ",".join(stop["silent_first"])
+        confidence = 0.9 if stop["staggered"] else 0.6
+        subject = ",".join(stop["silent_first"]) or self.job_id
         row = self.add("hang", subject, stop["at_ns"], job.ns(silent_until), 1.0, confidence, cost, evidence)
-        if silent_until >= self.hour_end - 1e-9:
+        if silent_until >= self.hour_end:
             self.open_hang = {"issue_id": row["issue_id"], "subject": subject, "start_ns": stop["at_ns"],
                               "hosts": stop["hosts"], "n_gpus": stop["n_gpus"], "confidence": confidence}
 
     def describe_stop(self) -> dict:
-        """How the job's traffic ended this hour: when, whether in the middle of a step, and
-        which GPUs went silent first."""
+        """How the job's traffic ended this hour: when, whether in the middle of a step, and which
+        GPUs went silent first. GPUs fell silent one after another (a hang) when some stopped
+        while the others went on, although in the last complete steps they were active at that
+        point of the step."""
         job, config = self.job, self.config
         stopped = float(job.end.max())
         per_step = np.bincount(job.step[job.step >= 0], minlength=job.n_steps)
         complete = np.flatnonzero(per_step >= 0.9 * np.median(per_step)) if job.n_steps else np.zeros(0, int)
-        last_complete_end = job.step_end[complete[-1]] if len(complete) else -np.inf
-        tail = job.start > last_complete_end
-        mid_step = bool(tail.any())
-        recent = (job.end >= last_complete_end - (job.duration[complete[-1]] if len(complete) else 0.0))
+        unfinished_start = job.step_end[complete[-1]] if len(complete) else -np.inf
+        mid_step = bool((job.start > unfinished_start).any())
+        typical_step = float(np.median(job.duration)) if job.n_steps else (self.state.level_s or 0.0)
+
+        recent = job.end >= unfinished_start - typical_step
         addr = np.concatenate([job.src[recent], job.dst[recent]])
-        last = np.concatenate([job.end[recent], job.end[recent]])
-        active = np.unique(addr)
         last_seen = np.full(len(job.addrs), -np.inf)
-        np.maximum.at(last_seen, addr, last)
-        last_seen = last_seen[active]
-        first_silent = active[last_seen <= last_seen.min() + config.hang_stagger_s / 2]
-        stagger = float(np.median(last_seen) - last_seen.min())
-        hosts = self.hosts_between(stopped - 60, stopped)
+        np.maximum.at(last_seen, addr, np.concatenate([job.end[recent], job.end[recent]]))
+        active = np.unique(addr)
+        # silent for a while before the others stopped, though normally busy then (the phase
+        # tolerance covers step-to-step jitter)
+        tolerance = max(0.1, 0.05 * typical_step)
+        quiet = active[last_seen[active] <= stopped - config.hang_stagger_s - 2 * tolerance]
+        expected = self.active_at_phase(
+            complete[-STOP_REFERENCE_STEPS:], quiet, last_seen[quiet] - unfinished_start + tolerance,
+            stopped - unfinished_start - config.hang_stagger_s - tolerance) if len(complete) else np.zeros(0, bool)
+        silenced = quiet[expected]
+        first = last_seen[silenced if len(silenced) else active].min()
+        # the GPUs that went silent first; the whole job when none stopped before the others
+        silent_first = silenced[last_seen[silenced] <= first + config.hang_stagger_s / 2]
+        # a checkpoint write keeps the job busy without traffic between its GPUs
+        last_active = max(stopped, float(job.write_end.max(initial=-np.inf)))
         return {
-            "at_ns": job.ns(float(last_seen.min())),
+            "at_ns": job.ns(float(first)),
+            "last_active_ns": job.ns(last_active),
+            "confirm_s": max(config.hang_confirm_s, 3 * typical_step),
             "mid_step": mid_step,
-            "staggered": stagger >= config.hang_stagger_s,
-            "stagger_s": stagger,
-            "silent_first": sorted(job.addrs[first_silent].tolist()),
-            "active": int(len(active)),
-            "hosts": hosts,
+            "staggered": bool(len(silenced)),
+            "stagger_s": stopped - float(first),
+            "silent_first": sorted(job.addrs[silent_first].tolist()),
+            "hosts": self.hosts_between(stopped - 60, stopped),
             "n_gpus": job.gpus_active(stopped - 60, stopped),
             "decided": False,
         }
 
+    def active_at_phase(self, steps: np.ndarray, addrs: np.ndarray, since: np.ndarray, until: float) -> np.ndarray:
+        """For each address: did it carry traffic between `since` (its own) and `until` seconds
+        into at least half of `steps`?"""
+        job = self.job
+        if not len(addrs):
+            return np.zeros(0, bool)
+        in_steps = np.isin(job.step, steps)
+        step = np.tile(job.step[in_steps], 2)
+        addr = np.concatenate([job.src[in_steps], job.dst[in_steps]])
+        phase = np.tile(job.start[in_steps] - job.step_start[job.step[in_steps]], 2)
+        slot = np.full(len(job.addrs), -1)
+        slot[addrs] = np.arange(len(addrs))
+        mine = slot[addr] >= 0
+        hit = mine & (phase > since[np.maximum(slot[addr], 0)]) & (phase <= until)
+        busy_steps = np.zeros(len(addrs))
+        pairs = np.unique(_key(slot[addr[hit]], step[hit]), return_index=True)[1]
+        np.add.at(busy_steps, slot[addr[hit]][pairs], 1)
+        return busy_steps >= max(len(steps), 1) / 2
+
     def horizon(self) -> float:
-        """How far this hour's data reaches (the last flow of any job), at most the hour's end."""
+        """How far this hour's data reaches: the hour's end, unless the last flow of any job came
+        more than `DATA_END_MARGIN_S` before it (the data ends within this hour)."""
         if self.membership is None or not self.membership.num_rows:
             return self.hour_end
-        return min(self.job.seconds(int(pc.max(self.membership["last_ns"]).as_py())), self.hour_end)
+        last = self.job.seconds(int(pc.max(self.membership["last_ns"]).as_py()))
+        return self.hour_end if last >= self.hour_end - DATA_END_MARGIN_S else last
 
     def hosts_taken_after(self, hosts: list[str], after: float) -> float:
         """When another job first used one of `hosts` after `after` (inf: never this hour)."""
@@ -859,10 +934,12 @@ def _group_reduce(key: np.ndarray, values: np.ndarray, ufunc: np.ufunc) -> np.nd
 
 def _group_mode(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Most frequent value of each key group (the smallest on ties), broadcast back to the rows."""
-    pairs, counts = np.unique(np.stack([key, values]), axis=1, return_counts=True)
-    order = np.lexsort((-counts, pairs[0]))
-    first = order[np.r_[True, pairs[0][order][1:] != pairs[0][order][:-1]]]
-    return pairs[1][first][np.searchsorted(pairs[0][first], key)]
+    radix = int(values.max(initial=0)) + 1
+    pairs, counts = np.unique(key * radix + values, return_counts=True)
+    pair_key, pair_value = np.divmod(pairs, radix)
+    order = np.lexsort((-counts, pair_key))
+    first = order[np.r_[True, pair_key[order][1:] != pair_key[order][:-1]]]
+    return pair_value[first][np.searchsorted(pair_key[first], key)]
 
 
 def _group_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -5,7 +5,9 @@ that hour's waste). A Prism job is associated with every truth job whose address
 (Jaccard >= 0.5 over `job_gpus`); hosts are reused, so an issue then matches a truth fault of an
 associated job when the kinds are equal, the times overlap (within `TIME_SLACK_NS`) and, for
 `slow_link` and `hang`, the subject names one of the fault's addresses. A straggler is detected
-whatever host it names; whether it names the right host is the localization figure. Each issue is
+whatever host it names, and a hang named after the whole job (its GPUs stopped together, so the
+data cannot single one out) is detected without a subject; whether they name the right host or
+address is the localization figures. Each issue is
 given to the fault it overlaps most, and a fault's estimated waste is the sum over its issues.
 """
 
@@ -47,6 +49,9 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
     stragglers = np.flatnonzero(fault_kind == "straggler")
     right = [any(subjects[fault_of_issue == f] == truth_subjects[f]) for f in stragglers if detected[f]]
     figures["straggler_top1"] = Figure(ratio(sum(right), len(right)), 0.97)
+    hangs = np.flatnonzero(fault_kind == "hang")
+    named = [any(truth_subjects[f] in _addresses(s) for s in subjects[fault_of_issue == f]) for f in hangs if detected[f]]
+    figures["hang_localized"] = Figure(ratio(sum(named), len(named)))
 
     estimated = np.bincount(fault_of_issue[fault_of_issue >= 0], minlength=faults.num_rows,
                             weights=issues["wasted_gpu_s"].to_numpy()[fault_of_issue >= 0])
@@ -103,7 +108,8 @@ def match(faults: pa.Table, issues: pa.Table, associated: set[tuple[str, str]]) 
             if f_kind != kind or (f_job, job) not in associated:
                 continue
             overlap = min(end, f_end) + TIME_SLACK_NS - max(start, f_start)
-            if overlap <= 0 or (kind in ADDRESS_SUBJECT_KINDS and not _addresses(subject) & _addresses(f_subject)):
+            if overlap <= 0 or (kind in ADDRESS_SUBJECT_KINDS and subject != job
+                                and not _addresses(subject) & _addresses(f_subject)):
                 continue
             if overlap > best:
                 best, matched[i] = overlap, f
