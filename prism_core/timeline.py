@@ -68,7 +68,7 @@ WARMUP_RATIO = 1.15  # a job whose second step is this much slower than usual st
 SILENCE_STEPS = 4.0  # this many steps without traffic after a sync: the job stopped after it
 BULK_WRITE_BYTES = 64 << 20  # one outbound flow this large out of the job is a checkpoint write
 MAX_CARRY_NS = 600_000_000_000  # flows carried to the next hour reach back at most this far
-MIN_GAPS = 4  # fewer gaps than this: the gap threshold comes from the previous hours
+MIN_STEPS = 8  # fewer steps in view than this: the job's timings come from the previous hours
 
 
 @dataclass
@@ -457,7 +457,7 @@ def _boundary_gap_threshold(
     may be luck (the micro-batches of a warm-up step alone). Without such a cut, the previous
     hour's."""
     fallback = previous if previous is not None else (float(gaps.min()) if len(gaps) else np.inf)
-    if len(gaps) < MIN_GAPS:
+    if np.sum(gaps >= fallback) < MIN_STEPS:
         return fallback
     log_gaps = np.log10(np.maximum(gaps, 1))
     cuts = np.arange(log_gaps.min(), log_gaps.max() + 1e-9, np.log10(CUT_RATIO))
@@ -499,7 +499,7 @@ def _irregularity(times: np.ndarray) -> float:
     at 1: near 0 for one event per step, high when two kinds of gaps interleave (an even number
     of neighbours keeps an alternating pattern from matching itself)."""
     spacing = np.diff(times).astype(float)
-    if len(spacing) < MIN_GAPS - 1:
+    if len(spacing) < 3:
         return np.inf
     window = np.lib.stride_tricks.sliding_window_view(np.pad(spacing, 4, mode="reflect"), 9)
     local = np.median(np.delete(window, 4, axis=1), axis=1)
@@ -533,7 +533,7 @@ class _Typical:
 
 def _typical(phases: _Phases, baseline: dict) -> _Typical:
     def median(values: np.ndarray, name: str) -> float | None:
-        return float(np.median(values)) if len(values) >= MIN_GAPS else baseline.get(name)
+        return float(np.median(values)) if len(values) >= MIN_STEPS else baseline.get(name)
 
     phase_bytes = median(phases.nbytes, "phase_bytes") or 0.0
     complete = phases.nbytes >= COMPLETE_SHARE * phase_bytes
@@ -546,7 +546,7 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
         return typical
     normal = followed & (phases.next_ns - phases.close_ns <= gap + LONG_GAP_SHARE * period)
     sends = normal & (phases.first_send_ns >= 0)
-    if not phases.has_dp and sends.sum() >= MIN_GAPS:
+    if not phases.has_dp and sends.sum() >= MIN_STEPS:
         # Without DP the phase ends with the last visible gradient send: the gap after it holds
         # k backward passes (b = 2 f), the optimizer, and k forward passes before the first send.
         unexplained = phases.first_send_ns - phases.close_ns - OPTIMIZER_SHARE * period
