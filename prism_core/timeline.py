@@ -63,7 +63,6 @@ OPTIMIZER_SHARE = 0.04  # optimizer time / step time when no pipeline traffic sh
 LONG_GAP_SHARE = 0.1  # an inter-step gap this share of a step above usual is a checkpoint or stall
 COMPLETE_SHARE = 0.9  # a sync phase with fewer bytes than this share of usual was cut short
 LAST_COMPLETE_SHARE = 0.97  # the same for a phase after which the job falls silent (hang, failure)
-TOGETHER_SHARE = 0.25  # a collective's pairs finish within this share of its length of each other
 WARMUP_RATIO = 1.15  # a job whose second step is this much slower than usual started in view
 SILENCE_STEPS = 4.0  # this many steps without traffic after a sync: the job stopped after it
 BULK_WRITE_BYTES = 64 << 20  # one outbound flow this large out of the job is a checkpoint write
@@ -202,15 +201,6 @@ class _Traffic:
         latest = np.sort(ends)[-2] if len(ends) > 1 else ends[0]
         return int(np.median(ends[ends >= latest - CLUSTER_NS]))
 
-    def finished_together(self, rows: np.ndarray, close_ns: int) -> bool:
-        """Whether every pair of the collective `rows` ended its part near `close_ns`: a collective
-        whose member hung leaves that member's pairs stopped early (cut short, not finished)."""
-        start = self.start[rows].min()
-        pair_end = np.full(int(self.pair[rows].max()) + 1, np.iinfo(np.int64).min)
-        np.maximum.at(pair_end, self.pair[rows], self.end[rows])
-        pair_end = pair_end[pair_end > np.iinfo(np.int64).min]
-        return bool(pair_end.min() >= close_ns - TOGETHER_SHARE * (close_ns - start))
-
     def first_sends(self, rows: np.ndarray) -> tuple[int, int] | None:
         """(t1, f) of a step whose pipeline traffic starts with `rows` (kind PP): the pairs that
         send first send their first two micro-batches one forward pass f apart, the first at t1;
@@ -303,7 +293,6 @@ class _Phases:
     close_ns: np.ndarray  # its last burst ends
     nbytes: np.ndarray
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
-    finished_together: np.ndarray  # bool: every pair of its last burst finished near its end
     closed: np.ndarray  # bool: nothing later can still join the phase
     next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
     first_send_ns: np.ndarray  # the next step's first pipeline sends (-1: none)
@@ -341,7 +330,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
     first = _join_partial_phases(first, b_bytes[candidates], b_start[candidates], b_end[candidates])
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
-    flows, start_ns, close_ns, nbytes, after_optimizer, together = [], [], [], [], [], []
+    flows, start_ns, close_ns, nbytes, after_optimizer = [], [], [], [], []
     flow_rank = np.argsort(burst, kind="stable")  # signal rows grouped by burst
     burst_from = np.searchsorted(burst[flow_rank], np.arange(len(b_start) + 1))
     for lo, hi in zip(first, last):
@@ -352,7 +341,6 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
         close_ns.append(traffic.cluster_end(rows[-1]))
         nbytes.append(float(b_bytes[members].sum()))
         after_optimizer.append(has_dp and _repeats_collective(traffic, rows))
-        together.append(traffic.finished_together(rows[-1], close_ns[-1]))
     n = len(first)
     close = np.array(close_ns, np.int64)
     closed = np.ones(n, bool)
@@ -375,7 +363,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
             first_send_ns[p], forward_ns[p] = sends
         bulk_write[p] = np.any((traffic.bulk_writes > close[p]) & (traffic.bulk_writes < next_ns[p]))
     return _Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes), np.array(after_optimizer, bool),
-                   np.array(together, bool), closed, next_ns, first_send_ns, forward_ns, bulk_write, has_dp,
+                   closed, next_ns, first_send_ns, forward_ns, bulk_write, has_dp,
                    float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
 
@@ -518,7 +506,9 @@ class _Typical:
     phase_bytes: float
     fill: int  # forward passes before the first visible pipeline send (stages on one host hide)
     close_to_end_ns: float | None  # end of a sync phase -> end of the step, where measured
-    lead_per_sync: float | None  # start of a step -> its first traffic, per ns of its sync phase
+    lead_ns: float | None  # start of a step -> its first traffic
+    lead_per_sync: float | None  # the same per ns of the step's sync phase (both scale with jitter)
+    sync_ns: float | None  # length of a sync phase
 
     def close_to_end(self) -> float:
         if self.close_to_end_ns is not None:
@@ -527,7 +517,8 @@ class _Typical:
 
     def as_baseline(self, gap_threshold_ns: float | None) -> dict:
         return {"period_ns": self.period_ns, "gap_ns": self.gap_ns, "phase_bytes": self.phase_bytes,
-                "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_per_sync": self.lead_per_sync,
+                "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
+                "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns,
                 "gap_threshold_ns": gap_threshold_ns}
 
 
@@ -541,7 +532,8 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     followed = complete & (phases.next_ns >= 0)
     gap = median((phases.next_ns - phases.close_ns)[followed], "gap_ns")
     typical = _Typical(period or np.inf, gap or np.inf, phase_bytes, baseline.get("fill", 1),
-                       baseline.get("close_to_end_ns"), baseline.get("lead_per_sync"))
+                       baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
+                       baseline.get("sync_ns"))
     if period is None or gap is None:
         return typical
     normal = followed & (phases.next_ns - phases.close_ns <= gap + LONG_GAP_SHARE * period)
@@ -553,10 +545,11 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
         typical.fill = max(1, int(np.round(np.median((unexplained / (3 * phases.forward_ns))[sends]))))
     start = _next_start(phases, typical)
     typical.close_to_end_ns = median((start - phases.close_ns)[sends], "close_to_end_ns")
-    # the next step's compute before its first traffic scales with it, as its sync does (jitter)
     timed = normal & (_next_sync(phases) > 0)
-    lead = (phases.next_ns - _boundaries(phases, typical)) / _next_sync(phases)
-    typical.lead_per_sync = median(lead[timed], "lead_per_sync")
+    lead = phases.next_ns - _boundaries(phases, typical)
+    typical.lead_ns = median(lead[normal], "lead_ns")
+    typical.lead_per_sync = median((lead / _next_sync(phases))[timed], "lead_per_sync")
+    typical.sync_ns = median((phases.close_ns - phases.start_ns)[complete], "sync_ns")
     return typical
 
 
@@ -564,6 +557,18 @@ def _next_start(phases: _Phases, typical: _Typical) -> np.ndarray:
     """B: the next step's compute start from its first pipeline sends, else its first traffic."""
     from_sends = phases.first_send_ns - typical.fill * phases.forward_ns
     return np.where(phases.first_send_ns >= 0, from_sends, phases.next_ns)
+
+
+def _lead(phases: _Phases, typical: _Typical) -> np.ndarray:
+    """Compute of the next step before its first traffic: scaled by the next sync's length when
+    that is a usual one (step jitter stretches both alike), the usual lead otherwise (a straggler
+    stretches the sync with waiting, not the compute)."""
+    if typical.lead_ns is None:
+        return np.zeros(len(phases.close_ns), np.int64)
+    next_sync = _next_sync(phases)
+    usual = np.abs(next_sync / (typical.sync_ns or np.inf) - 1.0) <= LONG_GAP_SHARE
+    scaled = (typical.lead_per_sync or 0.0) * next_sync
+    return np.where(usual, scaled, typical.lead_ns).astype(np.int64)
 
 
 def _next_sync(phases: _Phases) -> np.ndarray:
@@ -582,9 +587,7 @@ def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
     # pipeline sends time the next step's start; other first traffic may come later than it
     normal_end = np.where(phases.first_send_ns >= 0, start, np.where(followed, np.minimum(after_sync, start), after_sync))
     long_gap = followed & (phases.next_ns - phases.close_ns > typical.gap_ns + LONG_GAP_SHARE * typical.period_ns)
-    next_sync = _next_sync(phases)
-    lead = (typical.lead_per_sync or 0.0) * np.where(next_sync > 0, next_sync, np.median(next_sync))
-    saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - lead.astype(np.int64))
+    saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - _lead(phases, typical))
     checkpoint = long_gap & phases.bulk_write
     return np.where(checkpoint, np.maximum(saved, after_sync), np.where(long_gap, after_sync, normal_end))
 
@@ -631,10 +634,8 @@ def _steps(
 
 def _finished(phases: _Phases, p: int, typical: _Typical) -> bool:
     """Whether a phase after which the job falls silent finished (the job's last step) rather than
-    being cut by a hang or failure: all its bytes and, for a DP sync, every pair done at the end
-    (a pipeline step's pairs finish one after another anyway)."""
-    together = phases.finished_together[p] or not phases.has_dp
-    return bool(phases.nbytes[p] >= LAST_COMPLETE_SHARE * typical.phase_bytes and together)
+    being cut by a hang or failure: it carries all its bytes (a hung member sends no more)."""
+    return bool(phases.nbytes[p] >= LAST_COMPLETE_SHARE * typical.phase_bytes)
 
 
 def _opening_start(
