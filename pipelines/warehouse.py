@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -49,10 +50,22 @@ def partition_dir(root: str | Path, table: str, hour: datetime) -> Path:
     return Path(root) / table / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}"
 
 
+ABANDONED_AFTER_S = 3600  # a temporary file this old belongs to a writer that was killed
+
+
+def _remove_abandoned(final: Path) -> None:
+    """Temporary files of writers killed mid-write; younger ones may be a concurrent writer's."""
+    for leftover in final.parent.glob(f".{final.name}.*.tmp"):
+        try:
+            if time.time() - leftover.stat().st_mtime > ABANDONED_AFTER_S:
+                leftover.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def _replace_atomically(final: Path, write) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in final.parent.glob(f".{final.name}.*.tmp"):  # from a run killed mid-write
-        leftover.unlink(missing_ok=True)
+    _remove_abandoned(final)
     temporary = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
     try:
         write(temporary)
