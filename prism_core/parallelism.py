@@ -295,16 +295,23 @@ def _warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) ->
 def _chain_levels(low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, n_hosts: int) -> np.ndarray:
     """Walk every PP chain depth-first from one end, then number its hosts from the end whose
     sends the warm-up votes call forward (summed over the chain, so one noisy hop cannot flip
-    part of it)."""
-    neighbours: dict[int, list[int]] = {}
+    part of it). A host that replaced another in a restart has the same neighbours: such twins
+    are walked as one host and share its stage."""
+    neighbours: dict[int, set[int]] = {}
+    for a, b in zip(low.tolist(), high.tolist()):
+        neighbours.setdefault(a, set()).add(b)
+        neighbours.setdefault(b, set()).add(a)
+    twin_of: dict[frozenset, int] = {}
+    walked_as = {host: twin_of.setdefault(frozenset(near), host) for host, near in sorted(neighbours.items())}
     score: dict[tuple[int, int], float] = {}
     for a, b, value in zip(low.tolist(), high.tolist(), upward_score.tolist()):
-        neighbours.setdefault(a, []).append(b)
-        neighbours.setdefault(b, []).append(a)
-        score[(a, b)], score[(b, a)] = value, -value
+        a, b = walked_as[a], walked_as[b]
+        score[(a, b)] = score.get((a, b), 0.0) + value
+        score[(b, a)] = score.get((b, a), 0.0) - value
+    steps = {host: sorted({walked_as[n] for n in neighbours[host]}) for host in set(walked_as.values())}
     level = np.zeros(n_hosts, np.int64)
     depth = np.full(n_hosts, -1, np.int64)
-    for end in sorted(neighbours, key=lambda host: (len(neighbours[host]), host)):
+    for end in sorted(steps, key=lambda host: (len(steps[host]), host)):
         if depth[end] >= 0:
             continue
         chain, toward_far_end, stack = [], 0.0, [end]
@@ -312,13 +319,15 @@ def _chain_levels(low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, n
         while stack:
             host = stack.pop()
             chain.append(host)
-            for nxt in neighbours[host]:
+            for nxt in steps[host]:
                 if depth[nxt] < 0:
                     depth[nxt] = depth[host] + 1
                     toward_far_end += score[(host, nxt)]
                     stack.append(nxt)
         chain = np.array(chain)
         level[chain] = depth[chain] if toward_far_end >= 0 else depth[chain].max() - depth[chain]
+    for host, walked in walked_as.items():
+        level[host] = level[walked]
     return level
 
 

@@ -88,7 +88,8 @@ def _prism_jobs(warehouse: dict[str, pa.Table]) -> pa.Table:
 
 
 def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table, prism_jobs: pa.Table) -> pa.Table:
-    """true_id, prism_id, shared (addresses) for every pair of jobs sharing addresses while alive."""
+    """true_id, prism_id, shared (addresses), together_ns (time both alive) for every pair of jobs
+    sharing addresses while alive."""
     true_addrs = true_gpus.select(["job_id", "addr"]).group_by(["job_id", "addr"], use_threads=False).aggregate([])
     prism_addrs = prism_gpus.select(["job_id", "addr"]).group_by(["job_id", "addr"], use_threads=False).aggregate([])
     joined = true_addrs.join(prism_addrs, "addr", left_suffix="_true", right_suffix="_prism", join_type="inner")
@@ -100,10 +101,12 @@ def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table,
     true_end = _lookup(links["true_id"], true_jobs["job_id"], true_jobs["end"])
     prism_start = _lookup(links["prism_id"], prism_jobs["job_id"], prism_jobs["start"])
     prism_end = _lookup(links["prism_id"], prism_jobs["job_id"], prism_jobs["end"])
-    alive_together = np.minimum(true_end, prism_end) - np.maximum(true_start, prism_start) > LIFE_OVERLAP_NS
+    together = np.minimum(true_end, prism_end) - np.maximum(true_start, prism_start)
     # Truth jobs without network traffic are absent from true_jobs (their lookups are -1).
     known = (true_start >= 0) & (prism_start >= 0)
-    return links.filter(pa.array(alive_together & known)).sort_by([("true_id", "ascending"), ("shared", "descending")])
+    links = links.append_column("together_ns", pa.array(together))
+    order = [("true_id", "ascending"), ("shared", "descending"), ("together_ns", "descending"), ("prism_id", "ascending")]
+    return links.filter(pa.array((together > LIFE_OVERLAP_NS) & known)).sort_by(order)
 
 
 def _lookup(keys: pa.ChunkedArray, table_keys: pa.ChunkedArray, values: pa.ChunkedArray) -> np.ndarray:
@@ -123,8 +126,8 @@ def _count_repeated(ids: pa.ChunkedArray) -> int:
 
 
 def _best_matches(links: pa.Table) -> pa.Table:
-    """true_id -> prism_id of the Prism job sharing the most addresses with it (links are sorted
-    by true_id, then shared descending)."""
+    """true_id -> prism_id of the Prism job sharing the most addresses with it, then the longest
+    time alive with it (the order of `links`)."""
     true_ids = links["true_id"].to_numpy(zero_copy_only=False)
     first = np.r_[True, true_ids[1:] != true_ids[:-1]] if len(true_ids) else np.zeros(0, bool)
     return links.filter(pa.array(first)).select(["true_id", "prism_id"])

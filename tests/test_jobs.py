@@ -1,0 +1,312 @@
+"""Job recognition and tracking (prism_core.jobs) and the job-stage scorer (prism_core.evaluate.jobs)."""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from prism_core import jobs
+from prism_core.evaluate import jobs as job_scores
+from prism_core.ingest import dedupe, parse_flow_file
+from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
+from prism_core.schema import FLOW_MINUTES, TS, conform
+from prism_core.topology import Topology
+
+HOUR0 = 1_795_334_400 * 10**9  # 2026-11-22 00:00 UTC
+SECOND = 10**9
+
+
+def scenario_flows(scenario: Path) -> tuple[pa.Table, pa.Table, Topology, dict[str, pa.Table]]:
+    """(clean deduplicated flows, flow_minutes, topology, truth tables) of a simulated scenario."""
+    files = sorted((scenario / "flows").iterdir())
+    flows, _ = dedupe(pa.concat_tables([parse_flow_file(f.read_bytes(), f.name).clean for f in files]))
+    topology = Topology.from_csv_bytes((scenario / "topology.csv").read_bytes())
+    truth = {name: pq.read_table(scenario / "truth" / f"{name}.parquet") for name in ("jobs", "job_gpus", "pairs")}
+    return flows, minute_aggregates(flows), topology, truth
+
+
+def recognize_hours(flow_minutes: pa.Table, topology: Topology) -> list[tuple[int, jobs.Recognition]]:
+    """(hour start, recognition) for every hour of `flow_minutes` in order, each continuing the
+    JSON state of the one before."""
+    minute = flow_minutes["minute"].cast(pa.int64()).to_numpy()
+    state, found = None, []
+    for hour in np.unique(minute // HOUR_NS * HOUR_NS).tolist():
+        part = flow_minutes.filter(pa.array((minute >= hour) & (minute < hour + HOUR_NS)))
+        recognition = jobs.recognize_hour(part, topology, state, hour)
+        state = json.loads(json.dumps(recognition.state))
+        found.append((hour, recognition))
+    return found
+
+
+# --- hand-built inventory and traffic ------------------------------------------------------------
+
+
+def inventory(n_hosts: int) -> Topology:
+    lines = ["addr,host,gpu,leaf,pod"] + [
+        f"10.0.{h}.{g},host{h:02d},{g},leaf{g},pod0" for h in range(n_hosts) for g in range(8)
+    ]
+    return Topology.from_csv_bytes("\n".join(lines).encode())
+
+
+def ring(hosts, minutes, size, rails=range(8), flows=12, first_s=1, last_s=59):
+    """flow_minutes rows of a ring over `hosts` on each rail, one row per pair per minute."""
+    rows = []
+    for minute in minutes:
+        at = HOUR0 + minute * MINUTE_NS
+        for rail in rails:
+            for a, b in zip(hosts, hosts[1:] + hosts[:1]):
+                rows.append(pair_row(at, f"10.0.{a}.{rail}", f"10.0.{b}.{rail}", size, flows, at + first_s * SECOND, at + last_s * SECOND))
+    return rows
+
+
+def pair_row(minute_ns, src, dst, size, flows, first_ns, last_ns):
+    return {"minute": minute_ns, "src_addr": src, "dst_addr": dst, "flows": flows, "bytes": size * flows,
+            "distinct_sizes": 1, "top_size": size, "top_size_flows": flows,
+            "first_start_ns": first_ns, "last_end_ns": last_ns}
+
+
+def table(rows) -> pa.Table:
+    raw = pa.Table.from_pylist(rows)
+    return conform(raw.set_column(0, "minute", raw["minute"].cast(TS)), FLOW_MINUTES)
+
+
+def hosts_of(addr_sets) -> list[list[str]]:
+    return sorted(sorted({".".join(a.split(".")[:3]) for a in addrs}) for addrs in addr_sets)
+
+
+def job_rows(recognition) -> dict[str, dict]:
+    return {r["job_id"]: r for r in recognition.jobs.drop_columns(["first_seen", "last_seen"]).to_pylist()}
+
+
+# --- one minute -----------------------------------------------------------------------------------
+
+
+def test_rail_components_merge_into_whole_hosts():
+    topology = inventory(4)
+    rows = ring([0, 1], [0], 4 << 20, rails=range(4)) + ring([2, 3], [0], 8 << 20, rails=[0])
+    found = jobs.recognize_minute(table(rows), topology)
+    assert hosts_of(found) == [["10.0.0", "10.0.1"], ["10.0.2", "10.0.3"]]
+    # all NICs of the hosts, also the rails that stayed silent
+    assert sorted(len(addrs) for addrs in found) == [16, 16]
+
+
+def test_weak_edges_and_storage_do_not_glue_jobs():
+    topology = inventory(4)
+    rows = ring([0, 1], [0], 4 << 20) + ring([2, 3], [0], 8 << 20)
+    at = HOUR0
+    rows.append(pair_row(at, "10.0.1.3", "10.0.2.3", 1_234_567, 1, at + 5 * SECOND, at + 6 * SECOND))  # one-off copy
+    for a in ("10.0.1.0", "10.0.2.0"):  # checkpoint writes to a storage server, repeated sizes
+        rows.append(pair_row(at, a, "10.200.0.1", 64 << 20, 4, at + SECOND, at + 9 * SECOND))
+    found = jobs.recognize_minute(table(rows), topology)
+    assert hosts_of(found) == [["10.0.0", "10.0.1"], ["10.0.2", "10.0.3"]]
+    assert not any("10.200.0.1" in addrs for addrs in found)
+
+
+def test_jaccard_threshold_decides_the_rail_merge():
+    # rail 0 over hosts 0-2 and rail 1 over hosts 2-4: one shared host of five, Jaccard 0.2
+    topology = inventory(5)
+    rows = ring([0, 1, 2], [0], 4 << 20, rails=[0]) + ring([2, 3, 4], [0], 4 << 20, rails=[1])
+    assert len(jobs.recognize_minute(table(rows), topology, jaccard=0.5)) == 2
+    assert len(jobs.recognize_minute(table(rows), topology, jaccard=0.2)) == 1
+
+
+def test_without_inventory_every_address_is_its_own_host():
+    rows = ring([0, 1, 2], [0], 4 << 20, rails=[0, 1])
+    found = jobs.recognize_minute(table(rows), Topology.empty())
+    assert sorted(sorted(a) for a in found) == [["10.0.0.0", "10.0.1.0", "10.0.2.0"], ["10.0.0.1", "10.0.1.1", "10.0.2.1"]]
+
+
+# --- tracking -------------------------------------------------------------------------------------
+
+
+def test_job_keeps_its_id_across_hours_and_reruns():
+    topology = inventory(2)
+    rows = ring([0, 1], range(120), 4 << 20) + ring([0, 1], range(120), 96 << 20, flows=4)
+    (_, first), (_, second) = recognize_hours(table(rows), topology)
+    assert list(job_rows(first)) == list(job_rows(second))
+    (job_id,) = job_rows(second)
+    assert job_rows(second)[job_id]["status"] == "running"
+    assert job_rows(second)[job_id]["restarts"] == 0
+    again = jobs.recognize_hour(table([r for r in rows if r["minute"] >= HOUR0 + HOUR_NS]), topology,
+                                json.loads(json.dumps(first.state)), HOUR0 + HOUR_NS)
+    for name in ("jobs", "membership", "events"):
+        assert getattr(again, name).equals(getattr(second, name))
+    assert again.state == second.state
+
+
+def test_restart_on_the_same_hosts_keeps_the_id():
+    topology = inventory(2)
+    minutes = [m for m in range(60) if not 20 <= m < 25]  # five silent minutes
+    rows = ring([0, 1], minutes, 4 << 20) + ring([0, 1], minutes, 96 << 20, flows=4)
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    (job,) = job_rows(found).values()
+    assert job["restarts"] == 1 and job["status"] == "running"
+    restart = found.events.filter(pc.equal(found.events["kind"], "restart")).to_pylist()
+    assert len(restart) == 1
+    assert restart[0]["at_ns"] == HOUR0 + 25 * MINUTE_NS + SECOND
+    assert json.loads(restart[0]["detail"])["gap_s"] == pytest.approx(5 * 60 + 2)
+
+
+def test_restart_with_a_replaced_host():
+    topology = inventory(4)
+    rows = ring([0, 1, 2], range(20), 4 << 20) + ring([0, 1, 3], range(24, 60), 4 << 20)
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    (job,) = job_rows(found).values()
+    assert job["restarts"] == 1 and job["hosts"] == ["host00", "host01", "host03"]
+    replaced = found.events.filter(pc.equal(found.events["kind"], "host_replaced")).to_pylist()
+    assert json.loads(replaced[0]["detail"]) == {"removed": ["host02"], "added": ["host03"]}
+    spans = {r["host"]: (r["first_ns"], r["last_ns"]) for r in found.membership.to_pylist()}
+    assert spans["host02"] == (HOUR0 + SECOND, HOUR0 + 19 * MINUTE_NS + 59 * SECOND)
+    assert spans["host03"] == (HOUR0 + 24 * MINUTE_NS + SECOND, HOUR0 + 59 * MINUTE_NS + 59 * SECOND)
+    assert found.membership.num_rows == 4 * 8
+
+
+def test_new_job_on_hosts_another_just_left():
+    topology = inventory(2)
+    # job A until 20:10, job B (other activation and bucket sizes) from 20:30 on the same hosts
+    rows = ring([0, 1], range(20), 4 << 20) + ring([0, 1], range(20), 96 << 20, flows=4)
+    rows += ring([0, 1], [20], 4 << 20, last_s=10) + ring([0, 1], [20], 96 << 20, flows=4, last_s=10)
+    rows += ring([0, 1], range(21, 40), 6 << 20) + ring([0, 1], range(21, 40), 200 << 20, flows=4)
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    assert len(job_rows(found)) == 2
+    statuses = sorted(r["status"] for r in job_rows(found).values())
+    assert statuses == ["ended", "ended"]
+    assert sorted(found.events["kind"].to_pylist()) == ["end", "end", "start", "start"]
+
+
+def test_same_hosts_after_a_pause_with_other_sizes_is_a_new_job():
+    topology = inventory(2)
+    rows = ring([0, 1], range(10), 4 << 20) + ring([0, 1], range(10), 96 << 20, flows=4)
+    rows += ring([0, 1], range(15, 30), 4 << 20) + ring([0, 1], range(15, 30), 300 << 20, flows=4)
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    assert len(job_rows(found)) == 2
+    assert all(r["restarts"] == 0 for r in job_rows(found).values())
+
+
+def test_a_job_seen_until_the_hour_end_closes_in_the_next_hour():
+    topology = inventory(2)
+    rows = ring([0, 1], range(60), 4 << 20)
+    first = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    empty = FLOW_MINUTES.empty_table()
+    second = jobs.recognize_hour(empty, topology, json.loads(json.dumps(first.state)), HOUR0 + HOUR_NS)
+    (job,) = job_rows(second).values()
+    assert job["status"] == "ended"
+    assert second.events["kind"].to_pylist() == ["end"]
+    assert second.state["jobs"] == []  # silent for longer than a restart could be
+
+
+# --- on simulated scenarios -----------------------------------------------------------------------
+
+
+def membership_warehouse(recognitions: list[tuple[int, jobs.Recognition]]) -> dict[str, pa.Table]:
+    """The warehouse tables the scorer needs, with job_gpus taken from the membership."""
+    return {
+        "jobs": pa.concat_tables([r.jobs for _, r in recognitions]),
+        "job_gpus": pa.concat_tables([r.membership.select(["job_id", "addr"]) for _, r in recognitions]),
+        "comm_pairs": pa.table({"job_id": pa.array([], pa.string()), "src_addr": pa.array([], pa.string()),
+                                "dst_addr": pa.array([], pa.string()), "kind": pa.array([], pa.string())}),
+    }
+
+
+def test_tiny_scenario_jobs_and_restarts(scenario_dir):
+    flows, flow_minutes, topology, truth = scenario_flows(scenario_dir("tiny"))
+    recognitions = recognize_hours(flow_minutes, topology)
+    assert len(recognitions) == 2  # the scenario crosses an hour boundary
+    figures = job_scores.score(truth, membership_warehouse(recognitions), {})
+    assert figures["jobs_matched_exactly"].value == 1.0
+    assert figures["jobs_split_or_merged"].value == 0
+    # the hung job and the job that later starts on its hosts are two jobs
+    assert figures["prism_jobs"].value == figures["true_jobs"].value == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_small_scenario_recognition(scenario_dir, seed):
+    _, flow_minutes, topology, truth = scenario_flows(scenario_dir("small", seed))
+    recognitions = recognize_hours(flow_minutes, topology)
+    figures = job_scores.score(truth, membership_warehouse(recognitions), {})
+    assert figures["jobs_matched_exactly"].value == 1.0
+    assert figures["jobs_split_or_merged"].value == 0
+    restarted = truth["jobs"].filter(pc.greater(truth["jobs"]["restarts"], 0))["restarts"].to_pylist()
+    found = pa.concat_tables([r.jobs for _, r in recognitions]).group_by("job_id").aggregate([("restarts", "max")])
+    assert sorted(r for r in found["restarts_max"].to_pylist() if r) == sorted(restarted)
+
+
+@pytest.mark.slow
+def test_fleet_minute_recognition_time(scenario_dir):
+    _, flow_minutes, topology, truth = scenario_flows(scenario_dir("fleet"))
+    minute = flow_minutes["minute"].cast(pa.int64()).to_numpy()
+    busiest = np.bincount(np.unique(minute, return_inverse=True)[1]).argmax()
+    one = flow_minutes.filter(pa.array(minute == np.unique(minute)[busiest]))
+    jobs.recognize_minute(one, topology)  # warm-up
+    began = time.perf_counter()
+    found = jobs.recognize_minute(one, topology)
+    assert time.perf_counter() - began < 1.0
+    assert len(found) >= 10
+    figures = job_scores.score(truth, membership_warehouse(recognize_hours(flow_minutes, topology)), {})
+    assert figures["jobs_matched_exactly"].value >= 0.99
+    assert figures["jobs_split_or_merged"].value == 0
+
+
+# --- the scorer -----------------------------------------------------------------------------------
+
+
+def truth_and_warehouse():
+    """Two true jobs on two hosts each; the warehouse found both, the first across two hours."""
+    def ts(values):
+        return pa.array([HOUR0 + v * SECOND for v in values], TS)
+
+    addrs = {"sim-a": ["10.0.0.0", "10.0.1.0"], "sim-b": ["10.0.2.0", "10.0.3.0"]}
+    truth = {
+        "jobs": pa.table({"job_id": ["sim-a", "sim-b"], "start": ts([0, 0]), "end": ts([7000, 3000]),
+                          "has_network": [True, True], "dp": [2, 1], "pp": [1, 2], "tp": [1, 1]}),
+        "job_gpus": pa.table({"job_id": ["sim-a"] * 2 + ["sim-b"] * 2, "addr": addrs["sim-a"] + addrs["sim-b"]}),
+        "pairs": pa.table({"job_id": ["sim-a", "sim-a", "sim-b", "sim-b"],
+                           "src_addr": ["10.0.0.0", "10.0.1.0", "10.0.2.0", "10.0.3.0"],
+                           "dst_addr": ["10.0.1.0", "10.0.0.0", "10.0.3.0", "10.0.2.0"],
+                           "kind": ["dp", "dp", "pp", "pp"]}),
+    }
+    warehouse = {
+        "jobs": pa.table({"job_id": ["job-a", "job-a", "job-b"], "first_seen": ts([0, 0, 0]),
+                          "last_seen": ts([3599, 7000, 3000]), "dp": pa.array([2, 2, 1], pa.int32()),
+                          "pp": pa.array([1, 1, 2], pa.int32()), "tp": pa.array([1, 1, 1], pa.int32())}),
+        "job_gpus": pa.table({"job_id": ["job-a"] * 2 + ["job-b"] * 2, "addr": addrs["sim-a"] + addrs["sim-b"]}),
+        "comm_pairs": truth["pairs"].set_column(0, "job_id", pa.array(["job-a", "job-a", "job-b", "job-b"])),
+    }
+    return truth, warehouse
+
+
+def test_scorer_on_a_perfect_warehouse():
+    truth, warehouse = truth_and_warehouse()
+    figures = job_scores.score(truth, warehouse, {})
+    assert all(f.ok for f in figures.values() if f.target is not None)
+    assert figures["degrees_exact"].value == 1.0
+
+
+def test_scorer_counts_splits_wrong_pairs_and_degrees():
+    truth, warehouse = truth_and_warehouse()
+    # job-a's second hour came out under another id; one DP pair was called PP; job-b's pp is wrong
+    warehouse["jobs"] = pa.table(
+        {"job_id": ["job-a", "job-a2", "job-b"],
+         "first_seen": pa.array([HOUR0, HOUR0 + 3600 * SECOND, HOUR0], TS),
+         "last_seen": pa.array([HOUR0 + 3599 * SECOND, HOUR0 + 7000 * SECOND, HOUR0 + 3000 * SECOND], TS),
+         "dp": pa.array([2, 2, 1], pa.int32()), "pp": pa.array([1, 1, 1], pa.int32()), "tp": pa.array([1, 1, 1], pa.int32())}
+    )
+    warehouse["job_gpus"] = pa.concat_tables(
+        [warehouse["job_gpus"], pa.table({"job_id": ["job-a2"] * 2, "addr": ["10.0.0.0", "10.0.1.0"]})]
+    )
+    kinds = warehouse["comm_pairs"]["kind"].to_pylist()
+    warehouse["comm_pairs"] = warehouse["comm_pairs"].set_column(3, "kind", pa.array(["pp"] + kinds[1:]))
+    figures = job_scores.score(truth, warehouse, {})
+    assert figures["jobs_split_or_merged"].value == 1
+    assert figures["jobs_matched_exactly"].value == 1.0  # each true job has an exact match
+    assert figures["pp_pair_precision"].value == pytest.approx(2 / 3)
+    assert figures["pp_pair_recall"].value == 1.0
+    assert figures["dp_pair_recall"].value == 0.5
+    assert figures["dp_pair_precision"].value == 1.0
+    assert figures["degrees_exact"].value == 0.5

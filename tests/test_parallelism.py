@@ -1,0 +1,165 @@
+"""Parallelism identification (prism_core.parallelism): pair kinds, stages, dp/pp/tp."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from prism_core import parallelism
+from prism_core.analysis import split_flows_by_job
+from prism_core.evaluate import jobs as job_scores
+from prism_core.minutes import HOUR_NS
+from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
+from prism_core.simulate.scenarios import JobSpec
+from prism_core.simulate.schedule import plan_job
+from prism_core.simulate.traffic import KIND_NAMES
+from test_jobs import HOUR0, recognize_hours, scenario_flows
+
+SECONDS = 150.0
+
+
+def simulated_job(spec: JobSpec, seed: int = 0):
+    """(flows, members, truth pairs by kind) of one job alone on a cluster, SECONDS long."""
+    cluster = Cluster(max(spec.hosts) + 1)
+    plan = plan_job(0, spec, cluster, SECONDS, seed)
+    batch = plan.flows(-np.inf, SECONDS, np.random.default_rng(seed))
+
+    def ns(seconds):
+        return HOUR0 + np.round(seconds * 1e9).astype(np.int64)
+
+    flows = pa.table(
+        {
+            "time_flow_start_ns": ns(batch.start),
+            "time_flow_end_ns": ns(batch.end),
+            "src_addr": cluster.addrs.take(pa.array(batch.src)),
+            "dst_addr": cluster.addrs.take(pa.array(batch.dst)),
+            "bytes": batch.nbytes,
+        }
+    )
+    nics = np.array(spec.hosts)[:, None] * GPUS_PER_HOST + np.arange(GPUS_PER_HOST)
+    members = pa.table(
+        {
+            "job_id": ["job"] * nics.size,
+            "addr": cluster.addrs.take(pa.array(nics.ravel())),
+            "host": [cluster.host_name(h) for h in np.repeat(spec.hosts, GPUS_PER_HOST)],
+            "gpu": pa.array(np.tile(np.arange(GPUS_PER_HOST), len(spec.hosts)), pa.int32()),
+            "first_ns": np.full(nics.size, HOUR0),
+            "last_ns": np.full(nics.size, ns(np.array(SECONDS + 60.0))),
+        }
+    )
+    truth: dict[str, set] = {kind: set() for kind in KIND_NAMES.values()}
+    for template in plan.templates:
+        for src, dst, kind in zip(template.src.tolist(), template.dst.tolist(), template.kind.tolist()):
+            if kind in KIND_NAMES:
+                truth[KIND_NAMES[kind]].add((cluster.addrs[src].as_py(), cluster.addrs[dst].as_py()))
+    return flows, members, truth
+
+
+def pairs_of(found: parallelism.Parallelism, kind: str) -> set:
+    chosen = found.comm_pairs.filter(pc.equal(found.comm_pairs["kind"], kind))
+    return set(zip(chosen["src_addr"].to_pylist(), chosen["dst_addr"].to_pylist()))
+
+
+SHAPES = {
+    "ring, tied embeddings": JobSpec(4, tp=8, pp=2, start_s=0, end_s=SECONDS, step_s=3.0, tied_embeddings=True, hosts=(0, 1, 2, 3)),
+    "tree": JobSpec(8, tp=4, pp=2, start_s=0, end_s=SECONDS, step_s=3.0, collective="tree", hosts=tuple(range(8))),
+    "rs_ag, tp 1": JobSpec(8, tp=1, pp=2, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=4, collective="rs_ag", hosts=tuple(range(8))),
+    "zero on two hosts": JobSpec(2, tp=8, pp=1, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=4, collective="zero", hosts=(0, 1)),
+    "moe": JobSpec(4, tp=2, pp=2, start_s=0, end_s=SECONDS, step_s=4.0, moe=True, hosts=(0, 1, 2, 3)),
+    "stages inside a host": JobSpec(2, tp=2, pp=8, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=16, channels=1, hosts=(0, 1)),
+    "deep pipeline, 16 micro-batches": JobSpec(8, tp=8, pp=8, start_s=0, end_s=SECONDS, step_s=4.0, micro_batches=16, channels=1, hosts=tuple(range(8))),
+    # DP stays on NVLink (a stage is one host), or a tree crosses twice between two hosts: only
+    # the checkpoint writers tell tp from dp
+    "dp inside a host, checkpoint": JobSpec(2, tp=4, pp=2, start_s=0, end_s=SECONDS, step_s=3.0, checkpoint_s=30, hosts=(0, 1)),
+    "tree over two-host stages, checkpoint": JobSpec(4, tp=4, pp=2, start_s=0, end_s=SECONDS, step_s=3.0, collective="tree", checkpoint_s=30, hosts=(0, 1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_pairs_stages_and_degrees(shape):
+    spec = SHAPES[shape]
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", flows, members)
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+    assert pairs_of(found, "other") >= truth["other"]
+    # Megatron order: rank = slot * 8 + gpu = tp_rank + tp * (dp_rank + dp * pp_stage)
+    gpus = found.job_gpus.to_pylist()
+    rank = np.array([spec.hosts.index(int(g["host"][3:])) * GPUS_PER_HOST + g["gpu"] for g in gpus])
+    assert [g["pp_stage"] for g in gpus] == (rank // (spec.tp * spec.dp)).tolist()
+    assert [g["dp_rank"] for g in gpus] == ((rank // spec.tp) % spec.dp).tolist()
+
+
+def test_flows_sent_outside_membership_are_ignored():
+    spec = SHAPES["ring, tied embeddings"]
+    flows, members, _ = simulated_job(spec)
+    alone = parallelism.identify_parallelism("job", flows, members)
+    # the same hosts ran a tree job just before this one joined: its flows must not count
+    earlier, _, _ = simulated_job(JobSpec(4, tp=2, pp=1, start_s=0, end_s=SECONDS, step_s=2.0, collective="tree", hosts=(0, 1, 2, 3)))
+    shifted = earlier.set_column(0, "time_flow_start_ns", pc.subtract(earlier["time_flow_start_ns"], 200 * 10**9))
+    mixed = pa.concat_tables([shifted, flows])
+    found = parallelism.identify_parallelism("job", mixed, members)
+    assert found.comm_pairs.equals(alone.comm_pairs)
+    assert (found.dp, found.pp, found.tp) == (alone.dp, alone.pp, alone.tp)
+
+
+def test_dp_inside_a_host_without_checkpoint_keeps_pp_and_the_stage_size():
+    spec = JobSpec(2, tp=4, pp=2, start_s=0, end_s=SECONDS, step_s=3.0, hosts=(0, 1))
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", flows, members)
+    # NVLink hides how the stage splits into tp x dp: the prior gives TP the whole host
+    assert (found.pp, found.tp * found.dp) == (2, 8)
+    assert pairs_of(found, "pp") == truth["pp"]
+
+
+# --- on simulated scenarios -----------------------------------------------------------------------
+
+
+def analyze_scenario(flows: pa.Table, flow_minutes: pa.Table, topology) -> dict[str, pa.Table]:
+    """Recognition, then parallelism per job, hour after hour: the warehouse tables of this stage."""
+    start = flows["time_flow_start_ns"].to_numpy()
+    tables: dict[str, list[pa.Table]] = {"jobs": [], "job_gpus": [], "comm_pairs": []}
+    for hour, recognition in recognize_hours(flow_minutes, topology):
+        members = recognition.membership
+        in_hour = pa.array((start >= hour) & (start < hour + HOUR_NS))
+        degrees = {}
+        for job_id, job_flows in split_flows_by_job(flows.filter(in_hour), members):
+            found = parallelism.identify_parallelism(job_id, job_flows, members.filter(pc.equal(members["job_id"], job_id)))
+            tables["job_gpus"].append(found.job_gpus)
+            tables["comm_pairs"].append(found.comm_pairs)
+            degrees[job_id] = (found.dp, found.pp, found.tp)
+        jobs = recognition.jobs
+        for i, name in enumerate(("dp", "pp", "tp")):
+            values = pa.array([degrees.get(j, (None,) * 3)[i] for j in jobs["job_id"].to_pylist()], pa.int32())
+            jobs = jobs.set_column(jobs.schema.get_field_index(name), name, values)
+        tables["jobs"].append(jobs)
+    return {name: pa.concat_tables(parts) for name, parts in tables.items()}
+
+
+def check_figures(figures, degrees_at_least):
+    for name in ("jobs_matched_exactly", "jobs_split_or_merged", "pp_pair_precision", "pp_pair_recall",
+                 "dp_pair_precision", "dp_pair_recall"):
+        assert figures[name].ok, (name, figures[name])
+    assert figures["degrees_exact"].value >= degrees_at_least
+
+
+def test_tiny_scenario_scores(scenario_dir):
+    flows, flow_minutes, topology, truth = scenario_flows(scenario_dir("tiny"))
+    figures = job_scores.score(truth, analyze_scenario(flows, flow_minutes, topology), {})
+    check_figures(figures, degrees_at_least=1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_small_scenario_scores(scenario_dir, seed):
+    flows, flow_minutes, topology, truth = scenario_flows(scenario_dir("small", seed))
+    figures = job_scores.score(truth, analyze_scenario(flows, flow_minutes, topology), {})
+    check_figures(figures, degrees_at_least=1.0)
+
+
+@pytest.mark.slow
+def test_fleet_scenario_scores(scenario_dir):
+    flows, flow_minutes, topology, truth = scenario_flows(scenario_dir("fleet"))
+    figures = job_scores.score(truth, analyze_scenario(flows, flow_minutes, topology), {})
+    check_figures(figures, degrees_at_least=0.95)
