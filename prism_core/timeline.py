@@ -354,14 +354,14 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
         # the next step's first traffic may open the next phase (pipeline-only jobs)
         until = close[p + 1] if p + 1 < n else np.iinfo(np.int64).max
         lo, hi = np.searchsorted(traffic.start, [traffic.end[flows[p]].max() + 1, until])
-        if hi <= lo:
-            continue
         window = np.arange(lo, hi)
-        next_ns[p] = traffic.cluster_start(window)
-        sends = traffic.first_sends(window[traffic.kind[window] == PP])
-        if sends is not None:
-            first_send_ns[p], forward_ns[p] = sends
-        bulk_write[p] = np.any((traffic.bulk_writes > close[p]) & (traffic.bulk_writes < next_ns[p]))
+        if len(window):
+            next_ns[p] = traffic.cluster_start(window)
+            sends = traffic.first_sends(window[traffic.kind[window] == PP])
+            if sends is not None:
+                first_send_ns[p], forward_ns[p] = sends
+        saved_until = next_ns[p] if len(window) else until
+        bulk_write[p] = np.any((traffic.bulk_writes > close[p]) & (traffic.bulk_writes < saved_until))
     return _Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes), np.array(after_optimizer, bool),
                    closed, next_ns, first_send_ns, forward_ns, bulk_write, has_dp,
                    float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
@@ -607,7 +607,7 @@ def _steps(
         decided = phases.closed[p] and (followed or hour_end_ns - phases.close_ns[p] >= silence)
         if not decided or boundary[p] >= hour_end_ns:
             break
-        if not complete[p] or not (followed or _finished(phases, p, typical)):
+        if not _ends_step(phases, p, typical, restarts, complete[p]):
             if end is None and followed and phases.next_ns[p] - phases.close_ns[p] <= normal_gap:
                 # the view opened inside this phase's step; the next step follows as usual
                 end, close = int(boundary[p]), int(phases.close_ns[p])
@@ -632,10 +632,20 @@ def _steps(
     return rows, end, close
 
 
-def _finished(phases: _Phases, p: int, typical: _Typical) -> bool:
-    """Whether a phase after which the job falls silent finished (the job's last step) rather than
-    being cut by a hang or failure: it carries all its bytes (a hung member sends no more)."""
-    return bool(phases.nbytes[p] >= LAST_COMPLETE_SHARE * typical.phase_bytes)
+def _ends_step(phases: _Phases, p: int, typical: _Typical, restarts: np.ndarray, complete: bool) -> bool:
+    """Whether phase p closes a step that finished. Followed by the next step's traffic: if it
+    carries its usual bytes. Followed by silence or a failure, the step's end is unseen: it
+    finished if the phase carries all its bytes (a hung member sends no more), no checkpoint was
+    being saved (its end is unknown), and, before a restart, the failure more likely came during
+    the next step's compute than before this step's optimizer ended."""
+    if not complete:
+        return False
+    failed = np.any((restarts > phases.close_ns[p]) & (restarts <= phases.next_ns[p]))
+    if phases.next_ns[p] >= 0 and not failed:
+        return True
+    if phases.bulk_write[p] or phases.nbytes[p] < LAST_COMPLETE_SHARE * typical.phase_bytes:
+        return False
+    return not failed or (typical.lead_ns or 0.0) > typical.close_to_end()
 
 
 def _opening_start(
