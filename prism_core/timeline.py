@@ -355,6 +355,8 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
         until = close[p + 1] if p + 1 < n else np.iinfo(np.int64).max
         lo, hi = np.searchsorted(traffic.start, [traffic.end[flows[p]].max() + 1, until])
         window = np.arange(lo, hi)
+        if not has_dp:  # other traffic after a pipeline step's last send (a tied embedding) is its own
+            window = window[traffic.kind[window] == PP]
         if len(window):
             next_ns[p] = traffic.cluster_start(window)
             sends = traffic.first_sends(window[traffic.kind[window] == PP])
@@ -368,9 +370,8 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
 
 
 def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Phases short of a usual phase's bytes join the phases after them while that brings them
-    closer to it: a warm-up step runs slower, and its pauses between micro-batches can look like
-    step gaps. A silence longer than a usual step keeps them apart (a failure: the cut phase stays
+    """Consecutive phases short of a usual phase's bytes join while that brings them closer to
+    it: a warm-up step runs slower, and its pauses between micro-batches can look like step gaps. A silence longer than a usual step keeps them apart (a failure: the cut phase stays
     short and ends no step)."""
     if len(first) < 2:
         return first
@@ -382,8 +383,9 @@ def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarra
     step = np.median(np.diff(phase_end[phase_bytes >= COMPLETE_SHARE * usual]))
     joined, carried = [], np.inf
     for p in range(len(first)):
+        short = phase_bytes[p] < COMPLETE_SHARE * usual
         closer = abs(carried + phase_bytes[p] - usual) < abs(carried - usual)
-        if not closer or start[first[p]] - phase_end[p - 1] > step:
+        if not (short and closer) or start[first[p]] - phase_end[p - 1] > step:
             joined.append(first[p])
             carried = 0.0
         carried += phase_bytes[p]
@@ -509,6 +511,7 @@ class _Typical:
     lead_ns: float | None  # start of a step -> its first traffic
     lead_per_sync: float | None  # the same per ns of the step's sync phase (both scale with jitter)
     sync_ns: float | None  # length of a sync phase
+    forward_ns: float | None  # one forward pass between the first pipeline sends of a step
 
     def close_to_end(self) -> float:
         if self.close_to_end_ns is not None:
@@ -518,7 +521,7 @@ class _Typical:
     def as_baseline(self, gap_threshold_ns: float | None) -> dict:
         return {"period_ns": self.period_ns, "gap_ns": self.gap_ns, "phase_bytes": self.phase_bytes,
                 "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
-                "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns,
+                "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
                 "gap_threshold_ns": gap_threshold_ns}
 
 
@@ -533,10 +536,11 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     gap = median((phases.next_ns - phases.close_ns)[followed], "gap_ns")
     typical = _Typical(period or np.inf, gap or np.inf, phase_bytes, baseline.get("fill", 1),
                        baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
-                       baseline.get("sync_ns"))
+                       baseline.get("sync_ns"), baseline.get("forward_ns"))
     if period is None or gap is None:
         return typical
-    normal = followed & (phases.next_ns - phases.close_ns <= gap + LONG_GAP_SHARE * period)
+    typical.forward_ns = median(phases.forward_ns[followed & (phases.forward_ns > 0)], "forward_ns")
+    normal = followed & ~_long_gap(phases, typical)
     sends = normal & (phases.first_send_ns >= 0)
     if not phases.has_dp and sends.sum() >= MIN_STEPS:
         # Without DP the phase ends with the last visible gradient send: the gap after it holds
@@ -551,6 +555,15 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     typical.lead_per_sync = median((lead / _next_sync(phases))[timed], "lead_per_sync")
     typical.sync_ns = median((phases.close_ns - phases.start_ns)[complete], "sync_ns")
     return typical
+
+
+def _long_gap(phases: _Phases, typical: _Typical) -> np.ndarray:
+    """Whether the gap after each phase is longer than usual (a checkpoint or a stall), at the
+    pace of the step (a warm-up or degraded step runs slower; its first sends show by how much)."""
+    pace = np.where(phases.forward_ns > 0, phases.forward_ns / (typical.forward_ns or np.inf), 1.0)
+    pace = np.where(np.isfinite(pace) & (pace > 0), pace, 1.0)
+    expected = typical.gap_ns * pace + LONG_GAP_SHARE * typical.period_ns
+    return (phases.next_ns >= 0) & (phases.next_ns - phases.close_ns > expected)
 
 
 def _next_start(phases: _Phases, typical: _Typical) -> np.ndarray:
@@ -586,7 +599,7 @@ def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
     followed = phases.next_ns >= 0
     # pipeline sends time the next step's start; other first traffic may come later than it
     normal_end = np.where(phases.first_send_ns >= 0, start, np.where(followed, np.minimum(after_sync, start), after_sync))
-    long_gap = followed & (phases.next_ns - phases.close_ns > typical.gap_ns + LONG_GAP_SHARE * typical.period_ns)
+    long_gap = _long_gap(phases, typical)
     saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - _lead(phases, typical))
     checkpoint = long_gap & phases.bulk_write
     return np.where(checkpoint, np.maximum(saved, after_sync), np.where(long_gap, after_sync, normal_end))
@@ -599,7 +612,7 @@ def _steps(
     boundary = _boundaries(phases, typical)
     complete = phases.nbytes >= COMPLETE_SHARE * typical.phase_bytes
     silence = SILENCE_STEPS * typical.period_ns
-    normal_gap = typical.gap_ns + LONG_GAP_SHARE * typical.period_ns
+    usual_gap = ~_long_gap(phases, typical)
     rows: list[dict] = []
     end, close = state.last_end_ns, state.last_close_ns
     for p in range(len(phases.close_ns)):
@@ -608,7 +621,7 @@ def _steps(
         if not decided or boundary[p] >= hour_end_ns:
             break
         if not _ends_step(phases, p, typical, restarts, complete[p]):
-            if end is None and followed and phases.next_ns[p] - phases.close_ns[p] <= normal_gap:
+            if end is None and followed and usual_gap[p]:
                 # the view opened inside this phase's step; the next step follows as usual
                 end, close = int(boundary[p]), int(phases.close_ns[p])
             continue
