@@ -665,14 +665,17 @@ def _opening_start(
     phases: _Phases, p: int, boundary: np.ndarray, complete: np.ndarray, traffic: _Traffic, typical: _Typical
 ) -> int | None:
     """Start of the step closed by the first phase in view, if the view holds all of it: the job
-    started in view (its next step is markedly slower than usual: warm-up), or the step's own
-    start markers follow a quiet gap and give it a usual length. None if the view opened inside."""
+    started in view (warm-up: its first steps run markedly slower than usual, and the next one
+    still slower), or the step's own start markers follow a quiet gap and give it a usual length.
+    None if the view opened inside the step."""
     later = np.flatnonzero(complete[p + 1 :])
     if not len(later) or not np.isfinite(typical.period_ns):
         return None
     after = p + 1 + later[0]
+    period = typical.period_ns
+    next_length = boundary[after] - boundary[p]
     saving = phases.bulk_write[p] or phases.bulk_write[after]  # a checkpoint, not a warm-up
-    if boundary[after] - boundary[p] >= WARMUP_RATIO * typical.period_ns and not saving:
+    if next_length >= WARMUP_RATIO * period and not saving:
         return _attempt_start(phases, p, boundary, traffic, None, typical)
     before = np.arange(np.searchsorted(traffic.start, _step_traffic_until(phases, p)))
     if not len(before):
@@ -682,7 +685,10 @@ def _opening_start(
     after_quiet = np.r_[0, before[1:][traffic.start[before[1:]] - reach[:-1] >= 0.8 * typical.gap_ns]]
     for first in after_quiet:
         start = _marked_start(traffic, np.arange(first, before[-1] + 1), typical)
-        if abs(boundary[p] - start - typical.period_ns) <= LONG_GAP_SHARE / 2 * typical.period_ns:
+        length = boundary[p] - start
+        usual = abs(length - period) <= LONG_GAP_SHARE / 2 * period
+        warming = first == 0 and WARMUP_RATIO * period <= length <= 2 * WARMUP_RATIO * period
+        if usual or (warming and next_length > (1 + LONG_GAP_SHARE / 2) * period and not saving):
             return start
     return None
 
