@@ -1,38 +1,51 @@
 """Training steps of one job, reconstructed from its network flows hour by hour.
 
 What a step is. A step runs from the start of its forward compute to the end of its optimizer
-update; the next step starts right then (the simulator's truth uses the same definition). The
-network shows neither end directly: the gradient synchronization over the data-parallel (DP) pairs
-closes each step, the optimizer runs silently after it, and the next step's first traffic comes
-some compute later. So every boundary is placed from two marks:
+update, and the next step starts right then (the simulator's truth uses the same definition). The
+network shows neither end directly: a gradient sync over the data-parallel (DP) pairs closes each
+step, the optimizer runs silently after it, and the next step's first traffic comes some compute
+later. So each boundary is placed from two marks:
 
-* A, from the closing sync: the end of the sync phase plus the optimizer time. The optimizer time
-  is 0 when the phase ends with a second collective over the same pairs after a pause (ZeRO-1/2
-  all-gathers the updated shards after the optimizer); it is measured from B where the job has
-  pipeline traffic, and otherwise assumed to be `OPTIMIZER_SHARE` of the step.
-* B, from the next step's start: stage 0 of a pipeline sends its first micro-batches back to back,
-  one forward pass apart, so the first two sends t1, t2 on a stage-0 pair put the compute start at
-  2 t1 - t2. Without pipeline traffic B is the next step's first traffic (exact for ZeRO-3 gathers).
+* A, from the closing sync: its end plus the optimizer time. That is 0 when the phase ends with
+  a second collective over the same pairs after a pause (ZeRO-1/2 all-gathers the updated shards
+  after the optimizer); it is measured against B where the job has pipeline traffic, and otherwise
+  assumed to be OPTIMIZER_SHARE of a step (the optimizer is invisible on the network).
+* B, from the next step's start: stage 0 of a pipeline sends its first micro-batches one forward
+  pass f apart, so the first two sends t1, t2 put the compute start at t1 - f. When the first
+  stages share a host (their hops ride NVLink), the first visible sends come k forward passes in;
+  k follows from the gap before them (k backward passes of 2 f, the optimizer, k forward passes).
+  Without pipeline traffic B is the next step's first traffic (exact for ZeRO-3 gathers).
 
-A normal boundary is the earlier of A and B. An inter-step gap much longer than usual is a
-checkpoint when the job writes bulk data out of the job during it (the boundary is B: saving
-belongs to the step that ends), otherwise a stall at the start of the next step (the boundary is A).
+A normal boundary is B from pipeline sends, else the earlier of A and B. A gap much longer than
+usual at the step's pace is a checkpoint if the job writes bulk data out of the job during it (the
+boundary is B: saving belongs to the step that ends; without pipeline sends the next step's lead
+is scaled by its sync's length, as step jitter scales both), otherwise a stall before the next
+step (the boundary is A).
 
-Finding the sync phases. DP flows that overlap (within `MERGE_NS`) form bursts. Gradient syncs are
-the heavy bursts (bytes x flows), set apart from ZeRO-3 gathers and MoE all-to-all on the same
-pairs. The quiet gaps between heavy bursts come in a few length regimes: pipeline stages syncing
-one after another, the optimizer pause of ZeRO-1/2, the compute between steps, checkpoints. BOCD
-over the sorted log gap lengths finds the regimes (a change point is a jump between two of them);
-the step boundaries are the regime that recurs once per step, i.e. the threshold whose longer gaps
-are the most periodic in time. Heavy bursts between two boundary gaps form one sync phase. Jobs
-without DP traffic (pure pipeline) use their pipeline flows the same way, without the heavy filter.
+Finding the sync phases. DP flows that overlap form bursts; gradient syncs are the heavy ones
+(bytes x flows per pair, so stages syncing at once weigh as one), set apart from ZeRO-3 gathers
+and MoE all-to-all on the same pairs. The quiet gaps between heavy bursts fall into a few length
+regimes (stages syncing one after another, the optimizer pause of ZeRO-1/2, the compute between
+steps, checkpoints); the step boundaries are the cut between regimes whose longer gaps recur most
+regularly in time, cutting the traffic into like units. Heavy bursts between two boundary gaps
+form one sync phase; consecutive phases short of the usual bytes join (a warm-up step's pauses
+look like step gaps). Jobs without visible DP traffic (pure pipelines, or DP groups inside a
+host) use their pipeline activation sends the same way.
 
-Hours. A step is emitted by the first hour whose flows decide its end: usually the hour it ends
-in; a step ending in the last moments of an hour, before the next step's first traffic, is emitted
-by the next hour's run. The state carries the flows after the last emitted boundary, the step
-number, the attempt and the job's typical timings, so a re-run with the same state gives the same
-steps. A sync phase with fewer bytes than usual (a hang or a failure cut it) ends no step; after a
-restart the first step starts when the job's traffic resumes.
+Why not BOCD. LLMPrism runs BOCD over the intervals between DP communications. On this traffic
+a step is a periodic pattern of several bursts (stages, RS + AG, gathers, all-to-all), not a
+change in a stationary series: on the gap series of the tiny and small jobs BOCD at threshold
+0.95 finds no change point at all, and on per-flow intervals it flags a third of the boundaries
+at 90 us a point. prism_core.diagnosis uses it where it fits: step-time regimes.
+
+Hours. A step is emitted by the first run whose flows decide its end: usually the hour it ends
+in; a step ending in the last moments of an hour, before the next step's first traffic, by the
+next hour's run. The state carries the flows after the last emitted boundary, the step number,
+the attempt, restarts not yet behind a step and the job's usual timings, so a re-run with the
+same state gives the same steps. A phase short of its usual bytes (a hang or failure cut it) ends
+no step; after a restart the first step starts with the job's traffic after the downtime. The
+first phase of a job new to Prism closes a step only if the view holds the step's start: the job
+started in view (warm-up), or start markers give the step a usual length.
 """
 
 from __future__ import annotations
@@ -608,7 +621,10 @@ def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
 def _steps(
     phases: _Phases, typical: _Typical, traffic: _Traffic, state: _State, restarts: np.ndarray, hour_end_ns: int
 ) -> tuple[list[dict], int | None, int | None]:
-    """Walk the phases in time order and emit the steps they close."""
+    """Walk the phases in time order and emit the steps they close (none until the job's usual
+    timings are known: too few steps in view so far, they wait in the carry)."""
+    if not np.isfinite(typical.period_ns) or not np.isfinite(typical.gap_ns):
+        return [], state.last_end_ns, state.last_close_ns
     boundary = _boundaries(phases, typical)
     complete = phases.nbytes >= COMPLETE_SHARE * typical.phase_bytes
     silence = SILENCE_STEPS * typical.period_ns

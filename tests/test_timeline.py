@@ -1,0 +1,341 @@
+"""Step division (prism_core.timeline) and its scorer (prism_core.evaluate.steps).
+
+Accuracy is measured on simulated scenarios with the truth job membership and truth pairs as
+inputs, so it is that of step division alone; the job tracker's restart events are emulated as
+the job's first flow after each downtime.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from prism_core import timeline
+from prism_core.evaluate.steps import score
+from prism_core.ingest import dedupe, parse_flow_file
+from prism_core.minutes import HOUR_NS
+from prism_core.schema import STEPS
+from prism_core.truth import TRUTH_TABLES
+
+SECOND = 1_000_000_000
+
+
+class Scenario:
+    """A simulated scenario's deduplicated flows and its truth, restricted to visible jobs."""
+
+    def __init__(self, path: Path):
+        parts = [parse_flow_file(f.read_bytes(), f.name).clean for f in sorted((path / "flows").iterdir())]
+        self.flows, _ = dedupe(pa.concat_tables(parts))
+        truth = {name: pq.read_table(path / "truth" / f"{name}.parquet") for name in TRUTH_TABLES}
+        visible = truth["jobs"].filter(pc.field("has_network"))["job_id"]
+        self.truth = {name: t.filter(pc.is_in(t["job_id"], value_set=visible)) for name, t in truth.items()}
+        self.noise = json.loads((path / "truth" / "noise.json").read_text())
+        self.jobs = visible.to_pylist()
+
+    def of(self, name: str, job_id: str) -> pa.Table:
+        table = self.truth[name]
+        return table.filter(pc.equal(table["job_id"], job_id))
+
+    def job_flows(self, job_id: str) -> pa.Table:
+        """What the pipeline hands the job: flows its GPUs sent while it ran."""
+        job = self.of("jobs", job_id)
+        lo = _ns(job["start"])[0] - SECOND
+        hi = _ns(job["end"])[0] + 5 * SECOND
+        addrs = self.of("job_gpus", job_id)["addr"]
+        start = self.flows["time_flow_start_ns"]
+        return self.flows.filter(pc.and_(pc.is_in(self.flows["src_addr"], value_set=addrs),
+                                         pc.and_(pc.greater_equal(start, lo), pc.less(start, hi))))
+
+    def restarts(self, job_id: str, flows: pa.Table) -> list[int]:
+        """The job tracker's restart events: the job's first flow after each downtime."""
+        steps = self.of("steps", job_id)
+        attempt, first = steps["attempt"].to_numpy(), _ns(steps["start"])
+        starts = np.sort(flows["time_flow_start_ns"].to_numpy())
+        return [int(starts[np.searchsorted(starts, first[np.argmax(attempt == a)])])
+                for a in range(1, int(attempt.max(initial=0)) + 1) if np.any(attempt == a)]
+
+    def divide(self, job_id: str, window_ns: int = HOUR_NS) -> pa.Table:
+        """The job's steps over consecutive windows (hours unless told), the state handed on as
+        JSON, and one empty window at the end (the next hour, where the job has no flows)."""
+        flows = self.job_flows(job_id)
+        restarts = self.restarts(job_id, flows)
+        starts = flows["time_flow_start_ns"].to_numpy()
+        windows = np.unique(starts // window_ns)
+        state, steps = None, []
+        for w in [*windows, windows[-1] + 1]:
+            lo, hi = int(w * window_ns), int((w + 1) * window_ns)
+            found = timeline.divide_steps(job_id, flows.filter(pa.array((starts >= lo) & (starts < hi))),
+                                          self.of("pairs", job_id), state, lo, hi,
+                                          [r for r in restarts if lo <= r < hi])
+            state = json.loads(json.dumps(found.state))
+            steps.append(found.steps)
+        return pa.concat_tables(steps)
+
+    def score(self, steps: pa.Table, job_ids: list[str] | None = None) -> dict:
+        truth = self.truth if job_ids is None else {
+            name: t.filter(pc.is_in(t["job_id"], value_set=pa.array(job_ids))) for name, t in self.truth.items()}
+        return score(truth, {"steps": steps, "job_gpus": truth["job_gpus"]}, self.noise)
+
+
+def _ns(column) -> np.ndarray:
+    return pc.cast(column, pa.int64()).to_numpy()
+
+
+@pytest.fixture(scope="module")
+def tiny(scenario_dir) -> Scenario:
+    return Scenario(scenario_dir("tiny"))
+
+
+@pytest.fixture(scope="module")
+def small(scenario_dir) -> Scenario:
+    return Scenario(scenario_dir("small"))
+
+
+def _assert_targets(figures: dict) -> None:
+    for name in ("job_hours_exact_count", "boundary_error_share", "steps_within_1pct"):
+        assert figures[name].ok, (name, figures[name])
+
+
+# --- accuracy on simulated scenarios ------------------------------------------------------------
+
+
+def test_tiny_meets_the_targets(tiny):
+    steps = pa.concat_tables([tiny.divide(job) for job in tiny.jobs])
+    figures = tiny.score(steps)
+    _assert_targets(figures)
+    assert figures["prism_steps"].value == figures["truth_steps"].value == 259
+
+
+def test_small_meets_the_targets(small):
+    steps = pa.concat_tables([small.divide(job) for job in small.jobs])
+    figures = small.score(steps)
+    _assert_targets(figures)
+    assert figures["jobs_matched"].value == 9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,seed", [("small", 1), ("small", 2), ("small", 3), ("tiny", 1), ("tiny", 2)])
+def test_other_seeds_meet_the_targets(scenario_dir, name, seed):
+    scenario = Scenario(scenario_dir(name, seed))
+    _assert_targets(scenario.score(pa.concat_tables([scenario.divide(job) for job in scenario.jobs])))
+
+
+def test_where_the_hours_cut_does_not_change_the_steps(tiny):
+    """100-second 'hours' cut many syncs and steps in two; each step still comes out once."""
+    for job in tiny.jobs:
+        hourly, cut = tiny.divide(job), tiny.divide(job, window_ns=100 * SECOND)
+        assert cut.num_rows == hourly.num_rows
+        assert cut["step"].to_pylist() == list(range(cut.num_rows))
+        period = np.median(_ns(hourly["end"]) - _ns(hourly["start"]))
+        assert np.max(np.abs(_ns(cut["end"]) - _ns(hourly["end"]))) < 0.002 * period
+
+
+def test_rerunning_an_hour_with_the_same_state_gives_the_same_steps(small):
+    job = "sim-job-001"  # a 4-stage pipeline that runs across 10:00
+    flows = small.job_flows(job)
+    starts = flows["time_flow_start_ns"].to_numpy()
+    first_hour = int(starts.min() // HOUR_NS * HOUR_NS)
+    before = timeline.divide_steps(job, flows.filter(pa.array(starts < first_hour + HOUR_NS)), small.of("pairs", job),
+                                   None, first_hour, first_hour + HOUR_NS)
+    state = json.loads(json.dumps(before.state))
+    second = flows.filter(pa.array(starts >= first_hour + HOUR_NS))
+    runs = [timeline.divide_steps(job, second, small.of("pairs", job), state, first_hour + HOUR_NS,
+                                  first_hour + 2 * HOUR_NS) for _ in range(2)]
+    assert runs[0].steps.equals(runs[1].steps) and runs[0].state == runs[1].state
+    assert runs[0].steps.num_rows > 0
+    assert runs[0].steps["step"][0].as_py() == before.steps.num_rows  # numbering continues
+    assert _ns(runs[0].steps["start"])[0] == _ns(before.steps["end"])[-1]  # no gap, no overlap
+
+
+def test_a_restart_increments_the_attempt_and_leaves_a_gap(small):
+    job = "sim-job-002"  # ZeRO-3, restarts on a replacement host after 150 s down
+    steps = small.divide(job)
+    attempt = steps["attempt"].to_numpy()
+    assert sorted(set(attempt)) == [0, 1] and np.all(np.diff(attempt) >= 0)
+    first_after = int(np.argmax(attempt == 1))
+    downtime = _ns(steps["start"])[first_after] - _ns(steps["end"])[first_after - 1]
+    assert downtime > 100 * SECOND  # a gap between attempts, no giant step over it
+    truth = small.of("steps", job)
+    resumed = _ns(truth["start"])[np.argmax(truth["attempt"].to_numpy() == 1)]
+    period = np.median(_ns(truth["end"]) - _ns(truth["start"]))
+    assert abs(_ns(steps["start"])[first_after] - resumed) < 0.01 * period
+
+
+def test_a_hang_leaves_no_half_step(tiny):
+    job = "sim-job-002"  # hangs at 330 s: its NIC stops mid-step, the others within seconds
+    hang = tiny.of("faults", job).filter(pc.equal(tiny.of("faults", job)["kind"], "hang"))
+    onset = _ns(hang["start"])[0]
+    steps = tiny.divide(job)
+    assert _ns(steps["end"]).max() < onset
+    assert steps.num_rows == tiny.of("steps", job).num_rows
+
+
+def test_checkpoint_and_slow_steps_are_steps_like_the_others(small):
+    job = "sim-job-004"  # 16-way data parallel, no pipeline: checkpoints every 300 s, 3 slow steps
+    steps, truth = small.divide(job), small.of("steps", job)
+    assert steps.num_rows == truth.num_rows
+    period = np.median(_ns(truth["end"]) - _ns(truth["start"]))
+    long = _ns(truth["end"]) - _ns(truth["start"]) > 1.3 * period
+    assert long.sum() >= 4
+    error = np.abs(_ns(steps["end"]) - _ns(truth["end"])) / period
+    assert error[long].max() < 0.01
+
+
+def test_sync_phase_closes_each_step(small):
+    job = "sim-job-001"
+    steps = small.divide(job)
+    sync_start, end, sync_s = _ns(steps["sync_start"]), _ns(steps["end"]), steps["sync_s"].to_numpy()
+    period = np.median(end - _ns(steps["start"]))
+    assert np.all(sync_start < end) and np.all(sync_s > 0)
+    # the optimizer (and on checkpoint steps the save) follows the sync: no step ends inside it
+    after_sync = (end - sync_start) / 1e9 - sync_s
+    assert np.all(after_sync > 0)
+    assert 0.02 < np.median(after_sync) / (period / 1e9) < 0.06  # the optimizer: 4% of a step
+
+
+def test_no_flows_no_steps():
+    empty = pa.table({name: pa.array([], type) for name, type in (
+        ("time_flow_start_ns", pa.int64()), ("time_flow_end_ns", pa.int64()), ("src_addr", pa.string()),
+        ("dst_addr", pa.string()), ("bytes", pa.int64()), ("sampler_address", pa.string()))})
+    pairs = pa.table({"job_id": ["j"], "src_addr": ["a"], "dst_addr": ["b"], "kind": ["dp"]})
+    found = timeline.divide_steps("j", empty, pairs, None, 0, HOUR_NS)
+    assert found.steps.num_rows == 0 and found.steps.schema == STEPS
+    assert json.loads(json.dumps(found.state))["next_step"] == 0
+
+
+# --- the pieces, on synthetic series ------------------------------------------------------------
+
+
+def _times(spacings: np.ndarray) -> np.ndarray:
+    return np.cumsum(spacings).astype(np.int64)
+
+
+def test_upper_class_needs_a_clear_separation():
+    rng = np.random.default_rng(1)
+    light, heavy = rng.normal(10.0, 0.1, 40), rng.normal(12.0, 0.1, 10)
+    assert np.array_equal(timeline._upper_class(np.r_[light, heavy]), np.r_[np.zeros(40, bool), np.ones(10, bool)])
+    # stages syncing one at a time or two at once differ by less: all are syncs
+    assert timeline._upper_class(np.r_[light, light + np.log(2.0)]).all()
+
+
+def test_irregularity_tells_one_gap_per_step_from_interleaved_gaps():
+    rng = np.random.default_rng(2)
+    steps = rng.normal(5.0, 0.1, 200)
+    assert timeline._irregularity(_times(steps * 1e9)) < 0.03
+    alternating = np.tile([0.7, 4.3], 100)  # two kinds of gap, both regular on their own
+    assert timeline._irregularity(_times(alternating * 1e9)) > 0.5
+
+
+def _gap_pattern(rng: np.random.Generator, per_step: list[float], steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gaps (ns) repeating `per_step` with 2% jitter, and where each gap starts."""
+    gaps = np.tile(per_step, steps) * rng.lognormal(0.0, 0.02, steps * len(per_step))
+    at = _times(np.r_[0.0, gaps[:-1]] * 1e9 + 0.1e9)  # a 0.1 s burst before each gap
+    return (gaps * 1e9).astype(np.int64), at
+
+
+@pytest.mark.parametrize("per_step,boundary", [
+    ([0.6, 0.6, 0.6, 9.5], 9.5),  # four pipeline stages syncing one after another
+    ([0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.36], 0.36),  # micro-batch cadence of a 2-stage pipeline
+    ([6.5], 6.5),  # one sync per step
+])
+def test_boundary_gap_threshold_finds_the_gap_that_recurs_once_per_step(per_step, boundary):
+    rng = np.random.default_rng(3)
+    gaps, at = _gap_pattern(rng, per_step, 100)
+    candidate = np.repeat(np.arange(len(gaps) + 1), 4)  # 4 flows per burst
+    threshold = timeline._boundary_gap_threshold(gaps, at, candidate, np.empty(0, np.int64), None)
+    kept = gaps >= threshold
+    assert kept.sum() == 100
+    assert np.allclose(gaps[kept] / 1e9, boundary, rtol=0.1)
+
+
+def test_checkpoint_gaps_alone_do_not_make_steps():
+    rng = np.random.default_rng(4)
+    per_step = [6.5] * 29 + [20.0]  # a checkpoint every 30 steps, saving out of the job
+    gaps, at = _gap_pattern(rng, per_step, 10)
+    writes = at[29::30] + 2 * SECOND
+    candidate = np.repeat(np.arange(len(gaps) + 1), 4)
+    threshold = timeline._boundary_gap_threshold(gaps, at, candidate, writes, None)
+    assert np.sum(gaps >= threshold) == len(gaps)
+
+
+def test_short_phases_join_until_they_weigh_a_phase_but_not_across_a_silence():
+    # steps every 10 s; a warm-up step cut in quarters; a phase cut short, a silence, a step
+    nbytes = np.array([1.0, 1.0, 1.0, 0.25, 0.25, 0.25, 0.25, 1.0, 1.0, 0.5, 1.0])
+    start = np.array([0.0, 10.0, 20.0, 30.0, 32.0, 34.0, 36.0, 40.0, 50.0, 60.0, 200.0]) * SECOND
+    end = start + 0.5 * SECOND
+    first = np.arange(len(nbytes))
+    joined = timeline._join_partial_phases(first, nbytes, start.astype(np.int64), end.astype(np.int64))
+    assert joined.tolist() == [0, 1, 2, 3, 7, 8, 9, 10]
+
+
+def test_other_sizes_on_pipeline_pairs_are_not_pipeline_sends():
+    kind = np.full(7, timeline.PP)
+    pair = np.array([0, 0, 0, 1, 1, 1, 0])
+    nbytes = np.array([3, 3, 3, 5, 5, 5, 40]) << 20  # the 40 MiB flow: a tied embedding all-reduce
+    marked = timeline._activations_only(kind, pair, nbytes)
+    assert marked.tolist() == [timeline.PP] * 6 + [timeline.OTHER]
+
+
+# --- the scorer ---------------------------------------------------------------------------------
+
+
+def _steps(job_id: str, bounds_s: list[float], origin: int = 10 * HOUR_NS) -> pa.Table:
+    bounds = origin + (np.asarray(bounds_s) * SECOND).astype(np.int64)
+    n = len(bounds) - 1
+    return pa.table({"job_id": [job_id] * n, "start": pa.array(bounds[:-1]).cast(STEPS.field("start").type),
+                     "end": pa.array(bounds[1:]).cast(STEPS.field("end").type)})
+
+
+def _gpus(job_id: str, addrs: list[str]) -> pa.Table:
+    return pa.table({"job_id": [job_id] * len(addrs), "addr": addrs})
+
+
+def test_score_counts_job_hours_and_boundary_errors():
+    truth_bounds = [10.0 * i for i in range(13)]  # 12 steps of 10 s
+    truth = {"steps": _steps("t1", truth_bounds), "job_gpus": _gpus("t1", ["a", "b", "c", "d"])}
+    perfect = score(truth, {"steps": _steps("p1", truth_bounds), "job_gpus": _gpus("p1", ["a", "b", "c"])}, {})
+    assert perfect["job_hours_exact_count"].value == 1.0
+    assert perfect["boundary_error_share"].value == 0.0 and perfect["steps_within_1pct"].value == 1.0
+
+    shifted = list(truth_bounds)
+    shifted[6] += 0.2  # one boundary 2% of a step late: the two steps that share it miss by 2%
+    figures = score(truth, {"steps": _steps("p1", shifted), "job_gpus": _gpus("p1", ["a", "b", "c"])}, {})
+    assert figures["job_hours_exact_count"].value == 1.0
+    assert figures["steps_within_1pct"].value == pytest.approx(10 / 12)
+    assert figures["boundary_error_share"].value == pytest.approx(2 * 0.01 / 12)  # (start + end) / 2
+
+    merged = truth_bounds[:3] + truth_bounds[4:]  # one boundary missed: two steps in one
+    figures = score(truth, {"steps": _steps("p1", merged), "job_gpus": _gpus("p1", ["a", "b", "c"])}, {})
+    assert figures["job_hours_exact_count"].value == 0.0
+    assert figures["steps_within_1pct"].value == pytest.approx(10 / 12)
+
+
+def test_score_matches_jobs_by_addresses_and_time():
+    early = _steps("t1", [0, 10, 20])
+    late = _steps("t2", [1000, 1010, 1020])
+    truth = {"steps": pa.concat_tables([early, late]),
+             "job_gpus": pa.concat_tables([_gpus("t1", ["a", "b"]), _gpus("t2", ["a", "b"])])}
+    # Prism saw the two jobs on the same hosts as p-early and p-late; p-other overlaps neither
+    warehouse = {"steps": pa.concat_tables([_steps("p-early", [0, 10, 20]), _steps("p-late", [1000, 1010, 1020]),
+                                            _steps("p-other", [0, 10])]),
+                 "job_gpus": pa.concat_tables([_gpus("p-early", ["a", "b"]), _gpus("p-late", ["a", "b"]),
+                                               _gpus("p-other", ["x", "y"])])}
+    figures = score(truth, warehouse, {})
+    assert figures["jobs_matched"].value == 2 and figures["steps_within_1pct"].value == 1.0
+
+
+def test_score_ignores_steps_the_truth_cannot_hold():
+    """The simulator records only steps wholly inside its window."""
+    start = datetime.fromtimestamp(10 * 3600, tz=timezone.utc)
+    noise = {"scenario": {"start": start.isoformat(), "minutes": 1}}
+    truth = {"steps": _steps("t1", [0, 20, 40]), "job_gpus": _gpus("t1", ["a"])}
+    warehouse = {"steps": _steps("p1", [-5, 0, 20, 40, 65]), "job_gpus": _gpus("p1", ["a"])}
+    figures = score(truth, warehouse, noise)
+    assert figures["prism_steps"].value == 2 and figures["job_hours_exact_count"].value == 1.0
