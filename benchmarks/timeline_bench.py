@@ -15,6 +15,7 @@ import argparse
 import json
 import platform
 import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +79,7 @@ def main() -> None:
     flows = clean_flows(scenario_dir, args.seed)
     load_s = time.perf_counter() - began
 
-    hour_start = pc.cast(truth["jobs"]["end"], pa.int64())[0].as_py() // HOUR_NS * HOUR_NS  # the scenario's hour
+    hour_start = int(datetime.fromisoformat(noise["scenario"]["start"]).timestamp()) * 10**9 // HOUR_NS * HOUR_NS
     timings, steps, carry_bytes, job_flow_rows = {}, [], [], []
     for job_id in visible.to_pylist():
         job_flows, pairs = job_inputs(flows, truth, job_id)
@@ -86,8 +87,11 @@ def main() -> None:
         started = time.perf_counter()
         timeline = divide_steps(job_id, job_flows, pairs, None, hour_start, hour_start + HOUR_NS, restarts)
         timings[job_id] = time.perf_counter() - started
-        steps.append(timeline.steps)
         carry_bytes.append(len(json.dumps(timeline.state)))
+        # the next hour, where the job has no flows, decides the steps that closed the hour
+        after = divide_steps(job_id, job_flows.slice(0, 0), pairs, timeline.state, hour_start + HOUR_NS,
+                             hour_start + 2 * HOUR_NS)
+        steps += [timeline.steps, after.steps]
         job_flow_rows.append(job_flows.num_rows)
         print(f"{job_id}: {job_flows.num_rows:>9,} flows {timeline.steps.num_rows:>5} steps "
               f"{timings[job_id]:6.2f} s", flush=True)
