@@ -229,11 +229,15 @@ class _JobHour:
     def seconds(self, ns: int) -> float:
         return (ns - self.origin_ns) / NS
 
-    def gpus_active(self, lo: float, hi: float) -> int:
-        """GPUs of the hosts that exchanged traffic in [lo, hi]: a job's size at that time (a
-        replaced host is not counted twice); all the job's GPUs when none did."""
+    def hosts_active(self, lo: float, hi: float) -> np.ndarray:
+        """Codes of the hosts that exchanged traffic within [lo, hi]."""
         during = (self.start <= hi) & (self.end >= lo)
-        hosts = np.unique(self.host_of_addr[np.concatenate([self.src[during], self.dst[during]])])
+        return np.unique(self.host_of_addr[np.concatenate([self.src[during], self.dst[during]])])
+
+    def gpus_active(self, lo: float, hi: float) -> int:
+        """GPUs of the hosts active within [lo, hi]: the job's size at that time (a replaced host
+        is not counted twice); all the job's GPUs when none was."""
+        hosts = self.hosts_active(lo, hi)
         return int(self.gpus_of_host[hosts].sum() if len(hosts) else self.gpus_of_host.sum())
 
 
@@ -271,13 +275,15 @@ class _Run:
                  membership, config: DiagnosisConfig):
         self.job_id, self.job, self.state, self.config = job_id, job, state, config
         self.events = events
-        self.hour_start, self.hour_end = 0.0, job.seconds(hour_end_ns)
+        self.hour_end = job.seconds(hour_end_ns)
         self.membership = membership
         self.rows: list[dict] = []
         n = job.n_steps
         self.checkpoint = np.zeros(n, bool)
         self.warmup = np.zeros(n, bool)
         self.windowed = np.zeros(n, bool)  # inside a straggler or slow-link window
+        # steps with part of their flows in another hour: no evidence of who was late or slow
+        self.split = (job.step_start < 0) | (job.step_end > self.hour_end)
         self.slow = np.zeros(n, bool)
         self.baseline = np.full(n, np.nan)
         self.sigma = 0.02
@@ -334,8 +340,9 @@ class _Run:
         firsts = resumes + ([0] if state.first_step_ns is None else [])
         for first in firsts:
             self.warmup[first:first + self.config.warmup_steps] = True
-        if state.first_step_ns is None:
-            state.first_step_ns = job.ns(job.step_start[0])
+        if state.first_step_ns is None:  # the work starts with the job's first traffic
+            first_traffic = job.start.min() if len(job.start) else job.step_start[0]
+            state.first_step_ns = job.ns(max(job.step_start[0], first_traffic))
         return resumes
 
     def report_restarts(self, resumes: list[int]) -> None:
@@ -384,10 +391,7 @@ class _Run:
         return sorted(set(kinds[(at >= lo_ns - 60 * NS) & (at <= hi_ns + 60 * NS)].tolist()))
 
     def hosts_between(self, lo: float, hi: float) -> list[str]:
-        job = self.job
-        during = (job.start <= hi) & (job.end >= lo)
-        codes = np.unique(job.host_of_addr[np.concatenate([job.src[during], job.dst[during]])])
-        return job.hosts[codes].tolist()
+        return self.job.hosts[self.job.hosts_active(lo, hi)].tolist()
 
     # -- per-step evidence of slow links and stragglers --
 
@@ -402,7 +406,7 @@ class _Run:
         score = np.ones(job.n_steps)
         seconds = job.end - job.start
         sel = (job.step >= 0) & (job.kind != UNCLASSIFIED) & (job.nbytes >= config.throughput_min_bytes) & (seconds > 0)
-        sel &= ~self.warmup[np.maximum(job.step, 0)]
+        sel &= ~(self.warmup | self.split)[np.maximum(job.step, 0)]
         step, rate = job.step[sel], job.nbytes[sel] / np.maximum(seconds[sel], 1e-9)
         size = np.unique(job.nbytes[sel], return_inverse=True)[1]
         ratio = rate / _group_median(_key(step, size), rate) if sel.any() else rate
@@ -423,9 +427,10 @@ class _Run:
         has_second = np.r_[~first[1:], False][first]
         second[has_second] = order[np.flatnonzero(first)[has_second] + 1]
         score[step[lowest]] = capacity[lowest]
+        runner_up = np.maximum(second, 0)
+        tied = (second >= 0) & (capacity[runner_up] < capacity[lowest] * (1 + LINK_TIE))
+        a, b = np.sort(np.stack([addr[lowest], addr[runner_up]]), axis=0)
         n = len(job.addrs)
-        tied = (second >= 0) & (capacity[np.maximum(second, 0)] < capacity[lowest] * (1 + LINK_TIE))
-        a, b = np.minimum(addr[lowest], addr[np.maximum(second, 0)]), np.maximum(addr[lowest], addr[np.maximum(second, 0)])
         code = np.where(tied, n + a * n + b, addr[lowest])
         slow = capacity[lowest] < config.slow_link_ratio
         culprit[step[lowest][slow]] = code[slow]
@@ -437,7 +442,7 @@ class _Run:
         job, config = self.job, self.config
         culprit = np.full(job.n_steps, -1)
         lateness = np.zeros(job.n_steps)
-        usable = ~self.warmup & ~self.windowed  # slow links make their receivers late too
+        usable = ~(self.warmup | self.split | self.windowed)  # slow links make their receivers late too
         sel = (job.step >= 0) & (job.kind <= PP)
         sel &= usable[np.maximum(job.step, 0)]
         if not sel.any():
@@ -496,6 +501,10 @@ class _Run:
         culprit, score = per_step
         config = self.config
         carried = self.state.open_windows.get(kind, {}).get("name")
+        if carried and self.split[0]:
+            # the hour's first step began in the previous hour, with part of its flows there
+            culprit = culprit.copy()
+            culprit[0] = self.subject_code(kind, carried)
         found = []
         for code in np.unique(culprit[culprit >= 0]):
             at = np.flatnonzero(culprit == code)
@@ -523,7 +532,7 @@ class _Run:
         limit = np.log(max(config.slow_step_delta, 1 + config.jitter_sigmas * self.sigma))
         outlier = clean & (logs - rough > limit)
         clean &= ~outlier
-        segment = self.segments(logs, clean)
+        segment = self.segments(logs, clean, outlier, limit)
         baseline = np.exp(_rolling_median(logs, clean, segment, config.baseline_steps))
         self.segment = segment[len(history):]
         self.baseline = baseline[len(history):]
@@ -535,24 +544,26 @@ class _Run:
         keep = durations[clean][-2 * config.baseline_steps:]
         state.recent_s = [round(float(x), 6) for x in keep]
 
-    def segments(self, logs: np.ndarray, clean: np.ndarray) -> np.ndarray:
+    def segments(self, logs: np.ndarray, clean: np.ndarray, outlier: np.ndarray, limit: float) -> np.ndarray:
         """Segment id per step: BOCD MAP change points of the clean log durations, keeping only
-        level shifts of at least `degradation_min_shift` that last `degradation_min_steps`."""
+        level shifts of at least `degradation_min_shift` that last `degradation_min_steps`. The
+        first steps of a higher level look like outliers of the old one: a change point moves
+        back over outliers that fit the new level."""
         config = self.config
         if clean.sum() < 2 * config.degradation_min_steps:
             return np.zeros(len(logs), int)
         z = np.where(clean, (logs - np.median(logs[clean])) / self.sigma, np.nan)
         found = bocd(z, hazard_lambda=1000.0, prior=NormalGammaPrior(kappa=0.1), threshold=None).changepoints
         cuts = [0]
-        for cp in found.tolist() + [len(logs)]:
-            before = clean[cuts[-1]:cp].sum()
-            if cp == len(logs) or before < config.degradation_min_steps:
+        for cp, next_cp in zip(found, np.r_[found[1:], len(logs)]):
+            before = logs[cuts[-1]:cp][clean[cuts[-1]:cp]]
+            after = logs[cp:next_cp][clean[cp:next_cp]]
+            if min(len(before), len(after)) < config.degradation_min_steps:
                 continue
-            after_end = next((c for c in found.tolist() + [len(logs)] if c > cp), len(logs))
-            level_before = np.median(logs[cuts[-1]:cp][clean[cuts[-1]:cp]])
-            after = logs[cp:after_end][clean[cp:after_end]]
-            if len(after) >= config.degradation_min_steps and abs(np.median(after) - level_before) >= np.log1p(config.degradation_min_shift):
-                cuts.append(cp)
+            if abs(np.median(after) - np.median(before)) >= np.log1p(config.degradation_min_shift):
+                while cp - 1 > cuts[-1] and outlier[cp - 1] and abs(logs[cp - 1] - np.median(after)) < limit:
+                    cp -= 1
+                cuts.append(int(cp))
         segment = np.zeros(len(logs), int)
         for cut in cuts[1:]:
             segment[cut:] += 1
@@ -650,6 +661,17 @@ class _Run:
     def runner_up(self, code: int, steps: np.ndarray) -> str | None:
         others = [c for c, run, _ in self.straggler_runs if c != code and np.isin(run, steps).any()]
         return str(self.job.hosts[others[0]]) if others else None
+
+    def subject_code(self, kind: str, name: str) -> int:
+        """The code of a subject named in an earlier hour (-1 when it is not in this hour's job)."""
+        job = self.job
+        if kind == "straggler":
+            return _position(job.hosts, name)
+        if "->" not in name:
+            return _position(job.addrs, name)
+        a, b = (_position(job.addrs, end) for end in name.split("->"))
+        n = len(job.addrs)
+        return n + a * n + b if min(a, b) >= 0 else -1
 
     def subject_name(self, kind: str, code: int) -> str:
         job = self.job
@@ -904,6 +926,11 @@ def _rhythm(numbers: np.ndarray) -> tuple[int, int] | None:
         return None
     period = int(gaps[best])
     return period, int(numbers[-1] % period)
+
+
+def _position(sorted_names: np.ndarray, name: str) -> int:
+    at = int(np.searchsorted(sorted_names, name))
+    return at if at < len(sorted_names) and sorted_names[at] == name else -1
 
 
 def _key(*columns: np.ndarray) -> np.ndarray:

@@ -37,14 +37,20 @@ class TruthRun:
     noise: dict
 
 
-def diagnose_from_truth(scenario: Path, config: diagnosis.DiagnosisConfig = diagnosis.DEFAULT_CONFIG) -> TruthRun:
-    """Diagnose every network-visible truth job, hour by hour, from truth-derived inputs."""
+def load_scenario(scenario: Path) -> tuple[dict[str, pa.Table], pa.Table, dict]:
+    """Truth tables of the network-visible jobs, the deduplicated flows, and noise.json."""
     truth = {name: pq.read_table(scenario / "truth" / f"{name}.parquet") for name in TRUTH_TABLES}
     visible = truth["jobs"].filter(pc.field("has_network"))
     truth = {name: table.filter(pc.is_in(table["job_id"], value_set=visible["job_id"])) for name, table in truth.items()}
     noise = json.loads((scenario / "truth" / "noise.json").read_text())
     clean = [parse_flow_file(path.read_bytes(), str(path)).clean for path in sorted((scenario / "flows").iterdir())]
     flows, _ = dedupe(pa.concat_tables(clean))
+    return truth, flows, noise
+
+
+def diagnose_from_truth(scenario: Path, config: diagnosis.DiagnosisConfig = diagnosis.DEFAULT_CONFIG) -> TruthRun:
+    """Diagnose every network-visible truth job, hour by hour, from truth-derived inputs."""
+    truth, flows, noise = load_scenario(scenario)
     owner = _owners(flows, truth)
     hours = np.unique(flows["time_flow_start_ns"].to_numpy() // HOUR_NS)
     job_ids = truth["jobs"]["job_id"].to_pylist()
@@ -307,7 +313,8 @@ def _scorer_case() -> tuple[dict, dict]:
         "wasted_gpu_s": [1000.0, 200.0, 5000.0, 40.0], "params": ["{}"] * 4,
     })
     steps = pa.table({"job_id": ["t1", "t2", "t2"], "start": _ts([0, 0, 3700]), "end": _ts([5, 5, 3705])})
-    truth = {"faults": faults, "job_gpus": truth_gpus, "jobs": pa.table({"job_id": ["t1", "t2"]}), "steps": steps}
+    truth = {"faults": faults, "job_gpus": truth_gpus, "jobs": pa.table({"job_id": ["t1", "t2"], "n_gpus": [4, 4]}),
+             "steps": steps}
     issues = pa.table({
         "issue_id": ["i0", "i1", "i2", "i2", "i3", "i4", "i5"],
         "job_id": ["p1", "p1", "p1", "p1", "p1", "p2", "p1"],
@@ -334,13 +341,21 @@ def test_scorer_matches_by_job_kind_time_and_subject():
     # waste: straggler +5%, slow link -25%, hang exact
     assert figures["waste_within_10pct"] == pytest.approx(2 / 3)
     assert figures["median_waste_error"] == pytest.approx(0.05)
+    # the slow link cost 200 of the 800 GPU-seconds its job held meanwhile: perceptible
+    assert figures["waste_within_10pct_perceptible"] == pytest.approx(2 / 3)
+    # at 6 GPU-seconds (under 1% of them) it is below what step times resolve
+    waste_column = truth["faults"].schema.get_field_index("wasted_gpu_s")
+    truth["faults"] = truth["faults"].set_column(waste_column, "wasted_gpu_s", pa.array([1000.0, 6.0, 5000.0, 40.0]))
+    figures = {name: f.value for name, f in issue_scorer.score(truth, warehouse, {}).items()}
+    assert figures["waste_within_10pct"] == pytest.approx(2 / 3)
+    assert figures["waste_within_10pct_perceptible"] == 1.0
 
 
 def test_scorer_tells_reused_hosts_apart_by_time():
     truth, warehouse = _scorer_case()
     # a later truth job on t1's hosts, and a Prism job p3 for it: p3's slow link must not match f1
     truth["job_gpus"] = pa.concat_tables([truth["job_gpus"], pa.table({"job_id": ["t3"] * 4, "addr": ["a0", "a1", "a2", "a3"]})])
-    truth["jobs"] = pa.table({"job_id": ["t1", "t2", "t3"]})
+    truth["jobs"] = pa.table({"job_id": ["t1", "t2", "t3"], "n_gpus": [4, 4, 4]})
     warehouse["job_gpus"] = pa.concat_tables([warehouse["job_gpus"], pa.table({"job_id": ["p3"] * 4, "addr": ["a0", "a1", "a2", "a3"]})])
     late = warehouse["issues"].slice(1, 1)
     late = late.set_column(1, "job_id", pa.array(["p3"])).set_column(0, "issue_id", pa.array(["i9"]))
