@@ -72,6 +72,8 @@ MAX_IRREGULARITY = 0.15  # mean relative deviation of boundary spacing from its 
 SMALL_SAMPLE_PENALTY = 0.2  # irregularity a class of one gap would have to beat
 MAX_UNIT_EXCESS = 2.0  # no step carries more than twice the sync flows of its neighbours
 CUT_RATIO = 1.05  # resolution of the candidate cuts between gap-length regimes
+REPEAT_SHARE = 0.5  # a last burst with this much of its bytes on pairs the phase used repeats them
+SAME_SHAPE = 0.1  # an all-gather of the updated shards repeats the reduce-scatter's bytes and flows
 OPTIMIZER_SHARE = 0.04  # optimizer time / step time when no pipeline traffic shows it
 LONG_GAP_SHARE = 0.1  # an inter-step gap this share of a step above usual is a checkpoint or stall
 COMPLETE_SHARE = 0.9  # a sync phase with fewer bytes than this share of usual was cut short
@@ -305,6 +307,7 @@ class _Phases:
     start_ns: np.ndarray  # the phase's first burst starts
     close_ns: np.ndarray  # its last burst ends
     nbytes: np.ndarray
+    nflows: np.ndarray
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
     closed: np.ndarray  # bool: nothing later can still join the phase
     next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
@@ -349,11 +352,16 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
     for lo, hi in zip(first, last):
         members = candidates[lo : hi + 1]
         rows = [signal[flow_rank[burst_from[b] : burst_from[b + 1]]] for b in members]
+        repeated, same_flows = _repeated_share(traffic, rows) if has_dp else (0.0, False)
+        if repeated >= REPEAT_SHARE and not (same_flows and abs(repeated - 1.0) <= SAME_SHAPE):
+            # a different collective on the same pairs right after the optimizer: the next
+            # step's ZeRO-3 parameter gather, its first traffic, not part of this sync
+            members, rows, repeated = members[:-1], rows[:-1], 0.0
         flows.append(np.concatenate(rows))
         start_ns.append(traffic.cluster_start(rows[0]))
         close_ns.append(traffic.cluster_end(rows[-1]))
         nbytes.append(float(b_bytes[members].sum()))
-        after_optimizer.append(has_dp and _repeats_collective(traffic, rows))
+        after_optimizer.append(repeated >= REPEAT_SHARE)
     n = len(first)
     close = np.array(close_ns, np.int64)
     closed = np.ones(n, bool)
@@ -377,7 +385,8 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
                 first_send_ns[p], forward_ns[p] = sends
         saved_until = next_ns[p] if len(window) else until
         bulk_write[p] = np.any((traffic.bulk_writes > close[p]) & (traffic.bulk_writes < saved_until))
-    return _Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes), np.array(after_optimizer, bool),
+    return _Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes),
+                   np.array([len(rows) for rows in flows], float), np.array(after_optimizer, bool),
                    closed, next_ns, first_send_ns, forward_ns, bulk_write, has_dp,
                    float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
@@ -405,15 +414,18 @@ def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarra
     return np.array(joined, first.dtype)
 
 
-def _repeats_collective(traffic: _Traffic, bursts: list[np.ndarray]) -> bool:
-    """Whether the last burst repeats a collective of the phase's earlier bursts on the same pairs
-    (at least half its bytes' worth): the all-gather that follows the optimizer under ZeRO-1/2,
-    as opposed to pipeline stages syncing one after another on their own pairs."""
+def _repeated_share(traffic: _Traffic, bursts: list[np.ndarray]) -> tuple[float, bool]:
+    """(bytes the phase's earlier bursts moved on the pairs of its last burst per byte of that
+    burst, whether they did so in as many flows). About (1, True) when the last burst repeats a
+    collective on the same pairs bucket for bucket (the all-gather of the updated shards after
+    the optimizer, ZeRO-1/2); near 0 when pipeline stages sync one after another on their own
+    pairs; a ZeRO-3 parameter gather moves the whole shard at once, in fewer flows."""
     if len(bursts) < 2:
-        return False
+        return 0.0, False
     last, earlier = bursts[-1], np.concatenate(bursts[:-1])
     repeated = np.isin(traffic.pair[earlier], traffic.pair[last])
-    return traffic.nbytes[earlier][repeated].sum() >= 0.5 * traffic.nbytes[last].sum()
+    share = traffic.nbytes[earlier][repeated].sum() / traffic.nbytes[last].sum()
+    return float(share), abs(repeated.sum() / len(last) - 1.0) <= SAME_SHAPE
 
 
 def _bursts(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -519,6 +531,7 @@ class _Typical:
     period_ns: float
     gap_ns: float  # end of a sync phase -> the next step's first traffic
     phase_bytes: float
+    phase_flows: float
     fill: int  # forward passes before the first visible pipeline send (stages on one host hide)
     close_to_end_ns: float | None  # end of a sync phase -> end of the step, where measured
     lead_ns: float | None  # start of a step -> its first traffic
@@ -533,6 +546,7 @@ class _Typical:
 
     def as_baseline(self, gap_threshold_ns: float | None) -> dict:
         return {"period_ns": self.period_ns, "gap_ns": self.gap_ns, "phase_bytes": self.phase_bytes,
+                "phase_flows": self.phase_flows,
                 "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
                 "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
                 "gap_threshold_ns": gap_threshold_ns}
@@ -543,11 +557,12 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
         return float(np.median(values)) if len(values) >= MIN_STEPS else baseline.get(name)
 
     phase_bytes = median(phases.nbytes, "phase_bytes") or 0.0
-    complete = phases.nbytes >= COMPLETE_SHARE * phase_bytes
+    phase_flows = median(phases.nflows, "phase_flows") or 0.0
+    complete = _complete(phases, phase_bytes, phase_flows)
     period = median(np.diff(phases.close_ns[complete]), "period_ns")
     followed = complete & (phases.next_ns >= 0)
     gap = median((phases.next_ns - phases.close_ns)[followed], "gap_ns")
-    typical = _Typical(period or np.inf, gap or np.inf, phase_bytes, baseline.get("fill", 1),
+    typical = _Typical(period or np.inf, gap or np.inf, phase_bytes, phase_flows, baseline.get("fill", 1),
                        baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
                        baseline.get("sync_ns"), baseline.get("forward_ns"))
     if period is None or gap is None:
@@ -626,7 +641,7 @@ def _steps(
     if not np.isfinite(typical.period_ns) or not np.isfinite(typical.gap_ns):
         return [], state.last_end_ns, state.last_close_ns
     boundary = _boundaries(phases, typical)
-    complete = phases.nbytes >= COMPLETE_SHARE * typical.phase_bytes
+    complete = _complete(phases, typical.phase_bytes, typical.phase_flows)
     silence = SILENCE_STEPS * typical.period_ns
     usual_gap = ~_long_gap(phases, typical)
     rows: list[dict] = []
@@ -659,6 +674,12 @@ def _steps(
                      "attempt": attempt})
         end, close = int(boundary[p]), int(phases.close_ns[p])
     return rows, end, close
+
+
+def _complete(phases: _Phases, phase_bytes: float, phase_flows: float) -> np.ndarray:
+    """Phases that carry a usual phase's bytes in a usual phase's flows (a ZeRO-3 parameter
+    gather alone moves as many bytes as a reduce-scatter, in fewer flows)."""
+    return (phases.nbytes >= COMPLETE_SHARE * phase_bytes) & (phases.nflows >= COMPLETE_SHARE * phase_flows)
 
 
 def _ends_step(phases: _Phases, p: int, typical: _Typical, restarts: np.ndarray, complete: bool) -> bool:
