@@ -42,7 +42,7 @@ FAST = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-FAST_FEW = settings(FAST, max_examples=100)  # properties that parse several files per example
+FAST_FEW = settings(FAST, max_examples=60)  # properties that parse several files per example
 SLOW = settings(FAST, max_examples=10_000)
 REASON = re.compile(
     "|".join(
