@@ -501,10 +501,11 @@ class _Run:
         culprit, score = per_step
         config = self.config
         carried = self.state.open_windows.get(kind, {}).get("name")
-        if carried and self.split[0]:
-            # the hour's first step began in the previous hour, with part of its flows there
-            culprit = culprit.copy()
-            culprit[0] = self.subject_code(kind, carried)
+        # a step with part of its flows in another hour shows no culprit: it takes its
+        # predecessor's (for the hour's first steps, the open window's of the previous hour)
+        culprit = culprit.copy()
+        for i in np.flatnonzero(self.split):
+            culprit[i] = culprit[i - 1] if i else (self.subject_code(kind, carried) if carried else -1)
         found = []
         for code in np.unique(culprit[culprit >= 0]):
             at = np.flatnonzero(culprit == code)
