@@ -862,6 +862,12 @@ def _normalize_address(text: str) -> tuple[str | None, int]:
     return _parse_address(text)
 
 
+def canonical_address(text: str) -> str | None:
+    """The one spelling of an address that flows are stored with (compressed lowercase IPv6,
+    IPv4-mapped IPv6 as IPv4), or None when it is not an address: for inventories to match."""
+    return _normalize_address(text)[0]
+
+
 # Flow files of one cluster repeat the same few thousand addresses: remember them across files.
 @functools.lru_cache(maxsize=1 << 16)
 def _parse_address(text: str) -> tuple[str | None, int]:

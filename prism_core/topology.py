@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from prism_core.ingest import canonical_address
 from prism_core.schema import TOPOLOGY, conform
 
 
@@ -43,6 +44,11 @@ class Topology:
         table = conform(raw, TOPOLOGY)
         if table["addr"].null_count or table["host"].null_count or table["gpu"].null_count:
             raise TopologyError(f"{source}: addr, host and gpu must be set on every row")
+        addrs = [canonical_address(text) for text in table["addr"].to_pylist()]
+        if None in addrs:
+            bad = table["addr"][addrs.index(None)].as_py()
+            raise TopologyError(f"{source}: {bad!r} is not an IP address")
+        table = table.set_column(0, "addr", pa.array(addrs, pa.string()))
         if pc.count_distinct(table["addr"]).as_py() != table.num_rows:
             raise TopologyError(f"{source}: an address is listed twice")
         return cls(table.sort_by("addr"), from_inventory=True)

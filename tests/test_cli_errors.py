@@ -42,3 +42,12 @@ def test_bad_time(tmp_path, text):
     result = run("run", "--flows", str(tmp_path), "--start", text, "--end", "2026-11-22T06:00")
     assert result.exit_code == 2
     assert "not a date and time" in result.output
+
+
+def test_inventory_addresses_match_flows_spelling():
+    from prism_core.topology import Topology, TopologyError
+
+    inventory = Topology.from_csv_bytes(b"addr,host,gpu\n::ffff:10.0.0.1,h1,0\nFE80::0001,h1,1\n")
+    assert inventory.table["addr"].to_pylist() == ["10.0.0.1", "fe80::1"]
+    with pytest.raises(TopologyError, match="not an IP address"):
+        Topology.from_csv_bytes(b"addr,host,gpu\nnope,h1,0\n")
