@@ -22,8 +22,11 @@ recognition events) plus the state the previous hour left. The analysis, in orde
    the level is a degradation.
 6. *Slow steps* (Holmes' delta-irregular steps): longer than max(delta, 1 + k sigma) x baseline,
    not a checkpoint, not warm-up, and not inside a straggler or slow-link window.
-7. *Hangs*: the job stopped in the middle of a step, its GPUs fell silent one after another (the
-   first ones are the subject), and its hosts stayed silent, not taken by another job.
+7. *Hangs*: the job stopped in the middle of a step and its hosts stayed silent, not taken by
+   another job: for 30 s (or three steps) when its GPUs fell silent one after another (the first
+   ones, busy at that point in earlier steps, are the subject), for `crash_wait_s` when they all
+   stopped at once (a crash looks the same until the job resumes: a restart), or until the data
+   ends.
 
 Waste is computed by prism_core.waste. An issue that crosses an hour boundary keeps its id (a hash
 of job, kind, subject and start) and each hour's row carries that hour's waste, so the sum over
@@ -48,7 +51,7 @@ DP, PP, OTHER, UNCLASSIFIED = 0, 1, 2, 3
 KIND_CODES = {"dp": DP, "pp": PP, "other": OTHER}
 NS = 1_000_000_000
 MAD_TO_SIGMA = 1.4826
-BOUNDARY_SLACK_S = 0.02
+BOUNDARY_SLACK_S = 0.02  # exporter clocks differ by a few ms: a flow this early still belongs to its step
 DATA_END_MARGIN_S = 60.0  # an hour whose last flow comes earlier than this before its end ends the data
 STOP_REFERENCE_STEPS = 10  # complete steps that show where in a step each GPU is normally active
 LINK_TIE = 0.03  # two addresses this close in throughput are equally slow
@@ -192,7 +195,6 @@ class _JobHour:
         steps = conform(steps, STEPS).sort_by("start")
         step_start = (steps["start"].cast(pa.int64()).to_numpy() - origin_ns) / NS
         step_end = (steps["end"].cast(pa.int64()).to_numpy() - origin_ns) / NS
-        # exporters' clocks are a few ms apart: a flow that starts just before a step belongs to it
         shifted = start[order] + BOUNDARY_SLACK_S
         step = np.searchsorted(step_start, shifted, side="right") - 1
         inside = (step >= 0) & (shifted < step_end[np.maximum(step, 0)] + BOUNDARY_SLACK_S) if len(step_start) else step < -1
