@@ -26,7 +26,7 @@ BEAM_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
     raise typer.Exit(code=2)
 
 
