@@ -44,6 +44,8 @@ TRACK_OVERLAP = 0.5
 # within this much silence and on exactly the job's hosts: a new job can start on all or part of
 # the hosts another left seconds before.
 RESUME_CHECK_NS = 10_000_000_000
+# Tracks that began this long ago or less may still be parts of one job not yet seen whole.
+YOUNG_NS = 3 * MINUTE_NS
 # Silence longer than this between a job's flows is a stop; resuming after it is a restart.
 RESTART_GAP_NS = 60_000_000_000
 # A stopped job that resumes within this time on the same hosts (or one replaced) is restarted.
@@ -53,7 +55,7 @@ SIGNATURE_MATCH = 0.5
 # Flow sizes kept per job as its signature (most frequent first).
 SIGNATURE_SIZES = 32
 
-STATE_VERSION = 2
+STATE_VERSION = 1
 
 MEMBERSHIP = pa.schema(
     [
@@ -66,14 +68,12 @@ MEMBERSHIP = pa.schema(
     ]
 )
 
-EVENT_KINDS = ("start", "end", "restart", "host_replaced")
-
 EVENTS = pa.schema(
     [
         ("job_id", pa.string()),
-        ("kind", pa.string()),
+        ("kind", pa.string()),  # start | end | restart | host_replaced
         ("at_ns", pa.int64()),
-        ("detail", pa.string()),  # JSON
+        ("detail", pa.string()),  # JSON: hosts (start), gap_s (restart), removed/added hosts
     ]
 )
 
@@ -121,6 +121,8 @@ class _Track:
     size_flows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     size_minutes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # minutes seen
     seen_this_hour: bool = False
+    born_this_hour: bool = False
+    merged_into: int = -1  # the track that absorbed this one: one job first seen in parts
     reported_end: bool = False  # an `end` event was already emitted for the current stop
 
 
@@ -149,7 +151,7 @@ def recognize_hour(
     """Jobs of one hour from its `flow_minutes`, continuing the jobs of `previous_state`."""
     vocabulary = _HostVocabulary(topology)
     hour_end_ns = hour_start_ns + HOUR_NS
-    tracks = _load_state(previous_state, vocabulary, hour_start_ns)
+    tracks = _load_state(previous_state, vocabulary)
     observations = _observe(flow_minutes, vocabulary, _minute_ns(flow_minutes), jaccard)
     tracker = _Tracker(tracks, vocabulary)
     for minute_rows in _rows_by_minute(observations.minute_ns):
@@ -167,7 +169,6 @@ class _HostVocabulary:
         self._codes: dict[str, int] = {}
         by_host = topology.table.sort_by([("host", "ascending"), ("gpu", "ascending")])
         self._nic_table = by_host.select(["addr", "host", "gpu"])
-        self._nic_hosts = pc.unique(by_host["host"]) if topology.from_inventory else None
 
     def host_of(self, addrs: pa.Array) -> pa.Array:
         return self.topology.lookup(addrs)["host"].combine_chunks()
@@ -191,7 +192,7 @@ class _HostVocabulary:
     def nics(self, codes: np.ndarray) -> pa.Table:
         """addr, host, gpu of every NIC of the hosts `codes`, sorted by host then gpu."""
         hosts = pa.array(self.name_list(codes), pa.string())
-        if self._nic_hosts is None:
+        if not self.topology.from_inventory:
             return pa.table({"addr": hosts, "host": hosts, "gpu": pa.array(np.zeros(len(hosts), np.int32))})
         return self._nic_table.filter(pc.is_in(self._nic_table["host"], value_set=hosts))
 
@@ -376,62 +377,144 @@ class _Tracker:
     def observe_minute(self, obs: _Observations, rows: np.ndarray) -> None:
         if len(self.owner) < len(self.vocabulary.names):
             self.owner = np.r_[self.owner, np.full(len(self.vocabulary.names) - len(self.owner), -1)]
-        last_end = np.array([t.last_end_ns for t in self.tracks], np.int64)
-        claimed: dict[int, tuple[list[int], list[np.ndarray]]] = {}  # track -> observations, hosts
+        # last traffic of every track before this minute (tracks started in it: their own)
+        self.last_end = np.array([t.last_end_ns for t in self.tracks], np.int64)
+        claimed: dict[int, list[int]] = {}  # track -> observations it absorbs this minute
+        resuming: dict[int, list[int]] = {}  # stopped track -> observations on its hosts
         for k in rows.tolist():
-            index = self._match(obs, k, last_end)
-            hosts = obs.hosts(k)
-            owners = self.owner[hosts]
-            # Hosts of another running job stay with it, whatever glued them to this component.
-            others = np.flatnonzero((owners >= 0) & (owners != (-1 if index is None else index)))
-            others = others[obs.first_ns[k] - last_end[owners[others]] < RESTART_GAP_NS]
-            hosts = np.delete(hosts, others)
-            if len(hosts) == 0:
-                continue
-            if index is None:
-                index = self._start(obs, k, hosts)
-                last_end = np.r_[last_end, obs.last_ns[k]]
-            ks, host_sets = claimed.setdefault(index, ([], []))
-            ks.append(k)
-            host_sets.append(hosts)
-            self.owner[hosts] = index
-        for index, (ks, host_sets) in claimed.items():
-            self._advance(index, np.unique(np.concatenate(host_sets)), obs, np.array(ks))
+            best, shared = self._best_owner(obs.hosts(k))
+            if best is not None and self._stopped(best, obs, k):
+                resuming.setdefault(best, []).append(k)
+            else:
+                self._place(obs, k, best, shared, claimed)
+        for best, ks in resuming.items():
+            if self._resumes(obs, ks, best):
+                for k in ks:
+                    self._claim(claimed, best, obs, k)
+            else:  # another job: its observations are placed like any other
+                for k in ks:
+                    self._place(obs, k, *self._best_owner(obs.hosts(k)), claimed)
+        by_survivor: dict[int, list[int]] = {}
+        for index, ks in claimed.items():
+            while self.tracks[index].merged_into >= 0:
+                index = self.tracks[index].merged_into
+            by_survivor.setdefault(index, []).extend(ks)
+        for index, ks in by_survivor.items():
+            seen = np.unique(np.concatenate([obs.hosts(k)[self.owner[obs.hosts(k)] == index] for k in ks]))
+            if len(seen):
+                self._advance(index, seen, obs, np.array(ks))
 
-    def _start(self, obs: _Observations, k: int, hosts: np.ndarray) -> int:
-        names = self.vocabulary.name_list(hosts)
-        track = _Track(_job_id(int(obs.minute_ns[k]), names), hosts, int(obs.first_ns[k]), int(obs.last_ns[k]))
-        self.tracks.append(track)
-        self.events.append((track.job_id, "start", track.first_seen_ns, json.dumps({"hosts": names})))
-        return len(self.tracks) - 1
-
-    def _match(self, obs: _Observations, k: int, last_end: np.ndarray) -> int | None:
-        """The track observation `k` continues or restarts, or None for a new job."""
-        hosts = obs.hosts(k)
+    def _best_owner(self, hosts: np.ndarray) -> tuple[int | None, int]:
+        """The track owning most of `hosts` (the earlier on ties) and how many it owns."""
         owners = self.owner[hosts]
         owners = owners[owners >= 0]
         if len(owners) == 0:
-            return None
+            return None, 0
         shared_by_track = np.bincount(owners)
-        best = int(np.argmax(shared_by_track))  # ties: the earlier track
-        track, shared = self.tracks[best], int(shared_by_track[best])
-        gap = int(obs.first_ns[k]) - int(last_end[best])
+        best = int(np.argmax(shared_by_track))
+        return best, int(shared_by_track[best])
+
+    def _stopped(self, index: int, obs: _Observations, k: int) -> bool:
+        return int(obs.first_ns[k]) - self.last_end[index] >= RESTART_GAP_NS
+
+    def _place(self, obs: _Observations, k: int, best: int | None, shared: int, claimed: dict) -> None:
+        """Observation `k` continues the running track owning most of its hosts, or starts a job."""
+        if best is not None and self._stopped(best, obs, k):
+            self._supersede(best, obs.hosts(k))
+            best = None
+        index = None if best is None else self._continue(obs, k, best, shared)
+        self._claim(claimed, self._start(obs, k) if index is None else index, obs, k)
+
+    def _claim(self, claimed: dict, index: int, obs: _Observations, k: int) -> None:
+        """Give observation `k`'s hosts to track `index`, except hosts of another running job,
+        which stay with it whatever glued them to this component."""
+        hosts = obs.hosts(k)
+        owners = self.owner[hosts]
+        others = (owners >= 0) & (owners != index)
+        running = np.zeros(len(hosts), bool)
+        running[others] = obs.first_ns[k] - self.last_end[owners[others]] < RESTART_GAP_NS
+        self.owner[hosts[~running]] = index
+        claimed.setdefault(index, []).append(k)
+
+    def _start(self, obs: _Observations, k: int) -> int:
+        hosts = obs.hosts(k)
+        names = self.vocabulary.name_list(hosts)
+        first_ns = int(obs.first_ns[k])
+        track = _Track(_job_id(int(obs.minute_ns[k]), names), hosts, first_ns, int(obs.last_ns[k]), born_this_hour=True)
+        self.tracks.append(track)
+        self.last_end = np.r_[self.last_end, track.last_end_ns]
+        self.events.append((track.job_id, "start", first_ns, json.dumps({"hosts": names})))
+        return len(self.tracks) - 1
+
+    def _continue(self, obs: _Observations, k: int, best: int, shared: int) -> int | None:
+        """The running track observation `k` continues, or None for a new job on its hosts."""
+        track, hosts = self.tracks[best], obs.hosts(k)
+        gap = int(obs.first_ns[k]) - int(self.last_end[best])
         unchanged = gap < RESUME_CHECK_NS and shared == len(hosts) == len(track.hosts)
-        same_sizes = unchanged or _signature_share(*obs.signature(k), track) >= SIGNATURE_MATCH
-        if gap < RESTART_GAP_NS and same_sizes:
-            # Running: a partial minute is a subset of the job, a replacement mostly the same hosts.
-            return best if shared >= TRACK_OVERLAP * min(len(hosts), len(track.hosts)) else None
-        same_hosts_but_one = len(hosts) == len(track.hosts) and len(hosts) - shared <= 1
-        if gap <= RESTART_WINDOW_NS and same_hosts_but_one and same_sizes:
+        # a job minutes old may not have shown all its flow sizes yet (no DP sync in its parts)
+        if not (unchanged or self._young(best, obs, k)) and _signature_share(*obs.signature(k), track) < SIGNATURE_MATCH:
+            self._supersede(best, hosts)
+            return None
+        if shared < TRACK_OVERLAP * min(len(hosts), len(track.hosts)):
+            return None
+        return self._merge_young_fragments(obs, k, best)
+
+    def _merge_young_fragments(self, obs: _Observations, k: int, best: int) -> int:
+        """A component spanning several running tracks that all began minutes ago this hour is one
+        job whose first minutes showed its parts apart (pipelines before the first DP sync): the
+        parts merge into the oldest."""
+        owners = np.unique(self.owner[obs.hosts(k)])
+        owners = owners[owners >= 0]
+        owners = owners[obs.first_ns[k] - self.last_end[owners] < RESTART_GAP_NS]
+        if len(owners) < 2 or not all(self._young(i, obs, k) for i in owners.tolist()):
+            return best
+        survivor = int(min(owners, key=lambda i: (self.tracks[i].first_seen_ns, i)))
+        for part in owners.tolist():
+            if part != survivor:
+                self._absorb(survivor, part)
+        return survivor
+
+    def _young(self, index: int, obs: _Observations, k: int) -> bool:
+        track = self.tracks[index]
+        return track.born_this_hour and obs.minute_ns[k] - track.first_seen_ns < YOUNG_NS
+
+    def _absorb(self, survivor: int, part: int) -> None:
+        keeper, merged = self.tracks[survivor], self.tracks[part]
+        keeper.hosts = np.union1d(keeper.hosts, merged.hosts)
+        self.owner[self.owner == part] = survivor
+        self.presence = [(survivor if t == part else t, f, l, h) for t, f, l, h in self.presence]
+        self.events = [e for e in self.events if e[0] != merged.job_id]
+        keeper.first_seen_ns = min(keeper.first_seen_ns, merged.first_seen_ns)
+        merged.merged_into = survivor
+
+    def _resumes(self, obs: _Observations, ks: list[int], best: int) -> bool:
+        """Do observations `ks`, together, resume stopped track `best`: soon enough, on its hosts
+        with at most one replaced, with its flow sizes? Judged on all of the minute's observations
+        on its hosts: a job resuming with slow warm-up steps may show its pipelines apart."""
+        track = self.tracks[best]
+        seen = np.unique(np.concatenate([obs.hosts(k) for k in ks]))
+        shared = len(np.intersect1d(seen, track.hosts))
+        gap = int(obs.first_ns[ks].min()) - int(self.last_end[best])
+        sizes = np.concatenate([obs.signature(k)[0] for k in ks])
+        flows = np.concatenate([obs.signature(k)[1] for k in ks])
+        if (
+            gap <= RESTART_WINDOW_NS
+            and len(track.hosts) - shared <= 1
+            and len(seen) - shared <= 1
+            and _signature_share(sizes, flows, track) >= SIGNATURE_MATCH
+        ):
             track.restarts += 1
             detail = {"stopped_ns": track.last_end_ns, "gap_s": gap / 1e9}
-            self.events.append((track.job_id, "restart", int(obs.first_ns[k]), json.dumps(detail)))
+            self.events.append((track.job_id, "restart", int(obs.first_ns[ks].min()), json.dumps(detail)))
             track.reported_end = False
-            return best
-        # Another job took these hosts: the stopped one will not resume on them.
-        track.status = "ended"
-        self.owner[hosts[self.owner[hosts] == best]] = -1
-        return None
+            return True
+        self._supersede(best, seen)
+        return False
+
+    def _supersede(self, index: int, hosts: np.ndarray) -> None:
+        """Another job took `hosts`: the track stopped and will not resume on them."""
+        self.tracks[index].status = "ended"
+        self.owner[hosts[self.owner[hosts] == index]] = -1
 
     def _advance(self, index: int, seen: np.ndarray, obs: _Observations, ks: np.ndarray) -> None:
         track = self.tracks[index]
@@ -462,6 +545,8 @@ class _Tracker:
     def close_hour(self, hour_end_ns: int) -> Recognition:
         job_rows = []
         for track in self.tracks:
+            if track.merged_into >= 0:
+                continue
             carried_running = not track.seen_this_hour and track.status == "running"
             if not (track.seen_this_hour or carried_running):
                 continue
@@ -527,7 +612,6 @@ class _Tracker:
         ]
         return {
             "version": STATE_VERSION,
-            "hour_end_ns": hour_end_ns,
             "jobs": [
                 {
                     "job_id": t.job_id,
@@ -544,14 +628,7 @@ class _Tracker:
         }
 
 
-def _incidence(host_sets: list[np.ndarray], n_codes: int) -> sp.csr_matrix:
-    lengths = [len(h) for h in host_sets]
-    rows = np.repeat(np.arange(len(host_sets)), lengths)
-    cols = np.concatenate(host_sets) if host_sets else np.zeros(0, np.int64)
-    return sp.csr_matrix((np.ones(len(cols), np.int32), (rows, cols)), shape=(len(host_sets), n_codes))
-
-
-def _load_state(state: dict | None, vocabulary: _HostVocabulary, hour_start_ns: int) -> list[_Track]:
+def _load_state(state: dict | None, vocabulary: _HostVocabulary) -> list[_Track]:
     if not state:
         return []
     if state.get("version") != STATE_VERSION:

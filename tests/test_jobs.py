@@ -188,6 +188,31 @@ def test_same_hosts_after_a_pause_with_other_sizes_is_a_new_job():
     assert all(r["restarts"] == 0 for r in job_rows(found).values())
 
 
+def parts_then_whole(hosts_a, hosts_b, minutes, size=4 << 20, bucket=96 << 20):
+    """A 4-host job whose first minute shows two separate pipelines (no DP sync yet), then whole."""
+    first, rest = minutes[0], minutes[1:]
+    rows = ring(hosts_a, [first], size) + ring(hosts_b, [first], size)
+    return rows + ring(hosts_a + hosts_b, rest, size) + ring(hosts_a + hosts_b, rest, bucket, flows=4)
+
+
+def test_a_job_first_seen_in_parts_is_one_job():
+    topology = inventory(4)
+    found = jobs.recognize_hour(table(parts_then_whole([0, 2], [1, 3], list(range(5, 30)))), topology, None, HOUR0)
+    (job,) = job_rows(found).values()
+    assert job["n_hosts"] == 4
+    assert found.events["kind"].to_pylist() == ["start", "end"]
+    assert set(found.membership["job_id"].to_pylist()) == {job["job_id"]}
+
+
+def test_a_restart_seen_in_parts_resumes_the_job():
+    topology = inventory(4)
+    rows = ring([0, 1, 2, 3], range(10), 4 << 20) + ring([0, 1, 2, 3], range(10), 96 << 20, flows=4)
+    rows += parts_then_whole([0, 2], [1, 3], list(range(14, 30)))
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    (job,) = job_rows(found).values()
+    assert job["restarts"] == 1 and job["n_hosts"] == 4
+
+
 def test_a_job_seen_until_the_hour_end_closes_in_the_next_hour():
     topology = inventory(2)
     rows = ring([0, 1], range(60), 4 << 20)
@@ -232,6 +257,7 @@ def test_small_scenario_recognition(scenario_dir, seed):
     figures = job_scores.score(truth, membership_warehouse(recognitions), {})
     assert figures["jobs_matched_exactly"].value == 1.0
     assert figures["jobs_split_or_merged"].value == 0
+    assert figures["prism_jobs"].value == figures["true_jobs"].value
     restarted = truth["jobs"].filter(pc.greater(truth["jobs"]["restarts"], 0))["restarts"].to_pylist()
     found = pa.concat_tables([r.jobs for _, r in recognitions]).group_by("job_id").aggregate([("restarts", "max")])
     assert sorted(r for r in found["restarts_max"].to_pylist() if r) == sorted(restarted)

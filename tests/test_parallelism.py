@@ -142,6 +142,7 @@ def check_figures(figures, degrees_at_least):
                  "dp_pair_precision", "dp_pair_recall"):
         assert figures[name].ok, (name, figures[name])
     assert figures["degrees_exact"].value >= degrees_at_least
+    assert figures["prism_jobs"].value == figures["true_jobs"].value  # no job seen twice or made up
 
 
 def test_tiny_scenario_scores(scenario_dir):
