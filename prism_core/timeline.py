@@ -702,9 +702,10 @@ def _opening_start(
     phases: _Phases, p: int, boundary: np.ndarray, complete: np.ndarray, traffic: _Traffic, typical: _Typical
 ) -> int | None:
     """Start of the step closed by the first phase in view, if the view holds all of it: the job
-    started in view (warm-up: its first steps run markedly slower than usual, and the next one
-    still slower), or the step's own start markers follow a quiet gap and give it a usual length.
-    None if the view opened inside the step."""
+    started in view (warm-up: its next step runs markedly slower than usual, or its next steps
+    speed up step by step from somewhat slower; or its own first sends give it a warm-up length),
+    or the step's own start markers follow a quiet gap and give it a usual length. None if the
+    view opened inside the step."""
     later = np.flatnonzero(complete[p + 1 :])
     if not len(later) or not np.isfinite(typical.period_ns):
         return None
@@ -712,7 +713,9 @@ def _opening_start(
     period = typical.period_ns
     next_length = boundary[after] - boundary[p]
     saving = phases.bulk_write[p] or phases.bulk_write[after]  # a checkpoint, not a warm-up
-    if next_length >= WARMUP_RATIO * period and not saving:
+    lengths = np.diff(boundary[p:][complete[p:]][:4])
+    slowing_down = len(lengths) == 3 and lengths[0] >= (1 + LONG_GAP_SHARE / 2) * period and np.all(np.diff(lengths) < 0)
+    if (next_length >= WARMUP_RATIO * period or slowing_down) and not saving:
         return _attempt_start(phases, p, boundary, traffic, None, typical)
     before = np.arange(np.searchsorted(traffic.start, _step_traffic_until(phases, p)))
     if not len(before):
@@ -743,7 +746,9 @@ def _attempt_start(
         return _marked_start(traffic, np.arange(lo, hi), typical)
     later = float(boundary[p + 1] - boundary[p]) if p + 1 < len(boundary) else typical.period_ns
     length = later * later / typical.period_ns if np.isfinite(typical.period_ns) else later
-    return int(max(boundary[p] - length, since))
+    # not before the job's last traffic ahead of the downtime
+    down_since = traffic.end[:lo].max() if lo else -(1 << 62)
+    return int(max(boundary[p] - length, down_since))
 
 
 def _step_traffic_until(phases: _Phases, p: int) -> int:
