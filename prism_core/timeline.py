@@ -81,6 +81,7 @@ LAST_COMPLETE_SHARE = 0.97  # the same for a phase after which the job falls sil
 WARMUP_RATIO = 1.15  # a job whose second step is this much slower than usual started in view
 SILENCE_STEPS = 4.0  # this many steps without traffic after a sync: the job stopped after it
 BULK_WRITE_BYTES = 64 << 20  # one outbound flow this large out of the job is a checkpoint write
+SIZE_BITS = 40  # flow sizes up to 1 TB fit below a pair's code in one int64 key
 MAX_CARRY_NS = 600_000_000_000  # flows carried to the next hour reach back at most this far
 MIN_STEPS = 8  # fewer steps in view than this: the job's timings come from the previous hours
 
@@ -148,35 +149,49 @@ class _Traffic:
     @classmethod
     def build(cls, job_flows: pa.Table, comm_pairs: pa.Table, carry: dict | None) -> _Traffic:
         kinds = _pair_kinds(comm_pairs)
-        flows = job_flows.select(["time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes",
-                                  "sampler_address"])
-        joined = flows.join(kinds, keys=["src_addr", "dst_addr"], join_type="left outer", use_threads=False)
-        on_pair = joined.filter(pc.is_valid(joined["kind"])).combine_chunks()
-        off_pair = joined.filter(pc.is_null(joined["kind"]))
+        src = job_flows["src_addr"].combine_chunks().dictionary_encode()
+        dst = job_flows["dst_addr"].combine_chunks().dictionary_encode()
+        # each flow's pair row, through integer keys on the flows' own address dictionaries
+        n_dst = max(len(dst.dictionary), 1)
+        pair_src = pc.index_in(kinds["src_addr"], value_set=src.dictionary).to_numpy(zero_copy_only=False)
+        pair_dst = pc.index_in(kinds["dst_addr"], value_set=dst.dictionary).to_numpy(zero_copy_only=False)
+        pair_key = np.where(np.isnan(pair_src) | np.isnan(pair_dst), -1,
+                            np.nan_to_num(pair_src) * n_dst + np.nan_to_num(pair_dst)).astype(np.int64)
+        by_key = np.argsort(pair_key)
+        flow_key = src.indices.to_numpy().astype(np.int64) * n_dst + dst.indices.to_numpy()
+        found = np.minimum(np.searchsorted(pair_key[by_key], flow_key), len(by_key) - 1) if len(by_key) else None
+        on_pair = pair_key[by_key][found] == flow_key if found is not None else np.zeros(len(flow_key), bool)
+        pair = by_key[found[on_pair]] if found is not None else np.empty(0, np.int64)
+
+        nbytes = job_flows["bytes"].to_numpy()
         endpoints = pa.concat_arrays([kinds["src_addr"].combine_chunks(), kinds["dst_addr"].combine_chunks()])
-        outbound = pc.and_(pc.invert(pc.is_in(off_pair["dst_addr"], value_set=endpoints)),
-                           pc.greater_equal(off_pair["bytes"], BULK_WRITE_BYTES))
-        bulk = off_pair.filter(outbound)["time_flow_start_ns"].to_numpy()
+        outside = ~pc.is_in(dst.dictionary, value_set=endpoints).to_numpy(zero_copy_only=False)
+        outbound = ~on_pair & outside[dst.indices.to_numpy()] & (nbytes >= BULK_WRITE_BYTES)
+        start = job_flows["time_flow_start_ns"].to_numpy()
 
         carried = _decode_carry(carry)
         pairs = [f"{s}>{d}" for s, d in zip(kinds["src_addr"].to_pylist(), kinds["dst_addr"].to_pylist())]
-        exporter_text = pc.fill_null(on_pair["sampler_address"], "").dictionary_encode().combine_chunks()
+        exporter_text = pc.fill_null(job_flows["sampler_address"], "").combine_chunks().dictionary_encode()
         exporters = list(carried["exporters"])
+        exporter = _extend(exporters, exporter_text.dictionary.to_pylist())[exporter_text.indices.to_numpy()]
         columns = {
-            "start": on_pair["time_flow_start_ns"].to_numpy(),
-            "end": on_pair["time_flow_end_ns"].to_numpy(),
-            "nbytes": on_pair["bytes"].to_numpy(),
-            "kind": on_pair["kind"].to_numpy(),
-            "pair": on_pair["pair"].to_numpy(),
-            "exporter": _extend(exporters, exporter_text.dictionary.to_pylist())[exporter_text.indices.to_numpy()],
+            "start": start[on_pair],
+            "end": job_flows["time_flow_end_ns"].to_numpy()[on_pair],
+            "nbytes": nbytes[on_pair],
+            "kind": kinds["kind"].to_numpy()[pair],
+            "pair": pair,
+            "exporter": exporter[on_pair],
         }
         # the carried flows' codes point into the lists they were carried with
         carried["pair"] = _extend(pairs, carried["pairs"])[carried["pair"]]
         columns["kind"] = _activations_only(columns["kind"], columns["pair"], columns["nbytes"])
         columns = {name: np.concatenate([carried[name], values]).astype(np.int64) for name, values in columns.items()}
-        order = np.argsort(columns["start"], kind="stable")
-        return cls(**{name: values[order] for name, values in columns.items()}, pairs=pairs,
-                   exporters=exporters, bulk_writes=np.sort(np.concatenate([carried["bulk_writes"], bulk])))
+        start_order = columns["start"]
+        if not np.all(start_order[1:] >= start_order[:-1]):  # flows usually come sorted already
+            order = np.argsort(start_order, kind="stable")
+            columns = {name: values[order] for name, values in columns.items()}
+        return cls(**columns, pairs=pairs,
+                   exporters=exporters, bulk_writes=np.sort(np.concatenate([carried["bulk_writes"], start[outbound]])))
 
     def carry(self, from_ns: int) -> dict | None:
         """The flows (and bulk writes) from `from_ns` on, compactly, for the next hour."""
@@ -238,13 +253,12 @@ class _Traffic:
 
 
 def _pair_kinds(comm_pairs: pa.Table) -> pa.Table:
-    """One row per directed pair: its kind code (dp before pp before other) and its row number."""
+    """One row per directed pair, sorted, with its kind code (dp before pp before other)."""
     code = pa.array([KIND_CODES[k] for k in comm_pairs["kind"].to_pylist()], pa.int64())
     table = pa.table({"src_addr": comm_pairs["src_addr"], "dst_addr": comm_pairs["dst_addr"], "kind": code})
     table = table.group_by(["src_addr", "dst_addr"], use_threads=False).aggregate([("kind", "min")])
-    table = table.rename_columns(["src_addr", "dst_addr", "kind"]).sort_by([("src_addr", "ascending"),
-                                                                           ("dst_addr", "ascending")])
-    return table.append_column("pair", pa.array(np.arange(table.num_rows), pa.int64()))
+    return table.rename_columns(["src_addr", "dst_addr", "kind"]).sort_by([("src_addr", "ascending"),
+                                                                          ("dst_addr", "ascending")])
 
 
 def _activations_only(kind: np.ndarray, pair: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
@@ -254,19 +268,15 @@ def _activations_only(kind: np.ndarray, pair: np.ndarray, nbytes: np.ndarray) ->
     on_pipeline = np.flatnonzero(kind == PP)
     if not len(on_pipeline):
         return kind
-    order = on_pipeline[np.lexsort((nbytes[on_pipeline], pair[on_pipeline]))]
-    pair_size = np.stack([pair[order], nbytes[order]])
-    opens = np.r_[True, np.any(pair_size[:, 1:] != pair_size[:, :-1], axis=0)]
-    run_start = np.flatnonzero(opens)
-    run_length = np.diff(np.r_[run_start, len(order)])
-    run_pair = pair[order][run_start]
-    # the longest run of each pair (runs are sorted by pair, so take the last of a stable sort)
-    best = np.lexsort((run_length, run_pair))
-    last_of_pair = np.r_[run_pair[best][1:] != run_pair[best][:-1], True]
-    activation = np.zeros(int(pair.max()) + 1, np.int64)
-    activation[run_pair[best][last_of_pair]] = nbytes[order][run_start][best][last_of_pair]
+    key = pair[on_pipeline] << SIZE_BITS | np.minimum(nbytes[on_pipeline], (1 << SIZE_BITS) - 1)
+    sizes, count = np.unique(key, return_counts=True)
+    size_pair = sizes >> SIZE_BITS
+    most = np.lexsort((count, size_pair))  # per pair, its most frequent size comes last
+    last_of_pair = np.r_[size_pair[most][1:] != size_pair[most][:-1], True]
+    activation = np.full(int(pair.max()) + 1, -1, np.int64)
+    activation[size_pair[most][last_of_pair]] = sizes[most][last_of_pair]
     kind = kind.copy()
-    kind[on_pipeline[nbytes[on_pipeline] != activation[pair[on_pipeline]]]] = OTHER
+    kind[on_pipeline[key != activation[pair[on_pipeline]]]] = OTHER
     return kind
 
 
@@ -380,7 +390,9 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
             window = window[traffic.kind[window] == PP]
         if len(window):
             next_ns[p] = traffic.cluster_start(window)
-            sends = traffic.first_sends(window[traffic.kind[window] == PP])
+            # the first sends come within a small part of a step: look no further
+            soon = window[: np.searchsorted(traffic.start[window], next_ns[p] + (until - close[p]) // 4)]
+            sends = traffic.first_sends(soon[traffic.kind[soon] == PP])
             if sends is not None:
                 first_send_ns[p], forward_ns[p] = sends
         saved_until = next_ns[p] if len(window) else until
