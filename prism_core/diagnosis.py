@@ -255,6 +255,7 @@ class _State:
     first_step_ns: int | None = None  # work since here is lost when no checkpoint is known
     last_checkpoint_ns: int | None = None
     checkpoint_rhythm: list[int] | None = None  # [period, phase] in step numbers
+    checkpoint_save_s: list[float] = field(default_factory=list)  # last checkpoints' time over a step
     n_gpus: int = 0
     open_windows: dict = field(default_factory=dict)  # kind -> {issue_id, subject, start_ns, baseline_s}
     open_degradation: dict | None = None  # {issue_id, start_ns, baseline_s}
@@ -542,7 +543,16 @@ class _Run:
         # a window of many steps is measured against its segment's level, not against the few
         # clean steps at its edges
         self.level = np.exp(_segment_median(logs, clean, segment))[len(history):]
-        self.slow = (job.duration > self.baseline * np.exp(limit)) & ~(self.checkpoint | self.warmup | self.windowed)
+        self.limit = float(np.exp(limit))
+        # A checkpoint step is a step plus the job's usual saving time: a stall right after a
+        # checkpoint can join it (the timeline cannot split them), and it still costs time.
+        saving = job.duration[self.checkpoint] - self.baseline[self.checkpoint]
+        saves = np.r_[state.checkpoint_save_s, saving]
+        usual_save = np.median(saves) if len(saves) >= 3 else np.inf
+        self.expected = self.baseline + np.where(self.checkpoint, usual_save, 0.0)
+        self.slow = (job.duration - self.expected > (self.limit - 1) * self.baseline) & ~(self.warmup | self.windowed)
+        usual = saving[~self.slow[self.checkpoint]]
+        state.checkpoint_save_s = (state.checkpoint_save_s + [round(float(x), 6) for x in usual])[-8:]
         self.clean = clean[len(history):]
         keep = durations[clean][-2 * config.baseline_steps:]
         state.recent_s = [round(float(x), 6) for x in keep]
@@ -617,15 +627,15 @@ class _Run:
 
     def report_slow_steps(self) -> None:
         job = self.job
-        limit = max(self.config.slow_step_delta, 1 + self.config.jitter_sigmas * self.sigma)
         for i in np.flatnonzero(self.slow):
-            ratio = job.duration[i] / self.baseline[i]
+            share = (job.duration[i] - self.expected[i]) / self.baseline[i]  # of a normal step
             n_gpus = job.gpus_active(job.step_start[i], job.step_end[i])
-            cost = waste.excess_gpu_s(job.duration[i:i + 1], self.baseline[i], n_gpus)
-            evidence = {"step": int(job.number[i]), "duration_s": job.duration[i], "baseline_s": self.baseline[i],
-                        "ratio": ratio, "threshold": limit, "jitter_sigma": self.sigma}
-            self.add("slow_step", self.job_id, job.ns(job.step_start[i]), job.ns(job.step_end[i]), ratio - 1,
-                     _confidence((ratio - 1) / (limit - 1)), cost, evidence)
+            cost = waste.excess_gpu_s(job.duration[i:i + 1], self.expected[i], n_gpus)
+            evidence = {"step": int(job.number[i]), "duration_s": job.duration[i], "expected_s": self.expected[i],
+                        "baseline_s": self.baseline[i], "excess_share": share, "threshold": self.limit,
+                        "jitter_sigma": self.sigma, "checkpoint": bool(self.checkpoint[i])}
+            self.add("slow_step", self.job_id, job.ns(job.step_start[i]), job.ns(job.step_end[i]), share,
+                     _confidence(share / (self.limit - 1)), cost, evidence)
 
     # -- straggler and slow-link windows --
 
@@ -642,6 +652,8 @@ class _Run:
                 cost = waste.window_excess_gpu_s(job.duration[measured], baseline, len(steps), n_gpus)
                 base = float(np.mean(baseline)) if np.size(baseline) else np.nan
                 share = float(np.mean(job.duration[measured])) / base - 1 if len(measured) else 0.0
+                if kind == "straggler" and not continued and share <= 2 * self.sigma / np.sqrt(max(len(measured), 1)):
+                    continue  # late, but nobody waited long enough to slow the steps: no straggler
                 votes = len(run) / len(steps)
                 subject = self.subject_name(kind, code)
                 if kind == "straggler":

@@ -191,15 +191,17 @@ HOUR0_NS = 1_795_338_000 * NS  # 2026-11-22T10:00Z
 GPUS = 16
 
 
-def _synthetic_steps(n: int = 400, seed: int = 7) -> pa.Table:
-    """A 2-host job's steps: 5 s with 2% jitter, a checkpoint every 30 steps (3x long), one slow
-    step (x1.6, step 1050) and a degradation (x1.2 from step 1250 on)."""
+def _synthetic_steps(n: int = 400, seed: int = 7, stalls: dict[int, float] | None = None) -> pa.Table:
+    """A 2-host job's steps: 5 s with 2% jitter, a checkpoint every 30 steps (10 s of saving), one
+    slow step (x1.6, step 1050) and a degradation (compute x1.2 from step 1250 on)."""
     rng = np.random.default_rng(seed)
     number = 1000 + np.arange(n)
     duration = 5.0 * rng.lognormal(0.0, 0.02, n)
-    duration[number % 30 == 29] *= 3.0
     duration[number == 1050] *= 1.6
     duration[number >= 1250] *= 1.2
+    duration[number % 30 == 29] += 10.0
+    for step, seconds in (stalls or {}).items():
+        duration[number == step] += seconds
     start = HOUR0_NS + np.r_[0, np.cumsum(np.round(duration * NS).astype(np.int64))[:-1]]
     end = start + np.round(duration * NS).astype(np.int64)
     return conform(pa.table({
@@ -247,6 +249,14 @@ def test_slow_step_checkpoint_rhythm_and_degradation_on_a_step_series():
     assert degradation["wasted_gpu_s"] == pytest.approx(expected, rel=0.1)
     assert degradation["severity"] == "medium"  # 20% slower
     assert issues.num_rows == 2
+
+
+def test_a_stall_joined_to_a_checkpoint_is_a_slow_step():
+    issues = _diagnose_steps(_synthetic_steps(stalls={1109: 3.0}), None, 0).issues
+    slow = {json.loads(r["evidence"])["step"]: r for r in _by_kind(issues, "slow_step")}
+    assert sorted(slow) == [1050, 1109]
+    assert slow[1109]["wasted_gpu_s"] == pytest.approx(3.0 * GPUS, rel=0.15)
+    assert json.loads(slow[1109]["evidence"])["checkpoint"]
 
 
 def test_degradation_continues_across_hours_with_one_id_and_split_waste():
