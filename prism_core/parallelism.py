@@ -17,6 +17,13 @@ Groups that are balanced both ways and asymmetric in time are PP; the rest of th
 members is collective: 'dp' within a pipeline stage, 'other' between stages (tied embeddings) and
 for the MoE all-to-all, whose volume per peer follows the router's load and so comes in a family
 of sizes. Flows to non-members (storage, other jobs) are 'other'.
+
+Stages: a depth-first walk along each chain of PP host pairs, numbered from the end whose sends
+open the steps (warm-up forwards). A stage smaller than a host shows in the rails: a forward send
+reaches the next host's first GPUs only. Ranks follow Megatron (rank = tp_rank + tp * (dp_rank +
+dp * pp_stage), consecutive ranks on a host); tp comes from the checkpoint writers (DP rank 0 of
+every stage and TP rank), else from the rails a DP crossing between two hosts uses (one per TP
+rank, PXN), else the stage's DP stays on NVLink and cannot be seen: TP is then given the stage.
 """
 
 from __future__ import annotations
@@ -50,9 +57,95 @@ MOE_FAMILY = 4
 class Parallelism:
     job_gpus: pa.Table  # JOB_GPUS schema
     comm_pairs: pa.Table  # COMM_PAIRS schema
-    dp: int
-    pp: int
-    tp: int
+    dp: int | None  # None: no traffic between members this hour to tell
+    pp: int | None
+    tp: int | None
+
+
+def identify_parallelism(job_id: str, job_flows: pa.Table, members: pa.Table) -> Parallelism:
+    """Pairs, stages and degrees of one job from the flows its members sent (an hour of them).
+    Flows a member sent outside its membership interval belong to another job and are ignored."""
+    job_flows = _sent_while_member(job_flows, members)
+    gpus = _member_gpus(members)
+    inside = pc.is_in(job_flows["dst_addr"], value_set=gpus["addr"]).to_numpy(zero_copy_only=False)
+    internal = job_flows.filter(pa.array(inside))
+    kind = np.full(job_flows.num_rows, OTHER, np.int8)
+    job_gpus = conform(
+        pa.table({"job_id": pa.array([job_id] * gpus.num_rows, pa.string()), **{c: gpus[c] for c in ("addr", "host", "gpu")}}),
+        JOB_GPUS,
+    )
+    if internal.num_rows == 0:  # nothing between members this hour: stages and degrees unknown
+        return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), None, None, None)
+    flows = _InternalFlows.of(internal, gpus)
+    groups = _group_flows(flows)
+    pipeline = _is_pipeline(groups)
+    all_to_all = _is_all_to_all(groups, pipeline)
+    layout = _Layout.infer(gpus, flows, job_flows.filter(pa.array(~inside)), groups, pipeline, all_to_all)
+    between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
+    group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
+    kind[inside] = group_kind[groups.of_flow]
+    job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
+    job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
+    return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), layout.dp, layout.pp, layout.tp)
+
+
+def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> pa.Table:
+    index = pc.index_in(job_flows["src_addr"], value_set=members["addr"])
+    row = pc.fill_null(index, 0).to_numpy()
+    start = job_flows["time_flow_start_ns"].to_numpy()
+    within = (
+        pc.is_valid(index).to_numpy(zero_copy_only=False)
+        & (start >= members["first_ns"].to_numpy()[row])
+        & (start <= members["last_ns"].to_numpy()[row])
+    )
+    return job_flows.filter(pa.array(within))
+
+
+def _member_gpus(members: pa.Table) -> pa.Table:
+    """One row per member address (addr, host, gpu, host_code, active), sorted by host then gpu.
+    `active`: the host is still in the job at its last sighting (a host replaced in a restart
+    is not, and must not count twice in the degrees)."""
+    latest = members.group_by(["addr", "host", "gpu"], use_threads=False).aggregate([("last_ns", "max")])
+    latest = latest.sort_by([("host", "ascending"), ("gpu", "ascending")])
+    last_ns = latest["last_ns_max"].to_numpy()
+    host_code = pc.index_in(latest["host"], value_set=pc.unique(latest["host"])).to_numpy()
+    return pa.table(
+        {
+            "addr": latest["addr"],
+            "host": latest["host"],
+            "gpu": latest["gpu"].cast(pa.int32()),
+            "host_code": host_code.astype(np.int64),
+            "active": last_ns == last_ns.max(),
+        }
+    )
+
+
+@dataclass
+class _InternalFlows:
+    """Flows between members, as arrays: host codes, the source NIC's rail, size and times."""
+
+    src_host: np.ndarray
+    dst_host: np.ndarray
+    rail: np.ndarray
+    size: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    n_hosts: int
+
+    @classmethod
+    def of(cls, internal: pa.Table, gpus: pa.Table) -> _InternalFlows:
+        src = pc.index_in(internal["src_addr"], value_set=gpus["addr"]).to_numpy()
+        dst = pc.index_in(internal["dst_addr"], value_set=gpus["addr"]).to_numpy()
+        host_code, rail = gpus["host_code"].to_numpy(), gpus["gpu"].to_numpy()
+        return cls(
+            src_host=host_code[src],
+            dst_host=host_code[dst],
+            rail=rail[src],
+            size=internal["bytes"].to_numpy(),
+            start=internal["time_flow_start_ns"].to_numpy(),
+            end=internal["time_flow_end_ns"].to_numpy(),
+            n_hosts=int(host_code.max()) + 1,
+        )
 
 
 @dataclass
@@ -61,7 +154,6 @@ class _Groups:
 
     src_host: np.ndarray  # per group, host code
     dst_host: np.ndarray
-    size: np.ndarray
     flows: np.ndarray  # flows in the group
     unmatched: np.ndarray  # flows with no reverse-direction traffic in flight
     reverse: np.ndarray  # index of the (dst host, src host, size) group, -1 when absent
@@ -69,12 +161,13 @@ class _Groups:
     answered: np.ndarray  # per internal flow: reverse-direction traffic in flight with it
 
 
-def _group_flows(src_host: np.ndarray, dst_host: np.ndarray, size: np.ndarray, start: np.ndarray, end: np.ndarray, n_hosts: int) -> _Groups:
-    sizes, size_code = np.unique(size, return_inverse=True)
+def _group_flows(flows: _InternalFlows) -> _Groups:
+    n_hosts = flows.n_hosts
+    sizes, size_code = np.unique(flows.size, return_inverse=True)
     n_sizes = len(sizes)
-    key = (src_host * n_hosts + dst_host) * n_sizes + size_code
-    group_keys, of_flow = np.unique(key, return_inverse=True)
-    answered = _reverse_in_flight(src_host * n_hosts + dst_host, dst_host * n_hosts + src_host, start, end)
+    direction = flows.src_host * n_hosts + flows.dst_host
+    group_keys, of_flow = np.unique(direction * n_sizes + size_code, return_inverse=True)
+    answered = _reverse_in_flight(direction, flows.dst_host * n_hosts + flows.src_host, flows.start, flows.end)
     pair, size_of_group = np.divmod(group_keys, n_sizes)
     src_of_group, dst_of_group = np.divmod(pair, n_hosts)
     reverse_keys = (dst_of_group * n_hosts + src_of_group) * n_sizes + size_of_group
@@ -82,7 +175,6 @@ def _group_flows(src_host: np.ndarray, dst_host: np.ndarray, size: np.ndarray, s
     return _Groups(
         src_host=src_of_group,
         dst_host=dst_of_group,
-        size=sizes[size_of_group],
         flows=np.bincount(of_flow, minlength=len(group_keys)),
         unmatched=np.bincount(of_flow, weights=~answered, minlength=len(group_keys)),
         reverse=np.where(group_keys[position] == reverse_keys, position, -1),
@@ -117,67 +209,6 @@ def _is_pipeline(groups: _Groups) -> np.ndarray:
     return balanced & (groups.unmatched >= PIPELINE_ASYMMETRY * groups.flows)
 
 
-def identify_parallelism(job_id: str, job_flows: pa.Table, members: pa.Table) -> Parallelism:
-    """Pairs, stages and degrees of one job from the flows its members sent (an hour of them).
-    Flows a member sent outside its membership interval belong to another job and are ignored."""
-    job_flows = _sent_while_member(job_flows, members)
-    gpus = _member_gpus(members)
-    inside = pc.is_in(job_flows["dst_addr"], value_set=gpus["addr"]).to_numpy(zero_copy_only=False)
-    internal = job_flows.filter(pa.array(inside))
-    kind = np.full(job_flows.num_rows, OTHER, np.int8)
-    layout = _Layout.without_network_view(gpus)
-    if internal.num_rows:
-        flows = _InternalFlows.of(internal, gpus)
-        groups = _group_flows(flows.src_host, flows.dst_host, flows.size, flows.start, flows.end, flows.n_hosts)
-        pipeline = _is_pipeline(groups)
-        all_to_all = _is_all_to_all(groups, pipeline)
-        external = job_flows.filter(pa.array(~inside))
-        layout = _Layout.infer(gpus, flows, external, groups, pipeline, all_to_all)
-        between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
-        group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
-        kind[inside] = group_kind[groups.of_flow]
-    job_gpus = pa.table(
-        {
-            "job_id": pa.array([job_id] * gpus.num_rows, pa.string()),
-            "addr": gpus["addr"],
-            "host": gpus["host"],
-            "gpu": gpus["gpu"],
-            "pp_stage": pa.array(layout.pp_stage, pa.int32()),
-            "dp_rank": pa.array(layout.dp_rank, pa.int32()),
-        }
-    )
-    pairs = _comm_pairs(job_id, job_flows, kind)
-    return Parallelism(conform(job_gpus, JOB_GPUS), pairs, layout.dp, layout.pp, layout.tp)
-
-
-@dataclass
-class _InternalFlows:
-    """Flows between members, as arrays: host codes, the source NIC's rail, size and times."""
-
-    src_host: np.ndarray
-    dst_host: np.ndarray
-    rail: np.ndarray
-    size: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-    n_hosts: int
-
-    @classmethod
-    def of(cls, internal: pa.Table, gpus: pa.Table) -> _InternalFlows:
-        src = pc.index_in(internal["src_addr"], value_set=gpus["addr"]).to_numpy()
-        dst = pc.index_in(internal["dst_addr"], value_set=gpus["addr"]).to_numpy()
-        host_code, rail = gpus["host_code"].to_numpy(), gpus["gpu"].to_numpy()
-        return cls(
-            src_host=host_code[src],
-            dst_host=host_code[dst],
-            rail=rail[src],
-            size=internal["bytes"].to_numpy(),
-            start=internal["time_flow_start_ns"].to_numpy(),
-            end=internal["time_flow_end_ns"].to_numpy(),
-            n_hosts=int(host_code.max()) + 1,
-        )
-
-
 def _is_all_to_all(groups: _Groups, pipeline: np.ndarray) -> np.ndarray:
     """Collective groups in a family of MOE_FAMILY or more sizes on one directed host pair whose
     flow counts agree within FAMILY_SPREAD: the MoE all-to-all (gradient buckets bring at most a
@@ -208,13 +239,6 @@ class _Layout:
     host_stage: np.ndarray  # per host code: the first stage it holds
     pp_stage: np.ndarray  # per member GPU
     dp_rank: np.ndarray
-
-    @classmethod
-    def without_network_view(cls, gpus: pa.Table) -> _Layout:
-        """No traffic between members: nothing to tell the GPUs apart; all of them data-parallel."""
-        n_hosts = int(gpus["host_code"].to_numpy().max()) + 1 if gpus.num_rows else 0
-        zeros = np.zeros(gpus.num_rows, np.int64)
-        return cls(dp=max(gpus.num_rows, 1), pp=1, tp=1, host_stage=np.zeros(n_hosts, np.int64), pp_stage=zeros, dp_rank=zeros)
 
     @classmethod
     def infer(
@@ -400,34 +424,3 @@ def _comm_pairs(job_id: str, job_flows: pa.Table, kind: np.ndarray) -> pa.Table:
     grouped = grouped.append_column("job_id", pa.array([job_id] * grouped.num_rows, pa.string()))
     keys = [("src_addr", "ascending"), ("dst_addr", "ascending"), ("kind", "ascending")]
     return conform(grouped.sort_by(keys), COMM_PAIRS)
-
-
-def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> pa.Table:
-    index = pc.index_in(job_flows["src_addr"], value_set=members["addr"])
-    row = pc.fill_null(index, 0).to_numpy()
-    start = job_flows["time_flow_start_ns"].to_numpy()
-    within = (
-        pc.is_valid(index).to_numpy(zero_copy_only=False)
-        & (start >= members["first_ns"].to_numpy()[row])
-        & (start <= members["last_ns"].to_numpy()[row])
-    )
-    return job_flows.filter(pa.array(within))
-
-
-def _member_gpus(members: pa.Table) -> pa.Table:
-    """One row per member address (addr, host, gpu, host_code, active), sorted by host then gpu.
-    `active`: the host is still in the job at its last sighting (a host replaced in a restart
-    is not, and must not count twice in the degrees)."""
-    latest = members.group_by(["addr", "host", "gpu"], use_threads=False).aggregate([("last_ns", "max")])
-    latest = latest.sort_by([("host", "ascending"), ("gpu", "ascending")])
-    last_ns = latest["last_ns_max"].to_numpy()
-    host_code = pc.index_in(latest["host"], value_set=pc.unique(latest["host"])).to_numpy()
-    return pa.table(
-        {
-            "addr": latest["addr"],
-            "host": latest["host"],
-            "gpu": latest["gpu"].cast(pa.int32()),
-            "host_code": host_code.astype(np.int64),
-            "active": last_ns == last_ns.max(),
-        }
-    )

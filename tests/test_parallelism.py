@@ -104,6 +104,15 @@ def test_flows_sent_outside_membership_are_ignored():
     assert (found.dp, found.pp, found.tp) == (alone.dp, alone.pp, alone.tp)
 
 
+def test_no_traffic_between_members_leaves_degrees_unknown():
+    flows, members, _ = simulated_job(SHAPES["ring, tied embeddings"])
+    to_storage = flows.slice(0, 3).set_column(3, "dst_addr", pa.array(["10.200.0.1"] * 3))
+    found = parallelism.identify_parallelism("job", to_storage, members)
+    assert (found.dp, found.pp, found.tp) == (None, None, None)
+    assert found.job_gpus.num_rows == 32 and found.job_gpus["pp_stage"].null_count == 32
+    assert found.comm_pairs["kind"].to_pylist() == ["other"] * found.comm_pairs.num_rows
+
+
 def test_dp_inside_a_host_without_checkpoint_keeps_pp_and_the_stage_size():
     spec = JobSpec(2, tp=4, pp=2, start_s=0, end_s=SECONDS, step_s=3.0, hosts=(0, 1))
     flows, members, truth = simulated_job(spec)
