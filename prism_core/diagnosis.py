@@ -55,6 +55,7 @@ BOUNDARY_SLACK_S = 0.02  # exporter clocks differ by a few ms: a flow this early
 DATA_END_MARGIN_S = 60.0  # an hour whose last flow comes earlier than this before its end ends the data
 STOP_REFERENCE_STEPS = 10  # complete steps that show where in a step each GPU is normally active
 LINK_TIE = 0.03  # two addresses this close in throughput are equally slow
+MIN_STEPS = 10  # steps a job must have shown before its steps are judged or its stop called a hang
 REGULAR_SHARE = 0.8  # a transfer class is regular when its count per step is the usual one this often
 SEVERITY_BANDS = ((0.10, "low"), (0.25, "medium"), (0.50, "high"))  # impact share below -> band
 
@@ -253,6 +254,7 @@ class _State:
     last_attempt: int = 0
     last_step_end_ns: int | None = None
     first_step_ns: int | None = None  # work since here is lost when no checkpoint is known
+    steps_seen: int = 0
     last_checkpoint_ns: int | None = None
     checkpoint_rhythm: list[int] | None = None  # [period, phase] in step numbers
     checkpoint_save_s: list[float] = field(default_factory=list)  # last checkpoints' time over a step
@@ -551,6 +553,7 @@ class _Run:
         usual_save = np.median(saves) if len(saves) >= 3 else np.inf
         self.expected = self.baseline + np.where(self.checkpoint, usual_save, 0.0)
         self.slow = (job.duration - self.expected > (self.limit - 1) * self.baseline) & ~(self.warmup | self.windowed)
+        self.slow &= clean.sum() >= MIN_STEPS  # too few steps to know what a normal one is
         usual = saving[~self.slow[self.checkpoint]]
         state.checkpoint_save_s = (state.checkpoint_save_s + [round(float(x), 6) for x in usual])[-8:]
         self.clean = clean[len(history):]
@@ -737,7 +740,7 @@ class _Run:
     def check_stop(self) -> None:
         """Did the job stop before the data ends? Decide hang now, or wait for the next hour."""
         job, state, config = self.job, self.state, self.config
-        if len(job.start) and state.first_step_ns is not None:
+        if len(job.start) and state.steps_seen + job.n_steps >= MIN_STEPS:
             stop = self.describe_stop()
         elif _undecided(state.stop):
             stop = state.stop
@@ -842,9 +845,12 @@ class _Run:
 
     def horizon(self) -> float:
         """How far this hour's data reaches: the hour's end, unless the last flow of any job came
-        more than `DATA_END_MARGIN_S` before it (the data ends within this hour)."""
-        if self.membership is None or not self.membership.num_rows:
+        more than `DATA_END_MARGIN_S` before it (the data ends within this hour) or there was no
+        flow at all; the hour's end also when the membership is not known."""
+        if self.membership is None:
             return self.hour_end
+        if not self.membership.num_rows:
+            return 0.0  # no data at all this hour
         last = self.job.seconds(int(pc.max(self.membership["last_ns"]).as_py()))
         return self.hour_end if last >= self.hour_end - DATA_END_MARGIN_S else last
 
@@ -890,6 +896,7 @@ class _Run:
     def next_state(self) -> dict:
         state, job = self.state, self.job
         if job.n_steps:
+            state.steps_seen += job.n_steps
             state.last_attempt = int(job.attempt[-1])
             state.last_step_end_ns = job.ns(job.step_end[-1])
             state.n_gpus = job.gpus_active(job.step_start[-1], job.step_end[-1])

@@ -52,7 +52,9 @@ def diagnose_from_truth(scenario: Path, config: diagnosis.DiagnosisConfig = diag
     """Diagnose every network-visible truth job, hour by hour, from truth-derived inputs."""
     truth, flows, noise = load_scenario(scenario)
     owner = _owners(flows, truth)
-    hours = np.unique(flows["time_flow_start_ns"].to_numpy() // HOUR_NS)
+    # one hour past the data too, as a run over a wider range does: no data is no evidence
+    first, last = np.unique(flows["time_flow_start_ns"].to_numpy() // HOUR_NS)[[0, -1]]
+    hours = np.arange(first, last + 2)
     job_ids = truth["jobs"]["job_id"].to_pylist()
     gpus = conform(truth["job_gpus"], JOB_GPUS)
     pairs = conform(truth["pairs"], COMM_PAIRS)
