@@ -707,8 +707,7 @@ class _Run:
         if code >= len(self.job.addrs):
             return name, {"ends_indistinguishable": True}
         step, src, dst, ratio = self.link_ratio
-        addr = code
-        mine = np.isin(step, steps) & ((src == addr) | (dst == addr))
+        mine = np.isin(step, steps) & ((src == code) | (dst == code))
         pair = _key(src[mine], dst[mine])
         pairs, first = np.unique(pair, return_index=True)
         pair_ratio = np.array([np.max(ratio[mine][pair == p]) for p in pairs])
