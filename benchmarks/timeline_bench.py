@@ -37,7 +37,8 @@ MEMBER_SLACK_NS = 5_000_000_000  # a job's flows may end a little after its last
 def clean_flows(scenario_dir: Path, seed: int) -> pa.Table:
     cached = CACHE / f"timeline-fleet-{seed}-flows.parquet"
     if not cached.exists():
-        parts = [parse_flow_file(path.read_bytes(), path.name).clean for path in sorted((scenario_dir / "flows").iterdir())]
+        files = sorted((scenario_dir / "flows").iterdir())
+        parts = [parse_flow_file(path.read_bytes(), path.name).clean for path in files]
         flows, _ = dedupe(pa.concat_tables(parts))
         pq.write_table(flows, cached)
     return pq.read_table(cached)

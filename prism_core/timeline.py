@@ -32,11 +32,12 @@ form one sync phase; consecutive phases short of the usual bytes join (a warm-up
 look like step gaps). Jobs without visible DP traffic (pure pipelines, or DP groups inside a
 host) use their pipeline activation sends the same way.
 
-Why not BOCD. LLMPrism runs BOCD over the intervals between DP communications. On this traffic
-a step is a periodic pattern of several bursts (stages, RS + AG, gathers, all-to-all), not a
-change in a stationary series: on the gap series of the tiny and small jobs BOCD at threshold
-0.95 finds no change point at all, and on per-flow intervals it flags a third of the boundaries
-at 90 us a point. prism_core.diagnosis uses it where it fits: step-time regimes.
+Why not BOCD. LLMPrism runs BOCD over the intervals between DP communications. Here a step is a
+periodic pattern of several bursts (stages, RS + AG, gathers, all-to-all), not a change in a
+stationary series: over the gap series between DP bursts of the `small` jobs, prism_core.bocd at
+threshold 0.95 finds no change point at all; over per-flow intervals it flagged the point after a
+boundary for a third of them (16-way ring job), at 90 us a point. prism_core.diagnosis uses BOCD
+where it fits: regimes of step time.
 
 Hours. A step is emitted by the first run whose flows decide its end: usually the hour it ends
 in; a step ending in the last moments of an hour, before the next step's first traffic, by the
@@ -67,7 +68,7 @@ KIND_CODES = {"dp": DP, "pp": PP, "other": OTHER}  # a pair with several kinds t
 MERGE_NS = 1_000_000  # flows closer than this are one activity (launch jitter, exporter skew)
 CLUSTER_NS = 15_000_000  # one collective's flows start within this of each other across exporters
 TRANSFER_NS = 2_000_000  # a pair's flows starting within this are one transfer (its channels)
-HEAVY_SEPARATION = 2.5  # gradient syncs carry this many times the bytes x flows of other DP bursts
+HEAVY_SEPARATION = 2.5  # gradient syncs weigh this many times other DP bursts (bytes x flows / pairs^2)
 MAX_IRREGULARITY = 0.15  # mean relative deviation of boundary spacing from its local median
 SMALL_SAMPLE_PENALTY = 0.2  # irregularity a class of one gap would have to beat
 MAX_UNIT_EXCESS = 2.0  # no step carries more than twice the sync flows of its neighbours
@@ -76,9 +77,9 @@ REPEAT_SHARE = 0.5  # a last burst with this much of its bytes on pairs the phas
 SAME_SHAPE = 0.1  # an all-gather of the updated shards repeats the reduce-scatter's bytes and flows
 OPTIMIZER_SHARE = 0.04  # optimizer time / step time when no pipeline traffic shows it
 LONG_GAP_SHARE = 0.1  # an inter-step gap this share of a step above usual is a checkpoint or stall
-COMPLETE_SHARE = 0.9  # a sync phase with fewer bytes than this share of usual was cut short
+COMPLETE_SHARE = 0.9  # a sync phase with fewer bytes or flows than this share of usual was cut short
 LAST_COMPLETE_SHARE = 0.97  # the same for a phase after which the job falls silent (hang, failure)
-WARMUP_RATIO = 1.15  # a job whose second step is this much slower than usual started in view
+WARMUP_RATIO = 1.15  # a job whose next step is this much slower than usual started in view
 SILENCE_STEPS = 4.0  # this many steps without traffic after a sync: the job stopped after it
 BULK_WRITE_BYTES = 64 << 20  # one outbound flow this large out of the job is a checkpoint write
 SIZE_BITS = 40  # flow sizes up to 1 TB fit below a pair's code in one int64 key
@@ -329,6 +330,8 @@ class _Phases:
 
 
 def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | None) -> _Phases:
+    """The job's sync phases (see the module doc) and what follows each; `gap_threshold_ns` is
+    the previous hours' boundary gap, kept while too few steps are in view to find it again."""
     has_dp = bool(np.any(traffic.kind == DP))
     signal = np.flatnonzero(traffic.kind == (DP if has_dp else PP))
     if not len(signal):
@@ -405,8 +408,9 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
 
 def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Consecutive phases short of a usual phase's bytes join while that brings them closer to
-    it: a warm-up step runs slower, and its pauses between micro-batches can look like step gaps. A silence longer than a usual step keeps them apart (a failure: the cut phase stays
-    short and ends no step)."""
+    it: a warm-up step runs slower, and its pauses between micro-batches can look like step gaps.
+    A silence longer than a usual step keeps them apart (a failure: the cut phase stays short and
+    ends no step)."""
     if len(first) < 2:
         return first
     bounds = np.r_[first, len(nbytes)]
@@ -497,7 +501,9 @@ def _boundary_gap_threshold(
         irregularity = _irregularity(at[kept])
         # few gaps can look regular by chance: rank by an upper bound, ~1/sqrt(n) wide
         score = irregularity + SMALL_SAMPLE_PENALTY / np.sqrt(len(kept))
-        if irregularity > MAX_IRREGULARITY or score >= best_score or _unit_excess(kept, flow_candidate) > MAX_UNIT_EXCESS:
+        if irregularity > MAX_IRREGULARITY or score >= best_score:
+            continue
+        if _unit_excess(kept, flow_candidate) > MAX_UNIT_EXCESS:
             continue
         saving = np.searchsorted(bulk_writes, at[kept] + gaps[kept]) > np.searchsorted(bulk_writes, at[kept])
         if np.mean(saving) < 0.5:
@@ -638,7 +644,8 @@ def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
     start = _next_start(phases, typical)
     followed = phases.next_ns >= 0
     # pipeline sends time the next step's start; other first traffic may come later than it
-    normal_end = np.where(phases.first_send_ns >= 0, start, np.where(followed, np.minimum(after_sync, start), after_sync))
+    earlier = np.where(followed, np.minimum(after_sync, start), after_sync)
+    normal_end = np.where(phases.first_send_ns >= 0, start, earlier)
     long_gap = _long_gap(phases, typical)
     saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - _lead(phases, typical))
     checkpoint = long_gap & phases.bulk_write
@@ -726,8 +733,9 @@ def _opening_start(
     next_length = boundary[after] - boundary[p]
     saving = phases.bulk_write[p] or phases.bulk_write[after]  # a checkpoint, not a warm-up
     lengths = np.diff(boundary[p:][complete[p:]][:4])
-    slowing_down = len(lengths) == 3 and lengths[0] >= (1 + LONG_GAP_SHARE / 2) * period and np.all(np.diff(lengths) < 0)
-    if (next_length >= WARMUP_RATIO * period or slowing_down) and not saving:
+    speeding_up = len(lengths) == 3 and lengths[0] >= (1 + LONG_GAP_SHARE / 2) * period
+    speeding_up = speeding_up and bool(np.all(np.diff(lengths) < 0))
+    if (next_length >= WARMUP_RATIO * period or speeding_up) and not saving:
         return _attempt_start(phases, p, boundary, traffic, None, typical)
     before = np.arange(np.searchsorted(traffic.start, _step_traffic_until(phases, p)))
     if not len(before):

@@ -1,9 +1,12 @@
 """Scores the `steps` table against the simulator's truth steps.
 
-Prism jobs are matched to truth jobs by their address sets (best Jaccard), so the score measures
-step division on whatever job Prism recognized. A step is counted in the hour where it ends, for
-both sides. Boundary errors are shares of the truth job's median step time, so jobs with 1 s and
-30 s steps weigh the same.
+Truth jobs the network cannot see (one-host jobs) are left out. Prism jobs are matched to truth
+jobs by their address sets (best Jaccard among the Prism jobs whose steps overlap in time), so the
+score measures step division on whatever job Prism recognized. A step is counted in the hour where
+it ends, for both sides; Prism steps outside the simulated window are dropped, as the truth holds
+only steps wholly inside it. Each truth step is paired with the Prism step whose end is nearest
+(within half a step); boundary errors are shares of the truth job's median step time, so jobs with
+2 s and 30 s steps weigh the same, and a truth step without a pair counts as outside 1%.
 """
 
 from __future__ import annotations
@@ -50,7 +53,11 @@ def match_jobs(
 
 
 def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dict) -> dict[str, Figure]:
-    truth_steps = _steps_by_job(truth["steps"])
+    steps = truth["steps"]
+    if "jobs" in truth:
+        visible = truth["jobs"].filter(pc.field("has_network"))["job_id"]
+        steps = steps.filter(pc.is_in(steps["job_id"], value_set=visible))
+    truth_steps = _steps_by_job(steps)
     prism_steps = _steps_by_job(_inside_window(warehouse["steps"], noise))
     matches = match_jobs(truth["job_gpus"], warehouse["job_gpus"], _spans(truth_steps), _spans(prism_steps))
 
@@ -91,7 +98,8 @@ def _inside_window(steps: pa.Table, noise: dict) -> pa.Table:
     scenario = noise.get("scenario", {})
     if "start" not in scenario or "minutes" not in scenario:
         return steps
-    start = pa.scalar(datetime.fromisoformat(str(scenario["start"])).astimezone(timezone.utc), STEPS.field("start").type)
+    began = datetime.fromisoformat(str(scenario["start"])).astimezone(timezone.utc)
+    start = pa.scalar(began, STEPS.field("start").type)
     end = pa.scalar(start.value + int(scenario["minutes"]) * MINUTE_NS, STEPS.field("end").type)
     return steps.filter(pc.and_(pc.greater_equal(steps["start"], start), pc.less_equal(steps["end"], end)))
 
@@ -103,7 +111,7 @@ def _boundary_errors(
     nearest, as shares of `median_step`; inf where no Prism step ends within half a median step."""
     if len(p_end) == 0:
         return np.full(len(t_end), np.inf), np.full(len(t_end), np.inf)
-    right = np.clip(np.searchsorted(p_end, t_end), 1, len(p_end) - 1) if len(p_end) > 1 else np.zeros(len(t_end), int)
+    right = np.minimum(np.searchsorted(p_end, t_end), len(p_end) - 1)
     left = np.maximum(right - 1, 0)
     nearest = np.where(np.abs(p_end[left] - t_end) <= np.abs(p_end[right] - t_end), left, right)
     end_error = np.abs(p_end[nearest] - t_end) / median_step
