@@ -122,6 +122,7 @@ class _Track:
     size_minutes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # minutes seen
     seen_this_hour: bool = False
     born_this_hour: bool = False
+    running_at_load: bool = False  # handed over running by the previous hour: owes a row this hour
     merged_into: int = -1  # the track that absorbed this one: one job first seen in parts
     reported_end: bool = False  # an `end` event was already emitted for the current stop
 
@@ -545,10 +546,7 @@ class _Tracker:
     def close_hour(self, hour_end_ns: int) -> Recognition:
         job_rows = []
         for track in self.tracks:
-            if track.merged_into >= 0:
-                continue
-            carried_running = not track.seen_this_hour and track.status == "running"
-            if not (track.seen_this_hour or carried_running):
+            if track.merged_into >= 0 or not (track.seen_this_hour or track.running_at_load):
                 continue
             if hour_end_ns - track.last_end_ns >= RESTART_GAP_NS:
                 track.status = "ended"
@@ -648,6 +646,7 @@ def _load_state(state: dict | None, vocabulary: _HostVocabulary) -> list[_Track]
                 size_flows=signature[:, 1],
                 size_minutes=signature[:, 2],
                 reported_end=job["reported_end"],
+                running_at_load=job["status"] == "running",
             )
         )
     return tracks

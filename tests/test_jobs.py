@@ -213,6 +213,20 @@ def test_a_restart_seen_in_parts_resumes_the_job():
     assert job["restarts"] == 1 and job["n_hosts"] == 4
 
 
+def test_a_running_job_whose_hosts_another_takes_next_hour_ends_there():
+    topology = inventory(2)
+    first = jobs.recognize_hour(table(ring([0, 1], range(30, 60), 4 << 20, last_s=30)), topology, None, HOUR0)
+    (old_id,) = job_rows(first)
+    assert job_rows(first)[old_id]["status"] == "running"  # silent only 30 s at the hour's end
+    later = [{**row, "minute": row["minute"] + HOUR_NS, "first_start_ns": row["first_start_ns"] + HOUR_NS,
+              "last_end_ns": row["last_end_ns"] + HOUR_NS} for row in ring([0, 1], range(5, 20), 9 << 20)]
+    second = jobs.recognize_hour(table(later), topology, json.loads(json.dumps(first.state)), HOUR0 + HOUR_NS)
+    assert job_rows(second)[old_id]["status"] == "ended"
+    assert len(job_rows(second)) == 2
+    ends = second.events.filter(pc.equal(second.events["kind"], "end"))["job_id"].to_pylist()
+    assert old_id in ends
+
+
 def test_a_job_seen_until_the_hour_end_closes_in_the_next_hour():
     topology = inventory(2)
     rows = ring([0, 1], range(60), 4 << 20)
