@@ -143,13 +143,17 @@ class _Traffic:
     exporter: np.ndarray  # index into `exporters`
     pairs: list[str]  # "src>dst"
     exporters: list[str]
-    bulk_writes: np.ndarray  # start of each large flow from the job to an address outside it
+    bulk_writes: np.ndarray  # start of each large flow from the job to an address not its GPU
 
     COLUMNS = ("start", "end", "nbytes", "kind", "pair", "exporter")
 
     @classmethod
     def build(cls, job_flows: pa.Table, comm_pairs: pa.Table, carry: dict | None) -> _Traffic:
         kinds = _pair_kinds(comm_pairs)
+        gpus = _job_gpus(kinds)
+        # only GPU-to-GPU pairs carry training traffic (not storage, monitoring or NFS pairs)
+        kinds = kinds.filter(pc.and_(pc.is_in(kinds["src_addr"], value_set=gpus),
+                                     pc.is_in(kinds["dst_addr"], value_set=gpus)))
         src = job_flows["src_addr"].combine_chunks().dictionary_encode()
         dst = job_flows["dst_addr"].combine_chunks().dictionary_encode()
         # each flow's pair row, through integer keys on the flows' own address dictionaries
@@ -165,9 +169,8 @@ class _Traffic:
         pair = by_key[found[on_pair]] if found is not None else np.empty(0, np.int64)
 
         nbytes = job_flows["bytes"].to_numpy()
-        endpoints = pa.concat_arrays([kinds["src_addr"].combine_chunks(), kinds["dst_addr"].combine_chunks()])
-        outside = ~pc.is_in(dst.dictionary, value_set=endpoints).to_numpy(zero_copy_only=False)
-        outbound = ~on_pair & outside[dst.indices.to_numpy()] & (nbytes >= BULK_WRITE_BYTES)
+        outside = ~pc.is_in(dst.dictionary, value_set=gpus).to_numpy(zero_copy_only=False)
+        outbound = outside[dst.indices.to_numpy()] & (nbytes >= BULK_WRITE_BYTES)
         start = job_flows["time_flow_start_ns"].to_numpy()
 
         carried = _decode_carry(carry)
@@ -260,6 +263,14 @@ def _pair_kinds(comm_pairs: pa.Table) -> pa.Table:
     table = table.group_by(["src_addr", "dst_addr"], use_threads=False).aggregate([("kind", "min")])
     return table.rename_columns(["src_addr", "dst_addr", "kind"]).sort_by([("src_addr", "ascending"),
                                                                           ("dst_addr", "ascending")])
+
+
+def _job_gpus(kinds: pa.Table) -> pa.Array:
+    """The job's GPU addresses: the ends of its DP and pipeline pairs (of all its pairs if it has
+    neither)."""
+    collective = kinds.filter(pc.less_equal(kinds["kind"], PP))
+    ends = collective if collective.num_rows else kinds
+    return pc.unique(pa.concat_arrays([ends["src_addr"].combine_chunks(), ends["dst_addr"].combine_chunks()]))
 
 
 def _activations_only(kind: np.ndarray, pair: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
