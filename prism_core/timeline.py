@@ -674,9 +674,14 @@ def _steps(
     complete = _complete(phases, typical.phase_bytes, typical.phase_flows)
     silence = SILENCE_STEPS * typical.period_ns
     usual_gap = ~_long_gap(phases, typical)
+    stopped = _silences(traffic, silence)
     rows: list[dict] = []
     end, close = state.last_end_ns, state.last_close_ns
     for p in range(len(phases.close_ns)):
+        if close is not None and np.any((stopped[:, 0] >= close) & (stopped[:, 1] <= phases.start_ns[p])):
+            # the job was silent for steps without a restart reported: what came before was
+            # another job's tail or a stop; this phase opens the view again
+            end = close = None
         followed = phases.next_ns[p] >= 0
         decided = phases.closed[p] and (followed or hour_end_ns - phases.close_ns[p] >= silence)
         if not decided or boundary[p] >= hour_end_ns:
@@ -704,6 +709,18 @@ def _steps(
                      "attempt": attempt})
         end, close = int(boundary[p]), int(phases.close_ns[p])
     return rows, end, close
+
+
+def _silences(traffic: _Traffic, longer_than: float) -> np.ndarray:
+    """(from, to) of each stretch longer than `longer_than` without job traffic nor bulk writes
+    (a checkpoint save is quiet on the job's pairs, not silent), shape (n, 2)."""
+    times = np.sort(np.r_[traffic.start, traffic.bulk_writes])
+    ends = np.sort(np.r_[traffic.end, traffic.bulk_writes])
+    if len(times) < 2:
+        return np.empty((0, 2), np.int64)
+    reach = np.maximum.accumulate(ends[:-1])
+    quiet = np.flatnonzero(times[1:] - reach > longer_than)
+    return np.stack([reach[quiet], times[1:][quiet]], axis=1)
 
 
 def _complete(phases: _Phases, phase_bytes: float, phase_flows: float) -> np.ndarray:
@@ -771,8 +788,14 @@ def _attempt_start(
     job's first traffic), closed by phase p: from the traffic before the phase when there is
     some; when the sync itself is the first traffic, the step's length is extrapolated from the
     next step's warm-up (the first step is slower still)."""
+    fresh = since is None
     since = since if since is not None else -(1 << 62)
     lo, hi = np.searchsorted(traffic.start, [since, _step_traffic_until(phases, p)])
+    if fresh and hi - lo > 1:
+        # a new job's traffic starts after its last silence of steps (before: another job's tail)
+        reach = np.maximum.accumulate(traffic.end[lo : hi - 1])
+        silent = np.flatnonzero(traffic.start[lo + 1 : hi] - reach > 2 * typical.period_ns)
+        lo += silent[-1] + 1 if len(silent) else 0
     if hi > lo:
         return _marked_start(traffic, np.arange(lo, hi), typical)
     later = float(boundary[p + 1] - boundary[p]) if p + 1 < len(boundary) else typical.period_ns
