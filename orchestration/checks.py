@@ -125,12 +125,15 @@ def hour_conservation(root: str, hour: datetime) -> dict:
     }
 
 
-def duplicate_keys(root: str, table: str, key: tuple[str, ...], hours: list[datetime]) -> list[dict]:
-    """Keys with a row in `hours` that occur more than once in the whole table (a step or issue
-    written by two hours is as wrong as one written twice by the same hour)."""
-    columns = ", ".join(key)
+def duplicate_keys(
+    root: str, table: str, key: tuple[str, ...], hours: list[datetime], *, per_hour: bool = False
+) -> list[dict]:
+    """Keys with a row in `hours` that occur more than once in the whole table (a step written by
+    two hours is as wrong as one written twice by the same hour), or, with `per_hour`, more than
+    once within one hour (an issue has a row in every hour it lasts, under one issue_id)."""
+    columns = ", ".join(key + (("partition_hour",) if per_hour else ()))
     query = f"""
-        WITH keyed AS (SELECT {columns}, date + to_hours(hour) AS partition_hour FROM {table}),
+        WITH keyed AS (SELECT {", ".join(key)}, date + to_hours(hour) AS partition_hour FROM {table}),
         checked AS (SELECT DISTINCT {columns} FROM keyed WHERE partition_hour IN (SELECT unnest($hours)))
         SELECT {columns}, count(*) AS copies, list(DISTINCT strftime(partition_hour, '%Y-%m-%d-%H:00')) AS hours
         FROM keyed SEMI JOIN checked USING ({columns})
@@ -179,15 +182,16 @@ def build_checks(max_quarantine_share: float) -> list[AssetChecksDefinition]:
             },
         )
 
-    def unique_key_check(table: str, key: tuple[str, ...], name: str) -> AssetChecksDefinition:
+    def unique_key_check(table: str, key: tuple[str, ...], name: str, per_hour: bool = False) -> AssetChecksDefinition:
+        scope = "within an hour" if per_hour else "anywhere"
         @asset_check(
             asset=table,
             name=name,
-            description=f"No ({', '.join(key)}) of the checked hours appears twice in {table}.",
+            description=f"No ({', '.join(key)}) of the checked hours appears twice {scope} in {table}.",
         )
         def unique(context: AssetCheckExecutionContext, warehouse: Warehouse) -> AssetCheckResult:
             hours = hours_to_check(context, warehouse.root, table)
-            duplicates = duplicate_keys(warehouse.root, table, key, hours)
+            duplicates = duplicate_keys(warehouse.root, table, key, hours, per_hour=per_hour)
             return AssetCheckResult(
                 passed=not duplicates,
                 metadata={
@@ -205,7 +209,7 @@ def build_checks(max_quarantine_share: float) -> list[AssetChecksDefinition]:
         rows_conserved,
         quarantine_share,
         unique_key_check("steps", ("job_id", "step"), "unique_steps"),
-        unique_key_check("issues", ("issue_id",), "unique_issue_ids"),
+        unique_key_check("issues", ("issue_id",), "unique_issue_ids", per_hour=True),
     ]
 
 
