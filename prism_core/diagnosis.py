@@ -55,6 +55,7 @@ BOUNDARY_SLACK_S = 0.02  # exporter clocks differ by a few ms: a flow this early
 DATA_END_MARGIN_S = 60.0  # an hour whose last flow comes earlier than this before its end ends the data
 STOP_REFERENCE_STEPS = 10  # complete steps that show where in a step each GPU is normally active
 LINK_TIE = 0.03  # two addresses this close in throughput are equally slow
+MIN_STEP_S = 0.1  # no training step of a multi-host job is shorter
 MIN_STEPS = 10  # steps a job must have shown before its steps are judged or its stop called a hang
 REGULAR_SHARE = 0.8  # a transfer class is regular when its count per step is the usual one this often
 SEVERITY_BANDS = ((0.10, "low"), (0.25, "medium"), (0.50, "high"))  # impact share below -> band
@@ -196,6 +197,8 @@ class _JobHour:
         steps = conform(steps, STEPS).sort_by("start")
         step_start = (steps["start"].cast(pa.int64()).to_numpy() - origin_ns) / NS
         step_end = (steps["end"].cast(pa.int64()).to_numpy() - origin_ns) / NS
+        real = step_end - step_start >= MIN_STEP_S  # shorter "steps" are artifacts of step division
+        steps, step_start, step_end = steps.filter(pa.array(real)), step_start[real], step_end[real]
         shifted = start[order] + BOUNDARY_SLACK_S
         step = np.searchsorted(step_start, shifted, side="right") - 1
         inside = (step >= 0) & (shifted < step_end[np.maximum(step, 0)] + BOUNDARY_SLACK_S) if len(step_start) else step < -1
