@@ -140,11 +140,12 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON")] = False,
 ) -> None:
     """Score the warehouse against simulator truth, stage by stage."""
-    from pipelines.evaluation import evaluate_warehouse
+    from pipelines.evaluation import EvaluationError, evaluate_warehouse
 
-    if not truth.is_dir():
-        fail(f"truth directory {truth} does not exist")
-    scores = evaluate_warehouse(truth, warehouse)
+    try:
+        scores = evaluate_warehouse(truth, warehouse)
+    except EvaluationError as error:
+        fail(str(error))
     if as_json:
         print(json.dumps(scores, indent=2, sort_keys=True))
         return
@@ -207,12 +208,15 @@ def demo(
 ) -> None:
     """Simulate a small cluster, run the pipeline on the DirectRunner, and score the result."""
     simulate(out=data / scenario, scenario=scenario, seed=0, format="parquet")
-    from pipelines.run import infer_range
+    from pipelines.run import RunError, infer_range
 
-    first, last = infer_range(str(data / scenario / "flows"))
-    summary = _run_with_progress(
-        str(data / scenario / "flows"), warehouse, first, last, data / scenario / "topology.csv", []
-    )
+    try:
+        first, last = infer_range(str(data / scenario / "flows"))
+        summary = _run_with_progress(
+            str(data / scenario / "flows"), warehouse, first, last, data / scenario / "topology.csv", []
+        )
+    except RunError as error:
+        fail(str(error))
     _print_run(summary, warehouse)
     evaluate(truth=data / scenario / "truth", warehouse=warehouse, as_json=False)
     console.print(

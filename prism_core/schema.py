@@ -159,10 +159,6 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 
-def empty(schema: pa.Schema) -> pa.Table:
-    return schema.empty_table()
-
-
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Select and cast `table` to `schema`, adding missing nullable columns as nulls."""
     columns = []

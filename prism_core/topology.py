@@ -42,6 +42,8 @@ class Topology:
         if missing:
             raise TopologyError(f"{source}: inventory lacks column(s) {', '.join(missing)}")
         table = conform(raw, TOPOLOGY)
+        if table.num_rows == 0:
+            raise TopologyError(f"{source}: the inventory lists no NIC")
         if table["addr"].null_count or table["host"].null_count or table["gpu"].null_count:
             raise TopologyError(f"{source}: addr, host and gpu must be set on every row")
         addrs = [canonical_address(text) for text in table["addr"].to_pylist()]

@@ -51,3 +51,5 @@ def test_inventory_addresses_match_flows_spelling():
     assert inventory.table["addr"].to_pylist() == ["10.0.0.1", "fe80::1"]
     with pytest.raises(TopologyError, match="not an IP address"):
         Topology.from_csv_bytes(b"addr,host,gpu\nnope,h1,0\n")
+    with pytest.raises(TopologyError, match="lists no NIC"):
+        Topology.from_csv_bytes(b"addr,host,gpu\n")
