@@ -18,53 +18,44 @@ def minute_of(start_ns: pa.Array) -> pa.Array:
     return floored.cast(FLOWS.field("minute").type)
 
 
+PAIR = ("minute", "src_addr", "dst_addr")
+
+
 def minute_aggregates(flows: pa.Table) -> pa.Table:
     """Group flows by (minute, src_addr, dst_addr). Flow sizes that repeat on a pair (one
     activation size per micro-batch, one bucket size per all-reduce) keep `distinct_sizes` small,
     which is what tells pipeline-parallel pairs from the rest later on."""
     if flows.num_rows == 0:
         return FLOW_MINUTES.empty_table()
-    grouped = flows.group_by(["minute", "src_addr", "dst_addr"], use_threads=False).aggregate(
-        [
-            ("bytes", "count"),
-            ("bytes", "sum"),
-            ("bytes", "count_distinct"),
-            ("time_flow_start_ns", "min"),
-            ("time_flow_end_ns", "max"),
-        ]
+    # One grouping by (pair, size), each pair's most frequent size first (the smallest on ties):
+    # every column of a pair follows from its rows here.
+    per_size = flows.group_by([*PAIR, "bytes"], use_threads=False).aggregate(
+        [("bytes", "count"), ("time_flow_start_ns", "min"), ("time_flow_end_ns", "max")]
     )
-    grouped = grouped.rename_columns(
+    per_size = per_size.sort_by(
+        [*((key, "ascending") for key in PAIR), ("bytes_count", "descending"), ("bytes", "ascending")]
+    )
+    first = _pair_starts(per_size)
+    size, count = per_size["bytes"].to_numpy(), per_size["bytes_count"].to_numpy()
+    grouped = pa.table(
         {
-            "bytes_count": "flows",
-            "bytes_sum": "bytes",
-            "bytes_count_distinct": "distinct_sizes",
-            "time_flow_start_ns_min": "first_start_ns",
-            "time_flow_end_ns_max": "last_end_ns",
+            **{key: per_size[key].take(first) for key in PAIR},
+            "flows": np.add.reduceat(count, first),
+            "bytes": np.add.reduceat(size * count, first),
+            "distinct_sizes": np.diff(first, append=len(size)),
+            "top_size": size[first],
+            "top_size_flows": count[first],
+            "first_start_ns": np.minimum.reduceat(per_size["time_flow_start_ns_min"].to_numpy(), first),
+            "last_end_ns": np.maximum.reduceat(per_size["time_flow_end_ns_max"].to_numpy(), first),
         }
-    )
-    keys = [("minute", "ascending"), ("src_addr", "ascending"), ("dst_addr", "ascending")]
-    grouped = grouped.sort_by(keys)
-    top = _top_sizes(flows)
-    grouped = grouped.append_column("top_size", top["top_size"]).append_column(
-        "top_size_flows", top["top_size_flows"]
     )
     return conform(grouped, FLOW_MINUTES)
 
 
-def _top_sizes(flows: pa.Table) -> pa.Table:
-    """Per (minute, src, dst), sorted like minute_aggregates: the most frequent flow size."""
-    per_size = flows.group_by(["minute", "src_addr", "dst_addr", "bytes"], use_threads=False).aggregate(
-        [("bytes", "count")]
-    )
-    # Sort so the first row of each pair is its most frequent size, the smallest on ties.
-    per_size = per_size.sort_by(
-        [("minute", "ascending"), ("src_addr", "ascending"), ("dst_addr", "ascending"),
-         ("bytes_count", "descending"), ("bytes", "ascending")]
-    )
-    pair = pc.binary_join_element_wise(
-        per_size["minute"].cast(pa.int64()).cast(pa.string()), per_size["src_addr"], per_size["dst_addr"], "|"
-    ).to_numpy(zero_copy_only=False)
-    first = np.ones(len(pair), bool)
-    first[1:] = pair[1:] != pair[:-1]
-    rows = np.flatnonzero(first)
-    return pa.table({"top_size": per_size["bytes"].take(rows), "top_size_flows": per_size["bytes_count"].take(rows)})
+def _pair_starts(rows: pa.Table) -> np.ndarray:
+    """Index of the first row of each (minute, src, dst) in rows sorted by it (keys never null)."""
+    changed = np.zeros(rows.num_rows - 1, bool)
+    for key in PAIR:
+        column = rows[key].combine_chunks()
+        changed |= pc.not_equal(column.slice(1), column.slice(0, len(column) - 1)).to_numpy(zero_copy_only=False)
+    return np.flatnonzero(np.concatenate(([True], changed)))
