@@ -3,6 +3,7 @@
 Recognition runs on one small element (the hour's per-minute pair aggregates). The hour's flows
 are read as Parquet row groups, split by job with the recognition as a side input, grouped by
 job_id, and each job is analyzed on its own, so jobs spread over workers on a distributed runner.
+The split flows are staged (pipelines/coders.py): the grouping by job moves references only.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipelines import warehouse
+from pipelines.coders import read_staged, stage_tables
 from prism_core import jobs
 from prism_core.analysis import analyze_job, assemble_hour, jobs_to_analyze, split_flows_by_job
 from prism_core.topology import Topology
@@ -25,6 +27,12 @@ NAMESPACE = "prism.analyze"
 
 def concat(parts: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def row_groups(path: str) -> list[tuple[str, int]]:
+    """(path, index) of each row group of a Parquet file, so that workers read them in parallel."""
+    with FileSystems.open(path) as handle:
+        return [(path, index) for index in range(pq.ParquetFile(handle).num_row_groups)]
 
 
 class ReadRowGroups(beam.DoFn):
@@ -38,15 +46,20 @@ class ReadRowGroups(beam.DoFn):
 
 
 class SplitByJob(beam.DoFn):
-    def __init__(self):
+    """A row group of the hour's flows -> (job_id, (row group index, staged flows of the job))."""
+
+    def __init__(self, staging_dir: str):
+        self.staging_dir = staging_dir
         self.unassigned = Metrics.counter(NAMESPACE, "flows_without_job")
 
-    def process(self, flows, recognition):
-        assigned = 0
-        for job_id, job_flows in split_flows_by_job(flows, recognition.membership):
-            assigned += job_flows.num_rows
-            yield job_id, job_flows
-        self.unassigned.inc(flows.num_rows - assigned)
+    def process(self, row_group: tuple[str, int], recognition):
+        path, index = row_group
+        with FileSystems.open(path) as handle:
+            flows = pq.ParquetFile(handle).read_row_group(index)
+        staged = stage_tables(self.staging_dir, split_flows_by_job(flows, recognition.membership))
+        for job_id, rows in staged:
+            yield job_id, (index, rows)
+        self.unassigned.inc(flows.num_rows - sum(rows.num_rows for _, rows in staged))
 
 
 class AnalyzeJob(beam.DoFn):
@@ -55,8 +68,10 @@ class AnalyzeJob(beam.DoFn):
         self.hour = (hour_start_ns, hour_end_ns)
 
     def process(self, element, recognition):
-        job_id, batches = element
-        batches = [b for b in batches if b is not None]
+        job_id, pieces = element
+        # In file order whatever order the runner grouped them in.
+        pieces = sorted((p for p in pieces if p is not None), key=lambda piece: piece[0])
+        batches = read_staged([rows for _, rows in pieces])
         yield analyze_job(job_id, batches, recognition, self.previous, *self.hour)
 
 
@@ -64,9 +79,9 @@ class AnalyzeHour(beam.PTransform):
     """An hour's flow_minutes and flows partitions -> one HourAnalysis element."""
 
     def __init__(self, minutes_path: str, flows_path: str, topology: Topology, previous: dict | None,
-                 hour_start_ns: int, hour_end_ns: int):
+                 hour_start_ns: int, hour_end_ns: int, staging_dir: str):
         super().__init__()
-        self.paths = (minutes_path, flows_path)
+        self.paths, self.staging_dir = (minutes_path, flows_path), staging_dir
         self.topology, self.previous = topology, previous or {}
         self.hour = (hour_start_ns, hour_end_ns)
 
@@ -90,9 +105,8 @@ class AnalyzeHour(beam.PTransform):
         )
         job_flows = (
             pipeline
-            | "FlowsFile" >> beam.Create([flows_path])
-            | "ReadFlows" >> beam.ParDo(ReadRowGroups())
-            | "SplitByJob" >> beam.ParDo(SplitByJob(), recognition_side)
+            | "FlowsRowGroups" >> beam.Create(row_groups(flows_path))
+            | "SplitByJob" >> beam.ParDo(SplitByJob(self.staging_dir), recognition_side)
         )
         return (
             (every_job, job_flows)

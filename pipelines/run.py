@@ -23,7 +23,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipelines import warehouse
 from pipelines.analyze import AnalyzeHour, WriteAnalysis, previous_hour_state
-from pipelines.ingest import NAMESPACE, HourRange, IngestFlows, assemble_hour
+from pipelines.coders import staging_area
+from pipelines.ingest import NAMESPACE, HourRange, IngestFlows, write_hour
 from prism_core.ingest import parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS
 from prism_core.topology import Topology, TopologyError
@@ -97,12 +98,8 @@ class WriteIngestHour(beam.DoFn):
 
     def process(self, element):
         hour_ns, grouped = element
-        tables = assemble_hour(list(grouped["minutes"]), list(grouped["quarantine"]))
+        counts = write_hour(self.root, hour_ns, list(grouped["minutes"]), list(grouped["quarantine"]))
         hour = datetime.fromtimestamp(hour_ns / 1e9, tz=timezone.utc)
-        for name, rows in tables.items():
-            warehouse.write_partition(self.root, name, hour, rows)
-        counts = {name: rows.num_rows for name, rows in tables.items()}
-        counts["duplicates"] = sum(m.duplicates for m in grouped["minutes"])
         warehouse.write_json(warehouse.stats_path(self.root, hour, "ingest"), counts)
 
 
@@ -114,21 +111,22 @@ def run_ingest(
         raise RunError(f"no flow files in {flows_dir!r}")
     span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
     options, runner = pipeline_options(beam_args)
-    pipeline = beam.Pipeline(runner=runner, options=options)
-    ingested = (
-        pipeline
-        | "Files" >> beam.Create(paths)
-        | "Spread" >> beam.Reshuffle()
-        | "Ingest" >> IngestFlows(span)
-    )
-    every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()])
-    (
-        {"hour": every_hour, "minutes": ingested["minutes"], "quarantine": ingested["quarantine"]}
-        | "ByHour" >> beam.CoGroupByKey()
-        | "Write" >> beam.ParDo(WriteIngestHour(str(root)))
-    )
-    result = pipeline.run()
-    result.wait_until_finish()
+    with staging_area(root) as staging_dir:
+        pipeline = beam.Pipeline(runner=runner, options=options)
+        ingested = (
+            pipeline
+            | "Files" >> beam.Create(paths)
+            | "Spread" >> beam.Reshuffle()
+            | "Ingest" >> IngestFlows(span, staging_dir)
+        )
+        every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()])
+        (
+            {"hour": every_hour, "minutes": ingested["minutes"], "quarantine": ingested["quarantine"]}
+            | "ByHour" >> beam.CoGroupByKey()
+            | "Write" >> beam.ParDo(WriteIngestHour(str(root)))
+        )
+        result = pipeline.run()
+        result.wait_until_finish()
     counters = {
         c.key.metric.name: c.committed
         for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
@@ -194,13 +192,15 @@ def run_analysis(root: str, hour: datetime, topology: Topology, beam_args: Seque
         raise RunError(f"hour {hour:%Y-%m-%d %H}:00 has not been ingested: {', '.join(missing)} missing")
     hour_ns = int(hour.timestamp()) * 10**9
     options, runner = pipeline_options(beam_args)
-    pipeline = beam.Pipeline(runner=runner, options=options)
-    (
-        pipeline
-        | "Analyze" >> AnalyzeHour(
-            str(paths[0]), str(paths[1]), topology, previous_hour_state(root, hour), hour_ns, hour_ns + HOUR_NS
+    with staging_area(root) as staging_dir:
+        pipeline = beam.Pipeline(runner=runner, options=options)
+        (
+            pipeline
+            | "Analyze" >> AnalyzeHour(
+                str(paths[0]), str(paths[1]), topology, previous_hour_state(root, hour), hour_ns,
+                hour_ns + HOUR_NS, staging_dir,
+            )
+            | "Write" >> beam.ParDo(WriteAnalysis(str(root), hour))
         )
-        | "Write" >> beam.ParDo(WriteAnalysis(str(root), hour))
-    )
-    pipeline.run().wait_until_finish()
+        pipeline.run().wait_until_finish()
     return warehouse.read_stats(root, hour, "analysis_counts")

@@ -10,10 +10,12 @@ import pyarrow.parquet as pq
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines import warehouse
+from pipelines import ingest, warehouse
+from pipelines.coders import STAGING_DIR, stage_tables
 from pipelines.ingest import HourRange, IngestFlows
 from pipelines.run import infer_range, run_ingest
-from prism_core.minutes import HOUR_NS, MINUTE_NS
+from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_of
+from prism_core.schema import FLOWS, conform
 
 HOUR0 = datetime(2026, 11, 22, 5, tzinfo=timezone.utc)
 T0 = int(HOUR0.timestamp()) * 10**9
@@ -56,11 +58,12 @@ def write_inputs(directory):
 def test_ingest_transform_windows_and_dedupes(tmp_path):
     write_inputs(tmp_path / "in")
     span = HourRange(T0, T0 + 2 * HOUR_NS)
+    (tmp_path / "staging").mkdir()
     with BeamTestPipeline(runner="FnApiRunner") as pipeline:
         out = (
             pipeline
             | beam.Create(sorted(str(p) for p in (tmp_path / "in").iterdir()))
-            | IngestFlows(span)
+            | IngestFlows(span, str(tmp_path / "staging"))
         )
         minute_rows = out["minutes"] | beam.Map(
             lambda kv: (kv[0], kv[1].minute_ns, kv[1].flows.num_rows, kv[1].duplicates)
@@ -115,3 +118,24 @@ def test_parquet_files_outside_the_hours_are_skipped_unread(tmp_path):
     assert summary.counters["files_skipped"] == 1  # a.parquet holds hour 5 only
     assert summary.counters["files"] == 1
     assert summary.per_hour["2026-11-22-06:00"]["flows"] == 2
+
+
+def test_run_leaves_no_staged_files(tmp_path):
+    write_inputs(tmp_path / "in")
+    run_ingest(str(tmp_path / "in"), str(tmp_path / "wh"), [HOUR0])
+    assert list((tmp_path / "wh" / STAGING_DIR).iterdir()) == []
+
+
+def test_flows_partition_is_streamed_into_whole_row_groups(tmp_path, monkeypatch):
+    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 4)
+    minutes = [pa.Table.from_pylist([flow(T0 + m * MINUTE_NS + i) for i in range(3)]) for m in range(3)]
+    minutes = [conform(t.append_column("minute", minute_of(t["time_flow_start_ns"])), FLOWS) for t in minutes]
+    staged = [ref for _, ref in stage_tables(str(tmp_path), enumerate(minutes))]
+    ingest.write_flows(str(tmp_path / "wh"), HOUR0, staged)
+    written = pq.ParquetFile(warehouse.partition_dir(tmp_path / "wh", "flows", HOUR0) / warehouse.DATA_FILE)
+    assert [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)] == [4, 4, 1]
+    assert written.read().equals(pa.concat_tables(minutes).combine_chunks())
+
+    ingest.write_flows(str(tmp_path / "empty"), HOUR0, [])  # still one (empty) row group, like write_partition
+    empty = pq.ParquetFile(warehouse.partition_dir(tmp_path / "empty", "flows", HOUR0) / warehouse.DATA_FILE)
+    assert (empty.num_row_groups, empty.metadata.num_rows) == (1, 0)
