@@ -114,9 +114,7 @@ class AnalyzeHour(beam.PTransform):
             | "GroupByJob" >> beam.GroupByKey()
             | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour), recognition_side)
             | "AllJobs" >> beam.combiners.ToList()
-            | "AssembleHour" >> beam.Map(
-                lambda analyses, rec: assemble_hour(analyses, rec, self.previous), recognition_side
-            )
+            | "AssembleHour" >> beam.Map(assemble_hour, recognition_side)
         )
 
 

@@ -71,10 +71,14 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
 
 
 def jobs_to_analyze(recognition: jobs.Recognition, previous: dict) -> list[str]:
-    """Every job recognized this hour, and every silent job with an issue still open."""
+    """Every job recognized this hour, and every silent job the previous hour left something
+    open for: a last step to close (timeline state) or an ongoing issue."""
     recognized = set(recognition.jobs["job_id"].to_pylist())
-    open_issues = {j for j, s in previous.get("diagnosis", {}).items() if diagnosis.has_open_issue(s)}
-    return sorted(recognized | open_issues)
+    return sorted(recognized | set(previous.get("timeline", {})) | _open_issue_jobs(previous))
+
+
+def _open_issue_jobs(state: dict) -> set[str]:
+    return {j for j, s in state.get("diagnosis", {}).items() if diagnosis.has_open_issue(s)}
 
 
 def analyze_job(
@@ -114,7 +118,7 @@ def analyze_job(
     )
 
 
-def assemble_hour(analyses: list[JobAnalysis], recognition: jobs.Recognition, previous: dict | None) -> HourAnalysis:
+def assemble_hour(analyses: list[JobAnalysis], recognition: jobs.Recognition) -> HourAnalysis:
     """The hour's tables from every job's analysis, and the state the next hour starts from."""
     analyses = sorted(analyses, key=lambda a: a.job_id)
     degrees = {a.job_id: a.degrees for a in analyses}
@@ -127,11 +131,14 @@ def assemble_hour(analyses: list[JobAnalysis], recognition: jobs.Recognition, pr
         parts = [a.tables[name] for a in analyses]
         tables[name] = pa.concat_tables(parts).cast(TABLES[name]) if parts else TABLES[name].empty_table()
 
+    # Stage states go on for the jobs the tracker still follows (running, or stopped recently
+    # enough to restart) and those with an issue still open; the rest were closed this hour.
     state = {"jobs": recognition.state}
     for stage in ("timeline", "diagnosis"):
-        carried = dict((previous or {}).get(stage, {}))
-        carried.update({a.job_id: a.state[stage] for a in analyses})
-        state[stage] = {job_id: s for job_id, s in sorted(carried.items()) if s is not None}
+        state[stage] = {a.job_id: a.state[stage] for a in analyses if a.state[stage] is not None}
+    followed = {job["job_id"] for job in recognition.state.get("jobs", [])} | _open_issue_jobs(state)
+    for stage in ("timeline", "diagnosis"):
+        state[stage] = {job_id: s for job_id, s in sorted(state[stage].items()) if job_id in followed}
     return HourAnalysis(tables=tables, state=state)
 
 
@@ -148,4 +155,4 @@ def analyze_hour(
                     hour_start_ns, hour_end_ns)
         for job_id in jobs_to_analyze(recognition, previous)
     ]
-    return assemble_hour(analyses, recognition, previous)
+    return assemble_hour(analyses, recognition)
