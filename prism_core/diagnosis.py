@@ -55,6 +55,7 @@ BOUNDARY_SLACK_S = 0.02  # exporter clocks differ by a few ms: a flow this early
 DATA_END_MARGIN_S = 60.0  # an hour whose last flow comes earlier than this before its end ends the data
 STOP_REFERENCE_STEPS = 10  # complete steps that show where in a step each GPU is normally active
 LINK_TIE = 0.03  # two addresses this close in throughput are equally slow
+CHECKPOINT_MARGIN = 0.25  # of a step: how much longer than usual a checkpoint step must be to be slow
 MIN_STEP_S = 0.1  # no training step of a multi-host job is shorter
 MIN_STEPS = 10  # steps a job must have shown before its steps are judged or its stop called a hang
 REGULAR_SHARE = 0.8  # a transfer class is regular when its count per step is the usual one this often
@@ -555,7 +556,9 @@ class _Run:
         saves = np.r_[state.checkpoint_save_s, saving]
         usual_save = np.median(saves) if len(saves) >= 3 else np.inf
         self.expected = self.baseline + np.where(self.checkpoint, usual_save, 0.0)
-        self.slow = (job.duration - self.expected > (self.limit - 1) * self.baseline) & ~(self.warmup | self.windowed)
+        # saving times vary more than compute (storage is shared): a checkpoint needs more margin
+        margin = np.where(self.checkpoint, max(self.limit - 1, CHECKPOINT_MARGIN), self.limit - 1)
+        self.slow = (job.duration - self.expected > margin * self.baseline) & ~(self.warmup | self.windowed)
         self.slow &= clean.sum() >= MIN_STEPS  # too few steps to know what a normal one is
         usual = saving[~self.slow[self.checkpoint]]
         state.checkpoint_save_s = (state.checkpoint_save_s + [round(float(x), 6) for x in usual])[-8:]
