@@ -6,9 +6,9 @@ that hour's waste). A Prism job is associated with every truth job whose address
 associated job when the kinds are equal, the times overlap (within `TIME_SLACK_NS`) and, for
 `slow_link` and `hang`, the subject names one of the fault's addresses. A straggler is detected
 whatever host it names, and a hang named after the whole job (its GPUs stopped together, so the
-data cannot single one out) is detected without a subject; whether they name the right host or
-address is the localization figures. Each issue is
-given to the fault it overlaps most, and a fault's estimated waste is the sum over its issues.
+data cannot single one out) is detected without a subject: `straggler_top1` and `hang_localized`
+say whether they named the right host or address. Each issue is given to the fault it overlaps
+most, and a fault's estimated waste is the sum over its issues.
 """
 
 from __future__ import annotations
