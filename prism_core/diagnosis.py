@@ -545,6 +545,7 @@ class _Run:
         segment = self.segments(logs, clean, outlier, limit)
         baseline = np.exp(_rolling_median(logs, clean, segment, config.baseline_steps))
         self.segment = segment[len(history):]
+        self.segment_before = segment[len(history) - 1] if len(history) else segment[0]
         self.baseline = baseline[len(history):]
         # a window of many steps is measured against its segment's level, not against the few
         # clean steps at its edges
@@ -598,7 +599,7 @@ class _Run:
             first_segment = self.segment == self.segment[clean][0]
             state.level_s = float(np.median(job.duration[clean & first_segment]))
         opened = state.open_degradation
-        changes = np.flatnonzero(np.diff(self.segment)) + 1
+        changes = np.flatnonzero(np.diff(np.r_[self.segment_before, self.segment]))  # a change may open the hour
         level = state.level_s
         for cp in changes:
             segment_steps = clean & (self.segment == self.segment[cp])
