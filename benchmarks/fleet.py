@@ -50,22 +50,31 @@ def subset(flows: Path, fraction: float, into: Path) -> Path:
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak, or a worker's when a multi-process runner's worker peaked higher."""
+    return max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
+
+
+def cpu_s() -> float:
+    """User + system CPU seconds of this process and of its finished workers."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def measure_prism(flows: str, topology: str, root: str, beam_args: list[str]) -> dict:
     from pipelines.run import infer_range, run_hours
 
-    stages: dict[str, float] = {}
-    clock = {"stage": None, "at": time.perf_counter()}
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    clock = {"stage": None, "at": time.perf_counter(), "cpu": cpu_s()}
 
     def on_stage(stage: str) -> None:
-        now = time.perf_counter()
+        now, used = time.perf_counter(), cpu_s()
         if clock["stage"]:
-            stages[clock["stage"]] = stages.get(clock["stage"], 0.0) + now - clock["at"]
-        clock.update(stage=stage.split(" ")[0], at=now)
+            wall[clock["stage"]] = wall.get(clock["stage"], 0.0) + now - clock["at"]
+            cpu[clock["stage"]] = cpu.get(clock["stage"], 0.0) + used - clock["cpu"]
+        clock.update(stage=stage.split(" ")[0], at=now, cpu=used)
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), cpu_s()
     first, end = infer_range(flows)
     summary = run_hours(flows, root, first, end, topology_path=topology, beam_args=beam_args, on_stage=on_stage)
     on_stage("done")
@@ -73,7 +82,9 @@ def measure_prism(flows: str, topology: str, root: str, beam_args: list[str]) ->
     records = summary.counters.get("rows_read", 0)
     return {
         "wall_s": round(total, 2),
-        "stages_s": {k: round(v, 2) for k, v in stages.items()},
+        "cpu_s": round(cpu_s() - started_cpu, 2),
+        "stages_s": {k: round(v, 2) for k, v in wall.items()},
+        "stages_cpu_s": {k: round(v, 2) for k, v in cpu.items()},
         "records": records,
         "records_per_s": round(records / total),
         "peak_rss_mb": round(peak_rss_mb()),
@@ -85,7 +96,7 @@ def measure_reference(flows: str) -> dict:
     drop duplicates, group by (minute, src, dst)."""
     import duckdb
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), cpu_s()
     con = duckdb.connect()
     con.execute(f"""
         CREATE TABLE flows AS
@@ -103,12 +114,13 @@ def measure_reference(flows: str) -> dict:
     """).fetchone()[0]
     con.execute("COPY flows TO '/dev/null' (FORMAT parquet)")
     total = time.perf_counter() - started
-    return {"wall_s": round(total, 2), "minute_rows": rows, "peak_rss_mb": round(peak_rss_mb())}
+    return {"wall_s": round(total, 2), "cpu_s": round(cpu_s() - started_cpu, 2), "minute_rows": rows,
+            "peak_rss_mb": round(peak_rss_mb())}
 
 
 def in_subprocess(kind: str, *args: str) -> dict:
     output = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fleet", "--measure", kind, *args],
+        [sys.executable, "-m", "benchmarks.fleet", "--measure", kind, "--", *args],  # "--": Beam flags are arguments here
         check=True, capture_output=True, text=True, cwd=HERE.parent,
     ).stdout
     return json.loads(output.strip().splitlines()[-1])
