@@ -28,7 +28,7 @@ from dagster import (
 
 from orchestration.resources import BeamOptions, FlowSource, TopologyFile, Warehouse
 from pipelines import warehouse as tables
-from pipelines.run import file_time_bounds, run_analysis, run_ingest
+from pipelines.run import RunError, file_time_bounds, run_analysis, run_ingest
 from prism_core.schema import TABLES
 
 INGEST_TABLES = ("flows", "quarantine", "flow_minutes")
@@ -154,19 +154,6 @@ def build_ingest(partitions: HourlyPartitionsDefinition):
     return ingest
 
 
-def require_previous_hour_analyzed(root: str, hour: datetime) -> None:
-    """An hour continues the job state of the hour before; starting over when that hour has
-    flows but no analysis would silently give its running jobs new ids."""
-    previous = hour - timedelta(hours=1)
-    ingested = tables.read_stats(root, previous, "ingest") is not None
-    if ingested and tables.read_stats(root, previous, "analysis") is None:
-        raise Failure(
-            f"hour {tables.hour_key(previous)} is ingested but not analyzed, and hour "
-            f"{tables.hour_key(hour)} continues its jobs: materialize the analysis of "
-            f"{tables.hour_key(previous)} first (backfills run hours in order)."
-        )
-
-
 def build_analysis(partitions: HourlyPartitionsDefinition):
     def analysis_deps(name: str) -> list[AssetDep]:
         return [AssetDep("flows"), AssetDep("flow_minutes"), AssetDep(name, partition_mapping=PREVIOUS_HOUR)]
@@ -182,12 +169,14 @@ def build_analysis(partitions: HourlyPartitionsDefinition):
     ) -> Iterator[MaterializeResult]:
         """Job recognition, parallelism, steps and issues, hour after hour in order."""
         hours = hours_of(context)
-        require_previous_hour_analyzed(warehouse.root, hours[0])
         inventory = topology.load()
         rows_per_hour = {}
         for hour in hours:
             context.log.info(f"analysis of {tables.hour_key(hour)}")
-            rows_per_hour[tables.hour_key(hour)] = run_analysis(warehouse.root, hour, inventory, beam.args)
+            try:
+                rows_per_hour[tables.hour_key(hour)] = run_analysis(warehouse.root, hour, inventory, beam.args)
+            except RunError as error:  # e.g. the previous hour not analyzed yet
+                raise Failure(str(error)) from None
         warehouse.refresh_views()
         for name in ANALYSIS_TABLES:
             yield MaterializeResult(asset_key=name, metadata=row_metadata(name, rows_per_hour, hours))

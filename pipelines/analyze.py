@@ -3,7 +3,7 @@
 Recognition runs on one small element (the hour's per-minute pair aggregates). The hour's flows
 are read as Parquet row groups, split by job with the recognition as a side input, grouped by
 job_id, and each job is analyzed on its own, so jobs spread over workers on a distributed runner.
-The split flows are staged (pipelines/coders.py): the grouping by job moves references only.
+The split flows are staged (pipelines/staging.py): the grouping by job moves references only.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipelines import warehouse
-from pipelines.coders import read_staged, stage_tables
+from pipelines.staging import read_staged, stage_tables
 from prism_core import jobs
 from prism_core.analysis import analyze_job, assemble_hour, jobs_to_analyze, split_flows_by_job
 from prism_core.topology import Topology

@@ -3,7 +3,7 @@
 Elements are Arrow tables, never single records: a DoFn parses a whole file with vectorized code
 and emits one table per event-time minute, so only a few thousand small partials per hour travel
 through the minute windows and the hourly grouping (see DESIGN.md, "Elements are batches"). The
-flow rows themselves are staged (pipelines/coders.py): only references to them are shuffled, and
+flow rows themselves are staged (pipelines/staging.py): only references to them are shuffled, and
 the hour's partition is streamed from the staged minutes, so memory stays bounded by one minute
 and one row group.
 """
@@ -24,7 +24,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms import window
 
 from pipelines import warehouse
-from pipelines.coders import TableRef, read_staged, stage_tables
+from pipelines.staging import TableRef, read_staged, stage_tables
 from prism_core.arrays import group_indices
 from prism_core.ingest import dedupe, parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
@@ -59,12 +59,11 @@ class MinuteResult:
     duplicates: int
 
 
-def quarantine_hours(parsed_start_ns: np.ndarray, file_starts_ns: np.ndarray, fallback_ns: int) -> np.ndarray:
+def quarantine_hours(parsed_start_ns: np.ndarray, file_starts_ns: np.ndarray, modified_ns: int) -> np.ndarray:
     """The hour each quarantined row belongs to: its own start time when that parsed, else the
-    median start time of its file's valid rows, else the run's first hour. Depends only on the
-    file, so every run that reads the file puts a bad row in the same hour."""
-    if len(file_starts_ns):
-        fallback_ns = int(np.median(file_starts_ns))
+    median start time of its file's valid rows, else the hour the file was last modified. Depends
+    only on the file, so every run that reads it puts a bad row in the same hour, and only once."""
+    fallback_ns = int(np.median(file_starts_ns)) if len(file_starts_ns) else modified_ns
     own = np.where(parsed_start_ns >= 0, parsed_start_ns, fallback_ns)
     return own // HOUR_NS * HOUR_NS
 
@@ -103,7 +102,8 @@ class ParseFlowFiles(beam.DoFn):
             yield window.TimestampedValue((hour_ns, rows), minute_ns / 1e9)
 
         if parsed.quarantine.num_rows:
-            hours = quarantine_hours(parsed.quarantine_start_ns, starts, self.hours.first_ns)
+            modified_ns = int(FileSystems.match([path])[0].metadata_list[0].last_updated_in_seconds * 1e9)
+            hours = quarantine_hours(parsed.quarantine_start_ns, starts, modified_ns)
             kept = self.hours.contains(hours)
             self.quarantined.inc(int(kept.sum()))
             self.out_of_range.inc(int((~kept).sum()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import apache_beam as beam
@@ -23,7 +23,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipelines import warehouse
 from pipelines.analyze import AnalyzeHour, WriteAnalysis, previous_hour_state
-from pipelines.coders import staging_area
+from pipelines.staging import staging_area
 from pipelines.ingest import NAMESPACE, HourRange, IngestFlows, write_hour
 from prism_core.ingest import parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS
@@ -150,23 +150,40 @@ def run_hours(
         raise RunError(f"empty hour range: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}")
     Path(root).mkdir(parents=True, exist_ok=True)
     topology = load_topology(topology_path)
-    if topology.from_inventory:
-        warehouse.write_topology(root, topology.table)
+    on_stage("checking the input")
+    require_flows_in(flows_dir, hours)
     on_stage("ingest")
     summary = run_ingest(flows_dir, root, hours, beam_args)
-    if not summary.counters.get("flows"):
-        raise RunError(
-            f"no valid flow records between {hours[0]:%Y-%m-%d %H}:00 and {hours[-1]:%Y-%m-%d %H}:59 "
-            f"in {flows_dir!r} ({summary.counters.get('files', 0)} files, "
-            f"{summary.counters.get('out_of_range', 0)} records outside the range, "
-            f"{summary.counters.get('quarantined', 0)} quarantined)"
-        )
     for hour in hours:
         on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
         summary.per_hour[warehouse.hour_key(hour)].update(run_analysis(root, hour, topology, beam_args))
     on_stage("warehouse")
     warehouse.refresh_database(root)
     return summary
+
+
+def require_flows_in(flows_dir: str, hours: list[datetime]) -> None:
+    """Refuse a range no flow file reaches before anything is written: a mistyped directory or
+    range must not replace good partitions with empty ones."""
+    span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
+    paths = list_flow_files(flows_dir)
+    if not any(bounds and span.overlaps(*bounds) for bounds in map(file_time_bounds, paths)):
+        raise RunError(
+            f"no valid flow records between {hours[0]:%Y-%m-%d %H}:00 and {hours[-1]:%Y-%m-%d %H}:59 "
+            f"in {flows_dir!r} ({len(paths)} files): nothing written"
+        )
+
+
+def require_previous_hour_analyzed(root: str, hour: datetime) -> None:
+    """An hour continues the job state of the hour before; starting over when that hour has
+    flows but no analysis would silently give its running jobs new ids."""
+    previous = hour - timedelta(hours=1)
+    if warehouse.read_stats(root, previous, "ingest") is not None and previous_hour_state(root, hour) is None:
+        raise RunError(
+            f"hour {warehouse.hour_key(previous)} is ingested but not analyzed, and hour "
+            f"{warehouse.hour_key(hour)} continues its jobs: analyze {warehouse.hour_key(previous)} "
+            "first (hours run in order)"
+        )
 
 
 def load_topology(path: str | None) -> Topology:
@@ -190,6 +207,12 @@ def run_analysis(root: str, hour: datetime, topology: Topology, beam_args: Seque
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise RunError(f"hour {hour:%Y-%m-%d %H}:00 has not been ingested: {', '.join(missing)} missing")
+    require_previous_hour_analyzed(root, hour)
+    # The inventory this analysis used, for the capacity reports; none without one.
+    if topology.from_inventory:
+        warehouse.write_topology(root, topology.table)
+    else:
+        warehouse.topology_path(root).unlink(missing_ok=True)
     hour_ns = int(hour.timestamp()) * 10**9
     options, runner = pipeline_options(beam_args)
     with staging_area(root) as staging_dir:

@@ -39,16 +39,17 @@ class HourAnalysis:
 
 def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[str, pa.Table]]:
     """(job_id, flows) for each job: a flow belongs to the job whose member sent it while a member
-    (within a minute's slack, since membership is known to the minute). Flows of no job (idle
-    hosts, background endpoints) are dropped here: they have no job to be analyzed with."""
+    (membership spans are the exact first and last traffic, so the tail of a job that just left a
+    host never goes to the next job on it). Flows of no job (idle hosts, background endpoints)
+    are dropped here: they have no job to be analyzed with."""
     if flows.num_rows == 0 or membership.num_rows == 0:
         return
     addrs = pc.unique(pa.concat_arrays([membership["addr"].combine_chunks(), flows["src_addr"].combine_chunks()]))
-    base = int(pc.min(membership["first_ns"]).as_py()) - MINUTE_NS
+    base = int(pc.min(membership["first_ns"]).as_py())
     # One sortable int64 per (address, interval start): address code in the high bits.
     shift = np.int64(1 << 44)  # > 4 hours in ns, the widest span a run hands over
     member_code = pc.index_in(membership["addr"], value_set=addrs).to_numpy().astype(np.int64)
-    member_key = member_code * shift + (membership["first_ns"].to_numpy() - MINUTE_NS - base)
+    member_key = member_code * shift + (membership["first_ns"].to_numpy() - base)
     order = np.argsort(member_key, kind="stable")
     member_key = member_key[order]
 
@@ -58,7 +59,7 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     candidate = np.searchsorted(member_key, flow_key, side="right") - 1
     valid = candidate >= 0
     row = order[np.where(valid, candidate, 0)]
-    last_ns = membership["last_ns"].to_numpy()[row] + MINUTE_NS
+    last_ns = membership["last_ns"].to_numpy()[row]
     belongs = valid & (member_code[row] == flow_code) & (flow_start <= last_ns)
 
     kept = np.flatnonzero(belongs)

@@ -35,6 +35,7 @@ def test_empty_hour(scenario_dir, tmp_path):
                  "--start", "2020-01-01T00:00", "--end", "2020-01-01T01:00")
     assert result.exit_code == 2
     assert "no valid flow records" in result.output
+    assert not (tmp_path / "wh" / "flows").exists()  # refused before anything was written
 
 
 @pytest.mark.parametrize("text", ["yesterday", "2026-13-01T00:00"])

@@ -2,6 +2,7 @@
 hour assignment and the conservation of rows."""
 
 import json
+import os
 from datetime import datetime, timezone
 
 import apache_beam as beam
@@ -11,7 +12,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import ingest, warehouse
-from pipelines.coders import STAGING_DIR, stage_tables
+from pipelines.staging import STAGING_DIR, stage_tables
 from pipelines.ingest import HourRange, IngestFlows
 from pipelines.run import infer_range, run_ingest
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_of
@@ -139,3 +140,19 @@ def test_flows_partition_is_streamed_into_whole_row_groups(tmp_path, monkeypatch
     ingest.write_flows(str(tmp_path / "empty"), HOUR0, [])  # still one (empty) row group, like write_partition
     empty = pq.ParquetFile(warehouse.partition_dir(tmp_path / "empty", "flows", HOUR0) / warehouse.DATA_FILE)
     assert (empty.num_row_groups, empty.metadata.num_rows) == (1, 0)
+
+
+def test_a_file_without_valid_rows_is_quarantined_once(tmp_path):
+    """Its rows have no time of their own: they go to the hour the file was written, so runs of
+    other hours do not quarantine them again."""
+    directory = tmp_path / "in"
+    directory.mkdir()
+    garbage = directory / "garbage.jsonl"
+    garbage.write_text("{not json\n[1, 2]\n")
+    os.utime(garbage, (T0 / 1e9 + 600, T0 / 1e9 + 600))  # modified in the first hour
+    counts = [
+        run_ingest(str(directory), str(tmp_path / "wh"), [hour]).counters
+        for hour in (HOUR0, datetime(2026, 11, 22, 6, tzinfo=timezone.utc))
+    ]
+    assert [c.get("quarantined", 0) for c in counts] == [2, 0]
+    assert [c.get("out_of_range", 0) for c in counts] == [0, 2]
