@@ -33,34 +33,31 @@ CREATE OR REPLACE TEMP VIEW report_hours AS
 SELECT unnest(range(date_trunc('hour', range_start), range_end, INTERVAL 1 HOUR)) AS hour
 FROM report_range;
 
--- The flows and flow_minutes of the range. The conditions on the partition columns (date, hour)
--- only use the variables, so DuckDB skips the partitions outside the range without opening them
--- (the end is exclusive: its partition is the one of the instant just before it).
+-- True for the partitions (date, hour) that can hold rows of the report range. It only uses the
+-- variables, so DuckDB skips the other partitions without opening them (the end is exclusive:
+-- its partition is the one of the instant just before it).
+CREATE OR REPLACE TEMP MACRO in_report_partitions(partition_date, partition_hour) AS
+    (getvariable('report_start') IS NULL OR (
+        partition_date >= CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
+        AND (partition_date > CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
+             OR partition_hour >= hour(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ)))))
+    AND (getvariable('report_end') IS NULL OR (
+        partition_date <= CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
+        AND (partition_date < CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
+             OR partition_hour <= hour((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND)))));
+
+-- The flows and flow_minutes of the range.
 CREATE OR REPLACE TEMP VIEW range_flows AS
 SELECT f.*
 FROM flows AS f, report_range AS r
-WHERE (getvariable('report_start') IS NULL OR (
-        f.date >= CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
-        AND (f.date > CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
-             OR f.hour >= hour(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ)))))
-    AND (getvariable('report_end') IS NULL OR (
-        f.date <= CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
-        AND (f.date < CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
-             OR f.hour <= hour((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND)))))
+WHERE in_report_partitions(f.date, f.hour)
     AND f.time_flow_start_ns >= epoch_ns(r.range_start)
     AND f.time_flow_start_ns < epoch_ns(r.range_end);
 
 CREATE OR REPLACE TEMP VIEW range_flow_minutes AS
 SELECT fm.* REPLACE (timezone('UTC', fm.minute) AS minute)
 FROM flow_minutes AS fm, report_range AS r
-WHERE (getvariable('report_start') IS NULL OR (
-        fm.date >= CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
-        AND (fm.date > CAST(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ) AS DATE)
-             OR fm.hour >= hour(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ)))))
-    AND (getvariable('report_end') IS NULL OR (
-        fm.date <= CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
-        AND (fm.date < CAST((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND) AS DATE)
-             OR fm.hour <= hour((timezone('UTC', getvariable('report_end')::TIMESTAMPTZ) - INTERVAL 1 MICROSECOND)))))
+WHERE in_report_partitions(fm.date, fm.hour)
     AND timezone('UTC', fm.minute) >= r.range_start
     AND timezone('UTC', fm.minute) < r.range_end;
 
