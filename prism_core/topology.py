@@ -85,6 +85,7 @@ class Topology:
         """True for addresses that are GPU NICs: in the inventory, or any address without one."""
         if not self.from_inventory:
             return np.ones(len(addrs), bool)
-        return pc.is_in(pa.array(addrs, pa.string()), value_set=self.table["addr"]).to_numpy(
-            zero_copy_only=False
-        )
+        if isinstance(addrs, np.ndarray):
+            addrs = pa.array(addrs, pa.string())
+        # Arrow columns go to is_in as they are: rebuilding them would convert through Python.
+        return pc.is_in(addrs, value_set=self.table["addr"]).to_numpy(zero_copy_only=False)
