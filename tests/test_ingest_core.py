@@ -22,10 +22,10 @@ from prism_core.ingest import (
     parquet_time_bounds,
     parse_flow_file,
 )
-from prism_core.schema import FLOW_OPTIONAL, FLOW_REQUIRED, FLOWS, QUARANTINE
+from flow_files import FIELDS, csv_file, field_text, jsonl
+from prism_core.schema import FLOW_REQUIRED, FLOWS, QUARANTINE
 
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
-FIELDS = FLOW_REQUIRED + FLOW_OPTIONAL
 
 
 def record(**overrides) -> dict:
@@ -51,27 +51,6 @@ def record(**overrides) -> dict:
     return {key: value for key, value in base.items() if value is not None}
 
 
-def as_jsonl(records: list[dict]) -> bytes:
-    return "".join(json.dumps(r) + "\n" for r in records).encode()
-
-
-def csv_text(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def as_csv(records: list[dict], columns: tuple[str, ...] = FIELDS) -> bytes:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
-    for r in records:
-        writer.writerow([csv_text(r.get(c)) for c in columns])
-    return out.getvalue().encode()
-
-
 def as_parquet(records: list[dict], columns: tuple[str, ...] = FIELDS, **options) -> bytes:
     """Typed columns where the values agree on a type, text columns where they do not."""
     arrays = {}
@@ -83,13 +62,13 @@ def as_parquet(records: list[dict], columns: tuple[str, ...] = FIELDS, **options
         elif kinds <= {str}:
             arrays[name] = pa.array(values, pa.string())
         else:
-            arrays[name] = pa.array([None if v is None else csv_text(v) for v in values])
+            arrays[name] = pa.array([None if v is None else field_text(v) for v in values])
     buffer = io.BytesIO()
     pq.write_table(pa.table(arrays), buffer, **options)
     return buffer.getvalue()
 
 
-ENCODERS = {"jsonl": as_jsonl, "csv": as_csv, "parquet": as_parquet}
+ENCODERS = {"jsonl": jsonl, "csv": csv_file, "parquet": as_parquet}
 
 
 def parse(payload: bytes, source: str) -> ParsedFile:
@@ -167,7 +146,7 @@ def test_every_reason_code_is_covered():
 
 def test_first_problem_in_check_order_is_reported():
     bad = record(src_addr=None, bytes=-5, proto="FOO")
-    parsed = parse(as_jsonl([bad]), "f.jsonl")
+    parsed = parse(jsonl([bad]), "f.jsonl")
     assert quarantined(parsed) == [(0, "missing_field:src_addr")]
 
 
@@ -182,7 +161,7 @@ def test_first_problem_in_check_order_is_reported():
     ],
 )
 def test_unparseable_json_lines_are_quarantined_alone(line, reason):
-    payload = as_jsonl([record()]) + line + b"\n" + as_jsonl([record(), record()])
+    payload = jsonl([record()]) + line + b"\n" + jsonl([record(), record()])
     parsed = parse(payload, "f.jsonl")
     assert quarantined(parsed) == [(1, reason)]
     assert parsed.quarantine["raw"][0].as_py() == line.decode("utf-8", "backslashreplace")
@@ -199,15 +178,15 @@ def test_unparseable_json_lines_are_quarantined_alone(line, reason):
     ],
 )
 def test_unparseable_csv_rows_are_quarantined_alone(line, reason):
-    header, first = as_csv([record()]).splitlines(keepends=True)
-    payload = header + first + line + b"\n" + as_csv([record()]).splitlines(keepends=True)[1]
+    header, first = csv_file([record()]).splitlines(keepends=True)
+    payload = header + first + line + b"\n" + csv_file([record()]).splitlines(keepends=True)[1]
     parsed = parse(payload, "f.csv")
     assert quarantined(parsed) == [(1, reason)]
     assert parsed.clean.num_rows == 2
 
 
 def test_rows_count_records_not_blank_lines():
-    payload = b"\n  \n" + as_jsonl([record()]) + b"\r\n\n" + as_jsonl([record(bytes=-1)]) + b"\n"
+    payload = b"\n  \n" + jsonl([record()]) + b"\r\n\n" + jsonl([record(bytes=-1)]) + b"\n"
     parsed = parse(payload, "f.jsonl")
     assert parsed.rows_read == 2
     assert quarantined(parsed) == [(1, "nonpositive_bytes")]
@@ -216,7 +195,7 @@ def test_rows_count_records_not_blank_lines():
 
 def test_a_few_bad_lines_among_many_are_found_and_the_rest_kept():
     records = [record(bytes=1000 + i) for i in range(5000)]
-    lines = as_jsonl(records).splitlines()
+    lines = jsonl(records).splitlines()
     for row in (0, 1234, 1235, 4999):
         lines[row] = b'{"bytes": oops'
     lines[3000] = json.dumps(record(bytes=1.5)).encode()  # a float makes Arrow read doubles
@@ -234,7 +213,7 @@ def test_a_few_bad_lines_among_many_are_found_and_the_rest_kept():
 
 @pytest.mark.parametrize("every", [2, 3, 17, 40])
 def test_clusters_of_bad_lines(every):
-    lines = as_jsonl([record(bytes=i + 1) for i in range(3000)]).splitlines()
+    lines = jsonl([record(bytes=i + 1) for i in range(3000)]).splitlines()
     bad = set(range(5, 3000, every)) | {2999}
     breakers = [b'{"bytes": oops', b'{"bytes": "12.5MB"}', b'{"bytes": 1.5}', b"", b"[]"]
     for i in bad:
@@ -247,7 +226,7 @@ def test_clusters_of_bad_lines(every):
 
 
 def test_several_records_on_one_line_in_a_long_file():
-    lines = as_jsonl([record(bytes=i + 1) for i in range(500)]).splitlines()
+    lines = jsonl([record(bytes=i + 1) for i in range(500)]).splitlines()
     lines[300] = lines[300] + b" " + lines[301]
     parsed = parse(b"\n".join(lines), "f.jsonl")
     assert quarantined(parsed) == [(300, "unparseable:json_syntax")]
@@ -255,7 +234,7 @@ def test_several_records_on_one_line_in_a_long_file():
 
 
 def test_csv_bad_rows_in_a_long_file():
-    header, *rows = as_csv([record(bytes=i + 1) for i in range(2000)]).splitlines()
+    header, *rows = csv_file([record(bytes=i + 1) for i in range(2000)]).splitlines()
     rows[10] = b"1,2,3"
     rows[1500] = rows[1500].replace(b",", b"\r", 1)  # a bare CR ends a row for Arrow
     rows[1999] = b'"unterminated,' + rows[1999]
@@ -273,7 +252,7 @@ def test_json_types_that_change_along_the_file_are_all_read():
     records = [record(bytes=100 + i) for i in range(1500)]
     records += [record(proto=6, bytes=str(5000 + i), packets=None) for i in range(1500)]
     records += [record(packets=9)]
-    parsed = parse(as_jsonl(records), "f.jsonl")
+    parsed = parse(jsonl(records), "f.jsonl")
     assert parsed.quarantine.num_rows == 0
     assert parsed.clean["proto"].to_pylist() == [17] * 1500 + [6] * 1500 + [17]
     assert parsed.clean["bytes"].to_pylist()[1499:1501] == [1599, 5000]
@@ -282,7 +261,7 @@ def test_json_types_that_change_along_the_file_are_all_read():
 
 def test_a_field_first_seen_after_the_sample_is_kept():
     records = [record(packets=None) for _ in range(1200)] + [record(packets=3)]
-    parsed = parse(as_jsonl(records), "f.jsonl")
+    parsed = parse(jsonl(records), "f.jsonl")
     assert parsed.clean["packets"].to_pylist()[-2:] == [None, 3]
 
 
@@ -300,7 +279,7 @@ def test_schema_without_a_required_column_rejects_the_file(file_format):
 
 
 def test_json_lines_without_a_required_field_quarantine_each_record():
-    parsed = parse(as_jsonl([record(dst_addr=None)] * 3), "f.jsonl")
+    parsed = parse(jsonl([record(dst_addr=None)] * 3), "f.jsonl")
     assert quarantined(parsed) == [(i, "missing_field:dst_addr") for i in range(3)]
 
 
@@ -318,12 +297,12 @@ def parquet_bytes() -> bytes:
         (parquet_bytes()[: len(parquet_bytes()) // 2], "f.parquet", "parquet"),
         (parquet_bytes()[:-9], "f.parquet", "parquet"),
         (b"PAR1" + b"\x07" * 300, "f.dat", "parquet"),
-        (gzip.compress(as_jsonl([record()] * 50))[:-12], "f.jsonl.gz", "gzip"),
-        (gzip.compress(as_jsonl([record()]))[:5] + b"\xff" * 40, "f.jsonl.gz", "gzip"),
-        (as_jsonl([record()]), "f.jsonl.gz", "gzip"),
-        (zstd(as_jsonl([record()] * 50))[:-7], "f.jsonl.zst", "zstd"),
+        (gzip.compress(jsonl([record()] * 50))[:-12], "f.jsonl.gz", "gzip"),
+        (gzip.compress(jsonl([record()]))[:5] + b"\xff" * 40, "f.jsonl.gz", "gzip"),
+        (jsonl([record()]), "f.jsonl.gz", "gzip"),
+        (zstd(jsonl([record()] * 50))[:-7], "f.jsonl.zst", "zstd"),
         (gzip.compress(parquet_bytes())[:-30], "f.parquet.gz", "gzip"),
-        (as_jsonl([record()]) + b"\x00\x00", "f.jsonl", "encoding"),
+        (jsonl([record()]) + b"\x00\x00", "f.jsonl", "encoding"),
         (codecs.BOM_UTF16_LE + b"\x00\xd8", "f.csv", "encoding"),
     ],
     ids=[
@@ -358,8 +337,8 @@ def test_corrupt_file_is_one_quarantine_row(payload, source, stage):
         (b"", "f.parquet"),
         (b"", "f.csv.zst"),
         (b"\n \r\n\n", "f.jsonl"),
-        (as_csv([]), "f.csv"),
-        (as_csv([], ("a", "b")), "f.csv"),  # a bare header lacking columns: still nothing read
+        (csv_file([]), "f.csv"),
+        (csv_file([], ("a", "b")), "f.csv"),  # a bare header lacking columns: still nothing read
         (gzip.compress(b""), "f.jsonl.gz"),
         (as_parquet([]), "f.parquet"),
         (codecs.BOM_UTF8, "f.jsonl"),
@@ -482,13 +461,13 @@ def test_quarantine_start_is_the_valid_start_or_minus_one():
         record(time_flow_start_ns=5, time_flow_end_ns=6),
         record(bytes=None, time_flow_start_ns=T0 + 77),
     ]
-    parsed = parse(as_jsonl(records), "f.jsonl")
+    parsed = parse(jsonl(records), "f.jsonl")
     assert parsed.quarantine_start_ns.tolist() == [T0 + 1_000, -1, -1, T0 + 77]
 
 
 def test_raw_is_truncated():
     huge = record(bytes="9" * 10_000)
-    parsed = parse(as_jsonl([huge]), "f.jsonl")
+    parsed = parse(jsonl([huge]), "f.jsonl")
     assert quarantined(parsed) == [(0, "bad_type:bytes")]
     assert len(parsed.quarantine["raw"][0].as_py()) == RAW_LIMIT
 
@@ -543,8 +522,8 @@ def test_csv_jsonl_and_parquet_give_the_same_tables():
     ],
 )
 def test_compression_and_encodings(wrap, source):
-    reference = parse(as_jsonl(mixed_records()), "flows.jsonl")
-    parsed = parse(wrap(as_jsonl(mixed_records())), source)
+    reference = parse(jsonl(mixed_records()), "flows.jsonl")
+    parsed = parse(wrap(jsonl(mixed_records())), source)
     assert parsed.clean.equals(reference.clean)
     assert quarantined(parsed) == quarantined(reference)
 
@@ -552,9 +531,9 @@ def test_compression_and_encodings(wrap, source):
 @pytest.mark.parametrize(
     ("payload", "source"),
     [
-        (lambda: as_csv(mixed_records()), "flows"),
-        (lambda: gzip.compress(as_csv(mixed_records())), "flows.csv.gz"),
-        (lambda: codecs.BOM_UTF16_BE + as_csv(mixed_records()).decode().encode("utf-16-be"), "c"),
+        (lambda: csv_file(mixed_records()), "flows"),
+        (lambda: gzip.compress(csv_file(mixed_records())), "flows.csv.gz"),
+        (lambda: codecs.BOM_UTF16_BE + csv_file(mixed_records()).decode().encode("utf-16-be"), "c"),
         (lambda: as_parquet(mixed_records()), "flows.bin"),
         (lambda: zstd(as_parquet(mixed_records())), "x.parquet.zst"),
     ],
@@ -571,7 +550,7 @@ def test_csv_header_order_extra_columns_and_duplicates():
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(columns)
     values = record(note="x", bytes=77)
-    writer.writerow([csv_text(values.get(name)) for name in columns[:-1]] + ["oops"])
+    writer.writerow([field_text(values.get(name)) for name in columns[:-1]] + ["oops"])
     parsed = parse(out.getvalue().encode(), "f.csv")
     assert parsed.clean["bytes"].to_pylist() == [77]
 
@@ -580,7 +559,7 @@ def test_csv_header_order_extra_columns_and_duplicates():
 
 
 def flows_table(records: list[dict]) -> pa.Table:
-    parsed = parse(as_jsonl(records), "f.jsonl")
+    parsed = parse(jsonl(records), "f.jsonl")
     assert parsed.quarantine.num_rows == 0
     return parsed.clean
 
@@ -641,7 +620,7 @@ def test_parquet_time_bounds_from_footer():
 @pytest.mark.parametrize(
     "payload",
     [
-        as_jsonl([record()]),
+        jsonl([record()]),
         gzip.compress(as_parquet([record()])),
         as_parquet([record()], write_statistics=False),
         as_parquet([record(), record(time_flow_start_ns=3, time_flow_end_ns=4)]),

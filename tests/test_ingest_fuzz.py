@@ -7,11 +7,9 @@ The default run is fast (a few hundred examples per property); `-m slow` runs 10
 from __future__ import annotations
 
 import codecs
-import csv
 import gzip
 import io
 import ipaddress
-import json
 import re
 
 import numpy as np
@@ -33,9 +31,9 @@ from prism_core.ingest import (
     dedupe,
     parse_flow_file,
 )
+from flow_files import FIELDS, csv_file, field_text, jsonl
 from prism_core.schema import FLOW_OPTIONAL, FLOW_REQUIRED, FLOWS, QUARANTINE
 
-FIELDS = FLOW_REQUIRED + FLOW_OPTIONAL
 INT64 = (-(2**63), 2**63 - 1)
 FAST = settings(
     max_examples=200,
@@ -166,31 +164,6 @@ def records(max_records: int = 20) -> st.SearchStrategy:
 # --- files ---------------------------------------------------------------------------------------
 
 
-def as_text(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)
-    return str(value)
-
-
-def jsonl(rows: list[dict]) -> bytes:
-    return "".join(json.dumps(row) + "\n" for row in rows).encode()
-
-
-def csv_file(rows: list[dict], columns: tuple[str, ...] = FIELDS) -> bytes:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([as_text(row.get(name)) for name in columns])
-    return out.getvalue().encode()
-
-
 def parquet_file(rows: list[dict], columns: tuple[str, ...] = FIELDS, row_group_size=None) -> bytes:
     """Typed columns where the values allow it, text where they mix or do not fit int64."""
     arrays = {}
@@ -202,7 +175,7 @@ def parquet_file(rows: list[dict], columns: tuple[str, ...] = FIELDS, row_group_
         elif all(type(v) is str for v in present):
             arrays[name] = pa.array(values, pa.string())
         else:
-            arrays[name] = pa.array([None if v is None else as_text(v) for v in values])
+            arrays[name] = pa.array([None if v is None else field_text(v) for v in values])
     buffer = io.BytesIO()
     pq.write_table(pa.table(arrays), buffer, row_group_size=row_group_size)
     return buffer.getvalue()
