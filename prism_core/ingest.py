@@ -73,7 +73,8 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import zstandard
 
-from prism_core.schema import FLOW_OPTIONAL, FLOW_REQUIRED, FLOWS, QUARANTINE, TS, conform
+from prism_core.minutes import minute_of
+from prism_core.schema import FLOW_OPTIONAL, FLOW_REQUIRED, FLOWS, QUARANTINE, conform
 
 FLOW_FIELDS = FLOW_REQUIRED + FLOW_OPTIONAL
 INT_FIELDS = (
@@ -93,7 +94,6 @@ MAX_FLOW_BYTES = 10**13  # 10 TB in one flow record is a counter bug, not traffi
 MAX_FLOW_PACKETS = 10**13
 MIN_TIME_NS = 946_684_800 * 10**9  # 2000-01-01
 MAX_TIME_NS = 4_102_444_800 * 10**9  # 2100-01-01
-MINUTE_NS = 60 * 10**9
 INT64_MAX_DIGITS = str(np.iinfo(np.int64).max)
 MAX_ADDRESS_TEXT = 64  # longest IPv6 text is 45 characters, plus a scope id
 
@@ -981,7 +981,7 @@ def _clean_table(
             "sampler_address": address("sampler_address"),
             "time_received_ns": optional(received, received.values, pa.int64()),
             "sampling_rate": kept(scale),
-            "minute": pa.array(start // MINUTE_NS * MINUTE_NS, type=TS),
+            "minute": minute_of(pa.array(start, pa.int64())),
         }
     )
     return conform(table, FLOWS)

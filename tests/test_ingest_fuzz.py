@@ -25,13 +25,13 @@ from prism_core.ingest import (
     MAX_FLOW_BYTES,
     MAX_TIME_NS,
     MIN_TIME_NS,
-    MINUTE_NS,
     RAW_LIMIT,
     ParsedFile,
     dedupe,
     parse_flow_file,
 )
 from flow_files import FIELDS, csv_file, field_text, jsonl
+from prism_core.minutes import MINUTE_NS
 from prism_core.schema import FLOW_OPTIONAL, FLOW_REQUIRED, FLOWS, QUARANTINE
 
 INT64 = (-(2**63), 2**63 - 1)
