@@ -17,7 +17,6 @@ from datetime import datetime, timezone
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
@@ -28,7 +27,7 @@ from pipelines.staging import TableRef, read_staged, stage_tables
 from prism_core.arrays import group_indices
 from prism_core.ingest import dedupe, parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
-from prism_core.schema import FLOW_MINUTES, FLOWS, QUARANTINE
+from prism_core.schema import FLOW_MINUTES, QUARANTINE
 
 NAMESPACE = "prism.ingest"
 QUARANTINE_TAG = "quarantine"
@@ -167,9 +166,6 @@ class IngestFlows(beam.PTransform):
         return {"minutes": minutes, "quarantine": parsed[QUARANTINE_TAG]}
 
 
-ROW_GROUP_ROWS = 1 << 20
-
-
 def write_hour(root: str, hour_ns: int, minutes: list[MinuteResult], quarantine: list[pa.Table]) -> dict[str, int]:
     """Replaces the hour's `flows`, `flow_minutes` and `quarantine` partitions (in a deterministic
     row order); returns their row counts and the duplicates dropped."""
@@ -195,19 +191,5 @@ def write_hour(root: str, hour_ns: int, minutes: list[MinuteResult], quarantine:
 
 
 def write_flows(root: str, hour: datetime, minutes: list[TableRef]) -> None:
-    """The hour's flows partition, streamed minute by minute from the staged files into row groups
-    of ROW_GROUP_ROWS (the layout `warehouse.write_partition` gives a whole table), and replaced
-    atomically like every partition."""
-
-    def write(path) -> None:
-        with pq.ParquetWriter(path, FLOWS, compression="zstd") as writer:
-            pending, written = FLOWS.empty_table(), 0
-            for ref in minutes:
-                pending = pa.concat_tables([pending, read_staged([ref])[0].cast(FLOWS)])
-                while pending.num_rows >= ROW_GROUP_ROWS:
-                    writer.write_table(pending.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
-                    pending, written = pending.slice(ROW_GROUP_ROWS), written + ROW_GROUP_ROWS
-            if pending.num_rows or not written:  # an empty hour still gets its one empty row group
-                writer.write_table(pending, row_group_size=ROW_GROUP_ROWS)
-
-    warehouse._replace_atomically(warehouse.partition_dir(root, "flows", hour) / warehouse.DATA_FILE, write)
+    """The hour's flows partition, streamed minute by minute from the staged files."""
+    warehouse.write_partition_pieces(root, "flows", hour, (read_staged([ref])[0] for ref in minutes))

@@ -12,6 +12,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -76,13 +77,32 @@ def _replace_atomically(final: Path, write) -> None:
         temporary.unlink(missing_ok=True)
 
 
+ROW_GROUP_ROWS = 1 << 20
+
+
 def write_partition(root: str | Path, table: str, hour: datetime, rows: pa.Table) -> Path:
     """Replace the partition of `table` for `hour` with `rows` (possibly empty)."""
-    rows = rows.cast(TABLES[table]) if table in TABLES else rows
+    return write_partition_pieces(root, table, hour, [rows])
+
+
+def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces: Iterable[pa.Table]) -> Path:
+    """Replace the partition of `table` for `hour` with the rows of `pieces`, in order, streamed
+    into row groups of ROW_GROUP_ROWS, so only one row group is ever held at once."""
+    schema = TABLES[table]
     final = partition_dir(root, table, hour) / DATA_FILE
-    _replace_atomically(
-        final, lambda path: pq.write_table(rows, path, compression="zstd", row_group_size=1 << 20)
-    )
+
+    def write(path: Path) -> None:
+        with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+            pending, written = schema.empty_table(), 0
+            for piece in pieces:
+                pending = pa.concat_tables([pending, piece.cast(schema)])
+                while pending.num_rows >= ROW_GROUP_ROWS:
+                    writer.write_table(pending.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+                    pending, written = pending.slice(ROW_GROUP_ROWS), written + ROW_GROUP_ROWS
+            if pending.num_rows or not written:  # an empty partition still gets its empty row group
+                writer.write_table(pending, row_group_size=ROW_GROUP_ROWS)
+
+    _replace_atomically(final, write)
     return final
 
 

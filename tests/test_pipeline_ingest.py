@@ -128,7 +128,7 @@ def test_run_leaves_no_staged_files(tmp_path):
 
 
 def test_flows_partition_is_streamed_into_whole_row_groups(tmp_path, monkeypatch):
-    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 4)
+    monkeypatch.setattr(warehouse, "ROW_GROUP_ROWS", 4)
     minutes = [pa.Table.from_pylist([flow(T0 + m * MINUTE_NS + i) for i in range(3)]) for m in range(3)]
     minutes = [conform(t.append_column("minute", minute_of(t["time_flow_start_ns"])), FLOWS) for t in minutes]
     staged = [ref for _, ref in stage_tables(str(tmp_path), enumerate(minutes))]
@@ -137,7 +137,7 @@ def test_flows_partition_is_streamed_into_whole_row_groups(tmp_path, monkeypatch
     assert [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)] == [4, 4, 1]
     assert written.read().equals(pa.concat_tables(minutes).combine_chunks())
 
-    ingest.write_flows(str(tmp_path / "empty"), HOUR0, [])  # still one (empty) row group, like write_partition
+    ingest.write_flows(str(tmp_path / "empty"), HOUR0, [])  # still one (empty) row group
     empty = pq.ParquetFile(warehouse.partition_dir(tmp_path / "empty", "flows", HOUR0) / warehouse.DATA_FILE)
     assert (empty.num_row_groups, empty.metadata.num_rows) == (1, 0)
 
