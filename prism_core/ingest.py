@@ -1009,26 +1009,44 @@ SORT_KEYS = ("time_flow_start_ns", "src_addr", "dst_addr", "src_port", "dst_port
 # Two exporters that report one flow differ only in who sent it and when it arrived.
 REPORTER = ("time_received_ns", "sampler_address")
 IDENTITY = tuple(name for name in FLOWS.names if name not in REPORTER)
+FULL_SORT_ORDER = (*SORT_KEYS, *(name for name in IDENTITY if name not in SORT_KEYS), *REPORTER)
 
 
 def dedupe(flows: pa.Table) -> tuple[pa.Table, int]:
     """Drop exact duplicate flows (equal on IDENTITY). The table is sorted by SORT_KEYS, then by
     every other column, so the copy kept (earliest received) and the output bytes do not depend
-    on the input order. Returns (table, number of rows dropped)."""
-    order = [*SORT_KEYS, *(name for name in IDENTITY if name not in SORT_KEYS), *REPORTER]
-    ordered = flows.take(
-        pc.sort_indices(flows, sort_keys=[(name, "ascending", "at_end") for name in order])
-    )
-    if ordered.num_rows < 2:
-        return ordered, 0
-    repeat = np.ones(ordered.num_rows - 1, dtype=bool)
-    for name in IDENTITY:
-        column = ordered[name].combine_chunks()
-        current, previous = column.slice(1), column.slice(0, len(column) - 1)
-        both_null = _mask(pc.and_(current.is_null(), previous.is_null()))
-        repeat &= _mask(pc.equal(current, previous)) | both_null
-    keep = np.concatenate(([True], ~repeat))
-    return ordered.filter(pa.array(keep)), int(repeat.sum())
+    on the input order. Returns (table, number of rows dropped).
+
+    Start times rarely tie, and duplicates share theirs: one integer argsort by start orders
+    nearly every row, and only the rows whose start is shared are sorted on every column and
+    compared (a full multi-column sort of the minute cost ~3x more)."""
+    if flows.num_rows < 2:
+        return flows, 0
+    start = flows["time_flow_start_ns"].to_numpy()
+    order = np.argsort(start, kind="stable")
+    starts = start[order]
+    same_start_as_next = starts[1:] == starts[:-1]
+    tied = np.zeros(len(order), dtype=bool)
+    tied[1:] |= same_start_as_next
+    tied[:-1] |= same_start_as_next
+    positions = np.flatnonzero(tied)  # runs of equal start, in start order
+    duplicates = np.zeros(0, dtype=np.int64)
+    if len(positions):
+        tied_rows = flows.take(order[positions])
+        within = pc.sort_indices(
+            tied_rows, sort_keys=[(name, "ascending", "at_end") for name in FULL_SORT_ORDER]
+        ).to_numpy()
+        order[positions] = order[positions][within]  # a run stays in place: start is the first key
+        tied_rows = tied_rows.take(within)
+        # neighbours within one run of equal start, then equal on every IDENTITY column
+        repeat = same_start_as_next[positions[:-1]] & (np.diff(positions) == 1)
+        for name in IDENTITY:
+            column = tied_rows[name].combine_chunks()
+            current, previous = column.slice(1), column.slice(0, len(column) - 1)
+            both_null = _mask(pc.and_(current.is_null(), previous.is_null()))
+            repeat &= _mask(pc.equal(current, previous)) | both_null
+        duplicates = positions[1:][repeat]
+    return flows.take(np.delete(order, duplicates)), len(duplicates)
 
 
 def parquet_time_bounds(file: BinaryIO | pa.NativeFile) -> tuple[int, int] | None:
