@@ -82,6 +82,7 @@ LAST_COMPLETE_SHARE = 0.97  # the same for a phase after which the job falls sil
 WARMUP_RATIO = 1.15  # a job whose next step is this much slower than usual started in view
 SILENCE_STEPS = 4.0  # this many steps without traffic after a sync: the job stopped after it
 BULK_WRITE_BYTES = 64 << 20  # one outbound flow this large out of the job is a checkpoint write
+SAVE_START_SHARE = 0.25  # a save writes within this share of a step after the sync, unless seen slower
 SIZE_BITS = 40  # flow sizes up to 1 TB fit below a pair's code in one int64 key
 MAX_CARRY_NS = 600_000_000_000  # flows carried to the next hour reach back at most this far
 MIN_STEPS = 8  # fewer steps in view than this: the job's timings come from the previous hours
@@ -114,7 +115,7 @@ def divide_steps(
     restarts = np.unique(np.array([*state.pending_restarts_ns, *(r for r in restarts_ns if r > seen_until)], np.int64))
     phases = _sync_phases(traffic, hour_end_ns, state.baseline.get("gap_threshold_ns"))
     typical = _typical(phases, state.baseline)
-    rows, state.last_end_ns, state.last_close_ns = _steps(phases, typical, traffic, state, restarts, hour_end_ns)
+    rows = _steps(phases, typical, traffic, state, restarts, hour_end_ns)
 
     first_step = state.next_step
     state.next_step += len(rows)
@@ -336,6 +337,8 @@ class _Phases:
     first_send_ns: np.ndarray  # the next step's first pipeline sends (-1: none)
     forward_ns: np.ndarray  # and one forward pass between them
     bulk_write: np.ndarray  # bool: bulk writes between the phase and the next traffic
+    write_delay_ns: np.ndarray  # end of the phase -> the first bulk write after it (-1: none in view)
+    inner_gap_ns: int  # the longest quiet between bursts of one phase (at least MERGE_NS)
     has_dp: bool
     gap_threshold_ns: float | None
 
@@ -387,6 +390,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
         nbytes.append(float(b_bytes[members].sum()))
         after_optimizer.append(repeated >= REPEAT_SHARE)
     n = len(first)
+    inner_gap_ns = int(np.max(gaps[gaps < gap_threshold_ns], initial=MERGE_NS))
     close = np.array(close_ns, np.int64)
     closed = np.ones(n, bool)
     if n:
@@ -395,6 +399,8 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
     first_send_ns = np.full(n, -1, np.int64)
     forward_ns = np.full(n, -1, np.int64)
     bulk_write = np.zeros(n, bool)
+    first_write = np.r_[traffic.bulk_writes, -1][np.searchsorted(traffic.bulk_writes, close, side="right")]
+    write_delay_ns = np.where(first_write >= 0, first_write - close, -1)
     for p in range(n):
         # the next step's first traffic may open the next phase (pipeline-only jobs)
         until = close[p + 1] if p + 1 < n else np.iinfo(np.int64).max
@@ -413,7 +419,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
         bulk_write[p] = np.any((traffic.bulk_writes > close[p]) & (traffic.bulk_writes < saved_until))
     return _Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes),
                    np.array([len(rows) for rows in flows], float), np.array(after_optimizer, bool),
-                   closed, next_ns, first_send_ns, forward_ns, bulk_write, has_dp,
+                   closed, next_ns, first_send_ns, forward_ns, bulk_write, write_delay_ns, inner_gap_ns, has_dp,
                    float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
 
@@ -567,6 +573,7 @@ class _Typical:
     lead_per_sync: float | None  # the same per ns of the step's sync phase (both scale with jitter)
     sync_ns: float | None  # length of a sync phase
     forward_ns: float | None  # one forward pass between the first pipeline sends of a step
+    write_delay_ns: float | None  # longest seen from a sync's end to its checkpoint's first write
 
     def close_to_end(self) -> float:
         if self.close_to_end_ns is not None:
@@ -578,7 +585,7 @@ class _Typical:
                 "phase_flows": self.phase_flows,
                 "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
                 "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
-                "gap_threshold_ns": gap_threshold_ns}
+                "write_delay_ns": self.write_delay_ns, "gap_threshold_ns": gap_threshold_ns}
 
 
 def _typical(phases: _Phases, baseline: dict) -> _Typical:
@@ -593,7 +600,7 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     gap = median((phases.next_ns - phases.close_ns)[followed], "gap_ns")
     typical = _Typical(period or np.inf, gap or np.inf, phase_bytes, phase_flows, baseline.get("fill", 1),
                        baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
-                       baseline.get("sync_ns"), baseline.get("forward_ns"))
+                       baseline.get("sync_ns"), baseline.get("forward_ns"), baseline.get("write_delay_ns"))
     if period is None or gap is None:
         return typical
     typical.forward_ns = median(phases.forward_ns[followed & (phases.forward_ns > 0)], "forward_ns")
@@ -611,7 +618,15 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     typical.lead_ns = median(lead[normal], "lead_ns")
     typical.lead_per_sync = median((lead / _next_sync(phases))[timed], "lead_per_sync")
     typical.sync_ns = median((phases.close_ns - phases.start_ns)[complete], "sync_ns")
+    delays = phases.write_delay_ns[_checkpoints(phases, typical)]
+    if len(delays):
+        typical.write_delay_ns = float(max(delays.max(), typical.write_delay_ns or 0.0))
     return typical
+
+
+def _checkpoints(phases: _Phases, typical: _Typical) -> np.ndarray:
+    """Phases followed by a checkpoint save: a long gap with bulk writes out of the job."""
+    return _long_gap(phases, typical) & phases.bulk_write
 
 
 def _long_gap(phases: _Phases, typical: _Typical) -> np.ndarray:
@@ -659,22 +674,26 @@ def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
     normal_end = np.where(phases.first_send_ns >= 0, start, earlier)
     long_gap = _long_gap(phases, typical)
     saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - _lead(phases, typical))
-    checkpoint = long_gap & phases.bulk_write
+    checkpoint = _checkpoints(phases, typical)
     return np.where(checkpoint, np.maximum(saved, after_sync), np.where(long_gap, after_sync, normal_end))
 
 
 def _steps(
     phases: _Phases, typical: _Typical, traffic: _Traffic, state: _State, restarts: np.ndarray, hour_end_ns: int
-) -> tuple[list[dict], int | None, int | None]:
+) -> list[dict]:
     """Walk the phases in time order and emit the steps they close (none until the job's usual
-    timings are known: too few steps in view so far, they wait in the carry)."""
+    timings are known: too few steps in view so far, they wait in the carry); the state follows
+    the last emitted step."""
     if not np.isfinite(typical.period_ns) or not np.isfinite(typical.gap_ns):
-        return [], state.last_end_ns, state.last_close_ns
+        return []
     boundary = _boundaries(phases, typical)
     complete = _complete(phases, typical.phase_bytes, typical.phase_flows)
+    saved = _checkpoints(phases, typical)
     silence = SILENCE_STEPS * typical.period_ns
     usual_gap = ~_long_gap(phases, typical)
-    stopped = _silences(traffic, silence)
+    stopped = _silences(traffic, silence, state.last_close_ns)
+    # without pipeline sends to time the next step, a step's end is A, known once its sync is
+    pipelined = bool(np.any(traffic.kind == PP))
     rows: list[dict] = []
     end, close = state.last_end_ns, state.last_close_ns
     for p in range(len(phases.close_ns)):
@@ -683,7 +702,13 @@ def _steps(
             # another job's tail or a stop; this phase opens the view again
             end = close = None
         followed = phases.next_ns[p] >= 0
-        decided = phases.closed[p] and (followed or hour_end_ns - phases.close_ns[p] >= silence)
+        quiet = hour_end_ns - phases.close_ns[p]
+        # the last phase is over once quiet longer than inside any phase; its step, once no save
+        # can follow it (the saving is the step's)
+        ended_quietly = not (followed or pipelined or phases.bulk_write[p]) and quiet > phases.inner_gap_ns
+        ended_quietly = ended_quietly and not _save_may_follow(state.next_step + len(rows), state.checkpoint_steps,
+                                                               typical, quiet)
+        decided = (phases.closed[p] and (followed or quiet >= silence)) or ended_quietly
         if not decided or boundary[p] >= hour_end_ns:
             break
         if not _ends_step(phases, p, typical, restarts, complete[p]):
@@ -696,6 +721,7 @@ def _steps(
         start = end
         if len(restarted):
             start = _attempt_start(phases, p, boundary, traffic, int(restarted[-1]), typical)
+            state.checkpoint_steps = []  # a restarted job may save on another cadence
         elif end is None:
             start = _opening_start(phases, p, boundary, complete, traffic, typical)
             if start is None:  # the view opened inside this step: its end is only a reference
@@ -707,15 +733,33 @@ def _steps(
                      "sync_start": int(phases.start_ns[p]) if sync else None,
                      "sync_s": (phases.close_ns[p] - phases.start_ns[p]) / 1e9 if sync else None,
                      "attempt": attempt})
+        if saved[p]:
+            state.checkpoint_steps = [*state.checkpoint_steps[-2:], state.next_step + len(rows) - 1]
         end, close = int(boundary[p]), int(phases.close_ns[p])
-    return rows, end, close
+    state.last_end_ns, state.last_close_ns = end, close
+    return rows
 
 
-def _silences(traffic: _Traffic, longer_than: float) -> np.ndarray:
+def _save_may_follow(step: int, checkpoint_steps: list[int], typical: _Typical, quiet_ns: int) -> bool:
+    """Whether a checkpoint save may still follow step number `step`, whose sync ended `quiet_ns`
+    ago without a bulk write since. Saves recur every k steps (a training loop's save interval):
+    once the last three checkpoint steps show k, exactly when the step is k after the last.
+    Otherwise while the quiet is no longer than the job's saves took to start writing (with the
+    step jitter's margin), or, with none seen, than SAVE_START_SHARE of a step."""
+    if len(checkpoint_steps) == 3 and checkpoint_steps[2] - checkpoint_steps[1] == checkpoint_steps[1] - checkpoint_steps[0]:
+        return (step - checkpoint_steps[2]) % (checkpoint_steps[2] - checkpoint_steps[1]) == 0
+    if typical.write_delay_ns is not None:
+        return quiet_ns <= (1 + LONG_GAP_SHARE) * typical.write_delay_ns
+    return quiet_ns <= SAVE_START_SHARE * typical.period_ns
+
+
+def _silences(traffic: _Traffic, longer_than: float, since: int | None) -> np.ndarray:
     """(from, to) of each stretch longer than `longer_than` without job traffic nor bulk writes
-    (a checkpoint save is quiet on the job's pairs, not silent), shape (n, 2)."""
-    times = np.sort(np.r_[traffic.start, traffic.bulk_writes])
-    ends = np.sort(np.r_[traffic.end, traffic.bulk_writes])
+    (a checkpoint save is quiet on the job's pairs, not silent), from `since` (the last emitted
+    step's sync, whose flows the carry may not hold) on, shape (n, 2)."""
+    known = [] if since is None else [since]
+    times = np.sort(np.r_[known, traffic.start, traffic.bulk_writes]).astype(np.int64)
+    ends = np.sort(np.r_[known, traffic.end, traffic.bulk_writes]).astype(np.int64)
     if len(times) < 2:
         return np.empty((0, 2), np.int64)
     reach = np.maximum.accumulate(ends[:-1])
@@ -847,6 +891,7 @@ class _State:
     pending_restarts_ns: list[int] = field(default_factory=list)  # not yet behind an emitted step
     last_end_ns: int | None = None  # end of the last emitted step; None until a boundary is seen
     last_close_ns: int | None = None  # end of the sync phase that closed it
+    checkpoint_steps: list[int] = field(default_factory=list)  # the last three saving, this attempt
     baseline: dict | None = None
     carry: dict | None = None
 
@@ -859,4 +904,4 @@ class _State:
     def dump(self) -> dict:
         return {"next_step": self.next_step, "attempt": self.attempt, "pending_restarts_ns": self.pending_restarts_ns,
                 "last_end_ns": self.last_end_ns, "last_close_ns": self.last_close_ns,
-                "baseline": self.baseline, "carry": self.carry}
+                "checkpoint_steps": self.checkpoint_steps, "baseline": self.baseline, "carry": self.carry}

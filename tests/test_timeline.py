@@ -78,6 +78,15 @@ class Scenario:
             steps.append(found.steps)
         return pa.concat_tables(steps)
 
+    def job_where(self, **columns) -> str:
+        """The job whose truth row has these values (tests name jobs by what they are, not by
+        their place in the scenario)."""
+        jobs = self.truth["jobs"]
+        for name, value in columns.items():
+            jobs = jobs.filter(pc.equal(jobs[name], value))
+        assert jobs.num_rows == 1, columns
+        return jobs["job_id"][0].as_py()
+
     def score(self, steps: pa.Table, job_ids: list[str] | None = None) -> dict:
         truth = self.truth if job_ids is None else {
             name: t.filter(pc.is_in(t["job_id"], value_set=pa.array(job_ids))) for name, t in self.truth.items()}
@@ -155,7 +164,7 @@ def test_rerunning_an_hour_with_the_same_state_gives_the_same_steps(small):
 
 
 def test_a_restart_increments_the_attempt_and_leaves_a_gap(small):
-    job = "sim-job-002"  # ZeRO-3, restarts on a replacement host after 150 s down
+    job = small.job_where(collective="zero")  # ZeRO-3, restarts on a replacement host after 150 s down
     steps = small.divide(job)
     attempt = steps["attempt"].to_numpy()
     assert sorted(set(attempt)) == [0, 1] and np.all(np.diff(attempt) >= 0)
@@ -178,7 +187,7 @@ def test_a_hang_leaves_no_half_step(tiny):
 
 
 def test_checkpoint_and_slow_steps_are_steps_like_the_others(small):
-    job = "sim-job-004"  # 16-way data parallel, no pipeline: checkpoints every 300 s, 3 slow steps
+    job = small.job_where(dp=16, pp=1)  # no pipeline: checkpoints every 300 s, 3 slow steps
     steps, truth = small.divide(job), small.of("steps", job)
     assert steps.num_rows == truth.num_rows
     period = np.median(_ns(truth["end"]) - _ns(truth["start"]))
@@ -198,6 +207,45 @@ def test_sync_phase_closes_each_step(small):
     after_sync = (end - sync_start) / 1e9 - sync_s
     assert np.all(after_sync > 0)
     assert 0.02 < np.median(after_sync) / (period / 1e9) < 0.06  # the optimizer: 4% of a step
+
+
+def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(small):
+    """A data-parallel job's step ends at its sync plus the optimizer: once an hour ends after
+    that with no save started, the hour's run emits the step, and the next hour goes on from it."""
+    job = small.job_where(dp=16, pp=1)  # ring all-reduce, a save every 300 s
+    truth = small.of("steps", job)
+    ends, saving = _ns(truth["end"]), truth["checkpoint"].to_numpy()
+    period = np.median(ends - _ns(truth["start"]))
+    step = int(np.flatnonzero(saving)[0]) + 5  # after a save, so the job's save delay is known
+    assert not saving[step]
+    cut = int(ends[step] + 0.3 * period)  # before the next step's first traffic
+    flows = small.job_flows(job)
+    starts = flows["time_flow_start_ns"].to_numpy()
+    first_hour = int(starts.min() // HOUR_NS * HOUR_NS)
+    pairs = small.of("pairs", job)
+    before = timeline.divide_steps(job, flows.filter(pa.array(starts < cut)), pairs, None, first_hour, cut)
+    assert abs(_ns(before.steps["end"])[-1] - ends[step]) < 0.01 * period
+    after = timeline.divide_steps(job, flows.filter(pa.array((starts >= cut) & (starts < cut + HOUR_NS))), pairs,
+                                  json.loads(json.dumps(before.state)), cut, cut + HOUR_NS)
+    whole = small.divide(job)
+    split = pa.concat_tables([before.steps, after.steps])
+    assert split["step"].to_pylist() == whole["step"].to_pylist()[: split.num_rows]
+    assert np.max(np.abs(_ns(split["end"]) - _ns(whole["end"])[: split.num_rows])) < 0.002 * period
+
+
+def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():
+    typical = timeline._Typical(period_ns=10e9, gap_ns=9e9, phase_bytes=1.0, phase_flows=1.0, fill=1,
+                                close_to_end_ns=None, lead_ns=None, lead_per_sync=None, sync_ns=None,
+                                forward_ns=None, write_delay_ns=None)
+    # saves every 20 steps: only step 60 may save, however long the quiet
+    assert timeline._save_may_follow(60, [0, 20, 40], typical, 9 * SECOND)
+    assert not timeline._save_may_follow(59, [0, 20, 40], typical, 1)
+    # no cadence yet: a save may start while the quiet is short
+    assert timeline._save_may_follow(59, [20, 40], typical, 2 * SECOND)
+    assert not timeline._save_may_follow(59, [20, 40], typical, 3 * SECOND)
+    typical.write_delay_ns = 4e9  # this job's saves start writing 4 s after the sync
+    assert timeline._save_may_follow(59, [40], typical, 4 * SECOND)
+    assert not timeline._save_may_follow(59, [40], typical, 5 * SECOND)
 
 
 def test_no_flows_no_steps():
