@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import numpy as np
 import pyarrow as pa
 
 from pipelines.warehouse import ABANDONED_AFTER_S
@@ -30,10 +29,12 @@ Key = TypeVar("Key")
 
 @dataclass(frozen=True)
 class TableRef:
-    """Rows [offset, offset + num_rows) of a staged Arrow IPC file."""
+    """Record batches [first_batch, first_batch + num_batches) of a staged Arrow IPC file, which
+    hold `num_rows` rows."""
 
     path: str
-    offset: int
+    first_batch: int
+    num_batches: int
     num_rows: int
 
 
@@ -65,21 +66,27 @@ def stage_tables(directory: str, parts: Iterable[tuple[Key, pa.Table]]) -> list[
     if not parts:
         return []
     path = str(Path(directory) / f"{uuid.uuid4().hex}.arrow")
+    refs, written = [], 0
     with pa.ipc.new_file(path, parts[0][1].schema) as writer:
-        for _, table in parts:
-            writer.write_table(table)
-    sizes = np.array([table.num_rows for _, table in parts])
-    offsets = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    return [
-        (key, TableRef(path, int(offset), int(size)))
-        for (key, _), offset, size in zip(parts, offsets, sizes)
-    ]
+        for key, table in parts:
+            batches = table.to_batches()
+            for batch in batches:
+                writer.write_batch(batch)
+            refs.append((key, TableRef(path, written, len(batches), table.num_rows)))
+            written += len(batches)
+    return refs
 
 
 def read_staged(refs: Sequence[TableRef]) -> list[pa.Table]:
-    """The rows of each reference, memory-mapped (no copy; the mapping outlives the file handle)."""
-    files: dict[str, pa.Table] = {}
-    for path in {ref.path for ref in refs}:
-        with pa.memory_map(path) as source:
-            files[path] = pa.ipc.open_file(source).read_all()
-    return [files[ref.path].slice(ref.offset, ref.num_rows) for ref in refs]
+    """The rows of each reference, memory-mapped (no copy; the mapping lives as long as its rows).
+    Only the referenced batches are read: a file holds every minute of a flow file, and each
+    minute's merge needs one of them."""
+    readers = {path: pa.ipc.open_file(pa.memory_map(path)) for path in {ref.path for ref in refs}}
+    schema = readers[refs[0].path].schema if refs else None
+    return [
+        pa.Table.from_batches(
+            [readers[ref.path].get_batch(i) for i in range(ref.first_batch, ref.first_batch + ref.num_batches)],
+            schema,
+        )
+        for ref in refs
+    ]
