@@ -19,7 +19,7 @@ from apache_beam.metrics import Metrics
 from pipelines import warehouse
 from pipelines.staging import read_staged, stage_tables
 from prism_core import jobs
-from prism_core.analysis import analyze_job, assemble_hour, jobs_to_analyze, split_flows_by_job
+from prism_core.analysis import JOB_FLOW_COLUMNS, analyze_job, assemble_hour, jobs_to_analyze, split_flows_by_job
 from prism_core.topology import Topology
 
 NAMESPACE = "prism.analyze"
@@ -55,7 +55,7 @@ class SplitByJob(beam.DoFn):
     def process(self, row_group: tuple[str, int], recognition):
         path, index = row_group
         with FileSystems.open(path) as handle:
-            flows = pq.ParquetFile(handle).read_row_group(index)
+            flows = pq.ParquetFile(handle).read_row_group(index, columns=list(JOB_FLOW_COLUMNS))
         staged = stage_tables(self.staging_dir, split_flows_by_job(flows, recognition.membership))
         for job_id, rows in staged:
             yield job_id, (index, rows)

@@ -21,6 +21,10 @@ from prism_core.schema import COMM_PAIRS, FLOWS, JOB_GPUS, TABLES
 from prism_core.topology import Topology
 
 ANALYSIS_TABLES = ("jobs", "job_gpus", "comm_pairs", "steps", "issues")
+# The flow columns the per-job stages read (parallelism, timeline, diagnosis): the pipeline reads
+# only these from the hour's Parquet and stages only these, half the bytes of a flow row. A stage
+# that needs another column adds it here.
+JOB_FLOW_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes", "sampler_address")
 
 
 @dataclass
@@ -38,10 +42,10 @@ class HourAnalysis:
 
 
 def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[str, pa.Table]]:
-    """(job_id, flows) for each job: a flow belongs to the job whose member sent it while a member
-    (membership spans are the exact first and last traffic, so the tail of a job that just left a
-    host never goes to the next job on it). Flows of no job (idle hosts, background endpoints)
-    are dropped here: they have no job to be analyzed with."""
+    """(job_id, flows of JOB_FLOW_COLUMNS) for each job: a flow belongs to the job whose member
+    sent it while a member (membership spans are the exact first and last traffic, so the tail of
+    a job that just left a host never goes to the next job on it). Flows of no job (idle hosts,
+    background endpoints) are dropped here: they have no job to be analyzed with."""
     if flows.num_rows == 0 or membership.num_rows == 0:
         return
     addrs = pc.unique(pa.concat_arrays([membership["addr"].combine_chunks(), flows["src_addr"].combine_chunks()]))
@@ -67,8 +71,9 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     # flow would cost seconds per million flows.
     job_ids = pc.unique(membership["job_id"]).sort()
     member_job = pc.index_in(membership["job_id"], value_set=job_ids).to_numpy()
+    job_flows = flows.select(JOB_FLOW_COLUMNS)
     for code, rows in group_indices(member_job[row[kept]]):
-        yield job_ids[code].as_py(), flows.take(kept[rows])
+        yield job_ids[code].as_py(), job_flows.take(kept[rows])
 
 
 def jobs_to_analyze(recognition: jobs.Recognition, previous: dict) -> list[str]:
@@ -92,7 +97,7 @@ def analyze_job(
 ) -> JobAnalysis:
     """Parallelism, steps and issues of one job over one hour (its flows may be empty: a job
     that fell silent still has an ongoing hang to account for)."""
-    flows = pa.concat_tables(batches) if batches else FLOWS.empty_table()
+    flows = pa.concat_tables(batches) if batches else FLOWS.empty_table().select(JOB_FLOW_COLUMNS)
     members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
     events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
     restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
