@@ -5,10 +5,35 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+RADIX_SPAN = 1 << 16  # numpy sorts 16-bit integers stably with a radix sort, in linear time
+
+
+def stable_order(keys: np.ndarray) -> np.ndarray:
+    """`np.argsort(keys, kind="stable")` for integer keys; in linear time when they span fewer
+    than RADIX_SPAN values (host pairs, job codes), which is most calls."""
+    if len(keys) and np.issubdtype(keys.dtype, np.integer):
+        low = keys.min()
+        if int(keys.max()) - int(low) < RADIX_SPAN:
+            return np.argsort((keys.astype(np.int64) - int(low)).astype(np.uint16), kind="stable")
+    return np.argsort(keys, kind="stable")
+
+
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values, return_inverse=True)` for a 1-d numeric array, by hashing instead of
+    sorting every value: only the distinct values are sorted (flow sizes and groups repeat)."""
+    encoded = pc.dictionary_encode(pa.array(values))
+    distinct = encoded.dictionary.to_numpy(zero_copy_only=False)
+    order = np.argsort(distinct)
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    return distinct[order], rank[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
     """(key, row indices) for each distinct key, in key order; rows keep their order."""
-    order = np.argsort(keys, kind="stable")
+    order = stable_order(keys)
     distinct, starts = np.unique(keys[order], return_index=True)
     return zip(distinct.tolist(), np.split(order, starts[1:]))
