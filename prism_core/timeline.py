@@ -20,7 +20,9 @@ A normal boundary is B from pipeline sends, else the earlier of A and B. A gap m
 usual at the step's pace is a checkpoint if the job writes bulk data out of the job during it (the
 boundary is B: saving belongs to the step that ends; without pipeline sends the next step's lead
 is scaled by its sync's length, as step jitter scales both), otherwise a stall before the next
-step (the boundary is A).
+step (the boundary is A). Saves take the job's usual time (median over three or more in view):
+a B beyond A plus that holds a stall after the save, the boundary is A plus the usual save; B
+from first traffic near it is noisier than the usual save, which replaces it.
 
 Finding the sync phases. DP flows that overlap form bursts; gradient syncs are the heavy ones
 (bytes x flows per pair, so stages syncing at once weigh as one), set apart from ZeRO-3 gathers
@@ -40,8 +42,12 @@ boundary for a third of them (16-way ring job), at 90 us a point. prism_core.dia
 where it fits: regimes of step time.
 
 Hours. A step is emitted by the first run whose flows decide its end: usually the hour it ends
-in; a step ending in the last moments of an hour, before the next step's first traffic, by the
-next hour's run. The state carries the flows after the last emitted boundary, the step number,
+in. A step whose sync ends in the last moments of an hour, before the next step's first traffic,
+is decided once the quiet after the sync outlasts the gaps inside a phase and no checkpoint save
+can follow it: the end is A then (the next step cannot start before its own traffic, after the
+hour). A save may follow while the quiet is shorter than the job's saves took to start writing,
+or on the save cadence (every k steps) once three saves showed it. Otherwise, and for jobs
+without DP traffic, the next hour's run emits the step. The state carries the flows after the last emitted boundary, the step number,
 the attempt, restarts not yet behind a step and the job's usual timings, so a re-run with the
 same state gives the same steps. A phase short of its usual bytes (a hang or failure cut it) ends
 no step; after a restart the first step starts with the job's traffic after the downtime. The
@@ -86,6 +92,7 @@ SAVE_START_SHARE = 0.25  # a save writes within this share of a step after the s
 SIZE_BITS = 40  # flow sizes up to 1 TB fit below a pair's code in one int64 key
 MAX_CARRY_NS = 600_000_000_000  # flows carried to the next hour reach back at most this far
 MIN_STEPS = 8  # fewer steps in view than this: the job's timings come from the previous hours
+MIN_SAVES = 3  # the usual save is a median over this many checkpoints (one may be a stall with other bulk traffic)
 
 
 @dataclass
@@ -574,6 +581,7 @@ class _Typical:
     sync_ns: float | None  # length of a sync phase
     forward_ns: float | None  # one forward pass between the first pipeline sends of a step
     write_delay_ns: float | None  # longest seen from a sync's end to its checkpoint's first write
+    save_ns: float | None  # a checkpoint's save: A -> the next step's start
 
     def close_to_end(self) -> float:
         if self.close_to_end_ns is not None:
@@ -585,7 +593,7 @@ class _Typical:
                 "phase_flows": self.phase_flows,
                 "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
                 "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
-                "write_delay_ns": self.write_delay_ns, "gap_threshold_ns": gap_threshold_ns}
+                "write_delay_ns": self.write_delay_ns, "save_ns": self.save_ns, "gap_threshold_ns": gap_threshold_ns}
 
 
 def _typical(phases: _Phases, baseline: dict) -> _Typical:
@@ -600,7 +608,8 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     gap = median((phases.next_ns - phases.close_ns)[followed], "gap_ns")
     typical = _Typical(period or np.inf, gap or np.inf, phase_bytes, phase_flows, baseline.get("fill", 1),
                        baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
-                       baseline.get("sync_ns"), baseline.get("forward_ns"), baseline.get("write_delay_ns"))
+                       baseline.get("sync_ns"), baseline.get("forward_ns"), baseline.get("write_delay_ns"),
+                       baseline.get("save_ns"))
     if period is None or gap is None:
         return typical
     typical.forward_ns = median(phases.forward_ns[followed & (phases.forward_ns > 0)], "forward_ns")
@@ -618,9 +627,11 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     typical.lead_ns = median(lead[normal], "lead_ns")
     typical.lead_per_sync = median((lead / _next_sync(phases))[timed], "lead_per_sync")
     typical.sync_ns = median((phases.close_ns - phases.start_ns)[complete], "sync_ns")
-    delays = phases.write_delay_ns[_checkpoints(phases, typical)]
-    if len(delays):
-        typical.write_delay_ns = float(max(delays.max(), typical.write_delay_ns or 0.0))
+    saving = _checkpoints(phases, typical)
+    if np.any(saving):
+        typical.write_delay_ns = float(max(phases.write_delay_ns[saving].max(), typical.write_delay_ns or 0.0))
+    if saving.sum() >= MIN_SAVES:
+        typical.save_ns = float(np.median((_saved_until(phases, typical) - _after_sync(phases, typical))[saving]))
     return typical
 
 
@@ -661,21 +672,40 @@ def _next_sync(phases: _Phases) -> np.ndarray:
     return np.r_[phases.close_ns[1:] - phases.start_ns[1:], -1]
 
 
+def _after_sync(phases: _Phases, typical: _Typical) -> np.ndarray:
+    """A: the end of each phase plus the optimizer."""
+    return phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.close_to_end()).astype(np.int64)
+
+
+def _saved_until(phases: _Phases, typical: _Typical) -> np.ndarray:
+    """Where a save after each phase ended: B (from the next step's first traffic where no
+    pipeline sends)."""
+    return np.where(phases.first_send_ns >= 0, _next_start(phases, typical), phases.next_ns - _lead(phases, typical))
+
+
 def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
     """End of the step each phase closes. A normal gap: B from pipeline sends, else the earlier
     of A and B (the next step's first traffic may come well after its start). A long gap with
-    bulk writes: a checkpoint, B (from the next step's first traffic where no pipeline sends).
-    A long gap without: a stall before the next step, A. Nothing after the phase: A."""
-    after_sync = phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.close_to_end()).astype(np.int64)
+    bulk writes: a checkpoint, B, except that B beyond A plus the job's usual save holds a stall
+    before the next step after the save (the boundary is A plus the usual save), and that B from
+    first traffic less a usual lead (no pipeline sends) within that margin of the usual save is
+    noisier than the save is (the lead varies with the step's compute). A long gap without: a
+    stall before the next step, A. Nothing after the phase: A."""
+    after_sync = _after_sync(phases, typical)
     start = _next_start(phases, typical)
     followed = phases.next_ns >= 0
     # pipeline sends time the next step's start; other first traffic may come later than it
     earlier = np.where(followed, np.minimum(after_sync, start), after_sync)
     normal_end = np.where(phases.first_send_ns >= 0, start, earlier)
     long_gap = _long_gap(phases, typical)
-    saved = np.where(phases.first_send_ns >= 0, start, phases.next_ns - _lead(phases, typical))
+    save = np.maximum(_saved_until(phases, typical) - after_sync, 0)
+    if typical.save_ns is not None:
+        margin = LONG_GAP_SHARE * typical.period_ns
+        stalled = save > typical.save_ns + margin
+        noisy = (phases.first_send_ns < 0) & (save >= typical.save_ns - margin)
+        save = np.where(stalled | noisy, typical.save_ns, save)
     checkpoint = _checkpoints(phases, typical)
-    return np.where(checkpoint, np.maximum(saved, after_sync), np.where(long_gap, after_sync, normal_end))
+    return np.where(checkpoint, after_sync + save.astype(np.int64), np.where(long_gap, after_sync, normal_end))
 
 
 def _steps(
@@ -692,8 +722,6 @@ def _steps(
     silence = SILENCE_STEPS * typical.period_ns
     usual_gap = ~_long_gap(phases, typical)
     stopped = _silences(traffic, silence, state.last_close_ns)
-    # without pipeline sends to time the next step, a step's end is A, known once its sync is
-    pipelined = bool(np.any(traffic.kind == PP))
     rows: list[dict] = []
     end, close = state.last_end_ns, state.last_close_ns
     for p in range(len(phases.close_ns)):
@@ -705,10 +733,10 @@ def _steps(
         quiet = hour_end_ns - phases.close_ns[p]
         # the last phase is over once quiet longer than inside any phase; its step, once no save
         # can follow it (the saving is the step's)
-        ended_quietly = not (followed or pipelined or phases.bulk_write[p]) and quiet > phases.inner_gap_ns
-        ended_quietly = ended_quietly and not _save_may_follow(state.next_step + len(rows), state.checkpoint_steps,
-                                                               typical, quiet)
-        decided = (phases.closed[p] and (followed or quiet >= silence)) or ended_quietly
+        over = phases.closed[p] or (phases.has_dp and quiet > phases.inner_gap_ns)
+        unsaved = phases.has_dp and not phases.bulk_write[p] and not _save_may_follow(
+            state.next_step + len(rows), state.checkpoint_steps, typical, quiet)
+        decided = over and (followed or quiet >= silence or unsaved)
         if not decided or boundary[p] >= hour_end_ns:
             break
         if not _ends_step(phases, p, typical, restarts, complete[p]):

@@ -236,7 +236,7 @@ def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(sm
 def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():
     typical = timeline._Typical(period_ns=10e9, gap_ns=9e9, phase_bytes=1.0, phase_flows=1.0, fill=1,
                                 close_to_end_ns=None, lead_ns=None, lead_per_sync=None, sync_ns=None,
-                                forward_ns=None, write_delay_ns=None)
+                                forward_ns=None, write_delay_ns=None, save_ns=None)
     # saves every 20 steps: only step 60 may save, however long the quiet
     assert timeline._save_may_follow(60, [0, 20, 40], typical, 9 * SECOND)
     assert not timeline._save_may_follow(59, [0, 20, 40], typical, 1)
