@@ -26,7 +26,10 @@ recognition events) plus the state the previous hour left. The analysis, in orde
    another job: for 30 s (or three steps) when its GPUs fell silent one after another (the first
    ones, busy at that point in earlier steps, are the subject), for `crash_wait_s` when they all
    stopped at once (a crash looks the same until the job resumes: a restart), or until the data
-   ends.
+   ends. A hang lasts until the collective watchdog kills the job (`hang_watchdog_s`), traffic
+   resumes, its hosts are taken or the data ends; a job that resumes after a silence as long as
+   the watchdog's timeout was hung, killed and restarted (the restart then costs its downtime
+   from the kill, the hang the work lost since the checkpoint).
 
 Waste is computed by prism_core.waste. An issue that crosses an hour boundary keeps its id (a hash
 of job, kind, subject and start) and each hour's row carries that hour's waste, so the sum over
@@ -84,6 +87,10 @@ class DiagnosisConfig:
     hang_confirm_s: float = 30.0  # silence (hosts not taken) before a stop can be called a hang
     hang_stagger_s: float = 0.4  # GPUs stopping this far apart: a hang, not a crash
     crash_wait_s: float = 300.0  # a stop without stagger is a hang after this silence (restarts resume)
+    # A hung collective holds the job's GPUs until the NCCL watchdog kills the job (PyTorch's
+    # default timeout: 10 minutes): a hang lasts at most this long, and a job that resumes after a
+    # silence this long was hung, then killed and restarted.
+    hang_watchdog_s: float = 600.0
 
 
 DEFAULT_CONFIG = DiagnosisConfig()
@@ -147,12 +154,16 @@ class _JobHour:
     nbytes: np.ndarray
     kind: np.ndarray
     step: np.ndarray  # index of the step the flow starts in, -1 outside every step
-    write_start: np.ndarray  # large flows from members to outside the job (checkpoint writes)
+    # large flows from members to outside the job, by start: checkpoint writes, or copies to
+    # another job
+    write_start: np.ndarray
     write_end: np.ndarray
+    write_dst: np.ndarray  # destination address (str)
     # steps, sorted by start
     step_start: np.ndarray
     step_end: np.ndarray
     duration: np.ndarray
+    sync_s: np.ndarray  # the DP synchronization closing each step (nan: none seen)
     number: np.ndarray
     attempt: np.ndarray
 
@@ -180,6 +191,7 @@ class _JobHour:
         end = (flows["time_flow_end_ns"].to_numpy() - origin_ns) / NS
         nbytes = flows["bytes"].to_numpy()
         writes = (src >= 0) & (dst < 0) & (nbytes >= write_bytes)
+        write_order = np.flatnonzero(writes)[np.argsort(start[writes], kind="stable")]
         comm = (src >= 0) & (dst >= 0)
         order = np.flatnonzero(comm)[np.argsort(start[comm], kind="stable")]
 
@@ -217,11 +229,13 @@ class _JobHour:
             nbytes=nbytes[order],
             kind=kind,
             step=np.where(inside, step, -1),
-            write_start=np.sort(start[writes]),
-            write_end=np.sort(end[writes]),
+            write_start=start[write_order],
+            write_end=end[write_order],
+            write_dst=flows["dst_addr"].take(write_order).to_numpy(zero_copy_only=False).astype(str),
             step_start=step_start,
             step_end=step_end,
             duration=step_end - step_start,
+            sync_s=pc.fill_null(steps["sync_s"], np.nan).to_numpy(),
             number=pc.fill_null(steps["step"], -1).to_numpy(),
             attempt=pc.fill_null(steps["attempt"], 0).to_numpy().astype(np.int64),
         )
@@ -324,8 +338,10 @@ class _Run:
         job, state = self.job, self.state
         # a checkpoint step is long; a large write alone may be a copy to another job
         long = (job.duration > 1.5 * np.median(job.duration)) & ~self.warmup
-        writes = np.searchsorted(job.step_start, job.write_start, side="right") - 1
-        writes = writes[(writes >= 0) & (job.write_start < job.step_end[np.maximum(writes, 0)])]
+        # a copy to another job's GPUs is no checkpoint, even when it falls in a long step
+        to_storage = job.write_start[~np.isin(job.write_dst, self.other_jobs_addrs())]
+        writes = np.searchsorted(job.step_start, to_storage, side="right") - 1
+        writes = writes[(writes >= 0) & (to_storage < job.step_end[np.maximum(writes, 0)])]
         self.checkpoint[writes] = True
         self.checkpoint &= long
         rhythm = _rhythm(job.number[self.checkpoint if self.checkpoint.any() else long]) or state.checkpoint_rhythm
@@ -336,6 +352,14 @@ class _Run:
         done = np.flatnonzero(self.checkpoint)
         if len(done):
             state.last_checkpoint_ns = job.ns(job.step_end[done[-1]])
+
+    def other_jobs_addrs(self) -> np.ndarray:
+        """Addresses of the hour's other jobs (none when the membership is not known)."""
+        members = self.membership
+        if members is None or not members.num_rows:
+            return np.zeros(0, str)
+        others = members.filter(pc.not_equal(members["job_id"], self.job_id))["addr"]
+        return others.to_numpy(zero_copy_only=False).astype(str)
 
     def find_restarts(self) -> list[int]:
         """Indices of the steps that resume the job after a restart; marks warm-up steps."""
@@ -373,24 +397,43 @@ class _Run:
                 checkpoint_ns = self.checkpoint_before_hour
             else:
                 checkpoint_ns = state.first_step_ns
+            resume = job.step_start[i]
+            killed = self.hang_before_resume(i, failed, resume, checkpoint_ns)
+            # after a hang, the work lost since the checkpoint is the hang's: the restart costs
+            # the downtime from the kill on
+            restart_from_ns = job.ns(killed) if killed is not None else checkpoint_ns
             warm = np.arange(i, min(i + config.warmup_steps, job.n_steps))
             warm = warm[job.attempt[warm] == job.attempt[i]]
-            n_gpus = job.gpus_active(job.step_start[i], job.step_end[warm[-1]])
-            cost = waste.restart_gpu_s(n_gpus, checkpoint_ns, job.ns(job.step_start[i]),
-                                       job.duration[warm], self.baseline[warm])
-            hosts_after = self.hosts_between(job.step_start[i], job.step_end[warm[-1]])
+            n_gpus = job.gpus_active(resume, job.step_end[warm[-1]])
+            cost = waste.restart_gpu_s(n_gpus, restart_from_ns, job.ns(resume), job.duration[warm], self.baseline[warm])
+            hosts_after = self.hosts_between(resume, job.step_end[warm[-1]])
             evidence = {
                 "failed_at_ns": job.ns(failed),
-                "gap_s": job.step_start[i] - failed,
+                "gap_s": resume - failed,
+                "after_hang": killed is not None,
                 "lost_since_checkpoint_s": (job.ns(failed) - checkpoint_ns) / NS,
                 "warmup_excess_s": float(np.sum(job.duration[warm] - self.baseline[warm])),
                 "attempt": int(job.attempt[i]),
                 "hosts_replaced": sorted(set(hosts_before) - set(hosts_after)),
                 "hosts_added": sorted(set(hosts_after) - set(hosts_before)),
-                "recognized_events": self.event_kinds(job.ns(failed), job.ns(job.step_start[i])),
+                "recognized_events": self.event_kinds(job.ns(failed), job.ns(resume)),
             }
-            self.add("restart", self.job_id, job.ns(failed), job.ns(job.step_start[i]), 1.0, 0.95, cost,
-                     evidence)
+            start_ns = restart_from_ns if killed is not None else job.ns(failed)
+            self.add("restart", self.job_id, start_ns, job.ns(resume), 1.0, 0.95, cost, evidence)
+
+    def hang_before_resume(self, i: int, failed: float, resume: float, checkpoint_ns: int) -> float | None:
+        """When the job that resumes at step `i` was killed, if it had hung (None: it crashed).
+        A hang reported in an earlier hour says so; otherwise a silence as long as the collective
+        watchdog's timeout does (a crashed job is relaunched sooner), and the hang is reported
+        here. The watchdog killed the job `hang_watchdog_s` after it hung, unless it resumed sooner."""
+        stop = self.state.stop if i == 0 else None
+        if not (stop and stop.get("hang")):
+            if resume - failed < self.config.hang_watchdog_s or (i == 0 and not stop):
+                return None
+            stop = stop or self.describe_stop(before=resume - BOUNDARY_SLACK_S)
+            killed = min(self.job.seconds(stop["at_ns"]) + self.config.hang_watchdog_s, resume)
+            self.report_hang(stop, checkpoint_ns, killed, "killed_by_watchdog" if killed < resume else "resumed")
+        return min(self.job.seconds(stop["at_ns"]) + self.config.hang_watchdog_s, resume)
 
     def event_kinds(self, lo_ns: int, hi_ns: int) -> list[str]:
         if self.events is None or not self.events.num_rows:
@@ -657,11 +700,25 @@ class _Run:
                 continued = bool(previous) and self.subject_name(kind, code) == previous["name"] and run[0] == 0
                 steps = np.arange(run[0], run[-1] + 1)
                 measured = steps[~(self.checkpoint[steps] | self.warmup[steps] | self.slow[steps])]
+                # a stall, or two steps the timeline could not split, is not the window's pace
+                pace = np.median(job.duration[measured]) if len(measured) else np.inf
+                measured = measured[job.duration[measured] <= self.limit * pace]
                 baseline = previous["baseline_s"] if continued else self.level[measured]
-                n_gpus = job.gpus_active(job.step_start[run[0]], job.step_end[run[-1]])
-                cost = waste.window_excess_gpu_s(job.duration[measured], baseline, len(steps), n_gpus)
                 base = float(np.mean(baseline)) if np.size(baseline) else np.nan
-                share = float(np.mean(job.duration[measured])) / base - 1 if len(measured) else 0.0
+                # A slow link in the gradient collective stretches the DP synchronization, not the
+                # compute: its cost is measured there, clear of the compute's jitter, which is ten
+                # times larger. Otherwise (stragglers, links carrying pipeline traffic only) the
+                # whole step is.
+                usual_sync = (previous or {}).get("sync_baseline_s") if continued else self.usual_sync
+                paced, usual = job.duration, baseline
+                if kind == "slow_link" and usual_sync is not None and self.carries_dp(code, steps):
+                    measured = measured[np.isfinite(job.sync_s[measured])]
+                    paced, usual = job.sync_s, usual_sync
+                else:
+                    usual_sync = None
+                n_gpus = job.gpus_active(job.step_start[run[0]], job.step_end[run[-1]])
+                cost = waste.window_excess_gpu_s(paced[measured], usual, len(steps), n_gpus)
+                share = float(np.mean(paced[measured] - usual)) / base if len(measured) else 0.0
                 if kind == "straggler" and not continued and share <= 2 * self.sigma / np.sqrt(max(len(measured), 1)):
                     continue  # late, but nobody waited long enough to slow the steps: no straggler
                 votes = len(run) / len(steps)
@@ -681,7 +738,21 @@ class _Run:
                 self.add(kind, subject, start_ns, job.ns(job.step_end[run[-1]]), share, confidence, cost, evidence)
                 if run[-1] >= job.n_steps - 1 - self.config.window_max_gap:
                     self.open_windows[kind] = {"name": self.subject_name(kind, code), "start_ns": start_ns,
-                                               "baseline_s": base}
+                                               "baseline_s": base, "sync_baseline_s": usual_sync}
+
+    @property
+    def usual_sync(self) -> float | None:
+        """Median DP synchronization time of the hour's clean steps (None when none shows one)."""
+        sync = self.job.sync_s[self.clean]
+        sync = sync[np.isfinite(sync)]
+        return float(np.median(sync)) if len(sync) else None
+
+    def carries_dp(self, code: int, steps: np.ndarray) -> bool:
+        """Does the slow-link subject `code` (an address or a link) carry DP traffic in `steps`?"""
+        job, n = self.job, len(self.job.addrs)
+        ends = [code] if code < n else list(divmod(code - n, n))
+        mine = np.isin(job.step, steps) & (np.isin(job.src, ends) | np.isin(job.dst, ends))
+        return bool((job.kind[mine] == DP).any())
 
     def runner_up(self, code: int, steps: np.ndarray) -> str | None:
         others = [c for c, run, _ in self.straggler_runs if c != code and np.isin(run, steps).any()]
@@ -728,17 +799,18 @@ class _Run:
     # -- stops and hangs --
 
     def continue_hang(self) -> None:
-        """An open hang from an earlier hour: it lasts until traffic resumes, its hosts are taken,
-        or the data ends."""
+        """An open hang from an earlier hour: it lasts until the watchdog kills the job, traffic
+        resumes, its hosts are taken, or the data ends."""
         hang = self.state.open_hang
         if not hang:
             return
         resumed = float(self.job.start[0]) if len(self.job.start) else np.inf
         taken = self.hosts_taken_after(hang["hosts"], 0.0)
-        end = min(resumed, taken, self.horizon())
+        killed = self.job.seconds(hang["start_ns"]) + self.config.hang_watchdog_s
+        end = min(resumed, taken, killed, self.horizon())
         cost = waste.idle_gpu_s(hang["n_gpus"], self.job.origin_ns, self.job.ns(end))
         self.add("hang", hang["subject"], hang["start_ns"], self.job.ns(end), 1.0, hang["confidence"], cost,
-                 {"continued": True, "ended_by": _ended_by(end, resumed, taken, self.hour_end)})
+                 {"continued": True, "ended_by": _ended_by(end, resumed, taken, killed, self.hour_end)})
         if end >= self.hour_end:
             self.open_hang = hang
         self.state.open_hang = None
@@ -758,7 +830,8 @@ class _Run:
         stopped_at = job.seconds(stop["at_ns"])
         taken = self.hosts_taken_after(stop["hosts"], stopped_at)
         horizon = self.horizon()
-        silent_until = min(taken, horizon)
+        killed = stopped_at + config.hang_watchdog_s
+        silent_until = min(taken, horizon, killed)
         silence = silent_until - job.seconds(stop["last_active_ns"])
         # A crash looks the same until the job resumes (a restart): wait longer for it. When the
         # data ends first, the job is called hung if it was silent long enough to tell at all.
@@ -773,50 +846,60 @@ class _Run:
         if not stop["mid_step"]:
             return  # a normal end: the last step completed
         checkpoint_ns = state.last_checkpoint_ns if state.last_checkpoint_ns is not None else state.first_step_ns
+        row = self.report_hang(stop, checkpoint_ns, silent_until, _ended_by(silent_until, np.inf, taken, killed,
+                                                                            self.hour_end))
+        if silent_until >= self.hour_end:
+            self.open_hang = {"issue_id": row["issue_id"], "subject": row["subject"], "start_ns": stop["at_ns"],
+                              "hosts": stop["hosts"], "n_gpus": stop["n_gpus"], "confidence": row["confidence"]}
+
+    def report_hang(self, stop: dict, checkpoint_ns: int, until: float, ended_by: str) -> dict:
+        """A hang row for `stop` (see `describe_stop`): the work since the last checkpoint and the
+        silence until `until` are lost. Marks the stop as a reported hang, so that a restart from
+        it charges only its own downtime."""
         checkpoint_ns = min(checkpoint_ns, stop["at_ns"])
-        cost = waste.idle_gpu_s(stop["n_gpus"], checkpoint_ns, job.ns(silent_until))
+        cost = waste.idle_gpu_s(stop["n_gpus"], checkpoint_ns, self.job.ns(until))
         evidence = {"silent_first": stop["silent_first"], "stagger_s": stop["stagger_s"],
                     "staggered": stop["staggered"], "lost_since_checkpoint_s": (stop["at_ns"] - checkpoint_ns) / NS,
-                    "silent_s": silent_until - stopped_at, "hosts": stop["hosts"],
-                    "ended_by": _ended_by(silent_until, np.inf, taken, self.hour_end)}
+                    "silent_s": until - self.job.seconds(stop["at_ns"]), "hosts": stop["hosts"], "ended_by": ended_by}
         confidence = 0.9 if stop["staggered"] else 0.6
         subject = ",".join(stop["silent_first"]) or self.job_id
-        row = self.add("hang", subject, stop["at_ns"], job.ns(silent_until), 1.0, confidence, cost, evidence)
-        if silent_until >= self.hour_end:
-            self.open_hang = {"issue_id": row["issue_id"], "subject": subject, "start_ns": stop["at_ns"],
-                              "hosts": stop["hosts"], "n_gpus": stop["n_gpus"], "confidence": confidence}
+        stop["hang"] = True
+        return self.add("hang", subject, stop["at_ns"], self.job.ns(until), 1.0, confidence, cost, evidence)
 
-    def describe_stop(self) -> dict:
-        """How the job's traffic ended this hour: when, whether in the middle of a step, and which
-        GPUs went silent first. GPUs fell silent one after another (a hang) when some stopped
-        while the others went on, although in the last complete steps they were active at that
-        point of the step."""
+    def describe_stop(self, before: float = np.inf) -> dict:
+        """How the job's traffic ended this hour (or, with `before`, before that time): when,
+        whether in the middle of a step, and which GPUs went silent first. GPUs fell silent one
+        after another (a hang) when some stopped while the others went on, although in the last
+        complete steps they were active at that point of the step."""
         job, config = self.job, self.config
-        stopped = float(job.end.max())
-        per_step = np.bincount(job.step[job.step >= 0], minlength=job.n_steps)
-        complete = np.flatnonzero(per_step >= 0.9 * np.median(per_step)) if job.n_steps else np.zeros(0, int)
+        seen = job.start < before
+        stopped = float(job.end[seen].max())
+        n_steps = int(np.searchsorted(job.step_start, before))
+        per_step = np.bincount(job.step[seen & (job.step >= 0)], minlength=n_steps)[:n_steps]
+        complete = np.flatnonzero(per_step >= 0.9 * np.median(per_step)) if n_steps else np.zeros(0, int)
         unfinished_start = job.step_end[complete[-1]] if len(complete) else -np.inf
-        mid_step = bool((job.start > unfinished_start).any())
-        typical_step = float(np.median(job.duration)) if job.n_steps else (self.state.level_s or 0.0)
+        mid_step = bool((job.start[seen] > unfinished_start).any())
+        typical_step = float(np.median(job.duration[:n_steps])) if n_steps else (self.state.level_s or 0.0)
 
-        recent = job.end >= unfinished_start - typical_step
+        recent = seen & (job.end >= unfinished_start - typical_step)
         addr = np.concatenate([job.src[recent], job.dst[recent]])
         last_seen = np.full(len(job.addrs), -np.inf)
         np.maximum.at(last_seen, addr, np.concatenate([job.end[recent], job.end[recent]]))
         active = np.unique(addr)
-        # silent for a while before the others stopped, though normally busy then (the phase
-        # tolerance covers step-to-step jitter)
+        # silent for a while before the others stopped, though normally busy then, up to where
+        # the others stopped (a data-parallel GPU hung in compute misses the collective its peers
+        # began); the phase tolerance covers step-to-step jitter
         tolerance = max(0.1, 0.05 * typical_step)
         quiet = active[last_seen[active] <= stopped - config.hang_stagger_s - 2 * tolerance]
         expected = self.active_at_phase(
             complete[-STOP_REFERENCE_STEPS:], quiet, last_seen[quiet] - unfinished_start + tolerance,
-            stopped - unfinished_start - config.hang_stagger_s - tolerance) if len(complete) else np.zeros(0, bool)
+            stopped - unfinished_start + tolerance) if len(complete) else np.zeros(0, bool)
         silenced = quiet[expected]
         first = last_seen[silenced if len(silenced) else active].min()
         # the GPUs that went silent first; the whole job when none stopped before the others
         silent_first = silenced[last_seen[silenced] <= first + config.hang_stagger_s / 2]
         # a checkpoint write keeps the job busy without traffic between its GPUs
-        last_active = max(stopped, float(job.write_end.max(initial=-np.inf)))
+        last_active = max(stopped, float(job.write_end[job.write_end < before].max(initial=-np.inf)))
         return {
             "at_ns": job.ns(float(first)),
             "last_active_ns": job.ns(last_active),
@@ -937,10 +1020,11 @@ def _undecided(stop: dict | None) -> bool:
     return bool(stop) and not stop["decided"]
 
 
-def _ended_by(end: float, resumed: float, taken: float, hour_end: float) -> str:
+def _ended_by(end: float, resumed: float, taken: float, killed: float, hour_end: float) -> str:
     if end >= hour_end - 1e-9:
         return "ongoing"
-    return "resumed" if end == resumed else "hosts_taken" if end == taken else "data_end"
+    return ("resumed" if end == resumed else "hosts_taken" if end == taken else "killed_by_watchdog"
+            if end == killed else "data_end")
 
 
 def _rhythm(numbers: np.ndarray) -> tuple[int, int] | None:
@@ -999,7 +1083,9 @@ def _group_mode(key: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def _group_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Median of `values` over each key group, broadcast back to the rows."""
-    order = np.lexsort((values, key))
+    # sorted by value, then stably by key: what lexsort does, ~20% faster on a million rows
+    by_value = np.argsort(values, kind="stable")
+    order = by_value[np.argsort(key[by_value], kind="stable")]
     sorted_key, sorted_values = key[order], values[order]
     starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
     counts = np.diff(np.r_[starts, len(key)])

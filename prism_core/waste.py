@@ -10,7 +10,9 @@ Two quantities cover every issue kind:
   the last checkpoint until its hosts are released, a restart from the last checkpoint until the
   job runs again.
 
-A restart costs idle(last checkpoint -> resume) + excess(warm-up steps after the resume).
+A restart costs idle(last checkpoint -> resume) + excess(warm-up steps after the resume); a
+restart after a hang costs idle(kill -> resume) + excess(warm-up), the hang having counted the
+work lost since the checkpoint and the silence until the watchdog killed the job.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def idle_gpu_s(n_gpus: int, from_ns: int, to_ns: int) -> float:
 
 
 def restart_gpu_s(
-    n_gpus: int, last_checkpoint_ns: int, resume_ns: int, warmup_s: np.ndarray, baseline_s: float
+    n_gpus: int, lost_from_ns: int, resume_ns: int, warmup_s: np.ndarray, baseline_s: float
 ) -> float:
-    """Work lost since the last checkpoint, the downtime, and the slower warm-up steps."""
-    return idle_gpu_s(n_gpus, last_checkpoint_ns, resume_ns) + excess_gpu_s(warmup_s, baseline_s, n_gpus)
+    """Idle from `lost_from_ns` (the last checkpoint: the work lost and the downtime; after a hang,
+    the kill) to the resume, and the slower warm-up steps."""
+    return idle_gpu_s(n_gpus, lost_from_ns, resume_ns) + excess_gpu_s(warmup_s, baseline_s, n_gpus)

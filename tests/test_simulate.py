@@ -353,6 +353,42 @@ def test_custom_scenario_with_a_replaced_host_restart(tmp_path):
     assert sorted(set(gpus["host"].to_pylist())) == ["gpu0000", "gpu0001", "gpu0005"]
 
 
+def test_a_hang_holds_the_hosts_until_the_watchdog_kills_it(tmp_path):
+    """Two data-parallel jobs hang at 100 s; the watchdog kills them 120 s later. One is restarted
+    from its checkpoint 40 s after the kill, the other ends."""
+    def job(hosts, resume):
+        return JobSpec(2, tp=8, pp=1, start_s=10, end_s=1e9, step_s=3.0, checkpoint_s=60, hosts=hosts,
+                       faults=(FaultSpec("hang", at_s=100, host=1, rail=2, resume=resume, gap_s=40),))
+    scenario = replace(SCENARIOS["tiny"], name="tiny", minutes=6, hang_watchdog_s=120.0,
+                       jobs=(job((0, 1), True), job((2, 3), False)))
+    write_scenario(scenario, tmp_path, seed=1)
+    con = flows_db(tmp_path)
+    faults = {(f["job_id"], f["kind"]): f for f in truth(tmp_path, "faults").to_pylist()}
+    assert sorted(faults) == [("sim-job-000", "hang"), ("sim-job-000", "restart"), ("sim-job-001", "hang")]
+    for job_id in ("sim-job-000", "sim-job-001"):
+        hang = faults[(job_id, "hang")]
+        params = json.loads(hang["params"])
+        assert (hang["end"] - hang["start"]).total_seconds() == pytest.approx(120, abs=1e-3)
+        assert params["killed_at_s"] == pytest.approx(220, abs=1e-3)
+        # the work since the checkpoint and the silence until the kill are lost
+        assert hang["wasted_gpu_s"] == pytest.approx(16 * (120 + params["lost_since_checkpoint_s"]), abs=0.02)
+        # the hung NIC misses the collective its peers began at the end of the step, then all block
+        last_step_end = con.execute("select max(s1) from steps where job_id = ? and s1 < 100", [job_id]).fetchone()[0]
+        unfinished = con.execute("""select count(*), count(*) filter (where ? in (src_addr, dst_addr))
+            from flows f join topo s on f.src_addr = s.addr join topo d on f.dst_addr = d.addr
+            join jobs j on j.job_id = ? and list_contains(j.hosts, s.host) and list_contains(j.hosts, d.host)
+            where f.t0 between ? and 105""", [hang["subject"], job_id, last_step_end]).fetchone()
+        assert unfinished[0] > 0 and unfinished[1] == 0
+    restart = faults[("sim-job-000", "restart")]
+    assert json.loads(restart["params"])["after_hang"] and restart["start"] == faults[("sim-job-000", "hang")]["end"]
+    resumed = con.execute("select min(s0) from steps where job_id = 'sim-job-000' and attempt = 1").fetchone()[0]
+    assert resumed == pytest.approx(260, abs=0.01)
+    assert restart["wasted_gpu_s"] > 16 * 40  # the downtime, and the warm-up after it
+    silent = """select count(*) from flows f join topo s on f.src_addr = s.addr join topo d on f.dst_addr = d.addr
+        where s.host in ('gpu0002', 'gpu0003') and d.host in ('gpu0002', 'gpu0003') and f.t0 > 105"""
+    assert con.execute(silent).fetchone()[0] == 0  # the job that ended never comes back
+
+
 def test_slow_link_shows_as_the_slowest_nic(small, small_db):
     con = small_db
     fault = truth(small, "faults").filter(pc.field("kind") == "slow_link").to_pylist()[0]

@@ -28,9 +28,10 @@ class FaultSpec:
     factor: float = 1.0  # straggler, degradation: compute slowdown; slow_link: rate fraction; slow_step: step x
     host: int = 0  # index into the job's hosts (straggler, slow_link, hang, restart replacement)
     rail: int = 0  # NIC rail (slow_link, hang); the nearest rail that carries traffic is used
-    gap_s: float = 120.0  # restart: downtime before the job resumes
+    gap_s: float = 120.0  # restart: downtime before the job resumes; hang with resume: after the kill
     replace_host: int | None = None  # restart: cluster host replacing job host `host`; -1: any idle one
     count: int = 1  # slow_step: how many single slow steps
+    resume: bool = False  # hang: once the watchdog kills it, restart from the last checkpoint
 
     def __post_init__(self) -> None:
         if self.kind not in TRUTH_FAULT_KINDS:
@@ -84,7 +85,7 @@ class FleetMix:
     faults: tuple[tuple[str, int], ...] = (
         ("straggler", 3),
         ("slow_link", 3),
-        ("hang", 1),
+        ("hang", 2),
         ("restart", 2),
         ("degradation", 2),
         ("slow_step", 4),
@@ -109,6 +110,9 @@ class Scenario:
     sampling_rate: int = 4
     clock_skew_ms: float = 3.0  # standard deviation of each exporter's clock offset
     file_minutes: int = 10  # one flow file per exporter per this many minutes
+    # A hung collective holds the job's GPUs until the NCCL watchdog kills it (PyTorch's default
+    # timeout: 10 minutes), or the scheduler's time limit ends the allotment first.
+    hang_watchdog_s: float = 600.0
 
     @property
     def window_s(self) -> float:
@@ -167,9 +171,10 @@ SMALL = Scenario(
         JobSpec(2, tp=2, pp=8, start_s=-100, end_s=FOREVER, step_s=3.0, micro_batches=16,
                 channels=1, hosts=(37, 38),
                 faults=(FaultSpec("slow_step", at_s=200, span_s=800, factor=2.0, count=4),)),
-        JobSpec(8, tp=1, pp=2, start_s=120, end_s=1000, step_s=5.0, micro_batches=4,
+        # hangs, is killed by the watchdog 10 minutes later and resumes from its checkpoint
+        JobSpec(8, tp=1, pp=2, start_s=120, end_s=FOREVER, step_s=5.0, micro_batches=4,
                 collective="rs_ag", hosts=tuple(range(40, 48)),
-                faults=(FaultSpec("hang", at_s=720, host=3, rail=0),)),
+                faults=(FaultSpec("hang", at_s=330, host=3, rail=0, resume=True, gap_s=90),)),
         JobSpec(8, tp=4, pp=1, start_s=-50, end_s=FOREVER, step_s=7.0, micro_batches=4,
                 hosts=tuple(range(48, 56)),
                 faults=(FaultSpec("slow_step", at_s=100, span_s=900, factor=1.6, count=3),)),
@@ -342,7 +347,8 @@ def _draw_fault(kind: str, at: float, seen_until: float, job: JobSpec, spare: in
         return FaultSpec(kind, at, span_s=round(0.4 * rest, 1), host=host, rail=rail,
                          factor=round(float(rng.uniform(0.2, 0.5)), 2))
     if kind == "hang":
-        return FaultSpec(kind, at, host=host, rail=rail)
+        return FaultSpec(kind, at, host=host, rail=rail, resume=bool(rng.random() < 0.5),
+                         gap_s=round(float(rng.uniform(60, 300)), 1))
     if kind == "restart":
         return FaultSpec(kind, at, gap_s=round(float(rng.uniform(60, 300)), 1), host=host,
                          replace_host=spare)

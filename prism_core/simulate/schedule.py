@@ -6,10 +6,14 @@ and hang / restart events cut it. The plan keeps the per-step arrays that `JobPl
 into records a minute at a time, and the truth rows (steps, faults) that the scorer reads.
 
 Wasted GPU-seconds compare each step with the same step (same jitter) without the fault:
-n_gpus x (actual - fault-free). A hang wastes everything from the last checkpoint to the end of
-the allotment (or the scenario); a restart wastes the work since the last checkpoint, the downtime
-and the slower warm-up steps after it. Truth intervals are clipped to the scenario window and only
-steps wholly inside it count.
+n_gpus x (actual - fault-free). A restart wastes the work since the last checkpoint, the downtime
+and the slower warm-up steps after it. A hung job holds its hosts silently until the collective
+watchdog kills it (`Scenario.hang_watchdog_s` after the hang, or the allotment's end if sooner: the
+scheduler's time limit); the hang wastes everything from the last checkpoint to the kill. A hang
+with `resume` is then restarted from that checkpoint `gap_s` after the kill: that restart is a
+fault of its own, costing the downtime from the kill to the resume and the warm-up steps (the work
+lost since the checkpoint is the hang's). Truth intervals are clipped to the scenario window and
+only steps wholly inside it count.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import numpy as np
 
 from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
 from prism_core.simulate.model import WARMUP_AFTER_RESTART, WARMUP_AT_START, JobModel, job_model
-from prism_core.simulate.scenarios import JobSpec
+from prism_core.simulate.scenarios import FaultSpec, JobSpec
 from prism_core.simulate.traffic import (
     Condition,
     FlowBatch,
@@ -31,7 +35,8 @@ from prism_core.simulate.traffic import (
 )
 
 RESTART_STOP_S = 0.3  # a failing job's NICs fall silent within this of the failure
-HANG_SPREAD_S = (0.5, 4.0)  # peers of a hung GPU stop this long after it
+HANG_SPREAD_S = (0.5, 4.0)  # peers of a hung GPU stop this long after they first wait on it
+HANG_WATCHDOG_S = 600.0  # PyTorch's NCCL timeout: a hung collective is killed after 10 minutes
 
 
 @dataclass
@@ -106,14 +111,17 @@ class _Tally:
     slow_steps: list[tuple[float, float, float]] = field(default_factory=list)  # start, end, extra
 
 
-def plan_job(index: int, spec: JobSpec, cluster: Cluster, window_s: float, seed: int) -> JobPlan:
-    return _Planner(index, spec, cluster, window_s, seed).run()
+def plan_job(index: int, spec: JobSpec, cluster: Cluster, window_s: float, seed: int,
+             watchdog_s: float = HANG_WATCHDOG_S) -> JobPlan:
+    return _Planner(index, spec, cluster, window_s, seed, watchdog_s).run()
 
 
 class _Planner:
     """Walks one job's allotment step by step (see module doc)."""
 
-    def __init__(self, index: int, spec: JobSpec, cluster: Cluster, window_s: float, seed: int):
+    def __init__(self, index: int, spec: JobSpec, cluster: Cluster, window_s: float, seed: int,
+                 watchdog_s: float):
+        self.watchdog_s = watchdog_s
         self.rng = np.random.default_rng([seed, index, 0x10B])
         self.job_id = f"sim-job-{index:03d}"
         self.spec, self.cluster, self.window_s = spec, cluster, window_s
@@ -122,7 +130,7 @@ class _Planner:
         self.hosts = [np.asarray(spec.hosts, np.int64)]
         self.templates: list[Template] = []
         self.template_ids: dict[Condition, int] = {}
-        self.faults = spec.faults
+        self.faults = list(spec.faults)  # a restart after a hang is appended when it happens
         self.tally = [_Tally() for _ in self.faults]
         nominal = self.templates[self.template(Condition(0))[0]]
         self.subject_nic = {i: _busy_nic(nominal, spec.hosts[f.host], f.rail)
@@ -161,7 +169,7 @@ class _Planner:
         events = sorted((f.at_s, i) for i, f in enumerate(self.faults) if f.kind in ("hang", "restart"))
         stalls = sorted((f.at_s + (k + 0.5) * f.span_s / f.count, i) for i, f in enumerate(self.faults)
                         if f.kind == "slow_step" for k in range(f.count))
-        restart = next((i for i, f in enumerate(self.faults) if f.kind == "restart"), None)
+        restart = None  # the restart the current warm-up is charged to
         t = spec.start_s
         number = int(rng.integers(1_000, 50_000)) if t < 0 else 0  # a job seen mid-life
         attempt, warmup, warm_step = 0, (WARMUP_AT_START if t >= 0 else ()), 0
@@ -188,12 +196,18 @@ class _Planner:
                 failed_at, i = events.pop(0)
                 failed_at = max(failed_at, t)
                 self.log.add(**row, complete=False, cut=len(self.cutoffs))
-                self.cutoffs.append(self.silence(i, failed_at, attempt))
+                self.cutoffs.append(self.silence(i, failed_at, attempt, self.templates[tid], row))
                 end_of_traffic = failed_at
                 if self.faults[i].kind == "hang":
-                    self.hang(i, failed_at, last_checkpoint)
-                    break
-                t = self.restart(i, failed_at, last_checkpoint)
+                    killed_at = self.hang(i, failed_at, last_checkpoint)
+                    resume = killed_at + self.faults[i].gap_s
+                    if not self.faults[i].resume or resume >= min(spec.end_s, self.window_s):
+                        break  # the job ends (or comes back after the scenario)
+                    restart = self.restart_after_hang(i, killed_at, resume)
+                    t = resume
+                else:
+                    restart = i
+                    t = self.restart(i, failed_at, last_checkpoint)
                 attempt, warmup, warm_step = attempt + 1, WARMUP_AFTER_RESTART, 0
                 continue
             self.log.add(**row, complete=True, cut=-1)
@@ -222,26 +236,46 @@ class _Planner:
             restarts=len(self.hosts) - 1,
         )
 
-    def silence(self, i: int, failed_at: float, attempt: int) -> np.ndarray:
-        """When each endpoint stops sending: a hung GPU's NIC first, its peers within seconds; a
-        failing job all at once."""
+    def silence(self, i: int, failed_at: float, attempt: int, template: Template, step: dict) -> np.ndarray:
+        """When each endpoint stops sending. A hung GPU's NIC stops at once; its peers run on until
+        they first wait on it (its next transfer in the step, e.g. the gradient collective of a
+        data-parallel job hung in compute), send what does not depend on it, and block within
+        seconds. A failing job stops all at once."""
         job_nics = _nics(self.hosts[attempt])
         cutoff = np.full(self.cluster.n_endpoints, np.inf)
         if self.faults[i].kind == "hang":
-            cutoff[job_nics] = failed_at + self.rng.uniform(*HANG_SPREAD_S, len(job_nics))
-            cutoff[self.subject_nic[i]] = failed_at
+            nic = self.subject_nic[i]
+            planned = step["base"] + step["jitter"] * template.rel_start
+            needs = planned[((template.src == nic) | (template.dst == nic)) & (planned >= failed_at)]
+            waits_from = needs.min() if len(needs) else failed_at
+            cutoff[job_nics] = waits_from + self.rng.uniform(*HANG_SPREAD_S, len(job_nics))
+            cutoff[nic] = failed_at
         else:
             cutoff[job_nics] = failed_at + self.rng.uniform(0, RESTART_STOP_S, len(job_nics))
         return cutoff
 
-    def hang(self, i: int, at: float, last_checkpoint: float) -> None:
-        """The job holds its hosts, silent, until its allotment ends: all since the last checkpoint
-        is lost."""
-        silent_until = min(self.spec.end_s, self.window_s)
+    def hang(self, i: int, at: float, last_checkpoint: float) -> float:
+        """The job holds its hosts, silent, until the watchdog (or the allotment's time limit) kills
+        it: all since the last checkpoint is lost. Returns when it is killed."""
+        killed_at = min(at + self.watchdog_s, self.spec.end_s)
+        silent_until = min(killed_at, self.window_s)
         self.tally[i] = _Tally(
             wasted_gpu_s=self.spec.n_gpus * (silent_until - max(last_checkpoint, 0.0)),
             start=at, end=silent_until,
-            params={"lost_since_checkpoint_s": round(at - max(last_checkpoint, 0.0), 3)})
+            params={"lost_since_checkpoint_s": round(at - max(last_checkpoint, 0.0), 3),
+                    "killed_at_s": round(killed_at, 3), "resumes": bool(self.faults[i].resume)})
+        return killed_at
+
+    def restart_after_hang(self, i: int, killed_at: float, resume: float) -> int:
+        """The killed job is restarted from its last checkpoint on the same hosts: a restart fault
+        of its own, costing the downtime (the lost work is the hang's); returns its index."""
+        self.faults.append(FaultSpec("restart", at_s=killed_at, gap_s=self.faults[i].gap_s))
+        self.tally.append(_Tally(
+            wasted_gpu_s=self.spec.n_gpus * (min(resume, self.window_s) - min(killed_at, self.window_s)),
+            start=killed_at, end=min(resume, self.window_s),
+            params={"after_hang": True, "gap_s": self.faults[i].gap_s}))
+        self.hosts.append(self.hosts[-1].copy())
+        return len(self.faults) - 1
 
     def restart(self, i: int, at: float, last_checkpoint: float) -> float:
         """The job resumes from its last checkpoint after the gap, maybe on a replacement host;

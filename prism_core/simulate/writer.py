@@ -25,7 +25,9 @@ Truth conventions (what a scorer can rely on):
   mid-life starts at a high number; a restart continues the count while training resumes from the
   checkpoint). A step runs from its first forward to the end of its optimizer (and checkpoint save).
 - `faults`: straggler (subject host), slow_link (NIC address), hang (the NIC that fell silent
-  first; until the allotment or window ends), restart (job id; until it is back at full speed),
+  first; until the watchdog or the allotment's time limit kills the job, or the window ends),
+  restart (job id; until it is back at full speed; a hang with `resume` is followed by a restart
+  from its kill, with `"after_hang": true` in its params),
   degradation (job id; to its end), slow_step (job id; one row per step).
 - Background endpoints (storage 10.200.x, management 10.250.x) are not in `topology.csv`; one-off
   transfers between two jobs' hosts are listed in noise.json under `cross_job_transfers`.
@@ -83,7 +85,8 @@ def write_scenario(
         (out / sub).mkdir(parents=True)
     cluster = Cluster(scenario.n_hosts, scenario.pod_hosts, scenario.n_storage)
     specs = [spec for spec in scenario_jobs(scenario, seed) if spec.end_s > 0]
-    plans = [plan_job(i, spec, cluster, scenario.window_s, seed) for i, spec in enumerate(specs)]
+    plans = [plan_job(i, spec, cluster, scenario.window_s, seed, scenario.hang_watchdog_s)
+             for i, spec in enumerate(specs)]
     background = Background(scenario, cluster, plans, seed)
     sink = FlowSink(out / "flows", fmt, scenario, cluster, seed)
 
