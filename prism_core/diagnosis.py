@@ -886,14 +886,13 @@ class _Run:
         last_seen = np.full(len(job.addrs), -np.inf)
         np.maximum.at(last_seen, addr, np.concatenate([job.end[recent], job.end[recent]]))
         active = np.unique(addr)
-        # silent for a while before the others stopped, though normally busy then, up to where
-        # the others stopped (a data-parallel GPU hung in compute misses the collective its peers
-        # began); the phase tolerance covers step-to-step jitter
+        # silent for a while before the others stopped, though normally busy then (the phase
+        # tolerance covers step-to-step jitter)
         tolerance = max(0.1, 0.05 * typical_step)
         quiet = active[last_seen[active] <= stopped - config.hang_stagger_s - 2 * tolerance]
         expected = self.active_at_phase(
             complete[-STOP_REFERENCE_STEPS:], quiet, last_seen[quiet] - unfinished_start + tolerance,
-            stopped - unfinished_start + tolerance) if len(complete) else np.zeros(0, bool)
+            stopped - unfinished_start - config.hang_stagger_s - tolerance) if len(complete) else np.zeros(0, bool)
         silenced = quiet[expected]
         first = last_seen[silenced if len(silenced) else active].min()
         # the GPUs that went silent first; the whole job when none stopped before the others

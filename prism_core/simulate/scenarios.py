@@ -18,6 +18,7 @@ from prism_core.truth import TRUTH_FAULT_KINDS
 
 COLLECTIVES = ("ring", "rs_ag", "tree", "zero")
 FOREVER = 1e9  # a job end beyond any scenario
+HANG_RESTART_S = 300.0  # longest relaunch after a hung job is killed (fleet draws 60-300 s)
 
 
 @dataclass(frozen=True)
@@ -316,6 +317,12 @@ def _with_faults(
         idle = [h for h in range(scenario.n_hosts) if h not in held]
         return idle[0] if idle else None
 
+    def room(job: JobSpec) -> float:
+        """How much later than the earliest fault time a hang can come and still be killed by the
+        watchdog, and restarted, before the job's allotment ends."""
+        lo, hi = seen(job)
+        return job.end_s - HANG_RESTART_S - scenario.hang_watchdog_s - (lo + 0.15 * (hi - lo))
+
     candidates = [
         i for i, j in enumerate(jobs)
         if j.n_hosts > 1 and seen(j)[1] - seen(j)[0] > 600 and (j.dp > 1 or j.pp > 1)
@@ -324,11 +331,15 @@ def _with_faults(
     jobs = list(jobs)
     for kind, count in scenario.fleet.faults:
         for nth in range(min(count, len(order))):
-            # a hung 1k-GPU job would leave the fleet silent for the rest of the hour
-            i = next(i for i in reversed(order) if kind != "hang" or jobs[i].n_hosts <= 32)
+            # a hung 1k-GPU job would leave the fleet silent for the rest of the hour; allotments
+            # run for hours or days, so the watchdog, not the time limit, kills a hung job: a
+            # hang goes to a job whose allotment outlasts the watchdog and a restart after it
+            i = next(i for i in reversed(order) if kind != "hang" or (jobs[i].n_hosts <= 32 and room(jobs[i]) > 0))
             order.remove(i)
             lo, hi = seen(jobs[i])
             at = round(float(lo + rng.uniform(0.15, 0.55) * (hi - lo)), 1)
+            if kind == "hang":
+                at = min(at, round(lo + 0.15 * (hi - lo) + room(jobs[i]), 1))
             # the first restart of the scenario moves to a spare host, the others resume in place
             spare = spare_host(at, jobs[i].end_s) if kind == "restart" and nth == 0 else None
             jobs[i] = replace(jobs[i], faults=(_draw_fault(kind, at, hi, jobs[i], spare, rng),))
@@ -348,7 +359,7 @@ def _draw_fault(kind: str, at: float, seen_until: float, job: JobSpec, spare: in
                          factor=round(float(rng.uniform(0.2, 0.5)), 2))
     if kind == "hang":
         return FaultSpec(kind, at, host=host, rail=rail, resume=bool(rng.random() < 0.5),
-                         gap_s=round(float(rng.uniform(60, 300)), 1))
+                         gap_s=round(float(rng.uniform(60, HANG_RESTART_S)), 1))
     if kind == "restart":
         return FaultSpec(kind, at, gap_s=round(float(rng.uniform(60, 300)), 1), host=host,
                          replace_host=spare)
