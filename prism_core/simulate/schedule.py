@@ -72,7 +72,8 @@ class JobPlan:
                 parts.append(_cut(flows, self.cutoffs[steps["cut"][step]]))
         for step in chosen[steps["checkpoint"][chosen]]:
             ckpt = self.checkpoints[steps["attempt"][step]]
-            parts.append(ckpt.expand(steps["compute_end"][[step]], np.ones(1), rng))
+            flows = ckpt.expand(steps["compute_end"][[step]], np.ones(1), rng)
+            parts.append(flows if steps["cut"][step] < 0 else _cut(flows, self.cutoffs[steps["cut"][step]]))
         return FlowBatch.concat(parts) if parts else FlowBatch.empty()
 
 
@@ -195,8 +196,18 @@ class _Planner:
             if events and events[0][0] < end:
                 failed_at, i = events.pop(0)
                 failed_at = max(failed_at, t)
-                self.log.add(**row, complete=False, cut=len(self.cutoffs))
-                self.cutoffs.append(self.silence(i, failed_at, attempt, self.templates[tid], row))
+                cut_steps = [row]
+                if self.faults[i].kind == "hang" and _first_need(self.templates[tid], row, self.subject_nic[i],
+                                                                 failed_at) is None:
+                    # the hung GPU was done with this step (saving a checkpoint, say): its peers
+                    # finish it, begin the next one and block there
+                    next_jitter = float(rng.lognormal(0.0, model.jitter_sigma))
+                    next_end = end + next_jitter * duration
+                    cut_steps.append(dict(row, start=end, base=end, compute_end=next_end, end=next_end,
+                                          jitter=next_jitter, checkpoint=False, number=number + 1))
+                for cut_step in cut_steps:
+                    self.log.add(**cut_step, complete=False, cut=len(self.cutoffs))
+                self.cutoffs.append(self.silence(i, failed_at, attempt, self.templates[tid], cut_steps))
                 end_of_traffic = failed_at
                 if self.faults[i].kind == "hang":
                     killed_at = self.hang(i, failed_at, last_checkpoint)
@@ -236,18 +247,17 @@ class _Planner:
             restarts=len(self.hosts) - 1,
         )
 
-    def silence(self, i: int, failed_at: float, attempt: int, template: Template, step: dict) -> np.ndarray:
+    def silence(self, i: int, failed_at: float, attempt: int, template: Template, steps: list[dict]) -> np.ndarray:
         """When each endpoint stops sending. A hung GPU's NIC stops at once; its peers run on until
-        they first wait on it (its next transfer in the step, e.g. the gradient collective of a
-        data-parallel job hung in compute), send what does not depend on it, and block within
+        they first wait on it (its next transfer in the cut `steps`, e.g. the gradient collective
+        of a data-parallel job hung in compute), send what does not depend on it, and block within
         seconds. A failing job stops all at once."""
         job_nics = _nics(self.hosts[attempt])
         cutoff = np.full(self.cluster.n_endpoints, np.inf)
         if self.faults[i].kind == "hang":
             nic = self.subject_nic[i]
-            planned = step["base"] + step["jitter"] * template.rel_start
-            needs = planned[((template.src == nic) | (template.dst == nic)) & (planned >= failed_at)]
-            waits_from = needs.min() if len(needs) else failed_at
+            needs = [_first_need(template, step, nic, failed_at) for step in steps]
+            waits_from = next((need for need in needs if need is not None), failed_at)
             cutoff[job_nics] = waits_from + self.rng.uniform(*HANG_SPREAD_S, len(job_nics))
             cutoff[nic] = failed_at
         else:
@@ -317,6 +327,13 @@ class _Planner:
             row["fault_id"] = f"{self.job_id}-f{n}"
             row["params"] = json.dumps(row["params"], sort_keys=True)
         return rows
+
+
+def _first_need(template: Template, step: dict, nic: int, after: float) -> float | None:
+    """When the step first moves data to or from `nic` at or after `after` (None: never)."""
+    planned = step["base"] + step["jitter"] * template.rel_start
+    needs = planned[((template.src == nic) | (template.dst == nic)) & (planned >= after)]
+    return float(needs.min()) if len(needs) else None
 
 
 def _nics(hosts: np.ndarray) -> np.ndarray:
