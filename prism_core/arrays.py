@@ -17,7 +17,8 @@ def stable_order(keys: np.ndarray) -> np.ndarray:
     if len(keys) and np.issubdtype(keys.dtype, np.integer):
         low = keys.min()
         if int(keys.max()) - int(low) < RADIX_SPAN:
-            return np.argsort((keys.astype(np.int64) - int(low)).astype(np.uint16), kind="stable")
+            # offsets from the minimum, taken modulo 2^16: exact whatever the integer type
+            return np.argsort(keys.astype(np.uint16) - np.uint16(low.astype(np.uint16)), kind="stable")
     return np.argsort(keys, kind="stable")
 
 

@@ -12,7 +12,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import ingest, warehouse
-from pipelines.staging import STAGING_DIR, stage_tables
+from pipelines.staging import STAGING_DIR, read_staged, stage_tables
 from pipelines.ingest import HourRange, IngestFlows
 from pipelines.run import infer_range, run_ingest
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_of
@@ -140,6 +140,23 @@ def test_flows_partition_is_streamed_into_whole_row_groups(tmp_path, monkeypatch
     ingest.write_flows(str(tmp_path / "empty"), HOUR0, [])  # still one (empty) row group
     empty = pq.ParquetFile(warehouse.partition_dir(tmp_path / "empty", "flows", HOUR0) / warehouse.DATA_FILE)
     assert (empty.num_row_groups, empty.metadata.num_rows) == (1, 0)
+
+
+def test_staged_tables_read_back_whatever_their_chunks(tmp_path):
+    """References count record batches: tables of several chunks, or none, side by side in one
+    file, read back as they were, in any order and from two files at once."""
+    tables = [
+        pa.table({"a": [1, 2, 3]}),
+        pa.concat_tables([pa.table({"a": [4]}), pa.table({"a": [5, 6]}), pa.table({"a": [7]})]),
+        pa.table({"a": pa.array([], pa.int64())}),
+        pa.table({"a": [8]}),
+    ]
+    first = stage_tables(str(tmp_path), enumerate(tables))
+    second = stage_tables(str(tmp_path), [("other", pa.table({"a": [9, 10]}))])
+    assert [ref.num_rows for _, ref in first] == [3, 4, 0, 1]
+    refs = [first[3][1], second[0][1], first[1][1], first[2][1], first[0][1]]
+    read = read_staged(refs)
+    assert [t["a"].to_pylist() for t in read] == [[8], [9, 10], [4, 5, 6, 7], [], [1, 2, 3]]
 
 
 def test_a_file_without_valid_rows_is_quarantined_once(tmp_path):
