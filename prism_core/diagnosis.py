@@ -881,7 +881,10 @@ class _Run:
         mid_step = bool((job.start[seen] > unfinished_start).any())
         typical_step = float(np.median(job.duration[:n_steps])) if n_steps else (self.state.level_s or 0.0)
 
-        recent = seen & (job.end >= unfinished_start - typical_step)
+        # the GPUs active since the last complete step began (a checkpoint step is long: a GPU
+        # that hung while saving last spoke before it)
+        since = min(unfinished_start - typical_step, job.step_start[complete[-1]] if len(complete) else -np.inf)
+        recent = seen & (job.end >= since)
         addr = np.concatenate([job.src[recent], job.dst[recent]])
         last_seen = np.full(len(job.addrs), -np.inf)
         np.maximum.at(last_seen, addr, np.concatenate([job.end[recent], job.end[recent]]))
