@@ -34,12 +34,22 @@ form one sync phase; consecutive phases short of the usual bytes join (a warm-up
 look like step gaps). Jobs without visible DP traffic (pure pipelines, or DP groups inside a
 host) use their pipeline activation sends the same way.
 
-Why not BOCD. LLMPrism runs BOCD over the intervals between DP communications. Here a step is a
-periodic pattern of several bursts (stages, RS + AG, gathers, all-to-all), not a change in a
-stationary series: over the gap series between DP bursts of the `small` jobs, prism_core.bocd at
-threshold 0.95 finds no change point at all; over per-flow intervals it flagged the point after a
-boundary for a third of them (16-way ring job), at 90 us a point. prism_core.diagnosis uses BOCD
-where it fits: regimes of step time.
+What BOCD does. LLMPrism runs BOCD over the intervals between DP communications, in time order.
+Here a step is a periodic pattern of several bursts (stages, RS + AG, gathers, all-to-all), not a
+change in a stationary series: over the time-ordered gap series of the `small` jobs,
+prism_core.bocd at threshold 0.95 finds no change point at all; over per-flow intervals it flagged
+the point after a boundary for a third of them (16-way ring job). So BOCD runs over the gap
+lengths sorted instead, where each regime is a segment and a step boundary regime starts with a
+jump: its MAP change points (Normal-Gamma segments of log10 length spread REGIME_SPREAD, over at
+most REGIME_POINTS quantiles, each change moved to the widest spacing around it) are the candidate
+cuts, and the regularity rule picks the step cut among them. It replaced a grid of cuts every 5%
+of length. Measured (truth pairs, one hour per run, no next hour): fleet seed 0 exact job-hours
+0.972 both ways, steps within 1% 99.905% (grid 99.924%: two first-step starts), boundary error
+0.047% both; fleet seed 1 equal (0.96, 99.87%, 0.048%); small seeds 0-4 equal. BOCD at threshold
+0.95 instead of MAP found the grid's step cut in 28 of 36 fleet jobs; MAP with the refinement
+keeps the grid's exact set of gaps in 32, 1-3 more (lone warm-up gaps) in the other 4. Segmenting
+rounded distinct lengths instead of quantiles lost the cut in 4 jobs. prism_core.diagnosis uses
+BOCD on regimes of step time.
 
 Hours. A step is emitted by the first run whose flows decide its end: usually the hour it ends
 in. A step whose sync ends in the last moments of an hour, before the next step's first traffic,
@@ -66,6 +76,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prism_core.bocd import NormalGammaPrior, bocd
 from prism_core.schema import STEPS
 
 DP, PP, OTHER = 0, 1, 2
@@ -78,7 +89,9 @@ HEAVY_SEPARATION = 2.5  # gradient syncs weigh this many times other DP bursts (
 MAX_IRREGULARITY = 0.15  # mean relative deviation of boundary spacing from its local median
 SMALL_SAMPLE_PENALTY = 0.2  # irregularity a class of one gap would have to beat
 MAX_UNIT_EXCESS = 2.0  # no step carries more than twice the sync flows of its neighbours
-CUT_RATIO = 1.05  # resolution of the candidate cuts between gap-length regimes
+CUT_RATIO = 1.05  # a cut keeping every gap sits this far below the shortest
+REGIME_SPREAD = 0.05  # log10 spread of the lengths of one regime of gaps (BOCD's prior, ~12%)
+REGIME_POINTS = 1000  # BOCD segments at most this many quantiles of the gap lengths
 REPEAT_SHARE = 0.5  # a last burst with this much of its bytes on pairs the phase used repeats them
 SAME_SHAPE = 0.1  # an all-gather of the updated shards repeats the reduce-scatter's bytes and flows
 OPTIMIZER_SHARE = 0.04  # optimizer time / step time when no pipeline traffic shows it
@@ -503,8 +516,9 @@ def _boundary_gap_threshold(
     """The shortest gap between two candidate bursts that still separates two steps.
 
     The gap lengths fall into a few regimes: stages syncing one after another, the optimizer pause,
-    the compute between steps, checkpoints, and for pipelines the micro-batch cadence. Each cut on a
-    `CUT_RATIO` grid of lengths keeps the gaps above it; a cut marks steps when those gaps recur
+    the compute between steps, checkpoints, and for pipelines the micro-batch cadence. BOCD finds
+    where the sorted lengths change regime (`_regime_cuts`); each such cut keeps the gaps above
+    it, and marks steps when those gaps recur
     regularly in time, no unit between two of them carries much more traffic than its neighbours
     (as a regime boundary in the middle of the hour would), and they are not mostly checkpoint
     saves. Of those, the most regular wins (a finer cut adds the micro-batch cadence, whose warm-up
@@ -515,7 +529,7 @@ def _boundary_gap_threshold(
     if np.sum(gaps >= fallback) < MIN_STEPS:
         return fallback
     log_gaps = np.log10(np.maximum(gaps, 1))
-    cuts = np.arange(log_gaps.min(), log_gaps.max() + 1e-9, np.log10(CUT_RATIO))
+    cuts = _regime_cuts(log_gaps)
     best, best_score, seen = fallback, np.inf, set()
     for cut in cuts:
         kept = np.flatnonzero(log_gaps >= cut)
@@ -537,6 +551,21 @@ def _boundary_gap_threshold(
             best = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / CUT_RATIO
             best_score = score
     return best
+
+
+def _regime_cuts(log_gaps: np.ndarray) -> np.ndarray:
+    """The lengths (log10) where the gap lengths change regime, and the shortest (a cut that
+    keeps every gap): BOCD's MAP segmentation of the sorted lengths (of REGIME_POINTS quantiles
+    of them, for speed), each change moved to the widest spacing of all the sorted lengths
+    around it."""
+    ordered = np.sort(log_gaps)
+    picks = np.unique(np.linspace(0, len(ordered) - 1, min(len(ordered), REGIME_POINTS)).round().astype(np.int64))
+    sample = ordered[picks]
+    prior = NormalGammaPrior(mu=float(np.median(sample)), kappa=0.01, alpha=1.0, beta=REGIME_SPREAD**2)
+    changes = bocd(sample, prior=prior).changepoints
+    spacing = np.diff(ordered)
+    around = zip(picks[np.maximum(changes - 1, 0)], picks[np.minimum(changes + 1, len(picks) - 1)])
+    return np.r_[ordered[0], [ordered[lo + 1 + np.argmax(spacing[lo:hi])] for lo, hi in around]]
 
 
 def _unit_excess(boundary_gaps: np.ndarray, flow_candidate: np.ndarray) -> float:
