@@ -303,6 +303,17 @@ def test_boundary_gap_threshold_finds_the_gap_that_recurs_once_per_step(per_step
     assert np.allclose(gaps[kept] / 1e9, boundary, rtol=0.1)
 
 
+def test_regime_cuts_of_many_gaps_include_the_one_per_step():
+    """A pipeline's micro-batch gaps outnumber its step gaps 200 to 1: BOCD sees quantiles of
+    them, and the cut still falls right below the step gaps."""
+    rng = np.random.default_rng(5)
+    gaps, _ = _gap_pattern(rng, [0.25] * 199 + [0.36], 100)
+    log_gaps = np.log10(gaps)
+    kept = [int(np.sum(log_gaps >= cut)) for cut in timeline._regime_cuts(log_gaps)]
+    assert len(gaps) in kept and 100 in kept
+    assert len(kept) < 20  # a few regimes, not a grid of cuts
+
+
 def test_checkpoint_gaps_alone_do_not_make_steps():
     rng = np.random.default_rng(4)
     per_step = [6.5] * 29 + [20.0]  # a checkpoint every 30 steps, saving out of the job
