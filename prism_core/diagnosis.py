@@ -380,25 +380,19 @@ class _Run:
 
     def report_restarts(self, resumes: list[int]) -> None:
         job, state, config = self.job, self.state, self.config
-        checkpoint_ends = job.step_end[self.checkpoint]
         for i in resumes:
             previous_end = job.step_end[i - 1] if i else (
                 job.seconds(state.last_step_end_ns) if state.last_step_end_ns is not None else job.step_start[i])
             partial = (job.start >= previous_end) & (job.start < job.step_start[i] - BOUNDARY_SLACK_S)
             failed = float(job.end[partial].max()) if partial.any() else previous_end
             hosts_before = self.hosts_between(failed - 60, failed)
+            checkpoint_ns = self.checkpoint_before(failed)
             if i == 0 and state.stop:
                 failed = job.seconds(state.stop["at_ns"])
                 hosts_before = state.stop["hosts"]
-            before = checkpoint_ends[checkpoint_ends <= failed]
-            if len(before):
-                checkpoint_ns = job.ns(before[-1])
-            elif self.checkpoint_before_hour is not None:
-                checkpoint_ns = self.checkpoint_before_hour
-            else:
-                checkpoint_ns = state.first_step_ns
+                checkpoint_ns = state.stop.get("checkpoint_ns", self.checkpoint_before(failed))
             resume = job.step_start[i]
-            killed = self.hang_before_resume(i, failed, resume, checkpoint_ns)
+            killed = self.hang_before_resume(i, failed, resume)
             # after a hang, the work lost since the checkpoint is the hang's: the restart costs
             # the downtime from the kill on
             restart_from_ns = job.ns(killed) if killed is not None else checkpoint_ns
@@ -421,7 +415,7 @@ class _Run:
             start_ns = restart_from_ns if killed is not None else job.ns(failed)
             self.add("restart", self.job_id, start_ns, job.ns(resume), 1.0, 0.95, cost, evidence)
 
-    def hang_before_resume(self, i: int, failed: float, resume: float, checkpoint_ns: int) -> float | None:
+    def hang_before_resume(self, i: int, failed: float, resume: float) -> float | None:
         """When the job that resumes at step `i` was killed, if it had hung (None: it crashed).
         A hang reported in an earlier hour says so; otherwise a silence as long as the collective
         watchdog's timeout does (a crashed job is relaunched sooner), and the hang is reported
@@ -432,8 +426,17 @@ class _Run:
                 return None
             stop = stop or self.describe_stop(before=resume - BOUNDARY_SLACK_S)
             killed = min(self.job.seconds(stop["at_ns"]) + self.config.hang_watchdog_s, resume)
-            self.report_hang(stop, checkpoint_ns, killed, "killed_by_watchdog" if killed < resume else "resumed")
+            self.report_hang(stop, killed, "killed_by_watchdog" if killed < resume else "resumed")
         return min(self.job.seconds(stop["at_ns"]) + self.config.hang_watchdog_s, resume)
+
+    def checkpoint_before(self, t: float) -> int:
+        """End of the last checkpoint completed by `t` (ns): this hour's, else the last one of
+        earlier hours, else the job's first step (its work since then is lost)."""
+        ends = self.job.step_end[self.checkpoint]
+        ends = ends[ends <= t]
+        if len(ends):
+            return self.job.ns(ends[-1])
+        return self.checkpoint_before_hour if self.checkpoint_before_hour is not None else self.state.first_step_ns
 
     def event_kinds(self, lo_ns: int, hi_ns: int) -> list[str]:
         if self.events is None or not self.events.num_rows:
@@ -845,17 +848,16 @@ class _Run:
         stop["decided"] = True
         if not stop["mid_step"]:
             return  # a normal end: the last step completed
-        checkpoint_ns = state.last_checkpoint_ns if state.last_checkpoint_ns is not None else state.first_step_ns
-        row = self.report_hang(stop, checkpoint_ns, silent_until, _ended_by(silent_until, np.inf, taken, killed,
-                                                                            self.hour_end))
+        row = self.report_hang(stop, silent_until, _ended_by(silent_until, np.inf, taken, killed, self.hour_end))
         if silent_until >= self.hour_end:
             self.open_hang = {"issue_id": row["issue_id"], "subject": row["subject"], "start_ns": stop["at_ns"],
                               "hosts": stop["hosts"], "n_gpus": stop["n_gpus"], "confidence": row["confidence"]}
 
-    def report_hang(self, stop: dict, checkpoint_ns: int, until: float, ended_by: str) -> dict:
-        """A hang row for `stop` (see `describe_stop`): the work since the last checkpoint and the
-        silence until `until` are lost. Marks the stop as a reported hang, so that a restart from
-        it charges only its own downtime."""
+    def report_hang(self, stop: dict, until: float, ended_by: str) -> dict:
+        """A hang row for `stop` (see `describe_stop`): the work since the last checkpoint completed
+        before it (a save still running did not complete) and the silence until `until` are lost.
+        Marks the stop as a reported hang, so that a restart from it charges only its own downtime."""
+        checkpoint_ns = stop.get("checkpoint_ns") or self.checkpoint_before(self.job.seconds(stop["at_ns"]))
         checkpoint_ns = min(checkpoint_ns, stop["at_ns"])
         cost = waste.idle_gpu_s(stop["n_gpus"], checkpoint_ns, self.job.ns(until))
         evidence = {"silent_first": stop["silent_first"], "stagger_s": stop["stagger_s"],
@@ -904,6 +906,7 @@ class _Run:
         last_active = max(stopped, float(job.write_end[job.write_end < before].max(initial=-np.inf)))
         return {
             "at_ns": job.ns(float(first)),
+            "checkpoint_ns": self.checkpoint_before(float(first)),
             "last_active_ns": job.ns(last_active),
             "confirm_s": max(config.hang_confirm_s, 3 * typical_step),
             "mid_step": mid_step,
