@@ -177,13 +177,10 @@ def test_small_meets_the_targets(scenario_dir, seed):
                             minlength=faults.num_rows)
     true_waste = faults["wasted_gpu_s"].to_numpy()
     assert np.all(np.abs(estimated - true_waste) <= 0.10 * true_waste)
-    # the job hung at 09:55:30 is killed by the watchdog ten minutes later and resumes at 10:07:00:
-    # the hang ends at the kill, the restart counts from there
+    # the job hung at 09:55:30 is killed by the watchdog ten minutes later; its hosts stay idle
     (hang,) = _rows(issue_scorer.merged_issues(run.warehouse["issues"]), kind="hang")
     killed_at = int(np.datetime64("2026-11-22T10:05:30", "ns").astype(np.int64))
     assert abs(hang["end"] - killed_at) < 5 * NS
-    restart = [r for r in _rows(run.warehouse["issues"], kind="restart") if json.loads(r["evidence"])["after_hang"]]
-    assert len(restart) == 1 and restart[0]["start"] == hang["end"]
 
 
 # --- synthetic step series: slow steps, checkpoint rhythm, degradation, hours -------------------
