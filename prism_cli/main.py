@@ -160,7 +160,7 @@ def _print_scores(scores: dict) -> None:
         for name, figure in metrics.items():
             value, target = figure["value"], figure.get("target")
             ok = "" if target is None or figure.get("ok") is None else ("yes" if figure["ok"] else "[red]NO[/]")
-            shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+            shown = "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
             table.add_row(stage, name, shown, "" if target is None else str(target), ok)
     console.print(table)
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Figure:
-    value: float | int
+    value: float | int | None  # None: nothing to score (no such fault in the scenario)
     target: float | None = None
     at_most: bool = False  # the target is an upper bound (errors) rather than a lower one
 
     @property
     def ok(self) -> bool | None:
-        if self.target is None:
+        if self.target is None or self.value is None:
             return None
         return self.value <= self.target if self.at_most else self.value >= self.target
 

@@ -40,7 +40,8 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
     figures: dict[str, Figure] = {}
     for kind in ISSUE_KINDS:
         of_kind = fault_kind == kind
-        figures[f"recall_{kind}"] = Figure(ratio(detected[of_kind].sum(), of_kind.sum()), 0.95)
+        recall = ratio(detected[of_kind].sum(), of_kind.sum()) if of_kind.any() else None
+        figures[f"recall_{kind}"] = Figure(recall, 0.95)
     figures["precision"] = Figure(ratio((fault_of_issue >= 0).sum(), issues.num_rows), 0.90)
     figures["false_issues_per_clean_job_hour"] = Figure(
         _false_per_clean_job_hour(truth, issues, associated, fault_of_issue), 1.0, at_most=True)
