@@ -11,6 +11,11 @@ keep talking, and across a stop-and-resume on the same hosts (or with one host r
 flow sizes it uses (its signature: activation and bucket sizes) are the same. A new job on hosts
 another just left has other sizes and gets a new id. Ids are deterministic (first minute + hosts),
 so re-running an hour from the same previous state gives the same ids.
+
+A job that ends and another that starts on its hosts seconds later can share a pair's
+flow_minutes row (one row spans both, so no pause separates them): that minute is split when the
+new job takes the hosts. On them, the old job keeps its traffic up to the last row of its own
+flow sizes, and the new job begins after it (or at the first row of its sizes, if later).
 """
 
 from __future__ import annotations
@@ -98,6 +103,12 @@ class _Observations:
     size_ptr: np.ndarray  # CSR over the repeated flow sizes of each observation
     sizes: np.ndarray  # int64 flow size
     size_flows: np.ndarray  # int64 flows of that size
+    edge_ptr: np.ndarray  # CSR over the job-traffic rows of each observation:
+    edge_src_host: np.ndarray  #   host codes of both ends,
+    edge_dst_host: np.ndarray
+    edge_size: np.ndarray  #   top size, first flow start and last flow end of the row
+    edge_first_ns: np.ndarray
+    edge_last_ns: np.ndarray
 
     def hosts(self, k: int) -> np.ndarray:
         return self.host_codes[self.host_ptr[k] : self.host_ptr[k + 1]]
@@ -105,6 +116,12 @@ class _Observations:
     def signature(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         span = slice(self.size_ptr[k], self.size_ptr[k + 1])
         return self.sizes[span], self.size_flows[span]
+
+    def edges(self, ks: np.ndarray) -> tuple[np.ndarray, ...]:
+        """src host, dst host, top size, first start, last end of the rows of observations `ks`."""
+        rows = np.concatenate([np.arange(self.edge_ptr[k], self.edge_ptr[k + 1]) for k in ks.tolist()])
+        columns = (self.edge_src_host, self.edge_dst_host, self.edge_size, self.edge_first_ns, self.edge_last_ns)
+        return tuple(column[rows] for column in columns)
 
 
 @dataclass
@@ -125,6 +142,9 @@ class _Track:
     running_at_load: bool = False  # handed over running by the previous hour: owes a row this hour
     merged_into: int = -1  # the track that absorbed this one: one job first seen in parts
     reported_end: bool = False  # an `end` event was already emitted for the current stop
+    # its observations in the latest minute it was seen this hour, and that minute's presence entry
+    last_observations: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    last_presence: int = -1
 
 
 def recognize_minute(
@@ -225,8 +245,8 @@ def _observe(
     component or merge crosses a minute."""
     edges = _job_edges(flow_minutes.append_column("_minute_ns", pa.array(minute_ns)), vocabulary.topology)
     if edges.num_rows == 0:
-        empty = np.zeros(0, np.int64)
-        return _Observations(empty, empty, empty, np.zeros(1, np.int64), empty, np.zeros(1, np.int64), empty, empty)
+        empty, pointer = np.zeros(0, np.int64), np.zeros(1, np.int64)
+        return _Observations(empty, empty, empty, pointer, empty, pointer, empty, empty, pointer, *[empty] * 5)
     n_edges = edges.num_rows
     both = pa.concat_arrays([edges["src_addr"].combine_chunks(), edges["dst_addr"].combine_chunks()])
     encoded = both.dictionary_encode()
@@ -276,6 +296,7 @@ def _observe(
     size_pairs, size_of_edge = np.unique(size_keys, axis=0, return_inverse=True)
     size_flows = np.bincount(size_of_edge.ravel(), weights=edges["top_size_flows"].to_numpy(), minlength=len(size_pairs))
 
+    by_job = np.argsort(edge_job, kind="stable")
     return _Observations(
         minute_ns=edge_minutes[job_minute[order]],
         first_ns=first_ns,
@@ -285,6 +306,12 @@ def _observe(
         size_ptr=_csr_pointer(size_pairs[:, 0], n_jobs),
         sizes=size_pairs[:, 1],
         size_flows=size_flows.astype(np.int64),
+        edge_ptr=_csr_pointer(edge_job[by_job], n_jobs),
+        edge_src_host=host_of_addr[addr_code[:n_edges][by_job]],
+        edge_dst_host=host_of_addr[addr_code[n_edges:][by_job]],
+        edge_size=edges["top_size"].to_numpy()[by_job],
+        edge_first_ns=edges["first_start_ns"].to_numpy()[by_job],
+        edge_last_ns=edges["last_end_ns"].to_numpy()[by_job],
     )
 
 
@@ -354,11 +381,16 @@ def _signature_share(sizes: np.ndarray, flows: np.ndarray, track: _Track) -> flo
     any: a minute where one job ends and the next starts on the same NIC pairs mixes both."""
     moved = sizes.astype(np.float64) * flows
     total = moved.sum()
-    established = track.sizes[track.size_minutes >= 2]
-    known = established if len(established) else track.sizes
+    known = _known_sizes(track)
     if total == 0 or len(known) == 0:
         return 1.0  # nothing to compare: trust the hosts
     return float(moved[np.isin(sizes, known)].sum() / total)
+
+
+def _known_sizes(track: _Track) -> np.ndarray:
+    """The flow sizes a track's job is known by: those seen in two minutes or more, if any."""
+    established = track.sizes[track.size_minutes >= 2]
+    return established if len(established) else track.sizes
 
 
 class _Tracker:
@@ -424,7 +456,11 @@ class _Tracker:
             self._supersede(best, obs.hosts(k))
             best = None
         index = None if best is None else self._continue(obs, k, best, shared)
-        self._claim(claimed, self._start(obs, k) if index is None else index, obs, k)
+        if index is None:
+            # `best` ended just now: this new job took its hosts, maybe within its last minute
+            took_over = best is not None and self.tracks[best].status == "ended"
+            index = self._start(obs, k, self._hand_over(best, obs, k) if took_over else None)
+        self._claim(claimed, index, obs, k)
 
     def _claim(self, claimed: dict, index: int, obs: _Observations, k: int) -> None:
         """Give observation `k`'s hosts to track `index`, except hosts of another running job,
@@ -437,15 +473,48 @@ class _Tracker:
         self.owner[hosts[~running]] = index
         claimed.setdefault(index, []).append(k)
 
-    def _start(self, obs: _Observations, k: int) -> int:
+    def _start(self, obs: _Observations, k: int, handover: tuple[int, np.ndarray] | None = None) -> int:
+        """A new job from observation `k`; `handover` (time, hosts): it began on those hosts at that
+        time, in an earlier minute whose traffic went to the job it replaced."""
         hosts = obs.hosts(k)
         names = self.vocabulary.name_list(hosts)
-        first_ns = int(obs.first_ns[k])
+        first_ns = int(obs.first_ns[k]) if handover is None else handover[0]
         track = _Track(_job_id(int(obs.minute_ns[k]), names), hosts, first_ns, int(obs.last_ns[k]), born_this_hour=True)
         self.tracks.append(track)
         self.last_end = np.r_[self.last_end, track.last_end_ns]
         self.events.append((track.job_id, "start", first_ns, json.dumps({"hosts": names})))
+        if handover is not None:
+            self.presence.append((len(self.tracks) - 1, first_ns, first_ns, handover[1]))
         return len(self.tracks) - 1
+
+    def _hand_over(self, old: int, obs: _Observations, k: int) -> tuple[int, np.ndarray] | None:
+        """When observation `k`'s new job was already talking on hosts of the job `old` in that
+        job's latest minute (its rows there carry sizes the old job is not known by, and last past
+        the old job's own rows on those hosts), split that minute on the hosts: the old job ends
+        with its last row of other sizes, the new one starts after it. Returns (start, hosts)
+        of the new job there, or None when the latest minute holds no such change."""
+        track = self.tracks[old]
+        taken = np.intersect1d(obs.hosts(k), track.hosts)
+        if len(track.last_observations) == 0 or len(taken) == 0:
+            return None
+        src, dst, size, first, last = obs.edges(track.last_observations)
+        on_taken = np.isin(src, taken) | np.isin(dst, taken)
+        new_sizes = np.setdiff1d(obs.signature(k)[0], _known_sizes(track))
+        new_shape = on_taken & np.isin(size, new_sizes)
+        old_shape = on_taken & ~new_shape
+        if not (new_shape.any() and old_shape.any()):
+            return None
+        old_last_ns = int(last[old_shape].max())
+        if last[new_shape].max() <= old_last_ns:
+            return None
+        start_ns = max(old_last_ns + 1, int(first[new_shape].min()))
+        # min: an earlier hand-over of other hosts from this minute may have ended it sooner
+        track.last_end_ns = min(track.last_end_ns, int(last[~new_shape].max()))
+        _, minute_first_ns, _, minute_hosts = self.presence[track.last_presence]
+        kept = np.setdiff1d(minute_hosts, taken)
+        self.presence[track.last_presence] = (old, minute_first_ns, track.last_end_ns, kept)
+        self.presence.append((old, minute_first_ns, old_last_ns, taken))
+        return start_ns, taken
 
     def _continue(self, obs: _Observations, k: int, best: int, shared: int) -> int | None:
         """The running track observation `k` continues, or None for a new job on its hosts."""
@@ -541,6 +610,7 @@ class _Tracker:
         minutes = np.bincount(position, weights=minutes).astype(np.int64) + np.isin(distinct, seen_sizes)
         keep = np.argsort(-totals, kind="stable")[:SIGNATURE_SIZES]
         track.sizes, track.size_flows, track.size_minutes = distinct[keep], totals[keep], minutes[keep]
+        track.last_observations, track.last_presence = ks, len(self.presence)
         self.presence.append((index, first_ns, last_ns, track.hosts))
 
     def close_hour(self, hour_end_ns: int) -> Recognition:

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prism_core import jobs
+from prism_core.analysis import split_flows_by_job
 from prism_core.evaluate import jobs as job_scores
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
@@ -177,6 +178,47 @@ def test_new_job_on_hosts_another_just_left():
     statuses = sorted(r["status"] for r in job_rows(found).values())
     assert statuses == ["ended", "ended"]
     assert sorted(found.events["kind"].to_pylist()) == ["end", "end", "start", "start"]
+
+
+def test_a_job_taking_hosts_within_the_minute_another_ends_gets_its_traffic_from_then():
+    topology = inventory(4)
+    old_sizes, new_sizes, flows = (4 << 20, 96 << 20), (6 << 20, 200 << 20), (12, 4)
+    rows = [r for size, n in zip(old_sizes, flows) for r in ring([0, 1, 2, 3], range(20), size, flows=n)]
+    # 20:07 the 4-host job ends; 20:14 a job starts on host00 and host01. Their traffic from
+    # host00 to host01 shares one row per rail, which spans the whole minute.
+    at = HOUR0 + 20 * MINUTE_NS
+    rows += [{**pair_row(at, f"10.0.0.{rail}", f"10.0.1.{rail}", new_sizes[1], 4, at + SECOND, at + 59 * SECOND),
+              "distinct_sizes": 2} for rail in range(8)]
+
+    def shared_pair(row):
+        return row["src_addr"].startswith("10.0.0.") and row["dst_addr"].startswith("10.0.1.")
+
+    for old_size, new_size, n in zip(old_sizes, new_sizes, flows):
+        rows += [r for r in ring([0, 1, 2, 3], [20], old_size, flows=n, last_s=7) if not shared_pair(r)]
+        rows += [r for r in ring([0, 1], [20], new_size, flows=n, first_s=14) if not shared_pair(r)]
+        rows += ring([0, 1], range(21, 40), new_size, flows=n)
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+
+    old_end, new_start = at + 7 * SECOND, at + 7 * SECOND + 1
+    by_size = dict(zip(found.jobs["n_hosts"].to_pylist(), found.jobs["job_id"].to_pylist()))
+    old_id, new_id = by_size[4], by_size[2]
+    spans = {(r["job_id"], r["host"]): (r["first_ns"], r["last_ns"]) for r in found.membership.to_pylist()}
+    for host in ("host00", "host01", "host02"):
+        assert spans[old_id, host] == (HOUR0 + SECOND, old_end)
+    assert spans[new_id, "host01"] == (new_start, HOUR0 + 39 * MINUTE_NS + 59 * SECOND)
+    first_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["first_seen"].cast(pa.int64()).to_pylist()))
+    last_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["last_seen"].cast(pa.int64()).to_pylist()))
+    assert last_seen[old_id] == old_end and first_seen[new_id] == new_start
+    events = {(r["job_id"], r["kind"]): r["at_ns"] for r in found.events.to_pylist()}
+    assert events[old_id, "end"] == old_end and events[new_id, "start"] == new_start
+
+    # A flow of the old job's last step and one of the new job's first step, from the same NIC.
+    flows = pa.table({"time_flow_start_ns": [at + 6 * SECOND, at + 15 * SECOND],
+                      "time_flow_end_ns": [at + 7 * SECOND, at + 16 * SECOND],
+                      "src_addr": ["10.0.1.0"] * 2, "dst_addr": ["10.0.0.0"] * 2,
+                      "bytes": [old_sizes[0], new_sizes[0]], "sampler_address": ["10.9.0.1"] * 2})
+    split = {job_id: part["bytes"].to_pylist() for job_id, part in split_flows_by_job(flows, found.membership)}
+    assert split == {old_id: [old_sizes[0]], new_id: [new_sizes[0]]}
 
 
 def test_same_hosts_after_a_pause_with_other_sizes_is_a_new_job():
