@@ -77,6 +77,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.bocd import NormalGammaPrior, bocd
+from prism_core.parallelism import _reverse_in_flight, _warm_up_votes
 from prism_core.schema import STEPS
 
 DP, PP, OTHER = 0, 1, 2
@@ -386,10 +387,13 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
     gaps = b_start[candidates[1:]] - b_end[candidates[:-1]]
     candidate_of_burst = np.cumsum(heavy) - 1
     on_candidate = heavy[burst]
+    pipeline_only = not has_dp and bool(np.any(traffic.kind == PP))
+    turn = _pipeline_turns(traffic, signal, burst) if pipeline_only else np.ones(len(gaps), bool)
     gap_threshold_ns = _boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
-                                               traffic.bulk_writes, gap_threshold_ns)
+                                               traffic.bulk_writes, gap_threshold_ns, turn)
+    between_phases = turn & (gaps >= gap_threshold_ns)
     # phase p holds candidates[first[p]:first[p + 1]]
-    first = np.r_[0, np.flatnonzero(gaps >= gap_threshold_ns) + 1] if len(candidates) else np.empty(0, int)
+    first = np.r_[0, np.flatnonzero(between_phases) + 1] if len(candidates) else np.empty(0, int)
     first = _join_partial_phases(first, b_bytes[candidates], b_start[candidates], b_end[candidates])
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
@@ -410,7 +414,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
         nbytes.append(float(b_bytes[members].sum()))
         after_optimizer.append(repeated >= REPEAT_SHARE)
     n = len(first)
-    inner_gap_ns = int(np.max(gaps[gaps < gap_threshold_ns], initial=MERGE_NS))
+    inner_gap_ns = int(np.max(gaps[~between_phases], initial=MERGE_NS))
     close = np.array(close_ns, np.int64)
     closed = np.ones(n, bool)
     if n:
@@ -441,6 +445,37 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
                    np.array([len(rows) for rows in flows], float), np.array(after_optimizer, bool),
                    closed, next_ns, first_send_ns, forward_ns, bulk_write, write_delay_ns, inner_gap_ns, has_dp,
                    float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _pipeline_turns(traffic: _Traffic, rows: np.ndarray, burst: np.ndarray) -> np.ndarray:
+    """Per gap between consecutive bursts of the pipeline sends `rows` (burst of each): whether it
+    turns from backward to forward sends, as a step gap does. A step opens with warm-up forwards
+    before any gradient comes back and closes with cool-down backwards after the last forward; in
+    between, both directions of a stage link are in flight together. So a step gap follows lone
+    backward sends and precedes lone forward sends, while a slow step's micro-batch gaps (a
+    warm-up step's can outlast usual step gaps) do not. A pair's direction: its lone sends come
+    right before exchanges (warm-up) or right after them (cool-down); of a pair and its reverse,
+    the one with more warm-up-like sends is forward (the first backward, before the exchanges,
+    looks like warm-up too). A link without exchanges of its own (the first stage's, when there are
+    no more micro-batches than stages) is timed against the exchanges of every link. Every gap
+    when no lone sends show a direction."""
+    n_gaps = int(burst[-1]) if len(burst) else 0
+    index = {name: i for i, name in enumerate(traffic.pairs)}
+    reverse_of = np.array([index.get(">".join(name.split(">")[::-1]), len(traffic.pairs)) for name in traffic.pairs]
+                          + [len(traffic.pairs)], np.int64)
+    pair, start, end = traffic.pair[rows], traffic.start[rows], traffic.end[rows]
+    reverse = reverse_of[pair]
+    answered = _reverse_in_flight(pair, reverse, start, end)
+    lead = np.zeros(len(rows))  # > 0 on forward pairs
+    for link in (np.minimum(pair, reverse), np.zeros_like(pair)):
+        score = np.bincount(pair, _warm_up_votes(link, start, answered), minlength=len(traffic.pairs) + 1)
+        lead = np.where(lead == 0, score[pair] - score[reverse], lead)
+    if not np.any(lead):
+        return np.ones(n_gaps, bool)
+    flows = np.bincount(burst)
+    lone_forward = np.bincount(burst, ~answered & (lead > 0)) == flows
+    lone_backward = np.bincount(burst, ~answered & (lead < 0)) == flows
+    return lone_backward[:-1] & lone_forward[1:]
 
 
 def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -511,7 +546,8 @@ def _upper_class(weight: np.ndarray) -> np.ndarray:
 
 
 def _boundary_gap_threshold(
-    gaps: np.ndarray, at: np.ndarray, flow_candidate: np.ndarray, bulk_writes: np.ndarray, previous: float | None
+    gaps: np.ndarray, at: np.ndarray, flow_candidate: np.ndarray, bulk_writes: np.ndarray, previous: float | None,
+    eligible: np.ndarray | None = None,
 ) -> float:
     """The shortest gap between two candidate bursts that still separates two steps.
 
@@ -523,16 +559,17 @@ def _boundary_gap_threshold(
     (as a regime boundary in the middle of the hour would), and they are not mostly checkpoint
     saves. Of those, the most regular wins (a finer cut adds the micro-batch cadence, whose warm-up
     and cool-down break the rhythm once per step), small classes handicapped as their regularity
-    may be luck (the micro-batches of a warm-up step alone). Without such a cut, the previous
-    hour's."""
-    fallback = previous if previous is not None else (float(gaps.min()) if len(gaps) else np.inf)
-    if np.sum(gaps >= fallback) < MIN_STEPS:
+    may be luck (the micro-batches of a warm-up step alone). Only `eligible` gaps (default: all)
+    can separate steps. Without such a cut, the previous hour's."""
+    eligible = np.ones(len(gaps), bool) if eligible is None else eligible
+    fallback = previous if previous is not None else (float(gaps[eligible].min()) if eligible.any() else np.inf)
+    if np.sum(eligible & (gaps >= fallback)) < MIN_STEPS:
         return fallback
     log_gaps = np.log10(np.maximum(gaps, 1))
-    cuts = _regime_cuts(log_gaps)
+    cuts = _regime_cuts(log_gaps[eligible])
     best, best_score, seen = fallback, np.inf, set()
     for cut in cuts:
-        kept = np.flatnonzero(log_gaps >= cut)
+        kept = np.flatnonzero(eligible & (log_gaps >= cut))
         if len(kept) in seen:
             continue
         seen.add(len(kept))
@@ -546,7 +583,7 @@ def _boundary_gap_threshold(
         saving = np.searchsorted(bulk_writes, at[kept] + gaps[kept]) > np.searchsorted(bulk_writes, at[kept])
         if np.mean(saving) < 0.5:
             shortest_kept = float(gaps[kept].min())
-            dropped = gaps[gaps < shortest_kept].astype(float)
+            dropped = gaps[eligible & (gaps < shortest_kept)].astype(float)
             # halfway (in log) to the longest gap left inside steps
             best = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / CUT_RATIO
             best_score = score
