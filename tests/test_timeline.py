@@ -342,6 +342,42 @@ def test_other_sizes_on_pipeline_pairs_are_not_pipeline_sends():
     assert marked.tolist() == [timeline.PP] * 6 + [timeline.OTHER]
 
 
+def _two_stage_pipeline(paces: list[float], micro_batches: int = 16,
+                        forward_ns: int = 60_000_000) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """Flows of a 2-stage 1F1B job (one GPU per stage), one step per pace (a multiple of the
+    usual compute times), its PP pairs and the steps' first sends. A step: two warm-up forwards
+    f apart, the first backward, exchanges (a forward and a backward) 3 f apart, the last
+    backward; the next step's first forward 5.5 f after it."""
+    f = np.asarray(paces)[:, None] * forward_ns
+    forward = np.r_[0, 1, np.arange(2, micro_batches) * 3] * f  # each micro-batch's, within the step
+    backward = np.arange(1, micro_batches + 1) * 3 * f
+    length = (3 * micro_batches + 5.5) * f[:, 0]
+    first = 10 * HOUR_NS + np.r_[0, np.cumsum(length)[:-1]].astype(np.int64)
+    starts = np.concatenate([(first[:, None] + forward).ravel(), (first[:, None] + backward).ravel()]).astype(np.int64)
+    n = starts.size // 2
+    flows = pa.table({"time_flow_start_ns": starts, "time_flow_end_ns": starts + 1_000_000,
+                      "src_addr": ["a"] * n + ["b"] * n, "dst_addr": ["b"] * n + ["a"] * n,
+                      "bytes": [12 << 20] * (2 * n), "sampler_address": ["x"] * (2 * n)}).sort_by("time_flow_start_ns")
+    pairs = pa.table({"src_addr": ["a", "b"], "dst_addr": ["b", "a"], "kind": ["pp", "pp"]})
+    return flows, pairs, first
+
+
+def test_a_pipeline_step_holds_all_its_micro_batches_when_warm_up_steps_run_slow():
+    """The first steps of a pure pipeline run up to twice slower: their micro-batch gaps (6 f)
+    outlast a usual step gap (5.5 f), so no length alone separates steps. Only a gap from lone
+    backward to lone forward sends can end a step."""
+    paces = ([2.0, 1.9, 1.6, 1.3] + [1.0] * 16) * 2  # two slow stretches: more long micro-batch gaps than steps
+    flows, pairs, first = _two_stage_pipeline(paces)
+    state, steps = None, []
+    for hour, hour_flows in ((10, flows), (11, flows.slice(0, 0))):  # the next hour decides the last step
+        found = timeline.divide_steps("j", hour_flows, pairs, state, hour * HOUR_NS, (hour + 1) * HOUR_NS)
+        state, steps = found.state, [*steps, found.steps]
+    ends = pc.cast(pa.concat_tables(steps)["end"], pa.int64()).to_numpy()
+    # each step ends one forward pass before the next step's first send (stage 0's fill)
+    assert len(ends) == len(paces)
+    assert np.allclose(ends[:-1], first[1:] - 60_000_000 * np.asarray(paces[1:]), atol=2_000_000)
+
+
 # --- the scorer ---------------------------------------------------------------------------------
 
 
