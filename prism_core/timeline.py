@@ -32,7 +32,9 @@ steps, checkpoints); the step boundaries are the cut between regimes whose longe
 regularly in time, cutting the traffic into like units. Heavy bursts between two boundary gaps
 form one sync phase; consecutive phases short of the usual bytes join (a warm-up step's pauses
 look like step gaps). Jobs without visible DP traffic (pure pipelines, or DP groups inside a
-host) use their pipeline activation sends the same way.
+host) use their pipeline activation sends the same way, with one more condition: a step gap
+turns from the cool-down's lone backward sends to the warm-up's lone forward sends (a slow
+step's micro-batch gaps can outlast usual step gaps, but sit between exchanges).
 
 What BOCD does. LLMPrism runs BOCD over the intervals between DP communications, in time order.
 Here a step is a periodic pattern of several bursts (stages, RS + AG, gathers, all-to-all), not a
