@@ -344,6 +344,7 @@ def test_scorer_matches_by_job_kind_time_and_subject():
     assert figures["recall_hang"] == 1.0  # two hourly rows of one issue, waste 2000 + 3000
     assert figures["recall_slow_step"] == 0.0
     assert figures["recall_degradation"] is None  # no such fault: nothing to score
+    json.dumps({name: f.as_dict() for name, f in issue_scorer.score(truth, warehouse, {}).items()})  # `--json`
     # issues: straggler, slow_link, hang match; a3 (wrong NIC), the clean job's, the degradation do not
     assert figures["precision"] == pytest.approx(3 / 6)
     assert figures["false_issues_per_clean_job_hour"] == pytest.approx(1 / 2)  # t2 ran in two hours

@@ -15,7 +15,7 @@ class Figure:
     def ok(self) -> bool | None:
         if self.target is None or self.value is None:
             return None
-        return self.value <= self.target if self.at_most else self.value >= self.target
+        return bool(self.value <= self.target if self.at_most else self.value >= self.target)
 
     def as_dict(self) -> dict:
         return {"value": self.value, "target": self.target, "ok": self.ok}
@@ -23,4 +23,4 @@ class Figure:
 
 def ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator, 1.0 when there is nothing to score (no misses possible)."""
-    return float(numerator) / denominator if denominator else 1.0
+    return float(numerator / denominator) if denominator else 1.0
