@@ -168,7 +168,7 @@ def _group_flows(flows: _InternalFlows) -> _Groups:
     n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
     group_keys, of_flow = unique_inverse(direction * n_sizes + size_code)
-    answered = _reverse_in_flight(direction, flows.dst_host * n_hosts + flows.src_host, flows.start, flows.end)
+    answered = reverse_in_flight(direction, flows.dst_host * n_hosts + flows.src_host, flows.start, flows.end)
     pair, size_of_group = np.divmod(group_keys, n_sizes)
     src_of_group, dst_of_group = np.divmod(pair, n_hosts)
     reverse_keys = (dst_of_group * n_hosts + src_of_group) * n_sizes + size_of_group
@@ -184,7 +184,7 @@ def _group_flows(flows: _InternalFlows) -> _Groups:
     )
 
 
-def _reverse_in_flight(direction: np.ndarray, reverse: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def reverse_in_flight(direction: np.ndarray, reverse: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """For every flow: does a flow of the reverse direction overlap it (within the slack)?
 
     All flows sorted by (direction, start) with times offset per direction, so one running
@@ -289,13 +289,13 @@ def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarra
     high = np.maximum(flows.src_host[chosen], flows.dst_host[chosen])
     pair = low * flows.n_hosts + high
     upward = np.where(flows.src_host[chosen] == low, 1.0, -1.0)
-    vote = _warm_up_votes(pair, flows.start[chosen], groups.answered[chosen])
+    vote = warm_up_votes(pair, flows.start[chosen], groups.answered[chosen])
     pairs, index = unique_inverse(pair)
     upward_score = np.bincount(index, weights=upward * vote, minlength=len(pairs))
     return _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, flows.n_hosts)
 
 
-def _warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> np.ndarray:
+def warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> np.ndarray:
     """Per PP flow: +1 for a warm-up forward, -1 for a cool-down backward, 0 otherwise.
 
     Flows with no reverse traffic in flight open a step (warm-up forwards, followed closely by the

@@ -79,7 +79,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.bocd import NormalGammaPrior, bocd
-from prism_core.parallelism import _reverse_in_flight, _warm_up_votes
+from prism_core.parallelism import reverse_in_flight, warm_up_votes
 from prism_core.schema import STEPS
 
 DP, PP, OTHER = 0, 1, 2
@@ -467,10 +467,10 @@ def _pipeline_turns(traffic: _Traffic, rows: np.ndarray, burst: np.ndarray) -> n
                           + [len(traffic.pairs)], np.int64)
     pair, start, end = traffic.pair[rows], traffic.start[rows], traffic.end[rows]
     reverse = reverse_of[pair]
-    answered = _reverse_in_flight(pair, reverse, start, end)
+    answered = reverse_in_flight(pair, reverse, start, end)
     lead = np.zeros(len(rows))  # > 0 on forward pairs
     for link in (np.minimum(pair, reverse), np.zeros_like(pair)):
-        score = np.bincount(pair, _warm_up_votes(link, start, answered), minlength=len(traffic.pairs) + 1)
+        score = np.bincount(pair, warm_up_votes(link, start, answered), minlength=len(traffic.pairs) + 1)
         lead = np.where(lead == 0, score[pair] - score[reverse], lead)
     if not np.any(lead):
         return np.ones(n_gaps, bool)
