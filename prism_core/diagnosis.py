@@ -421,13 +421,14 @@ class _Run:
         watchdog's timeout does (a crashed job is relaunched sooner), and the hang is reported
         here. The watchdog killed the job `hang_watchdog_s` after it hung, unless it resumed sooner."""
         stop = self.state.stop if i == 0 else None
-        if not (stop and stop.get("hang")):
-            if resume - failed < self.config.hang_watchdog_s or (i == 0 and not stop):
-                return None
-            stop = stop or self.describe_stop(before=resume - BOUNDARY_SLACK_S)
-            killed = min(self.job.seconds(stop["at_ns"]) + self.config.hang_watchdog_s, resume)
+        reported = bool(stop and stop.get("hang"))
+        if not reported and (resume - failed < self.config.hang_watchdog_s or (i == 0 and not stop)):
+            return None
+        stop = stop or self.describe_stop(before=resume - BOUNDARY_SLACK_S)
+        killed = min(self.job.seconds(stop["at_ns"]) + self.config.hang_watchdog_s, resume)
+        if not reported:
             self.report_hang(stop, killed, "killed_by_watchdog" if killed < resume else "resumed")
-        return min(self.job.seconds(stop["at_ns"]) + self.config.hang_watchdog_s, resume)
+        return killed
 
     def checkpoint_before(self, t: float) -> int:
         """End of the last checkpoint completed by `t` (ns): this hour's, else the last one of
