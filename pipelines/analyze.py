@@ -19,7 +19,9 @@ from apache_beam.metrics import Metrics
 from pipelines import warehouse
 from pipelines.staging import read_staged, stage_tables
 from prism_core import jobs
-from prism_core.analysis import JOB_FLOW_COLUMNS, analyze_job, assemble_hour, jobs_to_analyze, split_flows_by_job
+from prism_core.analysis import (
+    JOB_FLOW_COLUMNS, analyze_job, assemble_hour, jobs_to_analyze, open_membership, split_flows_by_job,
+)
 from prism_core.topology import Topology
 
 NAMESPACE = "prism.analyze"
@@ -46,17 +48,18 @@ class ReadRowGroups(beam.DoFn):
 
 
 class SplitByJob(beam.DoFn):
-    """A row group of the hour's flows -> (job_id, (row group index, staged flows of the job))."""
+    """A row group of the hour's flows -> (job_id, (row group index, staged flows of the job)), by
+    the spans each job holds its hosts for (prism_core.analysis.open_membership)."""
 
     def __init__(self, staging_dir: str):
         self.staging_dir = staging_dir
         self.unassigned = Metrics.counter(NAMESPACE, "flows_without_job")
 
-    def process(self, row_group: tuple[str, int], recognition):
+    def process(self, row_group: tuple[str, int], membership: pa.Table):
         path, index = row_group
         with FileSystems.open(path) as handle:
             flows = pq.ParquetFile(handle).read_row_group(index, columns=list(JOB_FLOW_COLUMNS))
-        staged = stage_tables(self.staging_dir, split_flows_by_job(flows, recognition.membership))
+        staged = stage_tables(self.staging_dir, split_flows_by_job(flows, membership))
         for job_id, rows in staged:
             yield job_id, (index, rows)
         self.unassigned.inc(flows.num_rows - sum(rows.num_rows for _, rows in staged))
@@ -99,6 +102,7 @@ class AnalyzeHour(beam.PTransform):
             )
         )
         recognition_side = beam.pvalue.AsSingleton(recognition)
+        spans = recognition | "HeldSpans" >> beam.Map(open_membership, self.hour[0])
         # Every job to analyze gets a key even without flows (None), so silent jobs are seen.
         every_job = recognition | "EveryJob" >> beam.FlatMap(
             lambda rec: [(job_id, None) for job_id in jobs_to_analyze(rec, self.previous)]
@@ -106,7 +110,7 @@ class AnalyzeHour(beam.PTransform):
         job_flows = (
             pipeline
             | "FlowsRowGroups" >> beam.Create(row_groups(flows_path))
-            | "SplitByJob" >> beam.ParDo(SplitByJob(self.staging_dir), recognition_side)
+            | "SplitByJob" >> beam.ParDo(SplitByJob(self.staging_dir), beam.pvalue.AsSingleton(spans))
         )
         return (
             (every_job, job_flows)

@@ -63,8 +63,9 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     candidate = np.searchsorted(member_key, flow_key, side="right") - 1
     valid = candidate >= 0
     row = order[np.where(valid, candidate, 0)]
-    last_ns = membership["last_ns"].to_numpy()[row]
-    belongs = valid & (member_code[row] == flow_code) & (flow_start <= last_ns)
+    first_ns, last_ns = membership["first_ns"].to_numpy()[row], membership["last_ns"].to_numpy()[row]
+    # (flows before the earliest span are clipped onto it above: the start is checked too)
+    belongs = valid & (member_code[row] == flow_code) & (first_ns <= flow_start) & (flow_start <= last_ns)
 
     kept = np.flatnonzero(belongs)
     # Grouped by integer codes in job_id order: sorting the ids themselves (Python strings) per
@@ -74,6 +75,42 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     job_flows = flows.select(JOB_FLOW_COLUMNS)
     for code, rows in group_indices(member_job[row[kept]]):
         yield job_ids[code].as_py(), job_flows.take(kept[rows])
+
+
+def open_membership(recognition: jobs.Recognition, hour_start_ns: int) -> pa.Table:
+    """The membership with the spans a job holds its hosts for, not just the span of its traffic:
+    a job running when the hour began (known from earlier hours, or heard in the hour's first
+    minute) holds its hosts from the hour's start, and a job still running at the hour's end holds
+    them to the end. So what a host sends outside the job's traffic in those spans is the job's:
+    the checkpoint save after its last sync of the hour, or the save before its first. A span
+    begun by a job's arrival on a host another job had this hour, or closed by the job's end,
+    stays as it was, so one job's traffic never joins another's."""
+    membership = recognition.membership
+    info = recognition.jobs
+    running_at_end = pc.equal(info["status"], "running")
+    running_at_start = pc.less(info["first_seen"].cast(pa.int64()), hour_start_ns + MINUTE_NS)
+    hosts = pc.list_flatten(info["hosts"])
+    job = pc.list_parent_indices(info["hosts"])
+    held = pa.table({
+        "job_id": info["job_id"].take(job),
+        "host": hosts,
+        "held_at_end": running_at_end.take(job),
+        "held_at_start": running_at_start.take(job),
+    })
+    membership = membership.join(held, ["job_id", "host"], join_type="left outer")
+    first_ns = membership["first_ns"].to_numpy()
+    # a host's first span of the hour: no other job's span on it begins earlier
+    order = np.lexsort((first_ns, membership["host"].to_numpy(zero_copy_only=False)))
+    hosts_sorted = membership["host"].to_numpy(zero_copy_only=False)[order]
+    first_of_host = np.zeros(len(order), bool)
+    first_of_host[order] = np.r_[True, hosts_sorted[1:] != hosts_sorted[:-1]] if len(order) else []
+    at_start = pc.fill_null(membership["held_at_start"], False).to_numpy(zero_copy_only=False) & first_of_host
+    at_end = pc.fill_null(membership["held_at_end"], False).to_numpy(zero_copy_only=False)
+    membership = membership.set_column(membership.schema.get_field_index("first_ns"), "first_ns",
+                                       pa.array(np.where(at_start, np.minimum(first_ns, hour_start_ns), first_ns)))
+    membership = membership.set_column(membership.schema.get_field_index("last_ns"), "last_ns",
+                                       pa.array(np.where(at_end, np.iinfo(np.int64).max, membership["last_ns"].to_numpy())))
+    return membership.drop_columns(["held_at_end", "held_at_start"])
 
 
 def jobs_to_analyze(recognition: jobs.Recognition, previous: dict) -> list[str]:
@@ -155,7 +192,7 @@ def analyze_hour(
     previous = previous or {}
     recognition = jobs.recognize_hour(flow_minutes, topology, previous.get("jobs"), hour_start_ns)
     hour_end_ns = hour_start_ns + 60 * MINUTE_NS
-    flows_of = dict(split_flows_by_job(flows, recognition.membership))
+    flows_of = dict(split_flows_by_job(flows, open_membership(recognition, hour_start_ns)))
     analyses = [
         analyze_job(job_id, [flows_of[job_id]] if job_id in flows_of else [], recognition, previous,
                     hour_start_ns, hour_end_ns)
