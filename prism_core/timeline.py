@@ -64,7 +64,9 @@ the attempt, restarts not yet behind a step and the job's usual timings, so a re
 same state gives the same steps. A phase short of its usual bytes (a hang or failure cut it) ends
 no step; after a restart the first step starts with the job's traffic after the downtime. The
 first phase of a job new to Prism closes a step only if the view holds the step's start: the job
-started in view (warm-up), or start markers give the step a usual length.
+started in view (warm-up), start markers give the step a usual length, or the view opened during
+the save before it (the step starts the job's usual tail after the save's last write, a tail
+learned like the save's length from three or more saves in view).
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ class _Traffic:
     pairs: list[str]  # "src>dst"
     exporters: list[str]
     bulk_writes: np.ndarray  # start of each large flow from the job to an address not its GPU
+    bulk_write_ends: np.ndarray  # and its end, in the same order
 
     COLUMNS = ("start", "end", "nbytes", "kind", "pair", "exporter")
 
@@ -218,8 +221,11 @@ class _Traffic:
         if not np.all(start_order[1:] >= start_order[:-1]):  # flows usually come sorted already
             order = np.argsort(start_order, kind="stable")
             columns = {name: values[order] for name, values in columns.items()}
-        return cls(**columns, pairs=pairs,
-                   exporters=exporters, bulk_writes=np.sort(np.concatenate([carried["bulk_writes"], start[outbound]])))
+        write_start = np.concatenate([carried["bulk_writes"], start[outbound]])
+        write_end = np.concatenate([carried["bulk_write_ends"], job_flows["time_flow_end_ns"].to_numpy()[outbound]])
+        by_start = np.argsort(write_start, kind="stable")
+        return cls(**columns, pairs=pairs, exporters=exporters,
+                   bulk_writes=write_start[by_start].astype(np.int64), bulk_write_ends=write_end[by_start].astype(np.int64))
 
     def carry(self, from_ns: int) -> dict | None:
         """The flows (and bulk writes) from `from_ns` on, compactly, for the next hour."""
@@ -236,6 +242,7 @@ class _Traffic:
             "pairs": [self.pairs[i] for i in pair_used],
             "exporters": [self.exporters[i] for i in exporter_used],
             "bulk_writes": self.bulk_writes[self.bulk_writes >= from_ns].tolist(),
+            "bulk_write_ends": self.bulk_write_ends[self.bulk_writes >= from_ns].tolist(),
         }
 
     def cluster_start(self, rows: np.ndarray) -> int:
@@ -329,10 +336,14 @@ def _extend(names: list[str], more: list[str]) -> np.ndarray:
 def _decode_carry(carry: dict | None) -> dict:
     empty = {name: np.empty(0, np.int64) for name in _Traffic.COLUMNS}
     if not carry:
-        return {**empty, "pairs": [], "exporters": [], "bulk_writes": np.empty(0, np.int64)}
+        return {**empty, "pairs": [], "exporters": [], "bulk_writes": np.empty(0, np.int64),
+                "bulk_write_ends": np.empty(0, np.int64)}
     packed = np.frombuffer(zlib.decompress(base64.b64decode(carry["flows"])), "<i8").reshape(len(_Traffic.COLUMNS), -1)
+    writes = np.asarray(carry["bulk_writes"], np.int64)
     return {**dict(zip(_Traffic.COLUMNS, packed)), "pairs": list(carry["pairs"]),
-            "exporters": list(carry["exporters"]), "bulk_writes": np.asarray(carry["bulk_writes"], np.int64)}
+            "exporters": list(carry["exporters"]), "bulk_writes": writes,
+            # a state written before write ends were carried: their starts stand in
+            "bulk_write_ends": np.asarray(carry.get("bulk_write_ends", writes), np.int64)}
 
 
 def _median_per_group(values: np.ndarray, groups: np.ndarray, reduce: np.ufunc) -> int:
@@ -361,6 +372,7 @@ class _Phases:
     forward_ns: np.ndarray  # and one forward pass between them
     bulk_write: np.ndarray  # bool: bulk writes between the phase and the next traffic
     write_delay_ns: np.ndarray  # end of the phase -> the first bulk write after it (-1: none in view)
+    written_until_ns: np.ndarray  # end of the last bulk write after the phase, before the next traffic (-1: none)
     inner_gap_ns: int  # the longest quiet between bursts of one phase (at least MERGE_NS)
     has_dp: bool
     gap_threshold_ns: float | None
@@ -425,6 +437,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
     first_send_ns = np.full(n, -1, np.int64)
     forward_ns = np.full(n, -1, np.int64)
     bulk_write = np.zeros(n, bool)
+    written_until_ns = np.full(n, -1, np.int64)
     first_write = np.r_[traffic.bulk_writes, -1][np.searchsorted(traffic.bulk_writes, close, side="right")]
     write_delay_ns = np.where(first_write >= 0, first_write - close, -1)
     for p in range(n):
@@ -442,10 +455,13 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
             if sends is not None:
                 first_send_ns[p], forward_ns[p] = sends
         saved_until = next_ns[p] if len(window) else until
-        bulk_write[p] = np.any((traffic.bulk_writes > close[p]) & (traffic.bulk_writes < saved_until))
+        saving = (traffic.bulk_writes > close[p]) & (traffic.bulk_writes < saved_until)
+        bulk_write[p] = np.any(saving)
+        written_until_ns[p] = traffic.bulk_write_ends[saving].max(initial=-1)
     return _Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes),
                    np.array([len(rows) for rows in flows], float), np.array(after_optimizer, bool),
-                   closed, next_ns, first_send_ns, forward_ns, bulk_write, write_delay_ns, inner_gap_ns, has_dp,
+                   closed, next_ns, first_send_ns, forward_ns, bulk_write, write_delay_ns, written_until_ns,
+                   inner_gap_ns, has_dp,
                    float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
 
@@ -650,6 +666,7 @@ class _Typical:
     forward_ns: float | None  # one forward pass between the first pipeline sends of a step
     write_delay_ns: float | None  # longest seen from a sync's end to its checkpoint's first write
     save_ns: float | None  # a checkpoint's save: A -> the next step's start
+    save_tail_ns: float | None  # a save's last write ends -> the next step's start
 
     def close_to_end(self) -> float:
         if self.close_to_end_ns is not None:
@@ -661,7 +678,8 @@ class _Typical:
                 "phase_flows": self.phase_flows,
                 "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
                 "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
-                "write_delay_ns": self.write_delay_ns, "save_ns": self.save_ns, "gap_threshold_ns": gap_threshold_ns}
+                "write_delay_ns": self.write_delay_ns, "save_ns": self.save_ns, "save_tail_ns": self.save_tail_ns,
+                "gap_threshold_ns": gap_threshold_ns}
 
 
 def _typical(phases: _Phases, baseline: dict) -> _Typical:
@@ -677,7 +695,7 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     typical = _Typical(period or np.inf, gap or np.inf, phase_bytes, phase_flows, baseline.get("fill", 1),
                        baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
                        baseline.get("sync_ns"), baseline.get("forward_ns"), baseline.get("write_delay_ns"),
-                       baseline.get("save_ns"))
+                       baseline.get("save_ns"), baseline.get("save_tail_ns"))
     if period is None or gap is None:
         return typical
     typical.forward_ns = median(phases.forward_ns[followed & (phases.forward_ns > 0)], "forward_ns")
@@ -699,7 +717,9 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     if np.any(saving):
         typical.write_delay_ns = float(max(phases.write_delay_ns[saving].max(), typical.write_delay_ns or 0.0))
     if saving.sum() >= MIN_SAVES:
-        typical.save_ns = float(np.median((_saved_until(phases, typical) - _after_sync(phases, typical))[saving]))
+        saved_until = _saved_until(phases, typical)
+        typical.save_ns = float(np.median((saved_until - _after_sync(phases, typical))[saving]))
+        typical.save_tail_ns = float(np.median((saved_until - phases.written_until_ns)[saving]))
     return typical
 
 
@@ -905,18 +925,29 @@ def _opening_start(
     speeding_up = speeding_up and bool(np.all(np.diff(lengths) < 0))
     if (next_length >= WARMUP_RATIO * period or speeding_up) and not saving:
         return _attempt_start(phases, p, boundary, traffic, None, typical)
-    before = np.arange(np.searchsorted(traffic.start, _step_traffic_until(phases, p)))
-    if not len(before):
-        return None
-    reach = np.maximum.accumulate(traffic.end[before])
-    # the view may open right at the step's start, or the step starts after a quiet gap in view
-    after_quiet = np.r_[0, before[1:][traffic.start[before[1:]] - reach[:-1] >= 0.8 * typical.gap_ns]]
-    for first in after_quiet:
-        start = _marked_start(traffic, np.arange(first, before[-1] + 1), typical)
-        length = boundary[p] - start
-        usual = abs(length - period) <= LONG_GAP_SHARE / 2 * period
-        warming = first == 0 and WARMUP_RATIO * period <= length <= 2 * WARMUP_RATIO * period
-        if usual or (warming and next_length > (1 + LONG_GAP_SHARE / 2) * period and not saving):
+    step_traffic_until = _step_traffic_until(phases, p)
+    before = np.arange(np.searchsorted(traffic.start, step_traffic_until))
+
+    def usual(start: int) -> bool:
+        return abs(boundary[p] - start - period) <= LONG_GAP_SHARE / 2 * period
+
+    if len(before):
+        reach = np.maximum.accumulate(traffic.end[before])
+        # the view may open right at the step's start, or the step starts after a quiet gap in view
+        after_quiet = np.r_[0, before[1:][traffic.start[before[1:]] - reach[:-1] >= 0.8 * typical.gap_ns]]
+        for first in after_quiet:
+            start = _marked_start(traffic, np.arange(first, before[-1] + 1), typical)
+            length = boundary[p] - start
+            warming = first == 0 and WARMUP_RATIO * period <= length <= 2 * WARMUP_RATIO * period
+            if usual(start) or (warming and next_length > (1 + LONG_GAP_SHARE / 2) * period and not saving):
+                return start
+    # the view opened during the save that ended the step before: this one starts the job's
+    # usual tail after the save's last write
+    first_traffic = traffic.start[before[0]] if len(before) else step_traffic_until
+    saved = traffic.bulk_writes < first_traffic
+    if typical.save_tail_ns is not None and np.any(saved):
+        start = int(traffic.bulk_write_ends[saved].max() + typical.save_tail_ns)
+        if start <= first_traffic and usual(start):
             return start
     return None
 

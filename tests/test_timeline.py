@@ -233,10 +233,51 @@ def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(sm
     assert np.max(np.abs(_ns(split["end"]) - _ns(whole["end"])[: split.num_rows])) < 0.002 * period
 
 
+def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """Flows of a 4-GPU data-parallel job whose only traffic is the gradient sync at the end of
+    each 10 s step (a tree all-reduce: nothing marks a step's start), its DP pairs and the steps'
+    bounds. Every `save_every`-th step saves a checkpoint after its optimizer: each GPU writes 4
+    chunks to storage over the save, the last ending 7.5% of the save before the next step."""
+    rng = np.random.default_rng(7)
+    gpus = ["g0", "g1", "g2", "g3"]
+    rows, bounds, t = [], [10 * HOUR_NS], 10 * HOUR_NS
+    for step in range(steps):
+        compute = int(9.4e9 * rng.uniform(0.99, 1.01))
+        sync = t + compute
+        for k, src in enumerate(gpus):
+            rows += [(sync + 1_000_000 * c, sync + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20) for c in range(4)]
+        t = sync + 600_000_000  # sync and optimizer
+        if step % save_every == save_every - 1:
+            for src in gpus:
+                rows += [(t + int(save_s * (0.05 + 0.225 * c) * 1e9), t + int(save_s * (0.25 + 0.225 * c) * 1e9),
+                          src, "storage", 1 << 30) for c in range(4)]
+            t += int(save_s * 1e9)
+        bounds.append(t)
+    start, end, src, dst, nbytes = map(list, zip(*rows))
+    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
+                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
+    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
+    return flows, pairs, np.array(bounds, np.int64)
+
+
+def test_a_view_opening_during_a_save_starts_its_first_step_when_the_save_ends():
+    """Prism's view of a running job may open while the job saves a checkpoint (the sync before
+    the save is out of view, and nothing in the next step marks its start): the first step starts
+    the job's usual tail after the save's last write, learned from the saves in view."""
+    flows, pairs, bounds = _data_parallel_job(steps=40, save_every=5)
+    starts = flows["time_flow_start_ns"].to_numpy()
+    saved = 4  # the first checkpoint step; the view opens with its first write
+    cut = int(starts[(starts > bounds[saved]) & (flows["dst_addr"].to_numpy(zero_copy_only=False) == "storage")].min())
+    found = timeline.divide_steps("j", flows.filter(pa.array(starts >= cut)), pairs, None, cut, cut + HOUR_NS)
+    first_start, first_end = _ns(found.steps["start"])[0], _ns(found.steps["end"])[0]
+    assert abs(first_start - bounds[saved + 1]) < 0.01 * 10 * SECOND
+    assert abs(first_end - bounds[saved + 2]) < 0.01 * 10 * SECOND
+
+
 def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():
     typical = timeline._Typical(period_ns=10e9, gap_ns=9e9, phase_bytes=1.0, phase_flows=1.0, fill=1,
                                 close_to_end_ns=None, lead_ns=None, lead_per_sync=None, sync_ns=None,
-                                forward_ns=None, write_delay_ns=None, save_ns=None)
+                                forward_ns=None, write_delay_ns=None, save_ns=None, save_tail_ns=None)
     # saves every 20 steps: only step 60 may save, however long the quiet
     assert timeline._save_may_follow(60, [0, 20, 40], typical, 9 * SECOND)
     assert not timeline._save_may_follow(59, [0, 20, 40], typical, 1)
