@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,9 @@ CHECKPOINT_MARGIN = 0.25  # of a step: how much longer than usual a checkpoint s
 MIN_STEP_S = 0.1  # no training step of a multi-host job is shorter
 MIN_STEPS = 10  # steps a job must have shown before its steps are judged or its stop called a hang
 REGULAR_SHARE = 0.8  # a transfer class is regular when its count per step is the usual one this often
+# the flows of one transfer (one per NCCL channel) start within launch skew (well under a
+# millisecond); a pipeline stage sends its next micro-batch at least a forward pass later
+TRANSFER_GAP_S = 0.002
 SEVERITY_BANDS = ((0.10, "low"), (0.25, "medium"), (0.50, "high"))  # impact share below -> band
 
 
@@ -146,6 +150,8 @@ class _JobHour:
     hosts: np.ndarray  # host names (str)
     gpus_of_host: np.ndarray  # job GPUs per host
     stage_of_host: np.ndarray  # most common pp_stage of the host's GPUs (-1 unknown)
+    stage_of_addr: np.ndarray  # pp_stage of the GPU behind each address (-1 unknown)
+    replica_of_addr: np.ndarray  # its dp_rank (-1 unknown)
     # flows between members, sorted by start
     start: np.ndarray
     end: np.ndarray
@@ -222,6 +228,8 @@ class _JobHour:
             hosts=hosts,
             gpus_of_host=np.bincount(host_of_addr, minlength=len(hosts)),
             stage_of_host=stage_of_host,
+            stage_of_addr=stages,
+            replica_of_addr=pc.fill_null(gpus["dp_rank"], -1).to_numpy().astype(np.int64),
             start=start[order],
             end=end[order],
             src=src[order],
@@ -711,18 +719,30 @@ class _Run:
                 base = float(np.mean(baseline)) if np.size(baseline) else np.nan
                 # A slow link in the gradient collective stretches the DP synchronization, not the
                 # compute: its cost is measured there, clear of the compute's jitter, which is ten
-                # times larger. Otherwise (stragglers, links carrying pipeline traffic only) the
-                # whole step is.
+                # times larger. A link carrying pipeline activations only delays transfers by
+                # milliseconds, far below the step's jitter: its cost is the delay those transfers
+                # add to the 1F1B schedule, replayed from the observed transfers
+                # (`pipeline_delay`). Otherwise (stragglers, links whose traffic tells neither)
+                # the whole step is measured.
                 usual_sync = (previous or {}).get("sync_baseline_s") if continued else self.usual_sync
                 paced, usual = job.duration, baseline
-                if kind == "slow_link" and usual_sync is not None and self.carries_dp(code, steps):
+                n_gpus = job.gpus_active(job.step_start[run[0]], job.step_end[run[-1]])
+                carries_dp = kind == "slow_link" and self.carries_dp(code, steps)
+                pipeline = None
+                if carries_dp and usual_sync is not None:
                     measured = measured[np.isfinite(job.sync_s[measured])]
                     paced, usual = job.sync_s, usual_sync
                 else:
                     usual_sync = None
-                n_gpus = job.gpus_active(job.step_start[run[0]], job.step_end[run[-1]])
-                cost = waste.window_excess_gpu_s(paced[measured], usual, len(steps), n_gpus)
-                share = float(np.mean(paced[measured] - usual)) / base if len(measured) else 0.0
+                    if kind == "slow_link" and not carries_dp:
+                        pipeline = self.pipeline_delay(code, steps)
+                if pipeline is not None:
+                    delay = pipeline.pop("delay_s")
+                    cost = waste.window_excess_gpu_s(delay, 0.0, len(steps), n_gpus)
+                    share = float(np.mean(delay)) / base if np.isfinite(base) and base > 0 else 0.0
+                else:
+                    cost = waste.window_excess_gpu_s(paced[measured], usual, len(steps), n_gpus)
+                    share = float(np.mean(paced[measured] - usual)) / base if len(measured) else 0.0
                 if kind == "straggler" and not continued and share <= 2 * self.sigma / np.sqrt(max(len(measured), 1)):
                     continue  # late, but nobody waited long enough to slow the steps: no straggler
                 votes = len(run) / len(steps)
@@ -736,6 +756,8 @@ class _Run:
                     subject, detail = self.link_subject(code, steps)
                     evidence = {"slow_steps": len(run), "window_steps": len(steps),
                                 "throughput_ratio": float(np.median(scores)), **detail}
+                    if pipeline is not None:
+                        evidence["pipeline"] = pipeline
                     confidence = votes * _confidence(self.config.slow_link_ratio / max(float(np.median(scores)), 1e-3))
                 start_ns = previous["start_ns"] if continued else job.ns(job.step_start[run[0]])
                 evidence["continued"] = continued
@@ -743,6 +765,148 @@ class _Run:
                 if run[-1] >= job.n_steps - 1 - self.config.window_max_gap:
                     self.open_windows[kind] = {"name": self.subject_name(kind, code), "start_ns": start_ns,
                                                "baseline_s": base, "sync_baseline_s": usual_sync}
+
+    def pipeline_delay(self, code: int, steps: np.ndarray) -> dict | None:
+        """How much the slow-link subject `code` delayed each measured step of `steps` through the
+        pipeline: the step's 1F1B schedule replayed twice from its observed PP transfers, once as
+        they were and once with the subject's transfers taking what their peers of the same size
+        took in the same step. None when the subject carries no pipeline transfer or the job's
+        stages are unknown.
+
+        A transfer is the flows (one per NCCL channel) of one size a pair of addresses sent
+        together, within launch skew (`TRANSFER_GAP_S`). The activations are the transfers a pair
+        repeats m times a step (m micro-batches); a step is measured when every activation pair
+        moved its m transfers in it. A transfer goes forward when it climbs the
+        stages of the hosts; it crosses hop s (stage s to s + 1), in the replica of the receiving
+        GPU (rail-aligned sends arrive at the receiver's own NIC). A hop moves when all its tensor-
+        parallel ranks have: its time is the longest of theirs; hops inside a host (NVLink) leave
+        no record and take no time. The stages' compute comes from the same transfers: the first
+        two forwards a stage sends go back to back (forward time f), and micro-batch 0's round trip
+        from hop s to the last stage and back is (pp - 1 - s) x (f + b) plus the transfers between.
+        """
+        job = self.job
+        n = len(job.addrs)
+        ends = [code] if code < n else list(divmod(code - n, n))
+        known = job.stage_of_addr >= 0
+        pp = int(job.stage_of_addr.max(initial=-1)) + 1
+        dp = max(int(job.replica_of_addr.max(initial=-1)) + 1, 1)
+        if pp < 2 or not known.all():
+            return None
+        usable = np.zeros(job.n_steps, bool)
+        usable[steps] = True
+        usable &= ~self.split
+        idx = np.flatnonzero((job.kind == PP) & (job.step >= 0) & usable[np.maximum(job.step, 0)])
+        if not len(idx):
+            return None
+        # transfers: flows of one pair and size within launch skew of each other
+        size = np.unique(job.nbytes[idx], return_inverse=True)[1]
+        pair_step = _key(job.step[idx], job.src[idx], job.dst[idx], size)
+        order = np.lexsort((job.start[idx], pair_step))
+        idx, pair_step, size = idx[order], pair_step[order], size[order]
+        start, end = job.start[idx], job.end[idx]
+        first_of_pair = np.r_[True, pair_step[1:] != pair_step[:-1]]
+        shift = (np.cumsum(first_of_pair) - 1) * (float(end.max() - start.min()) + 1.0)
+        done = np.maximum.accumulate(end + shift)[:-1] + TRANSFER_GAP_S
+        after_previous = np.r_[False, start[1:] + shift[1:] > done]
+        heads = np.flatnonzero(first_of_pair | after_previous)
+        t_start = np.minimum.reduceat(start, heads)
+        t_end = np.maximum.reduceat(end, heads)
+        flow_transfer = np.repeat(np.arange(len(heads)), np.diff(np.r_[heads, len(idx)]))
+        t_seconds = _group_median(flow_transfer, end - start)[heads]
+        step, src, dst, size = job.step[idx][heads], job.src[idx][heads], job.dst[idx][heads], size[heads]
+        pair_head = np.flatnonzero(first_of_pair[heads])
+        per_pair = np.diff(np.r_[pair_head, len(heads)])
+        ordinal = np.arange(len(heads)) - np.repeat(pair_head, per_pair)
+        count = np.repeat(per_pair, per_pair)
+        # the activations: the transfer class (pair, size) that repeats m times a step, m the count
+        # that holds the most transfers (an embedding or other once-a-step tensor sent on a
+        # pipeline pair is left out)
+        values, counts = np.unique(per_pair, return_counts=True)
+        m = int(values[np.argmax(values * counts)])
+        transfer_class = _key(src, dst, size)
+        activation = _group_mode(transfer_class, count) == m
+        # place each transfer in its replica's pipeline
+        host_stage = job.stage_of_host[job.host_of_addr]
+        forward = host_stage[src] < host_stage[dst]
+        hop = job.stage_of_addr[dst] - forward
+        replica = job.replica_of_addr[dst]
+        placed = (host_stage[src] != host_stage[dst]) & (hop >= 0) & (hop < pp - 1) & (replica >= 0)
+        # a step is measured when every activation class moved its m transfers
+        complete = _group_reduce(step, (~activation | (count == m)).astype(np.int64), np.minimum) == 1
+        keep = placed & activation & complete
+        slowed = np.isin(src, ends) | np.isin(dst, ends)
+        if not (keep & slowed).any():
+            return None
+        # what the subject's transfers would have taken: their peers' time for the same size
+        peers = keep & ~slowed
+        if not peers.any():
+            return None
+        in_step = _key(step, size)
+        peer_keys = np.unique(in_step[peers])
+        peer_seconds = _group_median(in_step[peers], t_seconds[peers])
+        peer_seconds = peer_seconds[np.unique(in_step[peers], return_index=True)[1]]
+        at = np.clip(np.searchsorted(peer_keys, in_step), 0, len(peer_keys) - 1)
+        same = peer_keys[at] == in_step
+        overall = np.array([np.median(t_seconds[peers & (size == k)]) if (peers & (size == k)).any() else np.nan
+                            for k in range(size.max() + 1)])
+        usual_seconds = np.where(same, peer_seconds[at], overall[size])
+        usual_seconds = np.where(slowed, usual_seconds, t_seconds)
+        keep &= np.isfinite(usual_seconds)
+        measured = np.unique(step[keep])
+        if not len(measured):
+            return None
+        row = np.searchsorted(measured, step[keep])
+        where = (row, replica[keep], hop[keep], (~forward[keep]).astype(int), ordinal[keep])
+        shape = (len(measured), dp, pp - 1, 2, m)
+        comm, usual = np.zeros(shape), np.zeros(shape)
+        np.maximum.at(comm, where, t_seconds[keep])
+        np.maximum.at(usual, where, usual_seconds[keep])
+        fwd_s, bwd_s = self.stage_compute(shape, where, t_start[keep], t_end[keep], comm)
+        if fwd_s is None:
+            return None
+        fwd = np.broadcast_to(fwd_s[:, None, None], (len(measured), dp, pp))
+        bwd = np.broadcast_to(bwd_s[:, None, None], (len(measured), dp, pp))
+        delay = waste.pipeline_delay_s(fwd, bwd, comm[..., 0, :], comm[..., 1, :], usual[..., 0, :], usual[..., 1, :])
+        return {"delay_s": delay, "measured_steps": len(measured), "stages": pp, "replicas": dp,
+                "micro_batches": m, "forward_s": float(np.median(fwd_s)), "backward_s": float(np.median(bwd_s)),
+                "slow_transfers_per_step": float(np.sum(keep & slowed) / len(measured)),
+                "transfer_delay_s": float(np.median((t_seconds - usual_seconds)[keep & slowed])),
+                "step_delay_s": float(np.mean(delay))}
+
+    @staticmethod
+    def stage_compute(shape: tuple, where: tuple, t_start: np.ndarray, t_end: np.ndarray,
+                      comm: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per measured step, a stage's forward and backward time per micro-batch, from its
+        transfers (see `pipeline_delay`): medians over the replicas and hops that show them, the
+        window's median for a step that shows none. Backward is taken as twice the forward when
+        the transfers cannot tell them apart (a single micro-batch)."""
+        steps, dp, hops, _, m = shape
+        sent = np.full(shape, np.nan)
+        arrived = np.full(shape, -np.inf)
+        # a hop's tensor-parallel ranks send together (launch skew aside) and the receiving stage
+        # goes on when the last one has arrived
+        flat = np.ravel_multi_index(where, shape)
+        cell, first = np.unique(flat, return_index=True)
+        sent.flat[cell] = _group_median(flat, t_start)[first]
+        np.maximum.at(arrived, where, t_end)
+        arrived[~np.isfinite(arrived)] = np.nan
+        pp = hops + 1
+        hop = np.arange(hops)
+        forward = sent[:, :, :, 0, 1] - sent[:, :, :, 0, 0] if m >= 2 else np.full((steps, dp, hops), np.nan)
+        between = np.cumsum((comm[:, :, ::-1, 0, 0] + comm[:, :, ::-1, 1, 0]), axis=2)[:, :, ::-1]
+        between = np.concatenate([between[:, :, 1:], np.zeros((steps, dp, 1))], axis=2)  # hops after s
+        round_trip = (sent[:, :, :, 1, 0] - arrived[:, :, :, 0, 0] - between) / (pp - 1 - hop)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            f = np.nanmedian(forward.reshape(steps, -1), axis=1)
+            c = np.nanmedian(round_trip.reshape(steps, -1), axis=1)
+        f = np.where(np.isfinite(f) & (f > 0), f, np.nanmedian(f[f > 0]) if (f > 0).any() else np.nan)
+        c = np.where(np.isfinite(c) & (c > 0), c, np.nanmedian(c[c > 0]) if (c > 0).any() else np.nan)
+        if not np.isfinite(c).all():
+            return None, None
+        split = np.isfinite(f) & (f < c)
+        f = np.where(split, f, c / 3)
+        return f, c - f
 
     @property
     def usual_sync(self) -> float | None:

@@ -299,6 +299,84 @@ def test_severity_bands_and_stable_issue_ids():
     assert a != diagnosis.issue_id("job-a", "hang", "10.0.0.1", 124)
 
 
+# --- slow links on pipeline traffic: replaying the 1F1B schedule ---------------------------------
+
+
+def test_pipeline_makespan_is_the_1f1b_schedule():
+    f, b = 0.1, 0.2
+    # equal stages, free transfers: the operator-level model's (m - 1 + pp) x (fwd + bwd)
+    for pp, m in ((1, 4), (2, 1), (4, 8), (8, 4)):
+        free = np.zeros((pp - 1, m))
+        assert waste.pipeline_makespan(np.full(pp, f), np.full(pp, 2 * f), free, free) == pytest.approx((m - 1 + pp) * 3 * f)
+    # two stages, two micro-batches: micro-batch 0's activation and micro-batch 1's gradient are on
+    # the critical path (stage 0: F0 F1 B0 B1, stage 1: F0 B0 F1 B1), the other two transfers not
+    cf, cb = np.array([[1e-3, 3e-3]]), np.array([[5e-3, 7e-3]])
+    assert waste.pipeline_makespan(np.full(2, f), np.full(2, b), cf, cb) == pytest.approx(3 * (f + b) + 1e-3 + 7e-3)
+
+
+def _pipeline_job(slow_steps: range, n_steps: int = 240, seed: int = 3):
+    """A job of 2 hosts, tp=4 x pp=4, 4 micro-batches a step, as the simulator lays out its
+    traffic (rail-aligned, 2 channels, launch skew, 2% step jitter); one NIC of host 1 runs at 30%
+    of line rate during `slow_steps`. Returns its flows, GPUs, pairs, steps, the slow NIC's
+    address and the GPU-seconds the slow NIC cost (the simulator's truth)."""
+    from prism_core.simulate.model import JobModel, align
+    from prism_core.simulate.traffic import PP, Condition, step_template
+
+    model = JobModel(tp=4, pp=4, dp=1, micro_batches=4, channels=2, collective="ring", moe=False,
+                     tied_embeddings=False, fwd_s=0.12, bwd_s=0.24, opt_s=0.1, act_bytes=int(align(32 << 20, 2)),
+                     bucket_bytes=(1 << 20,), param_bytes=0, a2a_bytes=0, emb_bytes=0, ckpt_every=10_000,
+                     ckpt_save_s=1.0, ckpt_bytes=0, jitter_sigma=0.02)
+    hosts, slow_nic = np.array([0, 1]), 8 + 5  # host 1, rail 5: a backward hop's NIC
+    nominal = step_template(model, hosts, Condition(0), salt=1)
+    slow = step_template(model, hosts, Condition(0, slow_nic=slow_nic, slow_fraction=0.3), salt=1)
+    assert (slow.kind == PP).all() and slow.duration > nominal.duration  # pipeline traffic only
+    rng = np.random.default_rng(seed)
+    jitter = rng.lognormal(0.0, model.jitter_sigma, n_steps)
+    is_slow = np.isin(np.arange(n_steps), slow_steps)
+    duration = jitter * np.where(is_slow, slow.duration, nominal.duration)
+    base = 1.0 + np.r_[0.0, np.cumsum(duration)[:-1]]
+    parts = [(slow if is_slow[i] else nominal).expand(base[[i]], jitter[[i]], rng) for i in range(n_steps)]
+    addr = np.array([f"10.0.{e % 8}.{e // 8 + 1}" for e in range(16)])
+    src = np.concatenate([p.src for p in parts])
+    dst = np.concatenate([p.dst for p in parts])
+    flows = pa.table({
+        "time_flow_start_ns": HOUR0_NS + np.round(np.concatenate([p.start for p in parts]) * NS).astype(np.int64),
+        "time_flow_end_ns": HOUR0_NS + np.round(np.concatenate([p.end for p in parts]) * NS).astype(np.int64),
+        "src_addr": addr[src], "dst_addr": addr[dst], "bytes": np.concatenate([p.nbytes for p in parts]),
+    })
+    rank = np.arange(16)  # rank r on GPU r % 8 of host r // 8 (Megatron order: stage = r // (tp x dp))
+    gpus = conform(pa.table({"job_id": ["job-p"] * 16, "addr": addr[rank], "host": [f"gpu{r // 8}" for r in rank],
+                             "gpu": rank % 8, "pp_stage": rank // 4, "dp_rank": np.zeros(16, int)}), JOB_GPUS)
+    pair = np.unique(src * 16 + dst)
+    pairs = conform(pa.table({"job_id": ["job-p"] * len(pair), "src_addr": addr[pair // 16], "dst_addr": addr[pair % 16],
+                              "kind": ["pp"] * len(pair), "flows": np.ones(len(pair), int),
+                              "bytes": np.ones(len(pair), int)}), COMM_PAIRS)
+    start = HOUR0_NS + np.round(base * NS).astype(np.int64)
+    end = start + np.round(duration * NS).astype(np.int64)
+    steps = conform(pa.table({
+        "job_id": ["job-p"] * n_steps, "step": np.arange(n_steps), "start": pa.array(start).cast(STEPS.field("start").type),
+        "end": pa.array(end).cast(STEPS.field("end").type), "duration_s": duration, "attempt": np.zeros(n_steps, np.int32),
+    }), STEPS)
+    truth = float(np.sum(jitter[is_slow]) * (slow.duration - nominal.duration) * 16)
+    return flows, gpus, pairs, steps, addr[slow_nic], truth
+
+
+def test_a_slow_link_on_pipeline_traffic_costs_its_delay_to_the_1f1b_schedule():
+    # A NIC at 30% of line rate adds ~1.7 ms to each 32 MiB activation gradient it carries; two of
+    # those delays a step reach the end of the 1F1B schedule: ~3.5 ms of a 2.9 s step, far below
+    # the step's jitter (2%, 60 ms). The whole-step excess cannot see it; the replay can.
+    flows, gpus, pairs, steps, nic, truth = _pipeline_job(slow_steps=range(60, 180))
+    found = diagnosis.diagnose_job("job-p", flows, gpus, pairs, steps, EVENTS.empty_table(), None,
+                                   HOUR0_NS, HOUR0_NS + HOUR_NS).issues
+    (link,) = _by_kind(found, "slow_link")
+    assert nic in link["subject"]
+    assert link["wasted_gpu_s"] == pytest.approx(truth, rel=0.10)
+    evidence = json.loads(link["evidence"])["pipeline"]
+    assert (evidence["stages"], evidence["micro_batches"]) == (4, 4)
+    assert evidence["forward_s"] == pytest.approx(0.12, rel=0.05) and evidence["backward_s"] == pytest.approx(0.24, rel=0.05)
+    assert link["severity"] == "low"
+
+
 # --- the scorer ---------------------------------------------------------------------------------
 
 
