@@ -4,7 +4,11 @@ Per minute, the GPU NICs that exchange repeated traffic form connected component
 (scipy.sparse.csgraph over integer-coded addresses). On a rail-aligned fabric one job shows up as
 up to one component per rail over the same hosts, so components of a minute whose host sets are
 similar are merged (LLMPrism's topology-aware merge). Jobs own whole hosts, so a job's GPUs are
-all NICs of its hosts.
+all NICs of its hosts, and a component busy on hosts all inside another's, at the same time on
+one of them, is part of that job (rails with only the pipeline hops between two hosts of a wide
+job). Traffic between GPU NICs whose sizes do not repeat neither forms nor joins jobs, but counts
+for the job of each NIC it leaves or reaches within that job's stretch of traffic there (a job's
+last gradient sync, one flow per pair, outlasts its last activation sends).
 
 Tracking links each minute's jobs to the jobs already known: a job keeps its id while its hosts
 keep talking, and across a stop-and-resume on the same hosts (or with one host replaced) when the
@@ -222,18 +226,17 @@ def _minute_ns(flow_minutes: pa.Table) -> np.ndarray:
     return flow_minutes["minute"].cast(pa.int64()).to_numpy()
 
 
-def _job_edges(flow_minutes: pa.Table, topology: Topology) -> pa.Table:
-    """The rows that are job traffic: between two different GPU NICs, with a repeated size."""
+def _job_edges(flow_minutes: pa.Table, topology: Topology) -> tuple[pa.Table, pa.Table]:
+    """The rows that are job traffic: between two different GPU NICs, with a repeated size; and
+    the other rows between two different GPU NICs (no size repeats on them that minute)."""
     if flow_minutes.num_rows == 0:
-        return flow_minutes
+        return flow_minutes, flow_minutes
     src, dst = flow_minutes["src_addr"], flow_minutes["dst_addr"]
-    keep = (
-        topology.is_gpu_nic(src)
-        & topology.is_gpu_nic(dst)
-        & pc.not_equal(src, dst).to_numpy(zero_copy_only=False)
-        & (flow_minutes["top_size_flows"].to_numpy(zero_copy_only=False) >= MIN_REPEATED_FLOWS)
+    between_gpus = (
+        topology.is_gpu_nic(src) & topology.is_gpu_nic(dst) & pc.not_equal(src, dst).to_numpy(zero_copy_only=False)
     )
-    return flow_minutes.filter(pa.array(keep))
+    repeated = flow_minutes["top_size_flows"].to_numpy(zero_copy_only=False) >= MIN_REPEATED_FLOWS
+    return flow_minutes.filter(pa.array(between_gpus & repeated)), flow_minutes.filter(pa.array(between_gpus & ~repeated))
 
 
 def _observe(
@@ -243,7 +246,7 @@ def _observe(
     have Jaccard >= `jaccard` merged into one job. All minutes are solved in one graph whose nodes
     are an address's traffic in one minute (split where it pauses, see `_time_segments`), so no
     component or merge crosses a minute."""
-    edges = _job_edges(flow_minutes.append_column("_minute_ns", pa.array(minute_ns)), vocabulary.topology)
+    edges, loose = _job_edges(flow_minutes.append_column("_minute_ns", pa.array(minute_ns)), vocabulary.topology)
     if edges.num_rows == 0:
         empty, pointer = np.zeros(0, np.int64), np.zeros(1, np.int64)
         return _Observations(empty, empty, empty, pointer, empty, pointer, empty, empty, pointer, *[empty] * 5)
@@ -257,7 +260,7 @@ def _observe(
     edge_minutes, edge_minute_pos = np.unique(edges["_minute_ns"].to_numpy(), return_inverse=True)
     ends_key = np.tile(edge_minute_pos, 2) * n_addrs + addr_code  # (minute, address) of both ends
     span = (np.tile(edges["first_start_ns"].to_numpy(), 2), np.tile(edges["last_end_ns"].to_numpy(), 2))
-    node_of_end, node_key = _time_segments(ends_key, *span)
+    node_of_end, node_key, node_first_ns, node_last_ns = _time_segments(ends_key, *span)
     src_node, dst_node = node_of_end[:n_edges], node_of_end[n_edges:]
     n_nodes = len(node_key)
     graph = sp.coo_matrix((np.ones(n_edges, np.int8), (src_node, dst_node)), shape=(n_nodes, n_nodes))
@@ -269,6 +272,7 @@ def _observe(
     n_hosts = len(vocabulary.names)
     node_host_key = node_minute_pos * n_hosts + host_of_addr[node_addr]
     job = _merge_by_jaccard(component, node_host_key, jaccard)
+    job = _merge_concurrent_parts(job, node_host_key, node_first_ns, node_last_ns)
 
     # Order jobs by (minute, smallest host name) so tracking sees them deterministically.
     job_minute = np.zeros(job.max() + 1, np.int64)
@@ -290,6 +294,11 @@ def _observe(
     last_ns = np.full(n_jobs, np.iinfo(np.int64).min)
     np.minimum.at(first_ns, edge_job, edges["first_start_ns"].to_numpy())
     np.maximum.at(last_ns, edge_job, edges["last_end_ns"].to_numpy())
+    loose_job, loose_first_ns, loose_last_ns = _rows_within_jobs(
+        loose, encoded.dictionary, edge_minutes, n_addrs, node_key, node_first_ns, node_last_ns, job
+    )
+    np.minimum.at(first_ns, loose_job, loose_first_ns)
+    np.maximum.at(last_ns, loose_job, loose_last_ns)
 
     # Signature: flows per repeated size, per job.
     size_keys = np.stack([edge_job, edges["top_size"].to_numpy()], axis=1)
@@ -315,11 +324,13 @@ def _observe(
     )
 
 
-def _time_segments(key: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _time_segments(
+    key: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Split each key's (an address in a minute) pair activity into segments of overlapping
     [start, end] intervals, bridging pauses up to SEGMENT_GAP_NS. A job that stops and another that
     starts on the same NIC within one minute then stay apart. Returns the segment of every
-    interval and the key of every segment."""
+    interval, and the key, first start and last end of every segment."""
     order = np.lexsort((start_ns, key))
     key_sorted, start, end = key[order], start_ns[order], end_ns[order]
     # Running max of ends within each key: offset every key by more than the widest time span.
@@ -334,7 +345,61 @@ def _time_segments(key: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) ->
     segment_sorted = np.cumsum(opens) - 1
     segment = np.empty_like(segment_sorted)
     segment[order] = segment_sorted
-    return segment, key_sorted[opens]
+    first_of_segment = np.flatnonzero(opens)
+    last_of_segment = np.r_[first_of_segment[1:] - 1, len(opens) - 1]
+    last_end = reach[last_of_segment] - offset[last_of_segment] + base
+    return segment, key_sorted[opens], start[first_of_segment], last_end
+
+
+def _rows_within_jobs(
+    rows: pa.Table,
+    addrs: pa.Array,
+    minutes: np.ndarray,
+    n_addrs: int,
+    node_key: np.ndarray,
+    node_first_ns: np.ndarray,
+    node_last_ns: np.ndarray,
+    node_job: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(job, first start, last end) for each end of the `rows` (GPU-to-GPU traffic without a
+    repeated size) that lies within one stretch of a job's traffic on that NIC in that minute
+    (bridging pauses up to SEGMENT_GAP_NS, as `_time_segments` does, and touching no other
+    stretch): a NIC serves one job at a time. Such rows cannot tell a job or join its parts, but
+    are its traffic: a gradient sync with one bucket per pair sends one flow per pair in the
+    minute of a job's last step, after its last repeated activation sends, and the job's
+    membership must reach to its end."""
+    empty = np.zeros(0, np.int64)
+    if rows.num_rows == 0 or len(node_key) == 0:
+        return empty, empty, empty
+    minute = rows["_minute_ns"].to_numpy()
+    position = np.minimum(np.searchsorted(minutes, minute), len(minutes) - 1)
+    first, last = rows["first_start_ns"].to_numpy(), rows["last_end_ns"].to_numpy()
+    base = int(min(node_first_ns.min(), first.min())) - 2 * SEGMENT_GAP_NS
+    width = int(max(node_last_ns.max(), last.max())) - base + 2 * SEGMENT_GAP_NS + 1
+    dense = np.r_[0, np.cumsum(node_key[1:] != node_key[:-1])]  # nodes are sorted by (key, first)
+    if (int(dense[-1]) + 1) * width >= np.iinfo(np.int64).max:
+        raise OverflowError("too many (minute, address) keys for one hour of flow_minutes")
+    stretch_start = dense * width + (node_first_ns - base)
+
+    def stretch_of(column: str) -> np.ndarray:
+        """The stretch each row's end NIC is in when the row runs, -1 where none (or two)."""
+        code = pc.index_in(rows[column], value_set=addrs)
+        known = pc.is_valid(code).to_numpy(zero_copy_only=False) & (minutes[position] == minute)
+        key = position * n_addrs + pc.fill_null(code, 0).to_numpy().astype(np.int64)
+        at = np.minimum(np.searchsorted(node_key, key), len(node_key) - 1)
+        known &= node_key[at] == key
+        # the latest stretch of the key that starts before the row ends (with the bridging)
+        node = np.searchsorted(stretch_start, dense[at] * width + (last + SEGMENT_GAP_NS - base), side="right") - 1
+        node = np.maximum(node, 0)
+        inside = known & (node_key[node] == key) & (node_last_ns[node] + SEGMENT_GAP_NS >= first)
+        inside &= first + SEGMENT_GAP_NS >= node_first_ns[node]
+        earlier = np.maximum(node - 1, 0)
+        inside &= ~((node > 0) & (node_key[earlier] == key) & (node_last_ns[earlier] + SEGMENT_GAP_NS >= first))
+        return np.where(inside, node, -1)
+
+    node = np.concatenate([stretch_of("src_addr"), stretch_of("dst_addr")])
+    inside = node >= 0
+    return node_job[node[inside]], np.tile(first, 2)[inside], np.tile(last, 2)[inside]
 
 
 def _merge_by_jaccard(component: np.ndarray, node_host_key: np.ndarray, jaccard: float) -> np.ndarray:
@@ -355,6 +420,47 @@ def _merge_by_jaccard(component: np.ndarray, node_host_key: np.ndarray, jaccard:
     )
     _, job_of_comp = connected_components(merge, directed=False)
     return job_of_comp[component]
+
+
+def _merge_concurrent_parts(
+    job: np.ndarray, node_host_key: np.ndarray, node_first_ns: np.ndarray, node_last_ns: np.ndarray
+) -> np.ndarray:
+    """Job label of each node, with every job of a minute merged into another whose host set holds
+    all of its hosts, when the two are busy on a host they share at the same time. Jobs own whole
+    hosts, so two components active on one host at once are one job: rails that carry only
+    pipeline hops between two hosts of a wide job form components too small for the Jaccard
+    merge, and at a job's last seconds their flow sizes can differ from every earlier minute's.
+    Hosts only partly shared, or used one after the other, stay apart (a job on part of the
+    hosts of one that stopped seconds before)."""
+    n_keys = int(node_host_key.max()) + 1
+    keys, position = np.unique(job.astype(np.int64) * n_keys + node_host_key, return_inverse=True)
+    position = position.ravel()
+    first_ns = np.full(len(keys), np.iinfo(np.int64).max)
+    last_ns = np.full(len(keys), np.iinfo(np.int64).min)
+    np.minimum.at(first_ns, position, node_first_ns)
+    np.maximum.at(last_ns, position, node_last_ns)
+    key_job, key_host = np.divmod(keys, n_keys)
+    n_jobs = int(job.max()) + 1
+    incidence = sp.csr_matrix((np.ones(len(keys), np.int32), (key_job, key_host)), shape=(n_jobs, n_keys))
+    shared = (incidence @ incidence.T).tocoo()
+    hosts_of_job = np.bincount(key_job, minlength=n_jobs)
+    inside = (shared.row != shared.col) & (shared.data == hosts_of_job[shared.row])
+    part, whole = shared.row[inside].astype(np.int64), shared.col[inside].astype(np.int64)
+    if len(part) == 0:
+        return job
+    # every (part, whole, host of the part): are both busy on that host at once?
+    pointer = _csr_pointer(key_job, n_jobs)
+    counts = hosts_of_job[part]
+    pair_of = np.repeat(np.arange(len(part)), counts)
+    in_part = pointer[part][pair_of] + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    in_whole = np.searchsorted(keys, whole[pair_of] * n_keys + key_host[in_part])
+    together = (first_ns[in_part] < last_ns[in_whole]) & (first_ns[in_whole] < last_ns[in_part])
+    concurrent = np.bincount(pair_of, weights=together, minlength=len(part)) > 0
+    merge = sp.coo_matrix(
+        (np.ones(concurrent.sum(), np.int8), (part[concurrent], whole[concurrent])), shape=(n_jobs, n_jobs)
+    )
+    _, merged = connected_components(merge, directed=False)
+    return merged[job]
 
 
 def _csr_pointer(sorted_rows: np.ndarray, n_rows: int) -> np.ndarray:

@@ -116,6 +116,57 @@ def test_jaccard_threshold_decides_the_rail_merge():
     assert len(jobs.recognize_minute(table(rows), topology, jaccard=0.2)) == 1
 
 
+def pipeline_job(minutes, parts_size=4 << 20, **span):
+    """An 8-host job, stages of 4 hosts: a collective over all hosts on rail 0 (one component),
+    and on rails 4-7 only the pipeline hops host i -> host i + 4 (four two-host components, whose
+    Jaccard with the whole is 0.25)."""
+    rows = ring(list(range(8)), minutes, 96 << 20, rails=[0], flows=4, **span)
+    for host in range(4):
+        rows += ring([host, host + 4], minutes, parts_size, rails=range(4, 8), **span)
+    return rows
+
+
+def test_parts_of_a_job_busy_on_its_hosts_at_the_same_time_are_the_job():
+    topology = inventory(8)
+    found = jobs.recognize_minute(table(pipeline_job([0])), topology)
+    assert hosts_of(found) == [[f"10.0.{h}" for h in range(8)]]
+    # parts busy only after the whole stopped on their hosts may be another job's
+    rows = ring(list(range(8)), [0], 96 << 20, rails=[0], flows=4, last_s=20)
+    rows += ring([0, 4], [0], 6 << 20, rails=range(4, 8), first_s=30)
+    assert len(jobs.recognize_minute(table(rows), topology)) == 2
+    # partly shared hosts are not enough: see test_jaccard_threshold_decides_the_rail_merge
+
+
+def test_a_job_whose_last_minute_shows_new_sizes_on_its_parts_stays_one_job():
+    # the last second of the job: the pipeline hops carry the tied-embedding all-reduce only (a
+    # size never the top one before) while the collective runs on the whole
+    topology = inventory(8)
+    rows = pipeline_job(range(10)) + pipeline_job([10], parts_size=64 << 20, last_s=2)
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    (job,) = job_rows(found).values()
+    assert job["n_hosts"] == 8 and job["status"] == "ended"
+    assert found.jobs["last_seen"].cast(pa.int64()).to_pylist() == [HOUR0 + 10 * MINUTE_NS + 2 * SECOND]
+    assert sorted(found.events["kind"].to_pylist()) == ["end", "start"]
+
+
+def test_a_jobs_last_sync_without_repeated_sizes_still_belongs_to_it():
+    # The last minute holds one step: its activation sends repeat (until 10 s), the gradient sync
+    # after them sends one flow per pair (9-11 s). The job ends with its sync, not its last send.
+    topology = inventory(4)
+    at = HOUR0 + 5 * MINUTE_NS
+    rows = ring([0, 1], range(5), 4 << 20) + ring([0, 1], [5], 4 << 20, last_s=10)
+    rows += ring([0, 1], [5], 512 << 20, flows=1, first_s=9, last_s=11)
+    # not the job's: one-off copies seconds after its traffic on those NICs, one to another job
+    rows += [pair_row(at, "10.0.0.0", "10.0.1.0", 3 << 20, 1, at + 14 * SECOND, at + 15 * SECOND)]
+    rows += ring([2, 3], range(6), 8 << 20)
+    rows += [pair_row(at, "10.0.1.3", "10.0.2.3", 5 << 20, 1, at + 13 * SECOND, at + 14 * SECOND)]
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    assert sorted(found.jobs["hosts"].to_pylist()) == [["host00", "host01"], ["host02", "host03"]]
+    by_host = {r["host"]: r["last_ns"] for r in found.membership.to_pylist()}
+    assert by_host["host00"] == by_host["host01"] == at + 11 * SECOND
+    assert by_host["host02"] == HOUR0 + 5 * MINUTE_NS + 59 * SECOND
+
+
 def test_without_inventory_every_address_is_its_own_host():
     rows = ring([0, 1, 2], [0], 4 << 20, rails=[0, 1])
     found = jobs.recognize_minute(table(rows), Topology.empty())
