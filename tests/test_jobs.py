@@ -443,3 +443,15 @@ def test_scorer_counts_splits_wrong_pairs_and_degrees():
     assert figures["dp_pair_recall"].value == 0.5
     assert figures["dp_pair_precision"].value == 1.0
     assert figures["degrees_exact"].value == 0.5
+
+
+def test_scorer_matches_a_job_that_lived_less_than_the_usual_overlap():
+    """A 13 s job recognized exactly is matched although lives must usually share a minute."""
+    truth, warehouse = truth_and_warehouse()
+    truth["jobs"] = truth["jobs"].set_column(2, "end", pa.array([HOUR0 + 7000 * SECOND, HOUR0 + 13 * SECOND], TS))
+    last_seen = warehouse["jobs"].schema.get_field_index("last_seen")
+    warehouse["jobs"] = warehouse["jobs"].set_column(
+        last_seen, "last_seen", pa.array([HOUR0 + 3599 * SECOND, HOUR0 + 7000 * SECOND, HOUR0 + 13 * SECOND], TS))
+    figures = job_scores.score(truth, warehouse, {})
+    assert figures["jobs_matched_exactly"].value == 1.0
+    assert figures["pp_pair_recall"].value == 1.0

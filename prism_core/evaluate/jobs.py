@@ -15,6 +15,7 @@ from prism_core.evaluate.figures import Figure, ratio
 
 # Lives must overlap by more than this to associate two jobs: recognition works a minute at a
 # time, so a job that starts seconds after another left the same hosts may share its last minute.
+# A job that lived less than twice that needs only half its life in common (a 13 s job is one).
 LIFE_OVERLAP_NS = 60_000_000_000
 DEGREES = ("dp", "pp", "tp")
 
@@ -106,7 +107,9 @@ def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table,
     known = (true_start >= 0) & (prism_start >= 0)
     links = links.append_column("together_ns", pa.array(together))
     order = [("true_id", "ascending"), ("shared", "descending"), ("together_ns", "descending"), ("prism_id", "ascending")]
-    return links.filter(pa.array((together > LIFE_OVERLAP_NS) & known)).sort_by(order)
+    shorter_life = np.minimum(true_end - true_start, prism_end - prism_start)
+    enough = together > np.minimum(LIFE_OVERLAP_NS, shorter_life / 2)
+    return links.filter(pa.array(enough & known)).sort_by(order)
 
 
 def _lookup(keys: pa.ChunkedArray, table_keys: pa.ChunkedArray, values: pa.ChunkedArray) -> np.ndarray:
