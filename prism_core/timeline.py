@@ -110,6 +110,7 @@ SAVE_START_SHARE = 0.25  # a save writes within this share of a step after the s
 SIZE_BITS = 40  # flow sizes up to 1 TB fit below a pair's code in one int64 key
 MAX_CARRY_NS = 600_000_000_000  # flows carried to the next hour reach back at most this far
 MIN_STEPS = 8  # fewer steps in view than this: the job's timings come from the previous hours
+MIN_STEPS_WHOLE = 4  # the same for a job seen whole, silent for longer than it ran: no more will come
 MIN_SAVES = 3  # the usual save is a median over this many checkpoints (one may be a stall with other bulk traffic)
 
 
@@ -138,8 +139,9 @@ def divide_steps(
     traffic = _Traffic.build(job_flows, comm_pairs, state.carry)
     seen_until = state.last_close_ns if state.last_close_ns is not None else -(1 << 62)
     restarts = np.unique(np.array([*state.pending_restarts_ns, *(r for r in restarts_ns if r > seen_until)], np.int64))
-    phases = _sync_phases(traffic, hour_end_ns, state.baseline.get("gap_threshold_ns"))
-    typical = _typical(phases, state.baseline)
+    min_steps = _min_steps(traffic, hour_end_ns)
+    phases = _sync_phases(traffic, hour_end_ns, state.baseline.get("gap_threshold_ns"), min_steps)
+    typical = _typical(phases, state.baseline, min_steps)
     rows = _steps(phases, typical, traffic, state, restarts, hour_end_ns)
 
     first_step = state.next_step
@@ -378,7 +380,18 @@ class _Phases:
     gap_threshold_ns: float | None
 
 
-def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | None) -> _Phases:
+def _min_steps(traffic: _Traffic, hour_end_ns: int) -> int:
+    """How many steps in view the job's timings are learned from: MIN_STEPS, or MIN_STEPS_WHOLE
+    when the job has been silent for longer than it ran in view (a short job that ended: waiting
+    for more steps would leave its steps out for good)."""
+    if not len(traffic.start):
+        return MIN_STEPS
+    last = int(traffic.end.max())
+    return MIN_STEPS_WHOLE if hour_end_ns - last > last - int(traffic.start.min()) else MIN_STEPS
+
+
+def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | None,
+                 min_steps: int = MIN_STEPS) -> _Phases:
     """The job's sync phases (see the module doc) and what follows each; `gap_threshold_ns` is
     the previous hours' boundary gap, kept while too few steps are in view to find it again."""
     has_dp = bool(np.any(traffic.kind == DP))
@@ -404,7 +417,7 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
     pipeline_only = not has_dp and bool(np.any(traffic.kind == PP))
     turn = _pipeline_turns(traffic, signal, burst) if pipeline_only else np.ones(len(gaps), bool)
     gap_threshold_ns = _boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
-                                               traffic.bulk_writes, gap_threshold_ns, turn)
+                                               traffic.bulk_writes, gap_threshold_ns, turn, min_steps)
     between_phases = turn & (gaps >= gap_threshold_ns)
     # phase p holds candidates[first[p]:first[p + 1]]
     first = np.r_[0, np.flatnonzero(between_phases) + 1] if len(candidates) else np.empty(0, int)
@@ -565,7 +578,7 @@ def _upper_class(weight: np.ndarray) -> np.ndarray:
 
 def _boundary_gap_threshold(
     gaps: np.ndarray, at: np.ndarray, flow_candidate: np.ndarray, bulk_writes: np.ndarray, previous: float | None,
-    eligible: np.ndarray | None = None,
+    eligible: np.ndarray | None = None, min_steps: int = MIN_STEPS,
 ) -> float:
     """The shortest gap between two candidate bursts that still separates two steps.
 
@@ -581,7 +594,7 @@ def _boundary_gap_threshold(
     can separate steps. Without such a cut, the previous hour's."""
     eligible = np.ones(len(gaps), bool) if eligible is None else eligible
     fallback = previous if previous is not None else (float(gaps[eligible].min()) if eligible.any() else np.inf)
-    if np.sum(eligible & (gaps >= fallback)) < MIN_STEPS:
+    if np.sum(eligible & (gaps >= fallback)) < min_steps:
         return fallback
     log_gaps = np.log10(np.maximum(gaps, 1))
     cuts = _regime_cuts(log_gaps[eligible])
@@ -682,9 +695,9 @@ class _Typical:
                 "gap_threshold_ns": gap_threshold_ns}
 
 
-def _typical(phases: _Phases, baseline: dict) -> _Typical:
+def _typical(phases: _Phases, baseline: dict, min_steps: int = MIN_STEPS) -> _Typical:
     def median(values: np.ndarray, name: str) -> float | None:
-        return float(np.median(values)) if len(values) >= MIN_STEPS else baseline.get(name)
+        return float(np.median(values)) if len(values) >= min_steps else baseline.get(name)
 
     phase_bytes = median(phases.nbytes, "phase_bytes") or 0.0
     phase_flows = median(phases.nflows, "phase_flows") or 0.0
@@ -701,7 +714,7 @@ def _typical(phases: _Phases, baseline: dict) -> _Typical:
     typical.forward_ns = median(phases.forward_ns[followed & (phases.forward_ns > 0)], "forward_ns")
     normal = followed & ~_long_gap(phases, typical)
     sends = normal & (phases.first_send_ns >= 0)
-    if not phases.has_dp and sends.sum() >= MIN_STEPS:
+    if not phases.has_dp and sends.sum() >= min_steps:
         # Without DP the phase ends with the last visible gradient send: the gap after it holds
         # k backward passes (b = 2 f), the optimizer, and k forward passes before the first send.
         unexplained = phases.first_send_ns - phases.close_ns - OPTIMIZER_SHARE * period

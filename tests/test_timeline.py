@@ -274,6 +274,16 @@ def test_a_view_opening_during_a_save_starts_its_first_step_when_the_save_ends()
     assert abs(first_end - bounds[saved + 2]) < 0.01 * 10 * SECOND
 
 
+def test_a_short_job_that_ended_in_view_gets_its_steps_from_what_was_seen():
+    """Timings are learned from eight steps or from the previous hours, but a job that ran six
+    steps and fell silent for longer than it ran will show no more: its steps come from those."""
+    flows, pairs, bounds = _data_parallel_job(steps=6, save_every=100)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    # the first sync's step began before anything in view marks it
+    assert np.abs(_ns(found.steps["end"]) - bounds[2:]).max() < 0.01 * 10 * SECOND
+    assert np.abs(_ns(found.steps["start"]) - bounds[1:-1]).max() < 0.01 * 10 * SECOND
+
+
 def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():
     typical = timeline._Typical(period_ns=10e9, gap_ns=9e9, phase_bytes=1.0, phase_flows=1.0, fill=1,
                                 close_to_end_ns=None, lead_ns=None, lead_per_sync=None, sync_ns=None,
