@@ -13,10 +13,15 @@ of one GPU pair can use different NIC pairs.
   carries one activation size both ways in equal numbers, and a share of its flows has no flow of
   the other direction in flight.
 
-Groups that are balanced both ways and asymmetric in time are PP; the rest of the traffic between
-members is collective: 'dp' within a pipeline stage, 'other' between stages (tied embeddings) and
-for the MoE all-to-all, whose volume per peer follows the router's load and so comes in a family
-of sizes. Flows to non-members (storage, other jobs) are 'other'.
+The MoE all-to-all comes first: its volume per peer follows the router's load, so on a host pair
+it comes as a family of neighbouring sizes with about as many flows each, where a pipeline repeats
+one activation size per micro-batch and a DP sync has a bucket size and a tail. Such a family is
+'other' whatever its timing: the all-to-all runs inside forward and backward, so when one rank
+computes late (a straggler) its peers' sends go out before its own and look like warm-up forwards.
+It often shares its host pairs with the DP sync (expert-parallel group = DP group), which keeps its
+own sizes and label. Of the remaining groups, those balanced both ways and asymmetric in time are
+PP; the rest of the traffic between members is collective: 'dp' within a pipeline stage, 'other'
+between stages (tied embeddings). Flows to non-members (storage, other jobs) are 'other'.
 
 Stages: a depth-first walk along each chain of PP host pairs, numbered from the end whose sends
 open the steps (warm-up forwards). A stage smaller than a host shows in the rails: a forward send
@@ -48,8 +53,9 @@ IN_FLIGHT_SLACK_NS = 15_000_000
 PIPELINE_ASYMMETRY = 0.04
 # A PP group's reverse group (same size, other direction) has about as many flows.
 BALANCE = 2.0
-# Collective sizes on one host pair whose flow counts agree within this factor form a family;
-# MOE_FAMILY of them make an all-to-all.
+# Sizes on one directed host pair that, sorted, are each within SIZE_STEP of the next and whose flow
+# counts agree within FAMILY_SPREAD form a family; MOE_FAMILY of them make an all-to-all.
+SIZE_STEP = 2.0
 FAMILY_SPREAD = 1.5
 MOE_FAMILY = 4
 
@@ -79,8 +85,8 @@ def identify_parallelism(job_id: str, job_flows: pa.Table, members: pa.Table) ->
         return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), None, None, None)
     flows = _InternalFlows.of(internal, gpus)
     groups = _group_flows(flows)
-    pipeline = _is_pipeline(groups)
-    all_to_all = _is_all_to_all(groups, pipeline)
+    all_to_all = _is_all_to_all(groups)
+    pipeline = _is_pipeline(groups) & ~all_to_all
     layout = _Layout.infer(gpus, flows, job_flows.filter(pa.array(~inside)), groups, pipeline, all_to_all)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
@@ -155,6 +161,7 @@ class _Groups:
 
     src_host: np.ndarray  # per group, host code
     dst_host: np.ndarray
+    size: np.ndarray  # bytes of each of its flows
     flows: np.ndarray  # flows in the group
     unmatched: np.ndarray  # flows with no reverse-direction traffic in flight
     reverse: np.ndarray  # index of the (dst host, src host, size) group, -1 when absent
@@ -176,6 +183,7 @@ def _group_flows(flows: _InternalFlows) -> _Groups:
     return _Groups(
         src_host=src_of_group,
         dst_host=dst_of_group,
+        size=sizes[size_of_group],
         flows=np.bincount(of_flow, minlength=len(group_keys)),
         unmatched=np.bincount(of_flow, weights=~answered, minlength=len(group_keys)),
         reverse=np.where(group_keys[position] == reverse_keys, position, -1),
@@ -212,23 +220,27 @@ def _is_pipeline(groups: _Groups) -> np.ndarray:
     return balanced & (groups.unmatched >= PIPELINE_ASYMMETRY * groups.flows)
 
 
-def _is_all_to_all(groups: _Groups, pipeline: np.ndarray) -> np.ndarray:
-    """Collective groups in a family of MOE_FAMILY or more sizes on one directed host pair whose
-    flow counts agree within FAMILY_SPREAD: the MoE all-to-all (gradient buckets bring at most a
-    full size and a tail, ZeRO adds the parameter gather)."""
-    collective = np.flatnonzero(~pipeline)
-    if len(collective) == 0:
-        return np.zeros(len(pipeline), bool)
-    direction = groups.src_host[collective] * (groups.dst_host.max() + 1) + groups.dst_host[collective]
-    log_flows = np.log(groups.flows[collective])
+def _is_all_to_all(groups: _Groups) -> np.ndarray:
+    """Groups in a family of MOE_FAMILY or more sizes on one directed host pair: sizes that, sorted,
+    lie within SIZE_STEP of the next (draws around one volume per peer), with flow counts that agree
+    within FAMILY_SPREAD (every size comes up about as often). That is the MoE all-to-all: a pipeline
+    repeats one activation size, gradient buckets bring a full size and a tail, ZeRO adds the
+    parameter gather, and the DP sync that shares the pair keeps sizes far from the family's."""
+    n_groups = len(groups.flows)
+    direction = groups.src_host * (groups.dst_host.max() + 1) + groups.dst_host
+    order = np.lexsort((groups.size, direction))
+    size, pair = groups.size[order], direction[order]
+    new_run = np.ones(n_groups, bool)
+    new_run[1:] = (pair[1:] != pair[:-1]) | (size[1:] > SIZE_STEP * size[:-1])
+    run = np.empty(n_groups, np.int64)
+    run[order] = np.cumsum(new_run) - 1
+    log_flows = np.log(groups.flows)
     spread = np.log(FAMILY_SPREAD)
     width = log_flows.max() - log_flows.min() + 4 * spread
-    position = direction * width + log_flows
+    position = run * width + (log_flows - log_flows.min())
     ordered = np.sort(position)
     family = np.searchsorted(ordered, position + spread, side="right") - np.searchsorted(ordered, position - spread)
-    result = np.zeros(len(pipeline), bool)
-    result[collective] = family >= MOE_FAMILY
-    return result
+    return family >= MOE_FAMILY
 
 
 @dataclass

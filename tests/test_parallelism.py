@@ -10,7 +10,7 @@ from prism_core.analysis import split_flows_by_job
 from prism_core.evaluate import jobs as job_scores
 from prism_core.minutes import HOUR_NS
 from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
-from prism_core.simulate.scenarios import JobSpec
+from prism_core.simulate.scenarios import FaultSpec, JobSpec
 from prism_core.simulate.schedule import plan_job
 from prism_core.simulate.traffic import KIND_NAMES
 from test_jobs import HOUR0, recognize_hours, scenario_flows
@@ -120,6 +120,21 @@ def test_dp_inside_a_host_without_checkpoint_keeps_pp_and_the_stage_size():
     # NVLink hides how the stage splits into tp x dp: the prior gives TP the whole host
     assert (found.pp, found.tp * found.dp) == (2, 8)
     assert pairs_of(found, "pp") == truth["pp"]
+
+
+def test_moe_all_to_all_with_a_straggler_is_not_a_pipeline():
+    # pp 1, the expert all-to-all on the same rail-aligned NIC pairs as the DP ring. While one host
+    # computes late its peers' all-to-all sends go out alone, as warm-up forwards would; its
+    # family of sizes still says all-to-all, and the ring keeps its 'dp' label
+    straggler = FaultSpec("straggler", at_s=30.0, span_s=90.0, factor=1.1, host=0)
+    spec = JobSpec(2, tp=4, pp=1, start_s=0, end_s=SECONDS, step_s=6.0, micro_batches=2, moe=True, hosts=(0, 1),
+                   faults=(straggler,))
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", flows, members)
+    assert (found.dp, found.pp, found.tp) == (4, 1, 4)
+    assert pairs_of(found, "pp") == set()
+    assert pairs_of(found, "dp") == truth["dp"]
+    assert pairs_of(found, "other") >= truth["other"]
 
 
 # --- on simulated scenarios -----------------------------------------------------------------------
