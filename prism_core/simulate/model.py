@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from prism_core.simulate.scenarios import JobSpec
+from prism_core.waste import one_f_one_b_order
 
 NIC_RATE = 40e9  # bytes/s one 400 Gb/s RoCE NIC sustains
 NVLINK_RATE = 300e9  # bytes/s between GPUs of a host (never on the network)
@@ -100,19 +101,8 @@ def job_model(spec: JobSpec, rng: np.random.Generator) -> JobModel:
     )
 
 
-@lru_cache(maxsize=64)
-def _op_order(pp: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """1F1B operation order of each stage: (is_forward, micro_batch), each (pp, 2m)."""
-    is_fwd = np.zeros((pp, 2 * m), bool)
-    mb = np.zeros((pp, 2 * m), np.int64)
-    for s in range(pp):
-        warm = min(pp - 1 - s, m)
-        ops = [(True, i) for i in range(warm)]
-        for i in range(m - warm):
-            ops += [(True, warm + i), (False, i)]
-        ops += [(False, i) for i in range(m - warm, m)]
-        is_fwd[s], mb[s] = zip(*ops)
-    return is_fwd, mb
+# the schedule's definition is shared with the diagnosis that replays it (prism_core.waste)
+_op_order = lru_cache(maxsize=64)(one_f_one_b_order)
 
 
 def one_f_one_b(
