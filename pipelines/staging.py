@@ -24,6 +24,7 @@ import pyarrow as pa
 from pipelines.warehouse import ABANDONED_AFTER_S
 
 STAGING_DIR = "_staging"
+WRITE_BUFFER_BYTES = 1 << 20
 Key = TypeVar("Key")
 
 
@@ -58,29 +59,52 @@ def staging_area(root: str | Path) -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+class StagingFile:
+    """Tables of one schema appended to a new staged file, which is created with the first table.
+    Its references can be read once `close()` has written the file's footer: a DoFn closes it in
+    `finish_bundle`, before the runner commits the bundle's output, so one file serves a whole
+    bundle (one open, one footer and one removal instead of one per element). A fresh name per
+    file, so a retried bundle never clobbers the file of an attempt whose output the runner kept."""
+
+    def __init__(self, directory: str):
+        self.path = str(Path(directory) / f"{uuid.uuid4().hex}.arrow")
+        self._sink: pa.NativeFile | None = None
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._batches = 0
+
+    def append(self, table: pa.Table) -> TableRef:
+        if self._writer is None:
+            # Buffered: the writer issues a write per buffer of each batch (~20 system calls).
+            self._sink = pa.output_stream(self.path, compression=None, buffer_size=WRITE_BUFFER_BYTES)
+            self._writer = pa.ipc.new_file(self._sink, table.schema)
+        batches = table.to_batches()
+        for batch in batches:
+            self._writer.write_batch(batch)
+        ref = TableRef(self.path, self._batches, len(batches), table.num_rows)
+        self._batches += len(batches)
+        return ref
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = self._sink = None
+
+
 def stage_tables(directory: str, parts: Iterable[tuple[Key, pa.Table]]) -> list[tuple[Key, TableRef]]:
     """Writes the tables (one schema) one after another into a new file under `directory`;
-    returns a reference to each. A fresh name per call, so a retried bundle never clobbers the
-    file of an attempt whose output the runner kept."""
-    parts = list(parts)
-    if not parts:
-        return []
-    path = str(Path(directory) / f"{uuid.uuid4().hex}.arrow")
-    refs, written = [], 0
-    with pa.ipc.new_file(path, parts[0][1].schema) as writer:
-        for key, table in parts:
-            batches = table.to_batches()
-            for batch in batches:
-                writer.write_batch(batch)
-            refs.append((key, TableRef(path, written, len(batches), table.num_rows)))
-            written += len(batches)
-    return refs
+    returns a reference to each."""
+    staged = StagingFile(directory)
+    try:
+        return [(key, staged.append(table)) for key, table in parts]
+    finally:
+        staged.close()
 
 
 def read_staged(refs: Sequence[TableRef]) -> list[pa.Table]:
     """The rows of each reference, memory-mapped (no copy; the mapping lives as long as its rows).
-    Only the referenced batches are read: a file holds every minute of a flow file, and each
-    minute's merge needs one of them."""
+    Only the referenced batches are read: a file holds every minute of a bundle of flow files,
+    and each minute's merge needs a few of them. Each file is opened once per call."""
     readers = {path: pa.ipc.open_file(pa.memory_map(path)) for path in {ref.path for ref in refs}}
     schema = readers[refs[0].path].schema if refs else None
     return [

@@ -21,22 +21,29 @@ def minute_of(start_ns: pa.Array) -> pa.Array:
 PAIR = ("minute", "src_addr", "dst_addr")
 
 
-def minute_aggregates(flows: pa.Table) -> pa.Table:
+def minute_aggregates(flows: pa.Table, counted: np.ndarray | None = None) -> pa.Table:
     """Group flows by (minute, src_addr, dst_addr). Flow sizes that repeat on a pair (one
     activation size per micro-batch, one bucket size per all-reduce) keep `distinct_sizes` small,
-    which is what tells pipeline-parallel pairs from the rest later on."""
+    which is what tells pipeline-parallel pairs from the rest later on.
+
+    `counted` (a mask) leaves out the other rows, which must be exact copies of counted ones
+    (duplicates): a copy can only change the flow counts of its (pair, size), so a minute's rows
+    are aggregated as read, not copied without their duplicates first."""
     if flows.num_rows == 0:
         return FLOW_MINUTES.empty_table()
+    weight = np.ones(flows.num_rows, np.int64) if counted is None else counted.astype(np.int64)
+    rows = flows.select([*PAIR, "bytes", "time_flow_start_ns", "time_flow_end_ns"])
+    rows = rows.append_column("flows", [weight])
     # One grouping by (pair, size), each pair's most frequent size first (the smallest on ties):
     # every column of a pair follows from its rows here.
-    per_size = flows.group_by([*PAIR, "bytes"], use_threads=False).aggregate(
-        [("bytes", "count"), ("time_flow_start_ns", "min"), ("time_flow_end_ns", "max")]
+    per_size = rows.group_by([*PAIR, "bytes"], use_threads=False).aggregate(
+        [("flows", "sum"), ("time_flow_start_ns", "min"), ("time_flow_end_ns", "max")]
     )
     per_size = per_size.sort_by(
-        [*((key, "ascending") for key in PAIR), ("bytes_count", "descending"), ("bytes", "ascending")]
+        [*((key, "ascending") for key in PAIR), ("flows_sum", "descending"), ("bytes", "ascending")]
     )
     first = _pair_starts(per_size)
-    size, count = per_size["bytes"].to_numpy(), per_size["bytes_count"].to_numpy()
+    size, count = per_size["bytes"].to_numpy(), per_size["flows_sum"].to_numpy()
     grouped = pa.table(
         {
             **{key: per_size[key].take(first) for key in PAIR},

@@ -19,10 +19,12 @@ from prism_core.ingest import (
     RAW_LIMIT,
     ParsedFile,
     dedupe,
+    deduplicated_order,
     parquet_time_bounds,
     parse_flow_file,
 )
 from flow_files import FIELDS, csv_file, field_text, jsonl
+from prism_core.minutes import minute_aggregates
 from prism_core.schema import FLOW_REQUIRED, FLOWS, QUARANTINE
 
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
@@ -599,11 +601,35 @@ def test_dedupe_output_does_not_depend_on_input_order():
     assert first.schema == FLOWS
 
 
+def test_minute_aggregates_of_rows_with_their_duplicates_masked_out():
+    """The pipeline aggregates a minute's rows as read, not a deduplicated copy: masking out the
+    duplicates must give the aggregates of the deduplicated rows."""
+    repeated_size = [
+        record(time_flow_start_ns=T0 + i * 1_000_000, time_flow_end_ns=T0 + i * 1_000_000 + 10, bytes=4096)
+        for i in range(5)
+    ]
+    records = (mixed_records()[:-3] + repeated_size) * 2 + repeated_size[:2]
+    table = flows_table(records)
+    table = table.take(np.random.default_rng(5).permutation(table.num_rows))
+    deduplicated, dropped = dedupe(table)
+    kept = deduplicated_order(table)
+    assert table.num_rows - len(kept) == dropped == 67
+    assert table.take(kept).equals(deduplicated)
+    counted = np.zeros(table.num_rows, bool)
+    counted[kept] = True
+    aggregates = minute_aggregates(table, counted)
+    assert aggregates.equals(minute_aggregates(deduplicated))
+    repeated = aggregates.filter(pa.compute.equal(aggregates["top_size"], 4096))
+    assert repeated["top_size_flows"].to_pylist() == [5]
+
+
 def test_dedupe_of_empty_and_single_tables():
     assert dedupe(FLOWS.empty_table()) == (FLOWS.empty_table(), 0)
     one = flows_table([record()])
     table, dropped = dedupe(one)
     assert dropped == 0 and table.equals(one)
+    assert deduplicated_order(FLOWS.empty_table()).tolist() == []
+    assert deduplicated_order(one).tolist() == [0]
 
 
 # --- footer statistics ---------------------------------------------------------------------------

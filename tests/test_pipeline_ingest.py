@@ -6,17 +6,18 @@ import os
 from datetime import datetime, timezone
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import ingest, warehouse
-from pipelines.staging import STAGING_DIR, read_staged, stage_tables
-from pipelines.ingest import HourRange, IngestFlows
+from pipelines.staging import STAGING_DIR, StagingFile, read_staged, stage_tables
+from pipelines.ingest import HourRange, IngestFlows, MinuteResult
 from pipelines.run import infer_range, run_ingest
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_of
-from prism_core.schema import FLOWS, conform
+from prism_core.schema import FLOW_MINUTES, FLOWS, conform
 
 HOUR0 = datetime(2026, 11, 22, 5, tzinfo=timezone.utc)
 T0 = int(HOUR0.timestamp()) * 10**9
@@ -67,7 +68,7 @@ def test_ingest_transform_windows_and_dedupes(tmp_path):
             | IngestFlows(span, str(tmp_path / "staging"))
         )
         minute_rows = out["minutes"] | beam.Map(
-            lambda kv: (kv[0], kv[1].minute_ns, kv[1].flows.num_rows, kv[1].duplicates)
+            lambda kv: (kv[0], kv[1].minute_ns, kv[1].num_flows, kv[1].duplicates)
         )
         assert_that(
             minute_rows,
@@ -127,11 +128,32 @@ def test_run_leaves_no_staged_files(tmp_path):
     assert list((tmp_path / "wh" / STAGING_DIR).iterdir()) == []
 
 
+def flows_table(rows: list[dict]) -> pa.Table:
+    table = pa.Table.from_pylist(rows)
+    return conform(table.append_column("minute", minute_of(table["time_flow_start_ns"])), FLOWS)
+
+
+def staged_minute(directory, minute_ns: int, parsed: list[pa.Table], kept: list[int]) -> MinuteResult:
+    [(_, kept_ref)] = stage_tables(directory, [(0, pa.table({"row": np.array(kept, np.int64)}))])
+    refs = [ref for _, ref in stage_tables(directory, enumerate(parsed))]
+    return MinuteResult(minute_ns, refs, kept_ref, len(kept), FLOW_MINUTES.empty_table(), 0)
+
+
+def test_a_minute_s_flows_are_its_kept_rows_of_the_parsed_tables_in_order(tmp_path):
+    first = flows_table([flow(T0 + i, size=100 + i) for i in range(3)])
+    second = flows_table([flow(T0 + i, size=200 + i) for i in range(2)])
+    minute = staged_minute(str(tmp_path), T0, [first, second], kept=[3, 0, 4, 2])
+    assert minute.flows()["bytes"].to_pylist() == [200, 100, 201, 102]
+    assert minute.flows().schema == FLOWS
+
+
 def test_flows_partition_is_streamed_into_whole_row_groups(tmp_path, monkeypatch):
     monkeypatch.setattr(warehouse, "ROW_GROUP_ROWS", 4)
-    minutes = [pa.Table.from_pylist([flow(T0 + m * MINUTE_NS + i) for i in range(3)]) for m in range(3)]
-    minutes = [conform(t.append_column("minute", minute_of(t["time_flow_start_ns"])), FLOWS) for t in minutes]
-    staged = [ref for _, ref in stage_tables(str(tmp_path), enumerate(minutes))]
+    minutes = [flows_table([flow(T0 + m * MINUTE_NS + i) for i in range(3)]) for m in range(3)]
+    staged = [
+        staged_minute(str(tmp_path), T0 + m * MINUTE_NS, [table], kept=[0, 1, 2])
+        for m, table in enumerate(minutes)
+    ]
     ingest.write_flows(str(tmp_path / "wh"), HOUR0, staged)
     written = pq.ParquetFile(warehouse.partition_dir(tmp_path / "wh", "flows", HOUR0) / warehouse.DATA_FILE)
     assert [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)] == [4, 4, 1]
@@ -157,6 +179,18 @@ def test_staged_tables_read_back_whatever_their_chunks(tmp_path):
     refs = [first[3][1], second[0][1], first[1][1], first[2][1], first[0][1]]
     read = read_staged(refs)
     assert [t["a"].to_pylist() for t in read] == [[8], [9, 10], [4, 5, 6, 7], [], [1, 2, 3]]
+
+
+def test_a_staging_file_holds_every_table_appended_until_closed(tmp_path):
+    """One file per bundle: it is written when the first table comes and readable once closed."""
+    unused = StagingFile(str(tmp_path))
+    unused.close()
+    assert list(tmp_path.iterdir()) == []
+    staged = StagingFile(str(tmp_path))
+    refs = [staged.append(pa.table({"a": values})) for values in ([1, 2], [3], [4, 5, 6])]
+    staged.close()
+    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(staged.path)]
+    assert [t["a"].to_pylist() for t in read_staged(refs[::-1])] == [[4, 5, 6], [3], [1, 2]]
 
 
 def test_a_file_without_valid_rows_is_quarantined_once(tmp_path):
