@@ -941,8 +941,13 @@ def _opening_start(
     step_traffic_until = _step_traffic_until(phases, p)
     before = np.arange(np.searchsorted(traffic.start, step_traffic_until))
 
+    # usual and warm-up lengths are the local rhythm's: the steps that follow (a degradation
+    # later in the hour moves the hour's median)
+    following = np.diff(boundary[p:][complete[p:]][:6])
+    local = float(np.median(following)) if len(following) >= 3 else period
+
     def usual(start: int) -> bool:
-        return abs(boundary[p] - start - period) <= LONG_GAP_SHARE / 2 * period
+        return abs(boundary[p] - start - local) <= LONG_GAP_SHARE / 2 * local
 
     if len(before):
         reach = np.maximum.accumulate(traffic.end[before])
@@ -951,8 +956,8 @@ def _opening_start(
         for first in after_quiet:
             start = _marked_start(traffic, np.arange(first, before[-1] + 1), typical)
             length = boundary[p] - start
-            warming = first == 0 and WARMUP_RATIO * period <= length <= 2 * WARMUP_RATIO * period
-            if usual(start) or (warming and next_length > (1 + LONG_GAP_SHARE / 2) * period and not saving):
+            warming = first == 0 and WARMUP_RATIO * local <= length <= 2 * WARMUP_RATIO * local
+            if usual(start) or (warming and next_length > (1 + LONG_GAP_SHARE / 2) * local and not saving):
                 return start
     # the view opened during the save that ended the step before: this one starts the job's
     # usual tail after the save's last write
