@@ -317,6 +317,8 @@ class _Run:
         self.split = (job.step_start < 0) | (job.step_end > self.hour_end)
         self.slow = np.zeros(n, bool)
         self.baseline = np.full(n, np.nan)
+        self.save_start = np.full(n, np.nan)  # start of the step's first write to storage (nan: none)
+        self.save_end = np.full(n, np.nan)  # end of the step's last write to storage (nan: none)
         self.sigma = 0.02
         self.open_windows: dict = {}
         self.open_degradation = None
@@ -347,10 +349,15 @@ class _Run:
         # a checkpoint step is long; a large write alone may be a copy to another job
         long = (job.duration > 1.5 * np.median(job.duration)) & ~self.warmup
         # a copy to another job's GPUs is no checkpoint, even when it falls in a long step
-        to_storage = job.write_start[~np.isin(job.write_dst, self.other_jobs_addrs())]
+        stored = ~np.isin(job.write_dst, self.other_jobs_addrs())
+        to_storage, stored_until = job.write_start[stored], job.write_end[stored]
         writes = np.searchsorted(job.step_start, to_storage, side="right") - 1
-        writes = writes[(writes >= 0) & (to_storage < job.step_end[np.maximum(writes, 0)])]
+        inside = (writes >= 0) & (to_storage < job.step_end[np.maximum(writes, 0)])
+        writes = writes[inside]
         self.checkpoint[writes] = True
+        # when each step's save began and ended: its first and last write to storage
+        np.fmin.at(self.save_start, writes, to_storage[inside])
+        np.fmax.at(self.save_end, writes, stored_until[inside])
         self.checkpoint &= long
         rhythm = _rhythm(job.number[self.checkpoint if self.checkpoint.any() else long]) or state.checkpoint_rhythm
         if rhythm:
@@ -612,6 +619,15 @@ class _Run:
         saves = np.r_[state.checkpoint_save_s, saving]
         usual_save = np.median(saves) if len(saves) >= 3 else np.inf
         self.expected = self.baseline + np.where(self.checkpoint, usual_save, 0.0)
+        # Until the job's usual saving time is known, a checkpoint step is expected to end when its
+        # save does: the job resumes training right after. The save follows the step's work (a
+        # step's baseline); it begins without traffic (tensors staged to host memory, files
+        # opened) until its first write and ends the same way after its last (files closed, ranks
+        # synchronized): the epilogue is taken as long as the prologue. A longer silence after the
+        # save, by more than the margin below, is a stall that joined the step.
+        by_writes = self.checkpoint & (len(saves) < 3) & np.isfinite(self.save_end)
+        prologue = np.maximum(self.save_start - job.step_start - self.baseline, 0.0)
+        self.expected[by_writes] = np.maximum(self.save_end + prologue - job.step_start, self.baseline)[by_writes]
         # saving times vary more than compute (storage is shared): a checkpoint needs more margin
         margin = np.where(self.checkpoint, max(self.limit - 1, CHECKPOINT_MARGIN), self.limit - 1)
         self.slow = (job.duration - self.expected > margin * self.baseline) & ~(self.warmup | self.windowed)
@@ -1045,6 +1061,13 @@ class _Run:
         per_step = np.bincount(job.step[seen & (job.step >= 0)], minlength=n_steps)[:n_steps]
         complete = np.flatnonzero(per_step >= 0.9 * np.median(per_step)) if n_steps else np.zeros(0, int)
         unfinished_start = job.step_end[complete[-1]] if len(complete) else -np.inf
+        # A checkpoint saved after the last complete step (the step that saved it had not been
+        # divided from the next yet) completed that step's work: the unfinished step began when
+        # the save's last write to storage ended.
+        saved = (job.write_start >= unfinished_start) & (job.write_end < min(before, stopped)) & bool(len(complete))
+        saved &= ~np.isin(job.write_dst, self.other_jobs_addrs())
+        save_end = float(job.write_end[saved].max()) if saved.any() else None
+        unfinished_start = save_end if save_end is not None else unfinished_start
         mid_step = bool((job.start[seen] > unfinished_start).any())
         typical_step = float(np.median(job.duration[:n_steps])) if n_steps else (self.state.level_s or 0.0)
 
@@ -1060,18 +1083,36 @@ class _Run:
         # tolerance covers step-to-step jitter)
         tolerance = max(0.1, 0.05 * typical_step)
         quiet = active[last_seen[active] <= stopped - config.hang_stagger_s - 2 * tolerance]
+        reference = complete[-STOP_REFERENCE_STEPS:]
         expected = self.active_at_phase(
-            complete[-STOP_REFERENCE_STEPS:], quiet, last_seen[quiet] - unfinished_start + tolerance,
+            reference, quiet, last_seen[quiet] - unfinished_start + tolerance,
             stopped - unfinished_start - config.hang_stagger_s - tolerance) if len(complete) else np.zeros(0, bool)
+        # silent for longer than a whole step while the others went on: a GPU busy in every step
+        # should have spoken, whatever the phase (the peers of a stuck GPU can run on for more than
+        # a step, when they first wait for it at the next step's gradient synchronization)
+        whole_step = stopped - config.hang_stagger_s - last_seen[quiet] - 2 * tolerance >= typical_step
+        if len(complete) and whole_step.any():
+            expected |= whole_step & self.active_at_phase(reference, quiet, np.full(len(quiet), -np.inf), np.inf)
         silenced = quiet[expected]
-        first = last_seen[silenced if len(silenced) else active].min()
+        # When each went silent: at its last flow, or, for a GPU that showed nothing of the
+        # unfinished step, when it failed to send its first usual transfer of that step (its last
+        # flow of the step before only shows that it finished that step, as every GPU did: the
+        # stage that finishes its step earliest is no more silent than the others, and a GPU
+        # downstream of the stuck one waits for it before it first sends).
+        silent_since = last_seen.copy()
+        unseen = silenced[last_seen[silenced] < unfinished_start]
+        missed = unfinished_start + self.usual_first_send(reference, unseen)
+        silent_since[unseen] = np.where(np.isnan(missed), last_seen[unseen], missed)
         # the GPUs that went silent first; the whole job when none stopped before the others
-        silent_first = silenced[last_seen[silenced] <= first + config.hang_stagger_s / 2]
+        first_silent = silent_since[silenced].min(initial=np.inf)
+        silent_first = silenced[silent_since[silenced] <= first_silent + config.hang_stagger_s / 2]
+        first = last_seen[silent_first if len(silent_first) else active].min()
         # a checkpoint write keeps the job busy without traffic between its GPUs
         last_active = max(stopped, float(job.write_end[job.write_end < before].max(initial=-np.inf)))
         return {
             "at_ns": job.ns(float(first)),
-            "checkpoint_ns": self.checkpoint_before(float(first)),
+            "checkpoint_ns": job.ns(save_end) if save_end is not None and save_end <= first
+            else self.checkpoint_before(float(first)),
             "last_active_ns": job.ns(last_active),
             "confirm_s": max(config.hang_confirm_s, 3 * typical_step),
             "mid_step": mid_step,
@@ -1101,6 +1142,32 @@ class _Run:
         pairs = np.unique(_key(slot[addr[hit]], step[hit]), return_index=True)[1]
         np.add.at(busy_steps, slot[addr[hit]][pairs], 1)
         return busy_steps >= max(len(steps), 1) / 2
+
+    def usual_first_send(self, steps: np.ndarray, addrs: np.ndarray) -> np.ndarray:
+        """For each address: when it usually sends its first flow of a step, seconds after the
+        step's start (the median over the `steps` it sent in); when it sent in none of them, when
+        its first flow, sent or received, usually comes. A send is what a GPU does; it receives
+        what its peers send, whether it is stuck or not."""
+        job = self.job
+        if not len(addrs) or not len(steps):
+            return np.full(len(addrs), np.nan)
+        in_steps = np.flatnonzero(np.isin(job.step, steps))
+        column = np.searchsorted(steps, job.step[in_steps])
+        at = job.start[in_steps] - job.step_start[job.step[in_steps]]
+        slot = np.full(len(job.addrs), -1)
+        slot[addrs] = np.arange(len(addrs))
+
+        def median_first(addr: np.ndarray, column: np.ndarray, at: np.ndarray) -> np.ndarray:
+            first = np.full((len(addrs), len(steps)), np.inf)
+            mine = slot[addr] >= 0
+            np.minimum.at(first, (slot[addr[mine]], column[mine]), at[mine])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # an address in none of the steps
+                return np.nanmedian(np.where(np.isfinite(first), first, np.nan), axis=1)
+
+        sends = median_first(job.src[in_steps], column, at)
+        any_flow = median_first(np.r_[job.src[in_steps], job.dst[in_steps]], np.r_[column, column], np.r_[at, at])
+        return np.where(np.isnan(sends), any_flow, sends)
 
     def horizon(self) -> float:
         """How far this hour's data reaches: the hour's end, unless the last flow of any job came

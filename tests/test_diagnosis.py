@@ -451,3 +451,162 @@ def test_scorer_tells_reused_hosts_apart_by_time():
     warehouse["issues"] = pa.concat_tables([warehouse["issues"], late])
     figures = {name: f.value for name, f in issue_scorer.score(truth, warehouse, {}).items()}
     assert figures["precision"] == pytest.approx(3 / 7)
+
+
+# --- hangs ----------------------------------------------------------------------------------------
+
+
+def _pipeline_flows(model, hosts: np.ndarray, n_steps: int, seed: int, job: str, pauses: dict | None = None):
+    """`n_steps` fault-free steps of a simulated job, plus one more step's flows (the one the
+    caller cuts short); `pauses` adds seconds without traffic after the given steps (a save).
+    Returns flows as columns (seconds, endpoint indices), GPUs, pairs, steps, the endpoint
+    address names and when the last step begins."""
+    from prism_core.simulate.traffic import Condition, step_template
+
+    template = step_template(model, hosts, Condition(0), salt=1)
+    rng = np.random.default_rng(seed)
+    jitter = rng.lognormal(0.0, model.jitter_sigma, n_steps + 1)
+    duration = jitter * template.duration
+    for step, seconds in (pauses or {}).items():
+        duration[step] += seconds
+    base = 1.0 + np.r_[0.0, np.cumsum(duration)[:-1]]
+    parts = [template.expand(base[[i]], jitter[[i]], rng) for i in range(n_steps + 1)]
+    start, end = np.concatenate([p.start for p in parts]), np.concatenate([p.end for p in parts])
+    src, dst = np.concatenate([p.src for p in parts]), np.concatenate([p.dst for p in parts])
+    nbytes = np.concatenate([p.nbytes for p in parts])
+    n_ranks = model.tp * model.pp * model.dp
+    endpoints = np.arange(len(hosts) * 8)
+    addr = np.array([f"10.0.{e % 8}.{e // 8 + 1}" for e in endpoints])
+    rank = np.arange(n_ranks)  # rank r on GPU r % 8 of host r // 8 (Megatron order)
+    gpus = conform(pa.table({
+        "job_id": [job] * n_ranks, "addr": addr[rank], "host": [f"gpu{r // 8}" for r in rank], "gpu": rank % 8,
+        "pp_stage": rank // (model.tp * model.dp), "dp_rank": (rank // model.tp) % model.dp}), JOB_GPUS)
+    pair = np.unique(src * len(endpoints) + dst)
+    pairs = conform(pa.table({
+        "job_id": [job] * len(pair), "src_addr": addr[pair // len(endpoints)], "dst_addr": addr[pair % len(endpoints)],
+        "kind": ["pp"] * len(pair), "flows": np.ones(len(pair), int), "bytes": np.ones(len(pair), int)}), COMM_PAIRS)
+    step_start = HOUR0_NS + np.round(base[:n_steps] * NS).astype(np.int64)
+    step_end = step_start + np.round(duration[:n_steps] * NS).astype(np.int64)
+    steps = conform(pa.table({
+        "job_id": [job] * n_steps, "step": np.arange(n_steps),
+        "start": pa.array(step_start).cast(STEPS.field("start").type),
+        "end": pa.array(step_end).cast(STEPS.field("end").type),
+        "duration_s": duration[:n_steps], "attempt": np.zeros(n_steps, np.int32)}), STEPS)
+    return (start, end, src, dst, nbytes), gpus, pairs, steps, addr, base[n_steps]
+
+
+def test_a_hang_names_the_gpu_that_never_started_the_next_step_not_the_stage_that_finished_first():
+    # tp=4 x dp=2 x pp=4 on 4 hosts, a pipeline stage per host: rail k carries the activations of
+    # GPU k of stage 0 through stages 1, 2 and 3. GPU 1 of stage 0 hangs after the last complete
+    # step: in the next one it never sends its first activation, so the rest of its rail never
+    # hears from it, while the other rails run on for 2.5 s. Every GPU of rail 1 last spoke in the
+    # previous step, the last stage earliest (1F1B finishes its backward first): that is not
+    # when it went silent. The stuck GPU is the one that failed to send first.
+    from prism_core.simulate.model import JobModel, align
+
+    model = JobModel(tp=4, pp=4, dp=2, micro_batches=4, channels=2, collective="ring", moe=False,
+                     tied_embeddings=False, fwd_s=0.3, bwd_s=0.6, opt_s=0.1, act_bytes=int(align(32 << 20, 2)),
+                     bucket_bytes=(1 << 20,), param_bytes=0, a2a_bytes=0, emb_bytes=0, ckpt_every=10_000,
+                     ckpt_save_s=1.0, ckpt_bytes=0, jitter_sigma=0.02)
+    (start, end, src, dst, nbytes), gpus, pairs, steps, addr, unfinished = _pipeline_flows(
+        model, np.arange(4), n_steps=40, seed=5, job="job-h")
+    rail = (src % 8 == 1) | (dst % 8 == 1)
+    keep = (start < unfinished) | ((start < unfinished + 2.5) & ~rail)
+    flows = pa.table({
+        "time_flow_start_ns": HOUR0_NS + np.round(start[keep] * NS).astype(np.int64),
+        "time_flow_end_ns": HOUR0_NS + np.round(end[keep] * NS).astype(np.int64),
+        "src_addr": addr[src[keep]], "dst_addr": addr[dst[keep]], "bytes": nbytes[keep]})
+    found = diagnosis.diagnose_job("job-h", flows, gpus, pairs, steps, EVENTS.empty_table(), None,
+                                   HOUR0_NS, HOUR0_NS + HOUR_NS).issues
+    (hang,) = _by_kind(found, "hang")
+    assert hang["subject"] == "10.0.1.1"  # GPU 1 of host 0 (stage 0)
+    evidence = json.loads(hang["evidence"])
+    assert evidence["staggered"] and evidence["ended_by"] == "killed_by_watchdog"
+    last_seen = end[(start < unfinished) & ((src == 1) | (dst == 1))].max()  # its last flow
+    assert hang["start"] == pytest.approx(HOUR0_NS + last_seen * NS, abs=0.01 * NS)
+
+
+def test_a_stall_after_a_checkpoint_save_is_a_slow_step_before_the_usual_save_is_known():
+    # The job's first two checkpoints (steps 1019 and 1049, 10 s of saving): no usual saving time
+    # to compare with yet. A save ends with its last write to storage and training resumes right
+    # after, so 6 s of silence after the second save's last write is a stall that joined the
+    # checkpoint step. (Step 1050 is the series' own slow step.)
+    steps = _synthetic_steps(n=70, stalls={1049: 6.0})
+    number = steps["step"].to_numpy()
+    start = steps["start"].cast(pa.int64()).to_numpy()
+    saves = start[number % 30 == 29] + 5 * NS  # after the step's compute
+    flows = pa.table({  # the save: four 2.5 s writes to storage from a GPU of each host
+        "time_flow_start_ns": np.concatenate([saves + k * 2_500_000_000 for k in range(4) for _ in range(2)]),
+        "time_flow_end_ns": np.concatenate([saves + (k + 1) * 2_500_000_000 for k in range(4) for _ in range(2)]),
+        "src_addr": [a for _ in range(4) for a in ("10.0.0.1", "10.0.0.2") for _ in saves],
+        "dst_addr": ["10.200.0.1"] * (8 * len(saves)), "bytes": [1 << 30] * (8 * len(saves))})
+    issues = diagnosis.diagnose_job("job-a", flows, _gpus(), COMM_PAIRS.empty_table(), steps, EVENTS.empty_table(),
+                                    None, HOUR0_NS, HOUR0_NS + HOUR_NS).issues
+    slow = {json.loads(r["evidence"])["step"]: r for r in _by_kind(issues, "slow_step")}
+    assert sorted(slow) == [1049, 1050]
+    assert json.loads(slow[1049]["evidence"])["checkpoint"]
+    assert slow[1049]["wasted_gpu_s"] == pytest.approx(6.0 * GPUS, rel=0.1)
+
+
+def _hang_model(**change):
+    from prism_core.simulate.model import JobModel, align
+
+    spec = dict(tp=4, pp=4, dp=2, micro_batches=4, channels=2, collective="ring", moe=False, tied_embeddings=False,
+                fwd_s=0.3, bwd_s=0.6, opt_s=0.1, act_bytes=int(align(32 << 20, 2)), bucket_bytes=(1 << 20,),
+                param_bytes=0, a2a_bytes=0, emb_bytes=0, ckpt_every=10_000, ckpt_save_s=1.0, ckpt_bytes=0,
+                jitter_sigma=0.02)
+    return JobModel(**{**spec, **change})
+
+
+def _flow_table(start, end, src, dst, nbytes, addr, keep) -> pa.Table:
+    return pa.table({
+        "time_flow_start_ns": HOUR0_NS + np.round(start[keep] * NS).astype(np.int64),
+        "time_flow_end_ns": HOUR0_NS + np.round(end[keep] * NS).astype(np.int64),
+        "src_addr": addr[src[keep]], "dst_addr": addr[dst[keep]], "bytes": nbytes[keep]})
+
+
+def test_a_hang_after_a_checkpoint_not_yet_divided_from_the_next_step_loses_only_the_work_since_the_save():
+    # The step that saved a checkpoint has not been divided from the next one yet (its end is known
+    # only when the next step begins): the save completed, and the unfinished step began when its
+    # last write ended. GPU 1 of stage 0 hangs 0.5 s into that step; the other rails run on.
+    model = _hang_model()
+    (start, end, src, dst, nbytes), gpus, pairs, steps, addr, unfinished = _pipeline_flows(
+        model, np.arange(4), n_steps=41, seed=6, job="job-h", pauses={40: 8.0})
+    steps = steps.slice(0, 40)  # step 40, the checkpoint, is not divided yet
+    save_from = unfinished - 8.0
+    rail = (src % 8 == 1) | (dst % 8 == 1)
+    keep = (start < unfinished) | ((start < unfinished + 0.5) & rail) | ((start < unfinished + 2.5) & ~rail)
+    flows = _flow_table(start, end, src, dst, nbytes, addr, keep)
+    writes = pa.table({  # the save: a GPU of each stage writes its shard to storage
+        "time_flow_start_ns": [HOUR0_NS + int((save_from + 0.5) * NS)] * 4,
+        "time_flow_end_ns": [HOUR0_NS + int((unfinished - 0.3) * NS)] * 4,
+        "src_addr": [addr[8 * h] for h in range(4)], "dst_addr": ["10.200.0.1"] * 4, "bytes": [4 << 30] * 4})
+    found = diagnosis.diagnose_job("job-h", pa.concat_tables([flows, writes]), gpus, pairs, steps,
+                                   EVENTS.empty_table(), None, HOUR0_NS, HOUR0_NS + HOUR_NS).issues
+    (hang,) = _by_kind(found, "hang")
+    assert "10.0.1.1" in hang["subject"].split(",")
+    evidence = json.loads(hang["evidence"])
+    assert evidence["staggered"] and 0 < evidence["lost_since_checkpoint_s"] < 1.0
+    # the work since the save and the 600 s until the watchdog killed the job
+    assert hang["wasted_gpu_s"] == pytest.approx(32 * (600 + evidence["lost_since_checkpoint_s"]), rel=0.01)
+
+
+def test_a_gpu_silent_for_more_than_a_step_while_its_peers_run_on_went_silent():
+    # Data parallel only (tp=8 x dp=2 on 2 hosts, rail k: GPU k of each host). The step in which
+    # GPU 1 of host 0 stopped is not divided yet; after its last gradient synchronization it sends
+    # nothing, while the other rails synchronize twice more. It was last seen at the end of a step,
+    # past its usual activity, but silent for more than a whole step: it went silent.
+    model = _hang_model(tp=8, pp=1, dp=2, bucket_bytes=(64 << 20,), fwd_s=0.5, bwd_s=1.0)
+    (start, end, src, dst, nbytes), gpus, pairs, steps, addr, unfinished = _pipeline_flows(
+        model, np.arange(2), n_steps=42, seed=8, job="job-h")
+    pairs = pairs.set_column(pairs.schema.get_field_index("kind"), "kind", pa.array(["dp"] * pairs.num_rows))
+    step = float(steps["duration_s"].to_numpy()[-1])
+    steps = steps.slice(0, 40)  # the last two complete steps are not divided yet
+    rail = (src % 8 == 1) | (dst % 8 == 1)
+    keep = (start < unfinished - step) | ((start < unfinished + step) & ~rail)
+    flows = _flow_table(start, end, src, dst, nbytes, addr, keep)
+    found = diagnosis.diagnose_job("job-h", flows, gpus, pairs, steps, EVENTS.empty_table(), None,
+                                   HOUR0_NS, HOUR0_NS + HOUR_NS).issues
+    (hang,) = _by_kind(found, "hang")
+    assert "10.0.1.1" in hang["subject"].split(",")  # with its ring peer, which waits for it
+    assert json.loads(hang["evidence"])["staggered"]
