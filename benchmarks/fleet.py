@@ -91,13 +91,13 @@ def measure_prism(flows: str, topology: str, root: str, beam_args: list[str]) ->
     }
 
 
-def measure_reference(flows: str) -> dict:
+def measure_reference(flows: str, threads: int | None = None) -> dict:
     """Ingest + per-minute aggregation written directly in DuckDB: read, validate the basics,
-    drop duplicates, group by (minute, src, dst)."""
+    drop duplicates, group by (minute, src, dst); on `threads` threads (default: every core)."""
     import duckdb
 
     started, started_cpu = time.perf_counter(), cpu_s()
-    con = duckdb.connect()
+    con = duckdb.connect(config={"threads": threads} if threads else {})
     con.execute(f"""
         CREATE TABLE flows AS
         SELECT DISTINCT time_flow_start_ns, time_flow_end_ns, src_addr, dst_addr, bytes, packets,
@@ -138,7 +138,7 @@ def main() -> None:
         print(json.dumps(measure_prism(*options.args[:3], beam_args=options.args[3:])))
         return
     if options.measure == "reference":
-        print(json.dumps(measure_reference(options.args[0])))
+        print(json.dumps(measure_reference(options.args[0], int(options.args[1]) if len(options.args) > 1 else None)))
         return
 
     data = scenario(options.seed)
@@ -150,12 +150,16 @@ def main() -> None:
             prism = in_subprocess("prism", str(flows), str(data / "topology.csv"),
                                   str(Path(scratch) / f"wh-{fraction}"), *options.beam_arg)
             reference = in_subprocess("reference", str(flows))
+            one_thread = in_subprocess("reference", str(flows), "1")
             ingest_s = prism["stages_s"].get("ingest", prism["wall_s"])
             ingest_cpu_s = prism["stages_cpu_s"].get("ingest", prism["cpu_s"])
-            # Wall and CPU ratios both: the reference uses both cores, the default runner one, and
-            # other users' load moves wall times more than CPU times.
+            # Wall and CPU ratios both: the reference uses every core, the default runner one (so
+            # also against DuckDB on one thread), and other users' load moves wall times more
+            # than CPU times.
             run = {"fraction": fraction, "prism": prism, "reference": reference,
+                   "reference_1_thread": one_thread,
                    "ingest_vs_reference": round(ingest_s / reference["wall_s"], 2),
+                   "ingest_vs_reference_1_thread": round(ingest_s / one_thread["wall_s"], 2),
                    "ingest_cpu_vs_reference": round(ingest_cpu_s / reference["cpu_s"], 2),
                    "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
             print(json.dumps(run), flush=True)
