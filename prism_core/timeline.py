@@ -832,9 +832,9 @@ def _steps(
             end = close = None
         followed = phases.next_ns[p] >= 0
         quiet = hour_end_ns - phases.close_ns[p]
-        # the last phase is over once quiet longer than inside any phase; its step, once no save
-        # can follow it (the saving is the step's)
-        over = phases.closed[p] or (phases.has_dp and quiet > phases.inner_gap_ns)
+        # the last phase is over once quiet longer than inside any phase, or once the next step
+        # began; its step, once no save can follow it (the saving is the step's)
+        over = phases.closed[p] or (phases.has_dp and quiet > phases.inner_gap_ns) or _next_step_began(phases, p, typical)
         unsaved = phases.has_dp and not phases.bulk_write[p] and not _save_may_follow(
             state.next_step + len(rows), state.checkpoint_steps, typical, quiet)
         decided = over and (followed or quiet >= silence or unsaved)
@@ -867,6 +867,17 @@ def _steps(
         end, close = int(boundary[p]), int(phases.close_ns[p])
     state.last_end_ns, state.last_close_ns = end, close
     return rows
+
+
+def _next_step_began(phases: _Phases, p: int, typical: _Typical) -> bool:
+    """Whether the next step's first pipeline sends followed phase p at the usual gap, one usual
+    forward pass apart: the optimizer ran in between, so nothing more joins the phase (the
+    cool-down's sends inside a phase are backward ones, a backward pass apart)."""
+    if phases.first_send_ns[p] < 0 or not typical.forward_ns or not np.isfinite(typical.gap_ns):
+        return False
+    gap = phases.first_send_ns[p] - phases.close_ns[p]
+    return bool(abs(gap - typical.gap_ns) <= LONG_GAP_SHARE * typical.gap_ns
+                and abs(phases.forward_ns[p] - typical.forward_ns) <= LONG_GAP_SHARE * typical.forward_ns)
 
 
 def _save_may_follow(step: int, checkpoint_steps: list[int], typical: _Typical, quiet_ns: int) -> bool:

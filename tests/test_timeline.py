@@ -300,6 +300,38 @@ def test_the_first_step_in_view_is_measured_against_the_steps_that_follow_it():
     assert abs(_ns(found.steps["end"])[0] - bounds[saved + 2]) < 0.02 * 10 * SECOND
 
 
+def test_a_step_whose_successor_began_before_the_hour_ended_comes_out_in_that_hour(small):
+    """The hour ends a moment after the next step's first two forward sends: the sync phase
+    before them is over (the optimizer ran in between), so the hour's run emits its step, and
+    the next hour goes on from it."""
+    job = small.job_where(dp=4, pp=2)  # a quiet inside its sync phases (0.96 s) outlasts gap + forward
+    truth = small.of("steps", job)
+    ends, saving = _ns(truth["end"]), truth["checkpoint"].to_numpy()
+    period = np.median(ends - _ns(truth["start"]))
+    step = int(np.flatnonzero(~saving[10:])[0]) + 10
+    flows = small.job_flows(job)
+    starts = flows["time_flow_start_ns"].to_numpy()
+    pipeline = small.of("pairs", job).filter(pc.equal(small.of("pairs", job)["kind"], "pp"))
+    pair = np.char.add(flows["src_addr"].to_numpy(zero_copy_only=False).astype(str),
+                       flows["dst_addr"].to_numpy(zero_copy_only=False).astype(str))
+    pp_pairs = np.char.add(pipeline["src_addr"].to_numpy(zero_copy_only=False).astype(str),
+                           pipeline["dst_addr"].to_numpy(zero_copy_only=False).astype(str))
+    sends = np.flatnonzero(np.isin(pair, pp_pairs) & (starts >= ends[step]))
+    first = sends[np.argmin(starts[sends])]
+    same_pair = sends[(pair[sends] == pair[first]) & (starts[sends] > starts[first] + 2_000_000)]
+    cut = int(starts[same_pair].min() + 1_000_000)  # just after the first pair's second forward
+    first_hour = int(starts.min() // HOUR_NS * HOUR_NS)
+    pairs = small.of("pairs", job)
+    before = timeline.divide_steps(job, flows.filter(pa.array(starts < cut)), pairs, None, first_hour, cut)
+    assert abs(_ns(before.steps["end"])[-1] - ends[step]) < 0.01 * period
+    after = timeline.divide_steps(job, flows.filter(pa.array((starts >= cut) & (starts < cut + HOUR_NS))), pairs,
+                                  json.loads(json.dumps(before.state)), cut, cut + HOUR_NS)
+    whole = small.divide(job)
+    split = pa.concat_tables([before.steps, after.steps])
+    assert split["step"].to_pylist() == whole["step"].to_pylist()[: split.num_rows]
+    assert np.max(np.abs(_ns(split["end"]) - _ns(whole["end"])[: split.num_rows])) < 0.002 * period
+
+
 def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():
     typical = timeline._Typical(period_ns=10e9, gap_ns=9e9, phase_bytes=1.0, phase_flows=1.0, fill=1,
                                 close_to_end_ns=None, lead_ns=None, lead_per_sync=None, sync_ns=None,
