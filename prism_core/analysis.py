@@ -99,11 +99,12 @@ def open_membership(recognition: jobs.Recognition, hour_start_ns: int) -> pa.Tab
     })
     membership = membership.join(held, ["job_id", "host"], join_type="left outer")
     first_ns = membership["first_ns"].to_numpy()
-    # a host's first span of the hour: no other job's span on it begins earlier
-    order = np.lexsort((first_ns, membership["host"].to_numpy(zero_copy_only=False)))
-    hosts_sorted = membership["host"].to_numpy(zero_copy_only=False)[order]
-    first_of_host = np.zeros(len(order), bool)
-    first_of_host[order] = np.r_[True, hosts_sorted[1:] != hosts_sorted[:-1]] if len(order) else []
+    # the host's first job of the hour: no other job's span on it begins earlier
+    host, job_id = (membership[c].to_numpy(zero_copy_only=False) for c in ("host", "job_id"))
+    order = np.lexsort((first_ns, host))
+    leads = np.r_[True, host[order][1:] != host[order][:-1]] if len(order) else np.zeros(0, bool)
+    first_job = dict(zip(host[order][leads], job_id[order][leads]))
+    first_of_host = np.array([first_job[h] == j for h, j in zip(host, job_id)], bool)
     at_start = pc.fill_null(membership["held_at_start"], False).to_numpy(zero_copy_only=False) & first_of_host
     at_end = pc.fill_null(membership["held_at_end"], False).to_numpy(zero_copy_only=False)
     membership = membership.set_column(membership.schema.get_field_index("first_ns"), "first_ns",

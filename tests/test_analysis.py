@@ -12,9 +12,11 @@ HOUR = 10 * HOUR_NS
 SECOND = 1_000_000_000
 
 
-def _recognition(job_rows: list[tuple[str, int, str, str]], spans: list[tuple[str, str, int, int]]) -> jobs.Recognition:
-    """Jobs (id, first seen, status, host) and their members' traffic spans (job, host, first, last),
-    one GPU per host whose address is the host's name."""
+def _recognition(job_rows: list[tuple[str, int, str, str]], spans: list[tuple[str, str, int, int]],
+                 gpus_per_host: int = 1) -> jobs.Recognition:
+    """Jobs (id, first seen, status, host) and their members' traffic spans (job, host, first, last);
+    a host's GPUs are addressed "<host>" (GPU 0), "<host>.1", ..."""
+    spans = [(j, h if g == 0 else f"{h}.{g}", f, l, h) for j, h, f, l in spans for g in range(gpus_per_host)]
     job_table = pa.table({
         "job_id": [j for j, _, _, _ in job_rows],
         "first_seen": pa.array([t for _, t, _, _ in job_rows], pa.timestamp("ns", "UTC")),
@@ -22,9 +24,10 @@ def _recognition(job_rows: list[tuple[str, int, str, str]], spans: list[tuple[st
         "hosts": [[h] for _, _, _, h in job_rows],
     })
     membership = pa.table({
-        "job_id": [j for j, _, _, _ in spans], "addr": [h for _, h, _, _ in spans], "host": [h for _, h, _, _ in spans],
-        "gpu": pa.array([0] * len(spans), pa.int32()),
-        "first_ns": pa.array([f for _, _, f, _ in spans], pa.int64()), "last_ns": pa.array([l for _, _, _, l in spans], pa.int64()),
+        "job_id": [j for j, _, _, _, _ in spans], "addr": [a for _, a, _, _, _ in spans],
+        "host": [h for _, _, _, _, h in spans], "gpu": pa.array([0] * len(spans), pa.int32()),
+        "first_ns": pa.array([f for _, _, f, _, _ in spans], pa.int64()),
+        "last_ns": pa.array([l for _, _, _, l, _ in spans], pa.int64()),
     }).cast(jobs.MEMBERSHIP)
     return jobs.Recognition(jobs=job_table, membership=membership, events=pa.table({}), state={})
 
@@ -38,8 +41,9 @@ def test_a_job_holds_its_hosts_from_the_hour_start_if_it_ran_then_and_to_the_end
          ("c", HOUR + 2000 * SECOND, "running", "h1")],
         [("a", "h0", HOUR + 10 * SECOND, HOUR + 3500 * SECOND), ("b", "h1", HOUR + 100 * SECOND, HOUR + 1000 * SECOND),
          ("c", "h1", HOUR + 2000 * SECOND, HOUR + 3500 * SECOND)],
+        gpus_per_host=2,
     )
-    sent = [("h0", 5), ("h0", 3550), ("h1", 50), ("h1", 500), ("h1", 1500), ("h1", 3590)]
+    sent = [("h0", 5), ("h0.1", 6), ("h0", 3550), ("h1", 50), ("h1", 500), ("h1", 1500), ("h1.1", 3590)]
     flows = pa.table({
         "time_flow_start_ns": pa.array([HOUR + t * SECOND for _, t in sent], pa.int64()),
         "time_flow_end_ns": pa.array([HOUR + t * SECOND + 1 for _, t in sent], pa.int64()),
@@ -48,7 +52,7 @@ def test_a_job_holds_its_hosts_from_the_hour_start_if_it_ran_then_and_to_the_end
     })
     split = {job: (part["time_flow_start_ns"].to_numpy() - HOUR) // SECOND
              for job, part in split_flows_by_job(flows, open_membership(recognition, HOUR))}
-    assert {job: times.tolist() for job, times in split.items()} == {"a": [5, 3550], "b": [500], "c": [3590]}
+    assert {job: times.tolist() for job, times in split.items()} == {"a": [5, 6, 3550], "b": [500], "c": [3590]}
     # by the traffic spans alone, only what was sent amid the job's own traffic
     plain = {job: len(part) for job, part in split_flows_by_job(flows, recognition.membership)}
     assert plain == {"b": 1}
