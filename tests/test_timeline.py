@@ -209,6 +209,23 @@ def test_sync_phase_closes_each_step(small):
     assert 0.02 < np.median(after_sync) / (period / 1e9) < 0.06  # the optimizer: 4% of a step
 
 
+def _assert_hour_ends_at(small: Scenario, job: str, cut: int, step_end: int, period: float) -> None:
+    """An hour ending at `cut` emits the step ending at `step_end`, and the next hour, from its
+    state, goes on to the same steps as one pass over all the flows."""
+    flows = small.job_flows(job)
+    starts = flows["time_flow_start_ns"].to_numpy()
+    first_hour = int(starts.min() // HOUR_NS * HOUR_NS)
+    pairs = small.of("pairs", job)
+    before = timeline.divide_steps(job, flows.filter(pa.array(starts < cut)), pairs, None, first_hour, cut)
+    assert abs(_ns(before.steps["end"])[-1] - step_end) < 0.01 * period
+    after = timeline.divide_steps(job, flows.filter(pa.array((starts >= cut) & (starts < cut + HOUR_NS))), pairs,
+                                  json.loads(json.dumps(before.state)), cut, cut + HOUR_NS)
+    whole = small.divide(job)
+    split = pa.concat_tables([before.steps, after.steps])
+    assert split["step"].to_pylist() == whole["step"].to_pylist()[: split.num_rows]
+    assert np.max(np.abs(_ns(split["end"]) - _ns(whole["end"])[: split.num_rows])) < 0.002 * period
+
+
 def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(small):
     """A data-parallel job's step ends at its sync plus the optimizer: once an hour ends after
     that with no save started, the hour's run emits the step, and the next hour goes on from it."""
@@ -219,18 +236,7 @@ def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(sm
     step = int(np.flatnonzero(saving)[0]) + 5  # after a save, so the job's save delay is known
     assert not saving[step]
     cut = int(ends[step] + 0.3 * period)  # before the next step's first traffic
-    flows = small.job_flows(job)
-    starts = flows["time_flow_start_ns"].to_numpy()
-    first_hour = int(starts.min() // HOUR_NS * HOUR_NS)
-    pairs = small.of("pairs", job)
-    before = timeline.divide_steps(job, flows.filter(pa.array(starts < cut)), pairs, None, first_hour, cut)
-    assert abs(_ns(before.steps["end"])[-1] - ends[step]) < 0.01 * period
-    after = timeline.divide_steps(job, flows.filter(pa.array((starts >= cut) & (starts < cut + HOUR_NS))), pairs,
-                                  json.loads(json.dumps(before.state)), cut, cut + HOUR_NS)
-    whole = small.divide(job)
-    split = pa.concat_tables([before.steps, after.steps])
-    assert split["step"].to_pylist() == whole["step"].to_pylist()[: split.num_rows]
-    assert np.max(np.abs(_ns(split["end"]) - _ns(whole["end"])[: split.num_rows])) < 0.002 * period
+    _assert_hour_ends_at(small, job, cut, ends[step], period)
 
 
 def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0,
@@ -320,16 +326,7 @@ def test_a_step_whose_successor_began_before_the_hour_ended_comes_out_in_that_ho
     first = sends[np.argmin(starts[sends])]
     same_pair = sends[(pair[sends] == pair[first]) & (starts[sends] > starts[first] + 2_000_000)]
     cut = int(starts[same_pair].min() + 1_000_000)  # just after the first pair's second forward
-    first_hour = int(starts.min() // HOUR_NS * HOUR_NS)
-    pairs = small.of("pairs", job)
-    before = timeline.divide_steps(job, flows.filter(pa.array(starts < cut)), pairs, None, first_hour, cut)
-    assert abs(_ns(before.steps["end"])[-1] - ends[step]) < 0.01 * period
-    after = timeline.divide_steps(job, flows.filter(pa.array((starts >= cut) & (starts < cut + HOUR_NS))), pairs,
-                                  json.loads(json.dumps(before.state)), cut, cut + HOUR_NS)
-    whole = small.divide(job)
-    split = pa.concat_tables([before.steps, after.steps])
-    assert split["step"].to_pylist() == whole["step"].to_pylist()[: split.num_rows]
-    assert np.max(np.abs(_ns(split["end"]) - _ns(whole["end"])[: split.num_rows])) < 0.002 * period
+    _assert_hour_ends_at(small, job, cut, ends[step], period)
 
 
 def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():
