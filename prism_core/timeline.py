@@ -790,8 +790,10 @@ def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
     bulk writes: a checkpoint, B, except that B beyond A plus the job's usual save holds a stall
     before the next step after the save (the boundary is A plus the usual save), and that B from
     first traffic less a usual lead (no pipeline sends) within that margin of the usual save is
-    noisier than the save is (the lead varies with the step's compute). A long gap without: a
-    stall before the next step, A. Nothing after the phase: A."""
+    noisier than the save is (the lead varies with the step's compute); without pipeline sends,
+    once the job's saves show their usual tail and it is shorter than the lead, the boundary is
+    the save's last write plus that tail. A long gap without: a stall before the next step, A.
+    Nothing after the phase: A."""
     after_sync = _after_sync(phases, typical)
     start = _next_start(phases, typical)
     followed = phases.next_ns >= 0
@@ -805,6 +807,14 @@ def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
         stalled = save > typical.save_ns + margin
         noisy = (phases.first_send_ns < 0) & (save >= typical.save_ns - margin)
         save = np.where(stalled | noisy, typical.save_ns, save)
+    if typical.save_tail_ns is not None:
+        # without pipeline sends, the end of the save's writes plus the usual tail marks the next
+        # step's start more sharply than its first traffic less an estimated lead, when that lead
+        # is the longer (both vary in proportion: a sync-only job's first traffic comes at the
+        # step's end, ZeRO-3 gathers and MoE all-to-all at its start)
+        by_writes = (phases.first_send_ns < 0) & (phases.written_until_ns >= 0) & (
+            _lead(phases, typical) > typical.save_tail_ns)
+        save = np.where(by_writes, phases.written_until_ns + typical.save_tail_ns - after_sync, save)
     checkpoint = _checkpoints(phases, typical)
     return np.where(checkpoint, after_sync + save.astype(np.int64), np.where(long_gap, after_sync, normal_end))
 

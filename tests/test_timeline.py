@@ -329,6 +329,19 @@ def test_a_step_whose_successor_began_before_the_hour_ended_comes_out_in_that_ho
     _assert_hour_ends_at(small, job, cut, ends[step], period)
 
 
+def test_a_save_ends_its_usual_tail_after_its_last_write_however_short_the_next_steps_compute():
+    """Without pipeline sends, the next step's start after a save is its first traffic less an
+    estimated compute lead; a step whose compute runs 12% short would move the boundary by a
+    second. The save's last write plus the job's usual tail does not move."""
+    pace = [1.0] * 40
+    pace[20] = 0.88  # the step after the save of step 19
+    flows, pairs, bounds = _data_parallel_job(steps=40, save_every=5, pace=pace)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends = _ns(found.steps["end"])
+    closest = ends[np.argmin(np.abs(ends - bounds[20]))]
+    assert abs(closest - bounds[20]) < 0.01 * 10 * SECOND
+
+
 def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():
     typical = timeline._Typical(period_ns=10e9, gap_ns=9e9, phase_bytes=1.0, phase_flows=1.0, fill=1,
                                 close_to_end_ns=None, lead_ns=None, lead_per_sync=None, sync_ns=None,
