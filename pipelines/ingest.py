@@ -57,9 +57,12 @@ class MinuteResult:
     minute_ns: int
     parsed: list[TableRef]  # the minute's rows of each file that has some, as parsed
     kept: TableRef  # column "row": the minute's flows (deduplicated, sorted) as rows of `parsed`
-    num_flows: int
     aggregates: pa.Table  # FLOW_MINUTES rows of the minute
     duplicates: int
+
+    @property
+    def num_flows(self) -> int:
+        return self.kept.num_rows
 
     def flows(self) -> pa.Table:
         """The minute's flows: the kept rows of the parsed tables concatenated, in order."""
@@ -176,7 +179,6 @@ class MergeMinute(beam.DoFn):
             minute_ns=int(minute.start.micros) * 1000,
             parsed=parsed,
             kept=self.staged.append(pa.table({"row": kept})),
-            num_flows=len(kept),
             aggregates=minute_aggregates(rows, counted),
             duplicates=duplicates,
         )

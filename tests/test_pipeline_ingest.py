@@ -136,7 +136,7 @@ def flows_table(rows: list[dict]) -> pa.Table:
 def staged_minute(directory, minute_ns: int, parsed: list[pa.Table], kept: list[int]) -> MinuteResult:
     [(_, kept_ref)] = stage_tables(directory, [(0, pa.table({"row": np.array(kept, np.int64)}))])
     refs = [ref for _, ref in stage_tables(directory, enumerate(parsed))]
-    return MinuteResult(minute_ns, refs, kept_ref, len(kept), FLOW_MINUTES.empty_table(), 0)
+    return MinuteResult(minute_ns, refs, kept_ref, FLOW_MINUTES.empty_table(), 0)
 
 
 def test_a_minute_s_flows_are_its_kept_rows_of_the_parsed_tables_in_order(tmp_path):
