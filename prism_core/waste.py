@@ -21,6 +21,8 @@ work lost since the checkpoint and the silence until the watchdog killed the job
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 NS_PER_S = 1e9
@@ -54,11 +56,12 @@ def restart_gpu_s(
     return idle_gpu_s(n_gpus, lost_from_ns, resume_ns) + excess_gpu_s(warmup_s, baseline_s, n_gpus)
 
 
+@lru_cache(maxsize=64)
 def one_f_one_b_order(pp: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     """The operation order of each stage under 1F1B (PipeDream-Flush, Megatron's default
     schedule): stage s runs min(pp - 1 - s, m) warm-up forwards, then alternates one forward and
     one backward, then drains the remaining backwards. Returns (is_forward, micro_batch), each
-    (pp, 2m)."""
+    (pp, 2m), shared between callers: read only."""
     is_forward = np.zeros((pp, 2 * m), bool)
     micro_batch = np.zeros((pp, 2 * m), np.int64)
     for s in range(pp):

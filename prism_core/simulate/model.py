@@ -10,7 +10,6 @@ the compute whatever time the communication leaves.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -101,10 +100,6 @@ def job_model(spec: JobSpec, rng: np.random.Generator) -> JobModel:
     )
 
 
-# the schedule's definition is shared with the diagnosis that replays it (prism_core.waste)
-_op_order = lru_cache(maxsize=64)(one_f_one_b_order)
-
-
 def one_f_one_b(
     fwd: np.ndarray, bwd: np.ndarray, comm_fwd: np.ndarray, comm_bwd: np.ndarray, m: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +113,7 @@ def one_f_one_b(
     communication the step is (m - 1 + pp) x (fwd + bwd).
     """
     pp = len(fwd)
-    is_fwd, mb = _op_order(pp, m)
+    is_fwd, mb = one_f_one_b_order(pp, m)  # the schedule diagnosis replays too
     dur = np.where(is_fwd, fwd[:, None], bwd[:, None])
     offset = np.cumsum(dur, axis=1) - dur
     pos = np.empty((pp, 2, m), np.int64)  # position of (stage, is_backward, micro-batch) in order
