@@ -858,9 +858,8 @@ class _Run:
         if not peers.any():
             return None
         in_step = _key(step, size)
-        peer_keys = np.unique(in_step[peers])
-        peer_seconds = _group_median(in_step[peers], t_seconds[peers])
-        peer_seconds = peer_seconds[np.unique(in_step[peers], return_index=True)[1]]
+        peer_keys, first_of_key = np.unique(in_step[peers], return_index=True)
+        peer_seconds = _group_median(in_step[peers], t_seconds[peers])[first_of_key]
         at = np.clip(np.searchsorted(peer_keys, in_step), 0, len(peer_keys) - 1)
         same = peer_keys[at] == in_step
         overall = np.array([np.median(t_seconds[peers & (size == k)]) if (peers & (size == k)).any() else np.nan
