@@ -103,8 +103,8 @@ def open_membership(recognition: jobs.Recognition, hour_start_ns: int) -> pa.Tab
     host, job_id = (membership[c].to_numpy(zero_copy_only=False) for c in ("host", "job_id"))
     order = np.lexsort((first_ns, host))
     leads = np.r_[True, host[order][1:] != host[order][:-1]] if len(order) else np.zeros(0, bool)
-    first_job = dict(zip(host[order][leads], job_id[order][leads]))
-    first_of_host = np.array([first_job[h] == j for h, j in zip(host, job_id)], bool)
+    first_of_host = np.empty(len(order), bool)
+    first_of_host[order] = job_id[order] == job_id[order][leads][np.cumsum(leads) - 1]
     at_start = pc.fill_null(membership["held_at_start"], False).to_numpy(zero_copy_only=False) & first_of_host
     at_end = pc.fill_null(membership["held_at_end"], False).to_numpy(zero_copy_only=False)
     membership = membership.set_column(membership.schema.get_field_index("first_ns"), "first_ns",
