@@ -81,8 +81,9 @@ def _cut(flows: FlowBatch, cutoff: np.ndarray) -> FlowBatch:
     """Drop what starts after either endpoint stopped; truncate what was in flight, which then
     carried only the bytes it moved until the stop."""
     stop = np.minimum(cutoff[flows.src], cutoff[flows.dst])
-    kept = flows.take(flows.start < stop)
-    end = np.minimum(kept.end, stop[flows.start < stop])
+    started = flows.start < stop
+    kept = flows.take(started)
+    end = np.minimum(kept.end, stop[started])
     moved = np.where(kept.end > kept.start, (end - kept.start) / np.maximum(kept.end - kept.start, 1e-12), 1.0)
     kept.nbytes = np.maximum(np.round(kept.nbytes * moved), 1).astype(np.int64)
     kept.end = end
