@@ -62,7 +62,9 @@ or on the save cadence (every k steps) once three saves showed it. Otherwise, an
 without DP traffic, the next hour's run emits the step. The state carries the flows after the last emitted boundary, the step number,
 the attempt, restarts not yet behind a step and the job's usual timings, so a re-run with the
 same state gives the same steps. A phase short of its usual bytes (a hang or failure cut it) ends
-no step; after a restart the first step starts with the job's traffic after the downtime. The
+no step, nor does a checkpoint step after which the job fell silent while its peers began the next
+step without one GPU: that GPU more likely hung during the save than in the next step's first
+moments. After a restart the first step starts with the job's traffic after the downtime. The
 first phase of a job new to Prism closes a step only if the view holds the step's start: the job
 started in view (warm-up), start markers give the step a usual length, or the view opened during
 the save before it (the step starts the job's usual tail after the save's last write, a tail
@@ -850,7 +852,8 @@ def _steps(
         decided = over and (followed or quiet >= silence or unsaved)
         if not decided or boundary[p] >= hour_end_ns:
             break
-        if not _ends_step(phases, p, typical, restarts, complete[p]):
+        if not _ends_step(phases, p, typical, restarts, complete[p]) or (
+                end is not None and _hung_before_it_ended(phases, p, boundary, complete, traffic, typical, hour_end_ns)):
             if end is None and followed and usual_gap[p]:
                 # the view opened inside this phase's step; the next step follows as usual
                 end, close = int(boundary[p]), int(phases.close_ns[p])
@@ -877,6 +880,64 @@ def _steps(
         end, close = int(boundary[p]), int(phases.close_ns[p])
     state.last_end_ns, state.last_close_ns = end, close
     return rows
+
+
+def _hung_before_it_ended(phases: _Phases, p: int, boundary: np.ndarray, complete: np.ndarray, traffic: _Traffic,
+                          typical: _Typical, hour_end_ns: int) -> bool:
+    """Whether a GPU hung before it finished the step phase p closes, although its peers did.
+
+    The job fell silent in the next step, which its peers began without one GPU: that GPU hung
+    after its last transfer in this step (in its optimizer or checkpoint save: the step is not
+    done) or in the next step before its first one (this step is done). The flows are the same; a
+    hang is as likely at any moment, so the longer of the two spans holds it: from the GPU's last
+    transfer, sent or received, to the boundary, against the offset of its first send in a step
+    (median over the steps before; of the GPUs that sent nothing in the next step, the one due
+    first). Only a step that saved a checkpoint is judged so: the save makes the first span long.
+    Otherwise the spans are of a size (the optimizer's tail against the next step's first compute)
+    and the call would be a coin's (fleet seeds 0 and 2 had one hang each way); the step stays
+    counted, as its peers finished it. A GPU is missing once its peers' traffic went on for a
+    jitter's margin after it was due (a job ending at its time limit cuts its last collective
+    short: some GPUs sent, none was due)."""
+    silence = SILENCE_STEPS * typical.period_ns
+    if phases.next_ns[p] < 0 or not phases.bulk_write[p] or not np.isfinite(silence):
+        return False
+    lo = np.searchsorted(traffic.start, phases.next_ns[p])
+    reach = np.maximum.accumulate(traffic.end[lo:])
+    quiet = np.r_[traffic.start[lo + 1:], hour_end_ns] - reach
+    silent = np.flatnonzero(quiet >= silence)
+    if not len(silent):
+        return False  # the job went on (or the hour ended too soon to tell)
+    stopped = int(reach[silent[0]])
+    if np.any(complete[p + 1:] & (phases.close_ns[p + 1:] <= stopped)):
+        return False
+    done = np.flatnonzero(complete[: p + 1])[-MIN_STEPS - 1:]
+    if len(done) < 2 or done[-1] != p:
+        return False
+    bounds = boundary[done]
+    ends = np.array([pair.split(">", 1) for pair in traffic.pairs]).reshape(-1, 2)
+    gpus, endpoint = np.unique(ends, return_inverse=True)
+    sender, receiver = endpoint.reshape(ends.shape).T
+    rows = np.arange(np.searchsorted(traffic.start, bounds[0]), lo)
+    window = np.searchsorted(bounds, traffic.start[rows], side="right") - 1
+    rows, window = rows[window < len(bounds) - 1], window[window < len(bounds) - 1]
+    first = np.full((len(bounds) - 1, len(gpus)), np.iinfo(np.int64).max)
+    np.minimum.at(first, (window, sender[traffic.pair[rows]]), traffic.start[rows] - bounds[window])
+    offset = np.median(np.where(first == np.iinfo(np.int64).max, np.nan, first), axis=0)
+    # a GPU is busy with a step until its last transfer, sent or received (a peer's send into a
+    # hung GPU's memory still completes, so only its own sends tell it began the next step)
+    in_step = rows[window == len(bounds) - 2]
+    last = np.full(len(gpus), -1, np.int64)
+    np.maximum.at(last, sender[traffic.pair[in_step]], traffic.end[in_step])
+    np.maximum.at(last, receiver[traffic.pair[in_step]], traffic.end[in_step])
+    later = np.arange(lo, lo + silent[0] + 1)
+    sent_after = np.zeros(len(gpus), bool)
+    sent_after[sender[traffic.pair[later]]] = True
+    seen_for = traffic.start[later].max() - boundary[p]
+    missing = np.flatnonzero((last >= 0) & ~sent_after & (offset + LONG_GAP_SHARE * typical.period_ns < seen_for))
+    if not len(missing):
+        return False
+    due_first = missing[np.argmin(offset[missing])]
+    return bool(boundary[p] - last[due_first] > offset[due_first])
 
 
 def _next_step_began(phases: _Phases, p: int, typical: _Typical) -> bool:

@@ -451,22 +451,28 @@ def test_other_sizes_on_pipeline_pairs_are_not_pipeline_sends():
     assert marked.tolist() == [timeline.PP] * 6 + [timeline.OTHER]
 
 
-def _two_stage_pipeline(paces: list[float], micro_batches: int = 16,
-                        forward_ns: int = 60_000_000) -> tuple[pa.Table, pa.Table, np.ndarray]:
+def _two_stage_pipeline(paces: list[float], micro_batches: int = 16, forward_ns: int = 60_000_000,
+                        saves: dict[int, int] | None = None) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Flows of a 2-stage 1F1B job (one GPU per stage), one step per pace (a multiple of the
     usual compute times), its PP pairs and the steps' first sends. A step: two warm-up forwards
     f apart, the first backward, exchanges (a forward and a backward) 3 f apart, the last
-    backward; the next step's first forward 5.5 f after it."""
+    backward; the next step's first forward 5.5 f after it. `saves` maps a step to the ns its
+    checkpoint save adds after its last backward, when both GPUs write 256 MiB to storage."""
+    saves = saves or {}
     f = np.asarray(paces)[:, None] * forward_ns
     forward = np.r_[0, 1, np.arange(2, micro_batches) * 3] * f  # each micro-batch's, within the step
     backward = np.arange(1, micro_batches + 1) * 3 * f
-    length = (3 * micro_batches + 5.5) * f[:, 0]
+    length = (3 * micro_batches + 5.5) * f[:, 0] + np.array([saves.get(k, 0) for k in range(len(paces))])
     first = 10 * HOUR_NS + np.r_[0, np.cumsum(length)[:-1]].astype(np.int64)
     starts = np.concatenate([(first[:, None] + forward).ravel(), (first[:, None] + backward).ravel()]).astype(np.int64)
     n = starts.size // 2
-    flows = pa.table({"time_flow_start_ns": starts, "time_flow_end_ns": starts + 1_000_000,
-                      "src_addr": ["a"] * n + ["b"] * n, "dst_addr": ["b"] * n + ["a"] * n,
-                      "bytes": [12 << 20] * (2 * n), "sampler_address": ["x"] * (2 * n)}).sort_by("time_flow_start_ns")
+    save_at = [int(first[k] + backward[k, -1] + f[k, 0] + save_ns * c / 4) for k, save_ns in saves.items() for c in (1, 2)]
+    flows = pa.table({"time_flow_start_ns": np.r_[starts, save_at, save_at].astype(np.int64),
+                      "src_addr": ["a"] * n + ["b"] * n + ["a"] * len(save_at) + ["b"] * len(save_at),
+                      "dst_addr": ["b"] * n + ["a"] * n + ["storage"] * 2 * len(save_at),
+                      "bytes": [12 << 20] * (2 * n) + [256 << 20] * 2 * len(save_at)})
+    flows = flows.append_column("time_flow_end_ns", pc.add(flows["time_flow_start_ns"], 1_000_000))
+    flows = flows.append_column("sampler_address", pa.array(["x"] * flows.num_rows)).sort_by("time_flow_start_ns")
     pairs = pa.table({"src_addr": ["a", "b"], "dst_addr": ["b", "a"], "kind": ["pp", "pp"]})
     return flows, pairs, first
 
@@ -485,6 +491,39 @@ def test_a_pipeline_step_holds_all_its_micro_batches_when_warm_up_steps_run_slow
     # each step ends one forward pass before the next step's first send (stage 0's fill)
     assert len(ends) == len(paces)
     assert np.allclose(ends[:-1], first[1:] - 60_000_000 * np.asarray(paces[1:]), atol=2_000_000)
+
+
+def _hung_replica(hung_after_ns: int, peers_until_ns: int, **pipeline) -> pa.Table:
+    """Steps of two 2-stage pipeline replicas (a>b and c>d, DP inside hosts: no DP pairs) when
+    stage 0 of the first hangs: its replica's flows stop at `hung_after_ns`, the other's at
+    `peers_until_ns`, and the job stays silent for the rest of the hour."""
+    flows, pairs, _ = _two_stage_pipeline(**pipeline)
+    rename = {"a": "c", "b": "d", "storage": "storage"}
+    twin = flows.set_column(flows.schema.get_field_index("src_addr"), "src_addr",
+                            pa.array([rename[x] for x in flows["src_addr"].to_pylist()]))
+    twin = twin.set_column(twin.schema.get_field_index("dst_addr"), "dst_addr",
+                           pa.array([rename[x] for x in twin["dst_addr"].to_pylist()]))
+    flows = pa.concat_tables([flows.filter(pc.less(flows["time_flow_start_ns"], hung_after_ns)),
+                              twin.filter(pc.less(twin["time_flow_start_ns"], peers_until_ns))]).sort_by("time_flow_start_ns")
+    pairs = pa.concat_tables([pairs, pa.table({"src_addr": ["c", "d"], "dst_addr": ["d", "c"], "kind": ["pp", "pp"]})])
+    return timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS).steps
+
+
+def test_a_gpu_that_hangs_while_saving_leaves_its_step_unfinished():
+    """A GPU that hangs while saving its step's checkpoint leaves the step unfinished, though its
+    peers finish the save and begin the next step without it. The same flows come from a hang in
+    the next step before the GPU's first send, which leaves the step done; the save makes the
+    span after its last transfer much the longer, so the step is counted unfinished. A GPU seen
+    in the next step finished the save."""
+    f, save = 60_000_000, 6 * SECOND
+    pipeline = {"paces": [1.0] * 20, "saves": {4: save, 10: save}}
+    _, _, first = _two_stage_pipeline(**pipeline)
+    peers_until = int(first[11] + 20 * f)  # the other replica runs on for a while, then blocks
+    unfinished = _hung_replica(hung_after_ns=int(first[11] - save // 2), peers_until_ns=peers_until, **pipeline)
+    assert unfinished.num_rows == 10  # steps 0-9; step 10 was not finished by the hung GPU
+    # hung in step 11 after its first two forward sends (and the first backward came back)
+    done = _hung_replica(hung_after_ns=int(first[11] + 3.5 * f), peers_until_ns=peers_until, **pipeline)
+    assert done.num_rows == 11
 
 
 # --- the scorer ---------------------------------------------------------------------------------
