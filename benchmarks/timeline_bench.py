@@ -86,7 +86,8 @@ def main() -> None:
         job_flows, pairs = job_inputs(flows, truth, job_id)
         restarts = restarts_of(truth, job_flows, job_id)
         started = time.perf_counter()
-        timeline = divide_steps(job_id, job_flows, pairs, None, hour_start, hour_start + HOUR_NS, restarts)
+        gpus = truth["job_gpus"].filter(pc.equal(truth["job_gpus"]["job_id"], job_id))
+        timeline = divide_steps(job_id, job_flows, pairs, None, hour_start, hour_start + HOUR_NS, restarts, gpus)
         timings[job_id] = time.perf_counter() - started
         carry_bytes.append(len(json.dumps(timeline.state)))
         # the next hour, where the job has no flows, decides the steps that closed the hour

@@ -147,7 +147,7 @@ def analyze_job(
     )
     steps = timeline.divide_steps(
         job_id, flows, found.comm_pairs, previous.get("timeline", {}).get(job_id),
-        hour_start_ns, hour_end_ns, restarts_ns,
+        hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus,
     )
     diagnosed = diagnosis.diagnose_job(
         job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,

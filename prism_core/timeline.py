@@ -130,15 +130,17 @@ def divide_steps(
     hour_start_ns: int,
     hour_end_ns: int,
     restarts_ns: Sequence[int] = (),
+    job_gpus: pa.Table | None = None,
 ) -> Timeline:
     """Steps of `job_id` decided by this hour's flows: the job's flows of the hour (sent by its
     members), its directed pairs labelled dp / pp / other, the state the previous hour returned
-    (None for a job new to Prism) and the job tracker's restart instants (the job's first traffic
-    after each downtime; the attempt increments at each). Flows carried from the previous hour
-    start before `hour_start_ns`; only flows older than MAX_CARRY_NS before `hour_end_ns` are
-    dropped from the carry."""
+    (None for a job new to Prism), the job tracker's restart instants (the job's first traffic
+    after each downtime; the attempt increments at each) and, where known, the host of each of
+    its addresses (`job_gpus`: addr, host). Flows carried from the previous hour start before
+    `hour_start_ns`; only flows older than MAX_CARRY_NS before `hour_end_ns` are dropped from the
+    carry."""
     state = _State.load(previous)
-    traffic = _Traffic.build(job_flows, comm_pairs, state.carry)
+    traffic = _Traffic.build(job_flows, comm_pairs, state.carry, job_gpus)
     seen_until = state.last_close_ns if state.last_close_ns is not None else -(1 << 62)
     restarts = np.unique(np.array([*state.pending_restarts_ns, *(r for r in restarts_ns if r > seen_until)], np.int64))
     min_steps = _min_steps(traffic, hour_end_ns)
@@ -175,11 +177,13 @@ class _Traffic:
     exporters: list[str]
     bulk_writes: np.ndarray  # start of each large flow from the job to an address not its GPU
     bulk_write_ends: np.ndarray  # and its end, in the same order
+    host_of: dict[str, str]  # address -> host, where known
 
     COLUMNS = ("start", "end", "nbytes", "kind", "pair", "exporter")
 
     @classmethod
-    def build(cls, job_flows: pa.Table, comm_pairs: pa.Table, carry: dict | None) -> _Traffic:
+    def build(cls, job_flows: pa.Table, comm_pairs: pa.Table, carry: dict | None,
+              job_gpus: pa.Table | None = None) -> _Traffic:
         kinds = _pair_kinds(comm_pairs)
         gpus = _job_gpus(kinds)
         # only GPU-to-GPU pairs carry training traffic (not storage, monitoring or NFS pairs)
@@ -228,8 +232,10 @@ class _Traffic:
         write_start = np.concatenate([carried["bulk_writes"], start[outbound]])
         write_end = np.concatenate([carried["bulk_write_ends"], job_flows["time_flow_end_ns"].to_numpy()[outbound]])
         by_start = np.argsort(write_start, kind="stable")
+        host_of = dict(zip(job_gpus["addr"].to_pylist(), job_gpus["host"].to_pylist())) if job_gpus is not None else {}
         return cls(**columns, pairs=pairs, exporters=exporters,
-                   bulk_writes=write_start[by_start].astype(np.int64), bulk_write_ends=write_end[by_start].astype(np.int64))
+                   bulk_writes=write_start[by_start].astype(np.int64), bulk_write_ends=write_end[by_start].astype(np.int64),
+                   host_of=host_of)
 
     def carry(self, from_ns: int) -> dict | None:
         """The flows (and bulk writes) from `from_ns` on, compactly, for the next hour."""
@@ -486,23 +492,27 @@ def _pipeline_turns(traffic: _Traffic, rows: np.ndarray, burst: np.ndarray) -> n
     before any gradient comes back and closes with cool-down backwards after the last forward; in
     between, both directions of a stage link are in flight together. So a step gap follows lone
     backward sends and precedes lone forward sends, while a slow step's micro-batch gaps (a
-    warm-up step's can outlast usual step gaps) do not. A pair's direction: its lone sends come
-    right before exchanges (warm-up) or right after them (cool-down); of a pair and its reverse,
-    the one with more warm-up-like sends is forward (the first backward, before the exchanges,
-    looks like warm-up too). A link without exchanges of its own (the first stage's, when there are
-    no more micro-batches than stages) is timed against the exchanges of every link. Every gap
-    when no lone sends show a direction."""
+    warm-up step's can outlast usual step gaps) do not. A link joins two hosts (where the hosts
+    are known): a stage boundary inside a host may send forward and backward through different
+    NICs. A direction's lone sends come right before exchanges (warm-up) or right after them
+    (cool-down); of a link's two directions, the one with more warm-up-like sends is forward (the
+    first backward, before the exchanges, looks like warm-up too). A link without exchanges of its
+    own (the first stage's, when there are no more micro-batches than stages) is timed against the
+    exchanges of every link. Every gap when no lone sends show a direction."""
     n_gaps = int(burst[-1]) if len(burst) else 0
-    index = {name: i for i, name in enumerate(traffic.pairs)}
-    reverse_of = np.array([index.get(">".join(name.split(">")[::-1]), len(traffic.pairs)) for name in traffic.pairs]
-                          + [len(traffic.pairs)], np.int64)
-    pair, start, end = traffic.pair[rows], traffic.start[rows], traffic.end[rows]
-    reverse = reverse_of[pair]
-    answered = reverse_in_flight(pair, reverse, start, end)
-    lead = np.zeros(len(rows))  # > 0 on forward pairs
-    for link in (np.minimum(pair, reverse), np.zeros_like(pair)):
-        score = np.bincount(pair, warm_up_votes(link, start, answered), minlength=len(traffic.pairs) + 1)
-        lead = np.where(lead == 0, score[pair] - score[reverse], lead)
+    hosts = [[traffic.host_of.get(addr, addr) for addr in name.split(">", 1)] for name in traffic.pairs]
+    links = [f"{src}>{dst}" if src != dst else name for (src, dst), name in zip(hosts, traffic.pairs)]
+    names, direction_of_pair = np.unique(np.array(links, dtype=object), return_inverse=True)
+    index = {name: i for i, name in enumerate(names)}
+    none = len(names)
+    reverse_of = np.array([index.get(">".join(name.split(">")[::-1]), none) for name in names] + [none], np.int64)
+    direction, start, end = direction_of_pair[traffic.pair[rows]], traffic.start[rows], traffic.end[rows]
+    reverse = reverse_of[direction]
+    answered = reverse_in_flight(direction, reverse, start, end)
+    lead = np.zeros(len(rows))  # > 0 on forward directions
+    for link in (np.minimum(direction, reverse), np.zeros_like(direction)):
+        score = np.bincount(direction, warm_up_votes(link, start, answered), minlength=none + 1)
+        lead = np.where(lead == 0, score[direction] - score[reverse], lead)
     if not np.any(lead):
         return np.ones(n_gaps, bool)
     flows = np.bincount(burst)

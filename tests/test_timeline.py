@@ -73,7 +73,7 @@ class Scenario:
             lo, hi = int(w * window_ns), int((w + 1) * window_ns)
             found = timeline.divide_steps(job_id, flows.filter(pa.array((starts >= lo) & (starts < hi))),
                                           self.of("pairs", job_id), state, lo, hi,
-                                          [r for r in restarts if lo <= r < hi])
+                                          [r for r in restarts if lo <= r < hi], self.of("job_gpus", job_id))
             state = json.loads(json.dumps(found.state))
             steps.append(found.steps)
         return pa.concat_tables(steps)
