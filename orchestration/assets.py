@@ -40,7 +40,8 @@ DESCRIPTIONS = {
     "quarantine": "Rejected input records with the reason, the file and the row they came from.",
     "flow_minutes": "Per-minute aggregates of each NIC pair: flows, bytes, distinct flow sizes.",
     "jobs": "Training jobs recognized from who talks to whom: size, parallelism, status.",
-    "job_gpus": "The GPUs (NIC addresses) of each job, with pipeline stage and data-parallel rank.",
+    "job_gpus": "The GPUs (NIC addresses) of each job, with pipeline stage, data-parallel rank and "
+                "their first and last traffic for the job in the hour.",
     "comm_pairs": "Each job's communicating pairs, classified as dp, pp or other traffic.",
     "steps": "Training steps of each job: start, end, duration; numbers continue across hours.",
     "issues": "Stragglers, slow links, hangs, restarts, slow steps and their wasted GPU time.",

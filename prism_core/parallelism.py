@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import stable_order, unique_inverse
-from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, conform
+from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
 GPUS_PER_HOST = 8
 DP, PP, OTHER = (COMM_KINDS.index(kind) for kind in ("dp", "pp", "other"))
@@ -70,7 +70,8 @@ class Parallelism:
 
 
 def identify_parallelism(job_id: str, job_flows: pa.Table, members: pa.Table) -> Parallelism:
-    """Pairs, stages and degrees of one job from the flows its members sent (an hour of them).
+    """Pairs, stages and degrees of one job from the flows its members sent (an hour of them), and
+    its GPUs with the span of their traffic for the job this hour (the membership's).
     Flows a member sent outside its membership interval belong to another job and are ignored."""
     job_flows = _sent_while_member(job_flows, members)
     gpus = _member_gpus(members)
@@ -78,7 +79,8 @@ def identify_parallelism(job_id: str, job_flows: pa.Table, members: pa.Table) ->
     internal = job_flows.filter(pa.array(inside))
     kind = np.full(job_flows.num_rows, OTHER, np.int8)
     job_gpus = conform(
-        pa.table({"job_id": pa.array([job_id] * gpus.num_rows, pa.string()), **{c: gpus[c] for c in ("addr", "host", "gpu")}}),
+        pa.table({"job_id": pa.array([job_id] * gpus.num_rows, pa.string()),
+                  **{c: gpus[c] for c in ("addr", "host", "gpu", "first_seen", "last_seen")}}),
         JOB_GPUS,
     )
     if internal.num_rows == 0:  # nothing between members this hour: stages and degrees unknown
@@ -109,18 +111,22 @@ def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> pa.Table:
 
 
 def _member_gpus(members: pa.Table) -> pa.Table:
-    """One row per member address (addr, host, gpu, host_code, active), sorted by host then gpu.
-    `active`: the host is still in the job at its last sighting (a host replaced in a restart
-    is not, and must not count twice in the degrees)."""
-    latest = members.group_by(["addr", "host", "gpu"], use_threads=False).aggregate([("last_ns", "max")])
-    latest = latest.sort_by([("host", "ascending"), ("gpu", "ascending")])
-    last_ns = latest["last_ns_max"].to_numpy()
-    host_code = pc.index_in(latest["host"], value_set=pc.unique(latest["host"])).to_numpy()
+    """One row per member address (addr, host, gpu, first_seen, last_seen, host_code, active),
+    sorted by host then gpu. `active`: the host is still in the job at its last sighting (a host
+    replaced in a restart is not, and must not count twice in the degrees)."""
+    spans = members.group_by(["addr", "host", "gpu"], use_threads=False).aggregate(
+        [("first_ns", "min"), ("last_ns", "max")]
+    )
+    spans = spans.sort_by([("host", "ascending"), ("gpu", "ascending")])
+    last_ns = spans["last_ns_max"].to_numpy()
+    host_code = pc.index_in(spans["host"], value_set=pc.unique(spans["host"])).to_numpy()
     return pa.table(
         {
-            "addr": latest["addr"],
-            "host": latest["host"],
-            "gpu": latest["gpu"].cast(pa.int32()),
+            "addr": spans["addr"],
+            "host": spans["host"],
+            "gpu": spans["gpu"].cast(pa.int32()),
+            "first_seen": spans["first_ns_min"].cast(TS),
+            "last_seen": spans["last_ns_max"].cast(TS),
             "host_code": host_code.astype(np.int64),
             "active": last_ns == last_ns.max(),
         }

@@ -99,6 +99,10 @@ JOB_GPUS = pa.schema(
         ("gpu", pa.int32()),
         ("pp_stage", pa.int32()),
         ("dp_rank", pa.int32()),
+        # the address's first and last traffic for the job this hour: when a replacement host
+        # joined, when a replaced one left
+        ("first_seen", TS),
+        ("last_seen", TS),
     ]
 )
 

@@ -38,6 +38,8 @@ TRUTH_JOB_GPUS = pa.schema(
         ("pp_stage", pa.int32()),
         ("dp_rank", pa.int32()),
         ("tp_rank", pa.int32()),
+        ("start", TS),  # the address joined the job (its start, or a restart onto this host)
+        ("end", TS),  # the address left it (its end, or the failure after which it was replaced)
     ]
 )
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from prism_core import jobs
-from prism_core.analysis import open_membership, split_flows_by_job
+from prism_core.analysis import analyze_hour, open_membership, split_flows_by_job
 from prism_core.minutes import HOUR_NS
+from prism_core.simulate import write_scenario
+from prism_core.simulate.scenarios import SCENARIOS, FaultSpec, JobSpec
+from test_jobs import scenario_flows
 
 HOUR = 10 * HOUR_NS
 SECOND = 1_000_000_000
@@ -56,3 +62,30 @@ def test_a_job_holds_its_hosts_from_the_hour_start_if_it_ran_then_and_to_the_end
     # by the traffic spans alone, only what was sent amid the job's own traffic
     plain = {job: len(part) for job, part in split_flows_by_job(flows, recognition.membership)}
     assert plain == {"b": 1}
+
+
+def _host_spans(job_gpus: pa.Table, start: str, end: str, hour: int) -> dict[str, tuple[float, float]]:
+    """host -> (first, last) in seconds since `hour` over all its addresses."""
+    spans = job_gpus.group_by("host", use_threads=False).aggregate([(start, "min"), (end, "max")])
+    first, last = ((spans[column].cast(pa.int64()).to_numpy() - hour) / SECOND
+                   for column in (f"{start}_min", f"{end}_max"))
+    return {host: (f, l) for host, f, l in zip(spans["host"].to_pylist(), first, last)}
+
+
+def test_job_gpus_tell_when_a_replacement_host_joined_and_the_replaced_one_left(tmp_path):
+    """A job restarts at 150 s with host 1 replaced by host 5: each address carries its host's
+    first and last traffic for the job, close to the truth's spans."""
+    scenario = replace(SCENARIOS["tiny"], name="tiny", minutes=6, jobs=(
+        JobSpec(2, tp=8, pp=1, start_s=10, end_s=1e9, step_s=3.0, checkpoint_s=60, hosts=(0, 1),
+                faults=(FaultSpec("restart", at_s=150, gap_s=60, host=1, replace_host=5),)),))
+    write_scenario(scenario, tmp_path, seed=0)
+    flows, flow_minutes, topology, truth = scenario_flows(tmp_path)
+    hour = int(pc.min(flow_minutes["minute"]).cast(pa.int64()).as_py()) // HOUR_NS * HOUR_NS
+    job_gpus = analyze_hour(flows, flow_minutes, topology, None, hour).tables["job_gpus"]
+    assert job_gpus["first_seen"].null_count == job_gpus["last_seen"].null_count == 0
+    found = _host_spans(job_gpus, "first_seen", "last_seen", hour)
+    expected = _host_spans(truth["job_gpus"], "start", "end", hour)
+    assert sorted(found) == sorted(expected) == ["gpu0000", "gpu0001", "gpu0005"]
+    for host, (first, last) in found.items():
+        assert abs(first - expected[host][0]) < 10 and abs(last - expected[host][1]) < 10, host
+    assert found["gpu0001"][1] < found["gpu0005"][0]  # left before its replacement joined

@@ -455,3 +455,35 @@ def test_scorer_matches_a_job_that_lived_less_than_the_usual_overlap():
     figures = job_scores.score(truth, warehouse, {})
     assert figures["jobs_matched_exactly"].value == 1.0
     assert figures["pp_pair_recall"].value == 1.0
+
+
+def test_scorer_does_not_link_jobs_through_a_host_reused_later():
+    """sim-a ends at 1000 s; sim-c restarts at 4000 s with sim-a's old host 10.0.1.0 replacing
+    10.0.3.0. Both jobs are alive together, but never hold that host at the same time."""
+    def ts(values):
+        return pa.array([HOUR0 + v * SECOND for v in values], TS)
+
+    addrs = ["10.0.0.0", "10.0.1.0", "10.0.2.0", "10.0.3.0", "10.0.1.0"]
+    spans = {"start": ts([0, 0, 0, 0, 4000]), "end": ts([1000, 1000, 7000, 4000, 7000])}
+    degrees = {d: pa.array([1, 1], pa.int32()) for d in ("dp", "pp", "tp")}
+    no_pairs = pa.table({c: pa.array([], pa.string()) for c in ("job_id", "src_addr", "dst_addr", "kind")})
+    truth = {
+        "jobs": pa.table({"job_id": ["sim-a", "sim-c"], "start": ts([0, 0]), "end": ts([1000, 7000]),
+                          "has_network": [True, True], **degrees}),
+        "job_gpus": pa.table({"job_id": ["sim-a"] * 2 + ["sim-c"] * 3, "addr": addrs, **spans}),
+        "pairs": no_pairs,
+    }
+    warehouse = {
+        "jobs": pa.table({"job_id": ["job-a", "job-c"], "first_seen": ts([0, 0]), "last_seen": ts([1000, 7000]),
+                          **degrees}),
+        "job_gpus": pa.table({"job_id": ["job-a"] * 2 + ["job-c"] * 3, "addr": addrs,
+                              "first_seen": spans["start"], "last_seen": spans["end"]}),
+        "comm_pairs": no_pairs,
+    }
+    figures = job_scores.score(truth, warehouse, {})
+    assert figures["jobs_split_or_merged"].value == 0
+    assert figures["jobs_matched_exactly"].value == 1.0
+    # tables without address spans fall back to the jobs' lives, which overlap: a split and a merge each way
+    truth["job_gpus"] = truth["job_gpus"].drop_columns(["start", "end"])
+    warehouse["job_gpus"] = warehouse["job_gpus"].drop_columns(["first_seen", "last_seen"])
+    assert job_scores.score(truth, warehouse, {})["jobs_split_or_merged"].value == 4

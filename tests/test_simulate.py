@@ -351,6 +351,11 @@ def test_custom_scenario_with_a_replaced_host_restart(tmp_path):
     assert fault["wasted_gpu_s"] > 16 * (60 + params["lost_since_checkpoint_s"])
     gpus = truth(tmp_path, "job_gpus")
     assert sorted(set(gpus["host"].to_pylist())) == ["gpu0000", "gpu0001", "gpu0005"]
+    # the replaced host leaves at the failure, its replacement joins at the resume
+    job = truth(tmp_path, "jobs").to_pylist()[0]
+    spans = {(r["host"], r["start"], r["end"]) for r in gpus.to_pylist()}
+    assert spans == {("gpu0000", job["start"], job["end"]), ("gpu0001", job["start"], fault["start"]),
+                     ("gpu0005", first_after["start"], job["end"])}
 
 
 def test_a_hang_holds_the_hosts_until_the_watchdog_kills_it(tmp_path):

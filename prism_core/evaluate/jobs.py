@@ -1,8 +1,12 @@
 """Scores job recognition, tracking and parallelism against the simulator's truth.
 
-Truth jobs and Prism jobs are associated when they share addresses while both are alive (hosts are
-reused by later jobs, so addresses alone are ambiguous). A Prism job's address set is the union of
-its `job_gpus` addresses over all hours; its life spans its `jobs` rows over all hours.
+Truth jobs and Prism jobs are associated through the addresses they share while both hold them:
+hosts are reused by later jobs, and a restarted job may take as replacement a host another job left
+earlier, so addresses alone, or shared while both jobs are alive, are ambiguous. An address's span
+in a job is its truth `job_gpus` `start`..`end`, and in a Prism job its `job_gpus` `first_seen`..
+`last_seen` over all hours; truth or warehouses without address spans fall back to the jobs' lives.
+A Prism job's address set is the union of its `job_gpus` addresses over all hours; its life spans
+its `jobs` rows over all hours.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import pyarrow.compute as pc
 
 from prism_core.evaluate.figures import Figure, ratio
 
-# Lives must overlap by more than this to associate two jobs: recognition works a minute at a
-# time, so a job that starts seconds after another left the same hosts may share its last minute.
-# A job that lived less than twice that needs only half its life in common (a 13 s job is one).
+# An address's spans in two jobs must overlap by more than this to associate the jobs through it:
+# recognition works a minute at a time, so a job that starts seconds after another left the same
+# hosts may share its last minute. A span shorter than twice that needs only half of it in common
+# (a 13 s job is one).
 LIFE_OVERLAP_NS = 60_000_000_000
 DEGREES = ("dp", "pp", "tp")
 
@@ -89,12 +94,19 @@ def _prism_jobs(warehouse: dict[str, pa.Table]) -> pa.Table:
 
 
 def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table, prism_jobs: pa.Table) -> pa.Table:
-    """true_id, prism_id, shared (addresses), together_ns (time both alive) for every pair of jobs
-    sharing addresses while alive."""
-    true_addrs = true_gpus.select(["job_id", "addr"]).group_by(["job_id", "addr"], use_threads=False).aggregate([])
-    prism_addrs = prism_gpus.select(["job_id", "addr"]).group_by(["job_id", "addr"], use_threads=False).aggregate([])
-    joined = true_addrs.join(prism_addrs, "addr", left_suffix="_true", right_suffix="_prism", join_type="inner")
-    shared = joined.group_by(["job_id_true", "job_id_prism"], use_threads=False).aggregate([("addr", "count")])
+    """true_id, prism_id, shared (addresses held by both at once), together_ns (time both alive)
+    for every pair of jobs sharing addresses while both hold them."""
+    true_spans = _address_spans(true_gpus, true_jobs, "start", "end")
+    prism_spans = _address_spans(prism_gpus, prism_jobs, "first_seen", "last_seen")
+    joined = true_spans.join(prism_spans, "addr", left_suffix="_true", right_suffix="_prism", join_type="inner")
+    start_true, end_true, start_prism, end_prism = (
+        joined[c].to_numpy() for c in ("start_true", "end_true", "start_prism", "end_prism")
+    )
+    held_together = np.minimum(end_true, end_prism) - np.maximum(start_true, start_prism)
+    shorter_span = np.minimum(end_true - start_true, end_prism - start_prism)
+    overlapping = held_together > np.minimum(LIFE_OVERLAP_NS, shorter_span / 2)
+    shared = joined.filter(pa.array(overlapping)).group_by(["job_id_true", "job_id_prism"], use_threads=False)
+    shared = shared.aggregate([("addr", "count")])
     links = pa.table(
         {"true_id": shared["job_id_true"], "prism_id": shared["job_id_prism"], "shared": shared["addr_count"]}
     )
@@ -107,9 +119,28 @@ def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table,
     known = (true_start >= 0) & (prism_start >= 0)
     links = links.append_column("together_ns", pa.array(together))
     order = [("true_id", "ascending"), ("shared", "descending"), ("together_ns", "descending"), ("prism_id", "ascending")]
-    shorter_life = np.minimum(true_end - true_start, prism_end - prism_start)
-    enough = together > np.minimum(LIFE_OVERLAP_NS, shorter_life / 2)
-    return links.filter(pa.array(enough & known)).sort_by(order)
+    return links.filter(pa.array(known)).sort_by(order)
+
+
+def _address_spans(gpus: pa.Table, jobs: pa.Table, start: str, end: str) -> pa.Table:
+    """job_id, addr, start, end (int64 ns) per address of each job: the `start`..`end` columns of
+    `gpus` over all its rows, or the job's life where they are missing or null (tables written
+    before addresses had spans)."""
+    def column(name: str) -> pa.ChunkedArray | pa.Array:
+        return gpus[name].cast(pa.int64()) if name in gpus.column_names else pa.nulls(gpus.num_rows, pa.int64())
+
+    spans = pa.table({"job_id": gpus["job_id"], "addr": gpus["addr"], "start": column(start), "end": column(end)})
+    spans = spans.group_by(["job_id", "addr"], use_threads=False).aggregate([("start", "min"), ("end", "max")])
+    life_start = _lookup(spans["job_id"], jobs["job_id"], jobs["start"])
+    life_end = _lookup(spans["job_id"], jobs["job_id"], jobs["end"])
+    return pa.table(
+        {
+            "job_id": spans["job_id"],
+            "addr": spans["addr"],
+            "start": pc.fill_null(spans["start_min"], pa.array(life_start)),
+            "end": pc.fill_null(spans["end_max"], pa.array(life_end)),
+        }
+    )
 
 
 def _lookup(keys: pa.ChunkedArray, table_keys: pa.ChunkedArray, values: pa.ChunkedArray) -> np.ndarray:

@@ -45,6 +45,7 @@ class JobPlan:
     spec: JobSpec
     model: JobModel
     hosts: list[np.ndarray]  # per attempt
+    attempt_spans: list[tuple[float, float]]  # per attempt: first step to its failure or the end, in the window
     templates: list[Template]
     checkpoints: list[Template]  # per attempt
     steps: dict[str, np.ndarray]  # one entry per step (see `_StepLog`)
@@ -180,6 +181,7 @@ class _Planner:
         number = int(rng.integers(1_000, 50_000)) if t < 0 else 0  # a job seen mid-life
         attempt, warmup, warm_step = 0, (WARMUP_AT_START if t >= 0 else ()), 0
         last_checkpoint, end_of_traffic = t, None
+        attempt_bounds = [[t, None]]  # per attempt: its start, then where its traffic stopped
         while t < min(spec.end_s, self.window_s):
             level = warmup[warm_step] if warm_step < len(warmup) else 1.0
             after_restart = attempt > 0 and level != 1.0  # warm-up after a restart is its cost
@@ -214,6 +216,7 @@ class _Planner:
                     self.log.add(**cut_step, complete=False, cut=len(self.cutoffs))
                 self.cutoffs.append(self.silence(i, failed_at, attempt, self.templates[tid], cut_steps))
                 end_of_traffic = failed_at
+                attempt_bounds[-1][1] = failed_at
                 if self.faults[i].kind == "hang":
                     killed_at = self.hang(i, failed_at, last_checkpoint)
                     resume = killed_at + self.faults[i].gap_s
@@ -225,6 +228,7 @@ class _Planner:
                     restart = i
                     t = self.restart(i, failed_at, last_checkpoint)
                 attempt, warmup, warm_step = attempt + 1, WARMUP_AFTER_RESTART, 0
+                attempt_bounds.append([t, None])
                 continue
             self.log.add(**row, complete=True, cut=-1)
             if active is not None or after_restart:
@@ -236,11 +240,14 @@ class _Planner:
                 last_checkpoint = end
             t, number, warm_step, end_of_traffic = end, number + 1, warm_step + 1, end
 
+        if attempt_bounds[-1][1] is None:
+            attempt_bounds[-1][1] = spec.start_s if end_of_traffic is None else end_of_traffic
         return JobPlan(
             job_id=self.job_id,
             spec=spec,
             model=model,
             hosts=self.hosts,
+            attempt_spans=[self.clip(start, max(start, end)) for start, end in attempt_bounds],
             templates=self.templates,
             checkpoints=[checkpoint_template(model, h, self.cluster.storage_base, self.cluster.n_storage,
                                              self.salt) for h in self.hosts],
@@ -251,6 +258,9 @@ class _Planner:
             end_s=min(spec.start_s if end_of_traffic is None else end_of_traffic, self.window_s),
             restarts=len(self.hosts) - 1,
         )
+
+    def clip(self, start: float, end: float) -> tuple[float, float]:
+        return min(max(start, 0.0), self.window_s), min(max(end, 0.0), self.window_s)
 
     def silence(self, i: int, failed_at: float, attempt: int, template: Template, steps: list[dict]) -> np.ndarray:
         """When each endpoint stops sending. A hung GPU's NIC stops at once; its peers run on until

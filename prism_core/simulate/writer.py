@@ -15,7 +15,9 @@ Truth conventions (what a scorer can rely on):
   failure in its last restart gap) or the window end.
 - `jobs.n_hosts` / `n_gpus` are the job's size; `hosts` and `job_gpus` hold every host it ever
   used, so a restart onto a replacement host lists both (the newcomer takes the replaced host's
-  ranks). `job_gpus` lists all 8 NICs of each host, also those NVLink keeps off the network.
+  ranks). `job_gpus` lists all 8 NICs of each host, also those NVLink keeps off the network, each
+  with the span of the attempts its host served in (`start`: the job's start or the resume that
+  brought the host in; `end`: the failure that replaced it, or the job's end).
 - `pairs`: directed GPU NIC pairs that carry the job's traffic. `dp`: the gradient collective
   (ring, tree, reduce-scatter/all-gather, ZeRO-3 parameter gathers); `pp`: activations and their
   gradients; `other`: MoE all-to-all and the tied-embedding all-reduce between first and last
@@ -174,14 +176,18 @@ def _write_truth(truth_dir: Path, plans: list[JobPlan], cluster: Cluster, scenar
             micro_batches=spec.micro_batches, has_network=plan.has_network, restarts=plan.restarts)
 
         # every host the job ever used, with the ranks of its slot (a replacement host takes over
-        # the ranks of the host it replaced)
+        # the ranks of the host it replaced) and the span of the attempts it served in
         slot = {h: i for attempt in plan.hosts for i, h in enumerate(attempt.tolist())}
+        served = {h: [span for attempt, span in zip(plan.hosts, plan.attempt_spans) if h in attempt]
+                  for h in hosts}
         host = np.repeat(hosts, GPUS_PER_HOST)
         gpu = np.tile(np.arange(GPUS_PER_HOST), len(hosts))
         rank = np.array([slot[h] for h in host]) * GPUS_PER_HOST + gpu
         add("job_gpus", job_id=plan.job_id, addr=cluster.addrs.take(host * GPUS_PER_HOST + gpu),
             host=names(host), gpu=gpu, pp_stage=rank // (model.tp * model.dp),
-            dp_rank=(rank // model.tp) % model.dp, tp_rank=rank % model.tp)
+            dp_rank=(rank // model.tp) % model.dp, tp_rank=rank % model.tp,
+            start=ts([min(s for s, _ in served[h]) for h in host]),
+            end=ts([max(e for _, e in served[h]) for h in host]))
 
         pairs = np.unique(np.concatenate([np.stack([t.src, t.dst, t.kind], axis=1)
                                           for t in plan.templates]), axis=0)
