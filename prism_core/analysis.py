@@ -21,6 +21,9 @@ from prism_core.schema import COMM_PAIRS, FLOWS, JOB_GPUS, TABLES
 from prism_core.topology import Topology
 
 ANALYSIS_TABLES = ("jobs", "job_gpus", "comm_pairs", "steps", "issues")
+# Reads from storage at least this large into a job's GPUs are kept for the job's diagnosis
+# (checkpoint shards are read back in chunks as large as the writes).
+BULK_READ_BYTES = diagnosis.DEFAULT_CONFIG.checkpoint_write_bytes
 # The flow columns the per-job stages read (parallelism, timeline, diagnosis): the pipeline reads
 # only these from the hour's Parquet and stages only these, half the bytes of a flow row. A stage
 # that needs another column adds it here.
@@ -44,8 +47,11 @@ class HourAnalysis:
 def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[str, pa.Table]]:
     """(job_id, flows of JOB_FLOW_COLUMNS) for each job: a flow belongs to the job whose member
     sent it while a member (membership spans are the exact first and last traffic, so the tail of
-    a job that just left a host never goes to the next job on it). Flows of no job (idle hosts,
-    background endpoints) are dropped here: they have no job to be analyzed with."""
+    a job that just left a host never goes to the next job on it). A bulk read into a member
+    address from an address that is no job's (storage) belongs to the job that last took that
+    address, even after its traffic stopped: a stopped job that resumes reads its checkpoint back
+    before it sends anything (prism_core.diagnosis). Other flows of no job (idle hosts, background
+    endpoints) are dropped here: they have no job to be analyzed with."""
     if flows.num_rows == 0 or membership.num_rows == 0:
         return
     addrs = pc.unique(pa.concat_arrays([membership["addr"].combine_chunks(), flows["src_addr"].combine_chunks()]))
@@ -56,16 +62,29 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     member_key = member_code * shift + (membership["first_ns"].to_numpy() - base)
     order = np.argsort(member_key, kind="stable")
     member_key = member_key[order]
-
-    flow_code = pc.index_in(flows["src_addr"], value_set=addrs).to_numpy().astype(np.int64)
+    first_ns, last_ns = membership["first_ns"].to_numpy(), membership["last_ns"].to_numpy()
     flow_start = flows["time_flow_start_ns"].to_numpy()
-    flow_key = flow_code * shift + np.clip(flow_start - base, 0, shift - 1)
-    candidate = np.searchsorted(member_key, flow_key, side="right") - 1
-    valid = candidate >= 0
-    row = order[np.where(valid, candidate, 0)]
-    first_ns, last_ns = membership["first_ns"].to_numpy()[row], membership["last_ns"].to_numpy()[row]
-    # (flows before the earliest span are clipped onto it above: the start is checked too)
-    belongs = valid & (member_code[row] == flow_code) & (first_ns <= flow_start) & (flow_start <= last_ns)
+
+    def latest_span(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per flow: the membership row of the last span on address `code` begun by the flow's
+        start, and whether there is one (flows before the earliest span are clipped onto it)."""
+        key = code * shift + np.clip(flow_start - base, 0, shift - 1)
+        candidate = np.searchsorted(member_key, key, side="right") - 1
+        valid = candidate >= 0
+        row = order[np.where(valid, candidate, 0)]
+        return row, valid & (member_code[row] == code) & (first_ns[row] <= flow_start)
+
+    src_code = pc.index_in(flows["src_addr"], value_set=addrs).to_numpy().astype(np.int64)
+    sender_row, sent = latest_span(src_code)
+    sent &= flow_start <= last_ns[sender_row]
+    is_member = np.zeros(len(addrs) + 1, bool)  # the last slot stands for addresses unknown here
+    is_member[member_code] = True
+    dst_code = pc.fill_null(pc.index_in(flows["dst_addr"], value_set=addrs), len(addrs)).to_numpy().astype(np.int64)
+    bulk_read = ~is_member[src_code] & is_member[dst_code] & (flows["bytes"].to_numpy() >= BULK_READ_BYTES)
+    reader_row, read = latest_span(dst_code)
+    read &= bulk_read
+    row = np.where(sent, sender_row, reader_row)
+    belongs = sent | read
 
     kept = np.flatnonzero(belongs)
     # Grouped by integer codes in job_id order: sorting the ids themselves (Python strings) per
@@ -140,13 +159,15 @@ def analyze_job(
     events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
     restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
 
+    # the stages before diagnosis read what members sent, not the reads into them
+    sent = flows.filter(pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
     found = (
-        parallelism.identify_parallelism(job_id, flows, members)
+        parallelism.identify_parallelism(job_id, sent, members)
         if members.num_rows
         else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None)
     )
     steps = timeline.divide_steps(
-        job_id, flows, found.comm_pairs, previous.get("timeline", {}).get(job_id),
+        job_id, sent, found.comm_pairs, previous.get("timeline", {}).get(job_id),
         hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus,
     )
     diagnosed = diagnosis.diagnose_job(

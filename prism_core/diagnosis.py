@@ -30,6 +30,12 @@ recognition events) plus the state the previous hour left. The analysis, in orde
    resumes, its hosts are taken or the data ends; a job that resumes after a silence as long as
    the watchdog's timeout was hung, killed and restarted (the restart then costs its downtime
    from the kill, the hang the work lost since the checkpoint).
+8. *Resumes before their first step*: a job resumed after a stop reads its checkpoint back from
+   storage before it trains again. A burst of bulk reads into the job's GPUs after the stop,
+   bringing back about what its last checkpoint wrote, while no other job took its hosts and
+   before any step after it is seen, is a restart seen from its checkpoint load: reported from the
+   kill (after a hang) or the failure to the end of the data, and continued by the resumed steps
+   next hour (same issue id, each hour charging its own part).
 
 Waste is computed by prism_core.waste. An issue that crosses an hour boundary keeps its id (a hash
 of job, kind, subject and start) and each hour's row carries that hour's waste, so the sum over
@@ -66,6 +72,13 @@ REGULAR_SHARE = 0.8  # a transfer class is regular when its count per step is th
 # the flows of one transfer (one per NCCL channel) start within launch skew (well under a
 # millisecond); a pipeline stage sends its next micro-batch at least a forward pass later
 TRANSFER_GAP_S = 0.002
+# a checkpoint load: bulk reads less than this apart, bringing back at least this share of what the
+# last save wrote, into at least this share of as many GPUs (a host replaced on the restart is not
+# a member yet); before any save was seen, into the GPUs that save (dp rank 0), a shard this large
+# each at least (a multi-host model's shard is gigabytes; data-loader reads are megabytes)
+LOAD_GAP_S = 15.0
+LOAD_SHARE = 0.5
+LOAD_MIN_SHARD_BYTES = 1 << 30
 SEVERITY_BANDS = ((0.10, "low"), (0.25, "medium"), (0.50, "high"))  # impact share below -> band
 
 
@@ -164,7 +177,14 @@ class _JobHour:
     # another job
     write_start: np.ndarray
     write_end: np.ndarray
+    write_src: np.ndarray  # member code
     write_dst: np.ndarray  # destination address (str)
+    write_bytes: np.ndarray
+    # large flows from outside every job into members, by start: data or checkpoint loads
+    read_start: np.ndarray
+    read_end: np.ndarray
+    read_dst: np.ndarray  # member code
+    read_bytes: np.ndarray
     # steps, sorted by start
     step_start: np.ndarray
     step_end: np.ndarray
@@ -198,6 +218,8 @@ class _JobHour:
         nbytes = flows["bytes"].to_numpy()
         writes = (src >= 0) & (dst < 0) & (nbytes >= write_bytes)
         write_order = np.flatnonzero(writes)[np.argsort(start[writes], kind="stable")]
+        reads = (src < 0) & (dst >= 0) & (nbytes >= write_bytes)
+        read_order = np.flatnonzero(reads)[np.argsort(start[reads], kind="stable")]
         comm = (src >= 0) & (dst >= 0)
         order = np.flatnonzero(comm)[np.argsort(start[comm], kind="stable")]
 
@@ -239,7 +261,13 @@ class _JobHour:
             step=np.where(inside, step, -1),
             write_start=start[write_order],
             write_end=end[write_order],
+            write_src=src[write_order],
             write_dst=flows["dst_addr"].take(write_order).to_numpy(zero_copy_only=False).astype(str),
+            write_bytes=nbytes[write_order],
+            read_start=start[read_order],
+            read_end=end[read_order],
+            read_dst=dst[read_order],
+            read_bytes=nbytes[read_order],
             step_start=step_start,
             step_end=step_end,
             duration=step_end - step_start,
@@ -284,6 +312,8 @@ class _State:
     last_checkpoint_ns: int | None = None
     checkpoint_rhythm: list[int] | None = None  # [period, phase] in step numbers
     checkpoint_save_s: list[float] = field(default_factory=list)  # last checkpoints' time over a step
+    checkpoint_bytes: int = 0  # what the last checkpoint seen wrote to storage ...
+    checkpoint_writers: int = 0  # ... from this many GPUs
     n_gpus: int = 0
     open_windows: dict = field(default_factory=dict)  # kind -> {issue_id, subject, start_ns, baseline_s}
     open_degradation: dict | None = None  # {issue_id, start_ns, baseline_s}
@@ -367,6 +397,11 @@ class _Run:
         done = np.flatnonzero(self.checkpoint)
         if len(done):
             state.last_checkpoint_ns = job.ns(job.step_end[done[-1]])
+        saved = np.isin(writes, done)
+        if saved.any():  # a resume reads back what the last save wrote
+            last_save = writes == writes[saved].max()
+            state.checkpoint_bytes = int(job.write_bytes[stored][inside][last_save].sum())
+            state.checkpoint_writers = len(np.unique(job.write_src[stored][inside][last_save]))
 
     def other_jobs_addrs(self) -> np.ndarray:
         """Addresses of the hour's other jobs (none when the membership is not known)."""
@@ -402,19 +437,26 @@ class _Run:
             failed = float(job.end[partial].max()) if partial.any() else previous_end
             hosts_before = self.hosts_between(failed - 60, failed)
             checkpoint_ns = self.checkpoint_before(failed)
+            seen_loading = None  # the restart as its checkpoint load showed it in an earlier hour
             if i == 0 and state.stop:
                 failed = job.seconds(state.stop["at_ns"])
                 hosts_before = state.stop["hosts"]
                 checkpoint_ns = state.stop.get("checkpoint_ns", self.checkpoint_before(failed))
+                seen_loading = state.stop.get("resumed")
             resume = job.step_start[i]
             killed = self.hang_before_resume(i, failed, resume)
             # after a hang, the work lost since the checkpoint is the hang's: the restart costs
             # the downtime from the kill on
             restart_from_ns = job.ns(killed) if killed is not None else checkpoint_ns
+            start_ns = restart_from_ns if killed is not None else job.ns(failed)
+            charged_from_ns = restart_from_ns
+            if seen_loading:  # the same issue: charge what the earlier hour did not
+                start_ns = seen_loading["start_ns"]
+                charged_from_ns = max(restart_from_ns, seen_loading["charged_until_ns"])
             warm = np.arange(i, min(i + config.warmup_steps, job.n_steps))
             warm = warm[job.attempt[warm] == job.attempt[i]]
             n_gpus = job.gpus_active(resume, job.step_end[warm[-1]])
-            cost = waste.restart_gpu_s(n_gpus, restart_from_ns, job.ns(resume), job.duration[warm], self.baseline[warm])
+            cost = waste.restart_gpu_s(n_gpus, charged_from_ns, job.ns(resume), job.duration[warm], self.baseline[warm])
             hosts_after = self.hosts_between(resume, job.step_end[warm[-1]])
             evidence = {
                 "failed_at_ns": job.ns(failed),
@@ -427,7 +469,6 @@ class _Run:
                 "hosts_added": sorted(set(hosts_after) - set(hosts_before)),
                 "recognized_events": self.event_kinds(job.ns(failed), job.ns(resume)),
             }
-            start_ns = restart_from_ns if killed is not None else job.ns(failed)
             self.add("restart", self.job_id, start_ns, job.ns(resume), 1.0, 0.95, cost, evidence)
 
     def hang_before_resume(self, i: int, failed: float, resume: float) -> float | None:
@@ -1003,18 +1044,27 @@ class _Run:
         job, state, config = self.job, self.state, self.config
         if len(job.start) and state.steps_seen + job.n_steps >= MIN_STEPS:
             stop = self.describe_stop()
-        elif _undecided(state.stop):
+        elif state.stop:
             stop = state.stop
         else:
             return
         state.stop = stop  # a restart in a later hour failed when this stop happened
-        if self.open_hang:
-            return
+        load = self.checkpoint_load(stop)
+        if not self.open_hang and not stop["decided"]:
+            self.decide_hang(stop, load)
+        if load is not None:
+            self.report_resume_load(stop, *load)
+
+    def decide_hang(self, stop: dict, load: tuple[float, float] | None) -> None:
+        """Is the undecided `stop` a hang? Report it, or wait for the next hour. A checkpoint
+        `load` after the stop is the job resuming."""
+        job, config = self.job, self.config
         stopped_at = job.seconds(stop["at_ns"])
         taken = self.hosts_taken_after(stop["hosts"], stopped_at)
         horizon = self.horizon()
         killed = stopped_at + config.hang_watchdog_s
-        silent_until = min(taken, horizon, killed)
+        resumed = load[0] if load is not None else np.inf
+        silent_until = min(taken, horizon, killed, resumed)
         silence = silent_until - job.seconds(stop["last_active_ns"])
         # A crash looks the same until the job resumes (a restart): wait longer for it. When the
         # data ends first, the job is called hung if it was silent long enough to tell at all.
@@ -1028,10 +1078,70 @@ class _Run:
         stop["decided"] = True
         if not stop["mid_step"]:
             return  # a normal end: the last step completed
-        row = self.report_hang(stop, silent_until, _ended_by(silent_until, np.inf, taken, killed, self.hour_end))
+        row = self.report_hang(stop, silent_until, _ended_by(silent_until, resumed, taken, killed, self.hour_end))
         if silent_until >= self.hour_end:
             self.open_hang = {"issue_id": row["issue_id"], "subject": row["subject"], "start_ns": stop["at_ns"],
                               "hosts": stop["hosts"], "n_gpus": stop["n_gpus"], "confidence": row["confidence"]}
+
+    def checkpoint_load(self, stop: dict) -> tuple[float, float] | None:
+        """Start and end of the checkpoint load of a resume after `stop` whose steps are not in
+        view (see 8. in the module doc): the first burst of bulk reads into the job's GPUs after
+        the stop that brings back about what its last checkpoint wrote (before any save: large
+        shards into the GPUs that save), while no other job took its hosts (a new job on them
+        reads its data too). None when there is none, or when it was reported already."""
+        job, state = self.job, self.state
+        writers = state.checkpoint_writers or int(np.sum(job.replica_of_addr == 0))
+        if stop.get("resumed") or not writers:
+            return None
+        stopped_at = job.seconds(stop["at_ns"])
+        after = job.read_start > stopped_at
+        start, end, dst, nbytes = (a[after] for a in (job.read_start, job.read_end, job.read_dst, job.read_bytes))
+        if not len(start):
+            return None
+        burst = np.r_[0, np.cumsum(np.diff(start) > LOAD_GAP_S)]
+        loaded = np.bincount(burst, weights=nbytes)
+        readers = np.bincount(burst[np.unique(_key(burst, dst), return_index=True)[1]], minlength=len(loaded))
+        saved = state.checkpoint_bytes or writers * LOAD_MIN_SHARD_BYTES
+        loads = np.flatnonzero((loaded >= LOAD_SHARE * saved) & (readers >= LOAD_SHARE * writers))
+        if not len(loads):
+            return None
+        load = float(start[burst == loads[0]].min()), float(end[burst == loads[0]].max())
+        if (job.step_start > load[0]).any():
+            return None  # the resumed steps are in view: `report_restarts` reports the restart
+        if self.hosts_taken_after(stop["hosts"], stopped_at) < np.inf:
+            return None
+        return load
+
+    def report_resume_load(self, stop: dict, load_start: float, load_end: float) -> None:
+        """A restart seen from its checkpoint load alone: from the kill (after a hang) or the
+        failure to the end of the data seen, costing the job's GPUs over the downtime seen (and,
+        after a failure, the work lost since the checkpoint). The stop remembers it, so that the
+        resumed steps next hour continue the same issue and charge only their part."""
+        job, config = self.job, self.config
+        failed = job.seconds(stop["at_ns"])
+        checkpoint_ns = stop.get("checkpoint_ns") or self.checkpoint_before(failed)
+        if stop.get("hang"):
+            start_ns = restart_from_ns = job.ns(min(failed + config.hang_watchdog_s, load_start))
+        else:
+            start_ns, restart_from_ns = job.ns(failed), checkpoint_ns
+        until_ns = job.ns(max(self.horizon(), load_end))
+        evidence = {
+            "failed_at_ns": job.ns(failed),
+            "gap_s": load_start - failed,
+            "after_hang": bool(stop.get("hang")),
+            "lost_since_checkpoint_s": (job.ns(failed) - checkpoint_ns) / NS,
+            "warmup_excess_s": 0.0,
+            "attempt": self.state.last_attempt + 1,
+            "hosts_replaced": [],
+            "hosts_added": [],
+            "recognized_events": self.event_kinds(job.ns(failed), until_ns),
+            "recognized_from": "checkpoint_load",
+            "checkpoint_load_s": load_end - load_start,
+            "warmup_steps_seen": 0,
+        }
+        cost = waste.idle_gpu_s(stop["n_gpus"], restart_from_ns, until_ns)
+        self.add("restart", self.job_id, start_ns, until_ns, 1.0, 0.8, cost, evidence)
+        stop["resumed"] = {"start_ns": start_ns, "charged_until_ns": until_ns}
 
     def report_hang(self, stop: dict, until: float, ended_by: str) -> dict:
         """A hang row for `stop` (see `describe_stop`): the work since the last checkpoint completed

@@ -89,3 +89,26 @@ def test_job_gpus_tell_when_a_replacement_host_joined_and_the_replaced_one_left(
     for host, (first, last) in found.items():
         assert abs(first - expected[host][0]) < 10 and abs(last - expected[host][1]) < 10, host
     assert found["gpu0001"][1] < found["gpu0005"][0]  # left before its replacement joined
+
+
+def test_bulk_reads_from_storage_go_to_the_job_that_last_took_the_gpu_even_after_its_traffic_stopped():
+    """A stopped job that resumes reads its checkpoint back before it sends anything: a bulk read
+    into a GPU from an address of no job belongs to the job whose span on that GPU began last
+    (job b, stopped at 1000 s, until job c arrives at 2000 s). Small reads, reads into addresses
+    of no job and reads before any job took the GPU are dropped."""
+    recognition = _recognition(
+        [("b", HOUR + 100 * SECOND, "ended", "h1"), ("c", HOUR + 2000 * SECOND, "running", "h1")],
+        [("b", "h1", HOUR + 100 * SECOND, HOUR + 1000 * SECOND),
+         ("c", "h1", HOUR + 2000 * SECOND, HOUR + 3500 * SECOND)],
+    )
+    reads = [("storage", "h1", 50, 1 << 30), ("storage", "h1", 1500, 1 << 30), ("storage", "h1", 1600, 16 << 20),
+             ("storage", "h9", 1700, 1 << 30), ("storage", "h1", 2500, 1 << 30)]
+    flows = pa.table({
+        "time_flow_start_ns": pa.array([HOUR + t * SECOND for _, _, t, _ in reads], pa.int64()),
+        "time_flow_end_ns": pa.array([HOUR + t * SECOND + 1 for _, _, t, _ in reads], pa.int64()),
+        "src_addr": [s for s, _, _, _ in reads], "dst_addr": [d for _, d, _, _ in reads],
+        "bytes": pa.array([b for _, _, _, b in reads], pa.int64()), "sampler_address": ["x"] * len(reads),
+    })
+    split = {job: ((part["time_flow_start_ns"].to_numpy() - HOUR) // SECOND).tolist()
+             for job, part in split_flows_by_job(flows, recognition.membership)}
+    assert split == {"b": [1500], "c": [2500]}

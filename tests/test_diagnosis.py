@@ -610,3 +610,69 @@ def test_a_gpu_silent_for_more_than_a_step_while_its_peers_run_on_went_silent():
     (hang,) = _by_kind(found, "hang")
     assert "10.0.1.1" in hang["subject"].split(",")  # with its ring peer, which waits for it
     assert json.loads(hang["evidence"])["staggered"]
+
+
+def _load_reads(addrs: np.ndarray, at: float, shard_bytes: int) -> pa.Table:
+    """A checkpoint load at `at` seconds: each GPU of `addrs` reads its shard back from storage
+    in 4 chunks, 1 s apart."""
+    chunk_start = np.repeat(at + np.arange(4.0), len(addrs))
+    return pa.table({
+        "time_flow_start_ns": HOUR0_NS + np.round(chunk_start * NS).astype(np.int64),
+        "time_flow_end_ns": HOUR0_NS + np.round((chunk_start + 0.8) * NS).astype(np.int64),
+        "src_addr": ["10.200.0.1"] * (4 * len(addrs)), "dst_addr": np.tile(addrs, 4),
+        "bytes": [shard_bytes // 4] * (4 * len(addrs))})
+
+
+def test_a_resume_seen_only_from_its_checkpoint_load_is_a_restart_that_the_resumed_steps_continue():
+    # The hang of test_a_hang_names_the_gpu_..., killed by the watchdog; 100 s later the GPUs that
+    # save (dp rank 0) read 8 GiB shards back from storage, and the data ends before the first
+    # step: a restart from the kill to the hour's end. Next hour the resumed steps continue the
+    # same issue and charge only their own part. Data-loader reads (megabytes) are no load.
+    model = _hang_model()
+    (start, end, src, dst, nbytes), gpus, pairs, steps, addr, unfinished = _pipeline_flows(
+        model, np.arange(4), n_steps=40, seed=5, job="job-h")
+    rail = (src % 8 == 1) | (dst % 8 == 1)
+    flows = _flow_table(start, end, src, dst, nbytes, addr, (start < unfinished) | ((start < unfinished + 2.5) & ~rail))
+    savers = gpus.filter(pc.equal(gpus["dp_rank"], 0))["addr"].to_numpy(zero_copy_only=False)
+    load = _load_reads(savers, 3000.0, 8 << 30)
+    data_loader = _load_reads(gpus["addr"].to_numpy(zero_copy_only=False), 3000.0, 64 << 20)
+
+    def diagnose(extra: pa.Table, membership: pa.Table | None = None) -> diagnosis.Diagnosis:
+        return diagnosis.diagnose_job("job-h", pa.concat_tables([flows, extra]), gpus, pairs, steps,
+                                      EVENTS.empty_table(), None, HOUR0_NS, HOUR0_NS + HOUR_NS, membership)
+
+    assert not _by_kind(diagnose(data_loader).issues, "restart")
+    # a new job took host gpu0 just before the reads: they are its own data
+    new_job = conform(pa.table({"job_id": ["job-new"], "addr": [addr[0]], "host": ["gpu0"], "gpu": [0],
+                                "first_ns": [HOUR0_NS + 2990 * NS], "last_ns": [HOUR0_NS + 3590 * NS]}), MEMBERSHIP)
+    assert not _by_kind(diagnose(load, new_job).issues, "restart")
+    first_hour = diagnose(load)
+    (hang,) = _by_kind(first_hour.issues, "hang")
+    (restart,) = _by_kind(first_hour.issues, "restart")
+    killed_ns = hang["start"] + 600 * NS
+    assert restart["start"] == pytest.approx(killed_ns, abs=1e6) and restart["end"] == HOUR0_NS + HOUR_NS
+    assert restart["wasted_gpu_s"] == pytest.approx(32 * (HOUR0_NS + HOUR_NS - killed_ns) / NS, rel=1e-6)
+    assert json.loads(restart["evidence"])["recognized_from"] == "checkpoint_load"
+
+    # next hour: the resumed job's steps (from 20 s into the hour on)
+    (start, end, src, dst, nbytes), _, _, resumed_steps, _, last_step = _pipeline_flows(
+        model, np.arange(4), n_steps=40, seed=6, job="job-h")
+    later = HOUR_NS + 20 * NS
+    second_hour = diagnosis.diagnose_job(
+        "job-h", _shifted(_flow_table(start, end, src, dst, nbytes, addr, start < last_step), later), gpus, pairs,
+        _shifted(resumed_steps, later), EVENTS.empty_table(), first_hour.state, HOUR0_NS + HOUR_NS,
+        HOUR0_NS + 2 * HOUR_NS).issues
+    (resumed,) = _by_kind(second_hour, "restart")
+    assert resumed["issue_id"] == restart["issue_id"]
+    first_step_ns = pc.min(_shifted(resumed_steps, later)["start"]).cast(pa.int64()).as_py()
+    assert resumed["wasted_gpu_s"] == pytest.approx(32 * (first_step_ns - HOUR0_NS - HOUR_NS) / NS, rel=0.05)
+
+
+def _shifted(table: pa.Table, by_ns: int) -> pa.Table:
+    """`table` with its times (flow start and end, or step start and end) `by_ns` later."""
+    for name in ("time_flow_start_ns", "time_flow_end_ns", "start", "end"):
+        if name in table.column_names:
+            column = table[name]
+            later = pc.add(column.cast(pa.int64()), by_ns).cast(column.type)
+            table = table.set_column(table.schema.get_field_index(name), name, later)
+    return table

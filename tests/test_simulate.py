@@ -389,6 +389,15 @@ def test_a_hang_holds_the_hosts_until_the_watchdog_kills_it(tmp_path):
     resumed = con.execute("select min(s0) from steps where job_id = 'sim-job-000' and attempt = 1").fetchone()[0]
     assert resumed == pytest.approx(260, abs=0.01)
     assert restart["wasted_gpu_s"] > 16 * 40  # the downtime, and the warm-up after it
+    # before it resumes, the restarted job reads its checkpoint back: the saving GPUs (dp rank 0,
+    # host 0) each read the 4 chunks they wrote, from storage, in the seconds before the resume
+    load = con.execute("""
+        with saved as (select max(size) chunk from flows w join topo s on w.src_addr = s.addr
+                       where s.host = 'gpu0000' and w.dst_addr not in (select addr from topo))
+        select count(*), count(distinct dst_addr), min(t0), max(t1) from flows f join topo d on f.dst_addr = d.addr
+        where d.host in ('gpu0000', 'gpu0001') and f.src_addr not in (select addr from topo)
+          and f.size = (select chunk from saved) and f.t0 > 105""").fetchone()
+    assert load[:2] == (32, 8) and 220 < load[2] and load[3] <= 260 + 0.1
     silent = """select count(*) from flows f join topo s on f.src_addr = s.addr join topo d on f.dst_addr = d.addr
         where s.host in ('gpu0002', 'gpu0003') and d.host in ('gpu0002', 'gpu0003') and f.t0 > 105"""
     assert con.execute(silent).fetchone()[0] == 0  # the job that ended never comes back

@@ -1,7 +1,7 @@
 """Traffic that is not a training job's, and must not be mistaken for one.
 
-- storage: data-loader reads (RDMA from storage servers to a running job's NICs, a trickle to idle
-  hosts) and small NFS writes (logs);
+- storage: data-loader reads (RDMA from storage servers to the NICs of a job while it trains, a
+  trickle to idle, hung or relaunching hosts) and small NFS writes (logs);
 - management: monitoring scrapes every 15 s (TCP 9100), telemetry pushes (443), ssh sessions (22),
   between management servers and rail-0 NICs of every host in service (drained hosts are silent);
 - cross-job transfers: a few one-off RDMA copies between hosts of two *different* running jobs
@@ -34,12 +34,12 @@ class Background:
         in_service[list(scenario.drained)] = False
         self.in_service = np.flatnonzero(in_service)
         self.scrape_phase = np.random.default_rng([seed, 0xB6]).uniform(0, SCRAPE_EVERY_S, cluster.n_hosts)
-        # hosts running a job, per minute (a job's hosts over all its attempts)
+        # hosts training, per minute: a hung or relaunching job's data loaders are quiet
         minute_mid = 60.0 * np.arange(scenario.minutes) + 30.0
         self.running = np.zeros((scenario.minutes, cluster.n_hosts), bool)
         for plan in plans:
-            live = (plan.start_s <= minute_mid) & (minute_mid < plan.end_s)
-            for hosts in plan.hosts:
+            for hosts, (start, stop) in zip(plan.hosts, plan.attempt_spans):
+                live = (start <= minute_mid) & (minute_mid < stop)
                 self.running[np.ix_(live, hosts)] = True
         self.transfers, self.cross_job = _cross_job_transfers(scenario, cluster, plans, seed)
 

@@ -7,13 +7,15 @@ into records a minute at a time, and the truth rows (steps, faults) that the sco
 
 Wasted GPU-seconds compare each step with the same step (same jitter) without the fault:
 n_gpus x (actual - fault-free). A restart wastes the work since the last checkpoint, the downtime
-and the slower warm-up steps after it. A hung job holds its hosts silently until the collective
-watchdog kills it (`Scenario.hang_watchdog_s` after the hang, or the allotment's end if sooner: the
-scheduler's time limit); the hang wastes everything from the last checkpoint to the kill. A hang
-with `resume` is then restarted from that checkpoint `gap_s` after the kill: that restart is a
-fault of its own, costing the downtime from the kill to the resume and the warm-up steps (the work
-lost since the checkpoint is the hang's). Truth intervals are clipped to the scenario window and
-only steps wholly inside it count.
+and the slower warm-up steps after it. A relaunched job reads its checkpoint back from storage
+(`checkpoint_load_template`: the save's writes reversed, as long as the save, at most half the
+downtime) in the last seconds of the downtime, and resumes when the load is done. A hung job holds
+its hosts silently until the collective watchdog kills it (`Scenario.hang_watchdog_s` after the
+hang, or the allotment's end if sooner: the scheduler's time limit); the hang wastes everything
+from the last checkpoint to the kill. A hang with `resume` is then restarted from that checkpoint
+`gap_s` after the kill: that restart is a fault of its own, costing the downtime from the kill to
+the resume and the warm-up steps (the work lost since the checkpoint is the hang's). Truth
+intervals are clipped to the scenario window and only steps wholly inside it count.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from prism_core.simulate.traffic import (
     Condition,
     FlowBatch,
     Template,
+    checkpoint_load_template,
     checkpoint_template,
     step_template,
 )
@@ -48,6 +51,8 @@ class JobPlan:
     attempt_spans: list[tuple[float, float]]  # per attempt: first step to its failure or the end, in the window
     templates: list[Template]
     checkpoints: list[Template]  # per attempt
+    checkpoint_loads: list[Template]  # per attempt
+    loads: np.ndarray  # (n, 3): start of each checkpoint load, its pace (time scale), attempt
     steps: dict[str, np.ndarray]  # one entry per step (see `_StepLog`)
     cutoffs: list[np.ndarray]  # per cut step: time each endpoint stops sending
     faults: list[dict]  # truth rows, times in scenario seconds
@@ -75,6 +80,9 @@ class JobPlan:
             ckpt = self.checkpoints[steps["attempt"][step]]
             flows = ckpt.expand(steps["compute_end"][[step]], np.ones(1), rng)
             parts.append(flows if steps["cut"][step] < 0 else _cut(flows, self.cutoffs[steps["cut"][step]]))
+        # drawn last, so the loads leave every other flow's random draws as they were
+        for at, scale, attempt in self.loads[(self.loads[:, 0] >= lo) & (self.loads[:, 0] < hi)]:
+            parts.append(self.checkpoint_loads[int(attempt)].expand(np.array([at]), np.array([scale]), rng))
         return FlowBatch.concat(parts) if parts else FlowBatch.empty()
 
 
@@ -144,6 +152,7 @@ class _Planner:
                             for i, f in enumerate(self.faults) if f.kind in ("slow_link", "hang")}
         self.log = _StepLog()
         self.cutoffs: list[np.ndarray] = []
+        self.loads: list[tuple[float, float, int]] = []  # see JobPlan.loads
 
     def template(self, cond: Condition) -> tuple[int, float]:
         """Id and duration of the step template for `cond`, built on first use."""
@@ -223,10 +232,12 @@ class _Planner:
                     if not self.faults[i].resume or resume >= min(spec.end_s, self.window_s):
                         break  # the job ends (or comes back after the scenario)
                     restart = self.restart_after_hang(i, killed_at, resume)
+                    self.load_checkpoint(killed_at, resume)
                     t = resume
                 else:
                     restart = i
                     t = self.restart(i, failed_at, last_checkpoint)
+                    self.load_checkpoint(failed_at, t)
                 attempt, warmup, warm_step = attempt + 1, WARMUP_AFTER_RESTART, 0
                 attempt_bounds.append([t, None])
                 continue
@@ -242,6 +253,7 @@ class _Planner:
 
         if attempt_bounds[-1][1] is None:
             attempt_bounds[-1][1] = spec.start_s if end_of_traffic is None else end_of_traffic
+        storage = (self.cluster.storage_base, self.cluster.n_storage, self.salt)
         return JobPlan(
             job_id=self.job_id,
             spec=spec,
@@ -249,8 +261,9 @@ class _Planner:
             hosts=self.hosts,
             attempt_spans=[self.clip(start, max(start, end)) for start, end in attempt_bounds],
             templates=self.templates,
-            checkpoints=[checkpoint_template(model, h, self.cluster.storage_base, self.cluster.n_storage,
-                                             self.salt) for h in self.hosts],
+            checkpoints=[checkpoint_template(model, h, *storage) for h in self.hosts],
+            checkpoint_loads=[checkpoint_load_template(model, h, *storage) for h in self.hosts],
+            loads=np.array(self.loads, float).reshape(-1, 3),
             steps=self.log.arrays(),
             cutoffs=self.cutoffs,
             faults=self.fault_rows(),
@@ -318,6 +331,13 @@ class _Planner:
                                                      "new": self.cluster.host_name(f.replace_host)}
         self.hosts.append(hosts)
         return resume
+
+    def load_checkpoint(self, stopped_at: float, resume: float) -> None:
+        """The relaunched attempt (on the latest hosts) reads its checkpoint back just before its
+        first step at `resume`, taking as long as the save or half the downtime, whichever is
+        shorter."""
+        load_s = min(self.model.ckpt_save_s, (resume - stopped_at) / 2)
+        self.loads.append((resume - load_s, load_s / self.model.ckpt_save_s, len(self.hosts) - 1))
 
     def fault_rows(self) -> list[dict]:
         """Truth rows (times in scenario seconds); faults that touched no step seen are left out."""

@@ -14,7 +14,7 @@ NIC j of A to NIC j of B. One record per transfer per queue pair (NCCL channel).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -28,6 +28,7 @@ DP, PP, OTHER, STORAGE = 0, 1, 2, 3
 KIND_NAMES = {DP: "dp", PP: "pp", OTHER: "other"}  # kinds of GPU-to-GPU job traffic
 LAUNCH_SKEW_S = 3e-4  # kernel launch / NCCL proxy delay spread between peers
 MOE_LEVELS = np.array([0.5, 0.75, 1.0, 1.25, 1.5])  # expert load imbalance: several a2a sizes
+CHECKPOINT_CHUNKS = 4  # a GPU's checkpoint shard moves to or from storage in this many flows
 SLOW_RING_SLACK = 0.1  # in a collective throttled by one slow link, other links finish this much earlier
 
 
@@ -312,8 +313,10 @@ def checkpoint_template(
     model: JobModel, hosts: np.ndarray, storage_base: int, n_storage: int, salt: int
 ) -> Template:
     """Checkpoint writes: every dp_rank-0 GPU streams its shard to a storage server over RDMA,
-    in 4 chunks spread over the save time; times relative to the end of the step's compute."""
-    chunks = 4
+    in 4 chunks spread over the save time; times relative to the end of the step's compute.
+    A resume reads the same shards back from the same servers at the same pace
+    (`checkpoint_load_template`)."""
+    chunks = CHECKPOINT_CHUNKS
     tp, pp, dp = model.tp, model.pp, model.dp
     writer = (np.arange(tp)[:, None] + tp * dp * np.arange(pp)[None, :]).ravel()
     nic = hosts[writer // GPUS_PER_HOST] * GPUS_PER_HOST + writer % GPUS_PER_HOST
@@ -335,3 +338,13 @@ def checkpoint_template(
         channels=1,
         duration=model.ckpt_save_s,
     )
+
+
+def checkpoint_load_template(
+    model: JobModel, hosts: np.ndarray, storage_base: int, n_storage: int, salt: int
+) -> Template:
+    """Checkpoint load of a relaunched job: the saving GPUs read their shards back from the
+    servers they wrote them to (the writes reversed); times relative to the load's start."""
+    writes = checkpoint_template(model, hosts, storage_base, n_storage, salt)
+    chunk = np.tile(np.arange(CHECKPOINT_CHUNKS), len(writes.src) // CHECKPOINT_CHUNKS)
+    return replace(writes, src=writes.dst, dst=writes.src, src_port=roce_port(writes.dst, writes.src, chunk, salt))
