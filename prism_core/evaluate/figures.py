@@ -10,6 +10,13 @@ class Figure:
     value: float | int | None  # None: nothing to score (no such fault in the scenario)
     target: float | None = None
     at_most: bool = False  # the target is an upper bound (errors) rather than a lower one
+    count: int | None = None  # a share's numerator and denominator: scenarios pool by adding them
+    of: int | None = None
+
+    @classmethod
+    def share(cls, count: int, of: int, target: float | None = None, empty: float | None = 1.0) -> Figure:
+        """count / of; `empty` when there is nothing to score (1.0: no misses possible)."""
+        return cls(ratio(count, of) if of else empty, target, count=int(count), of=int(of))
 
     @property
     def ok(self) -> bool | None:
@@ -18,9 +25,34 @@ class Figure:
         return bool(self.value <= self.target if self.at_most else self.value >= self.target)
 
     def as_dict(self) -> dict:
-        return {"value": self.value, "target": self.target, "ok": self.ok}
+        shares = {"count": self.count, "of": self.of} if self.count is not None else {}
+        return {"value": self.value, "target": self.target, "ok": self.ok, **shares}
 
 
 def ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator, 1.0 when there is nothing to score (no misses possible)."""
     return float(numerator / denominator) if denominator else 1.0
+
+
+def pool(scored: list[dict[str, dict[str, dict]]]) -> dict[str, dict[str, dict]]:
+    """Figures of several scenarios ({stage: {metric: as_dict}} each) as one: shares add their
+    counts; other figures give their range (and counts their total) and are ok when every
+    scenario's is."""
+    pooled: dict[str, dict[str, dict]] = {}
+    for stage in scored[0]:
+        for metric, first in scored[0][stage].items():
+            each = [s[stage][metric] for s in scored]
+            oks = [f["ok"] for f in each if f["ok"] is not None]
+            if all("count" in f for f in each):
+                count, of = sum(f["count"] for f in each), sum(f["of"] for f in each)
+                value = ratio(count, of) if of else None
+                ok = None if first["target"] is None or value is None else value >= first["target"]
+                figure = {"value": value, "count": count, "of": of, "target": first["target"], "ok": ok}
+            else:
+                values = [f["value"] for f in each if f["value"] is not None]
+                figure = {"min": min(values, default=None), "max": max(values, default=None),
+                          "target": first["target"], "ok": all(oks) if oks else None}
+                if first["target"] is None and all(isinstance(v, int) for v in values):
+                    figure["total"] = sum(values)  # a count: steps, faults, jobs
+            pooled.setdefault(stage, {})[metric] = figure
+    return pooled

@@ -40,9 +40,8 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
     figures: dict[str, Figure] = {}
     for kind in ISSUE_KINDS:
         of_kind = fault_kind == kind
-        recall = ratio(detected[of_kind].sum(), of_kind.sum()) if of_kind.any() else None
-        figures[f"recall_{kind}"] = Figure(recall, 0.95)
-    figures["precision"] = Figure(ratio((fault_of_issue >= 0).sum(), issues.num_rows), 0.90)
+        figures[f"recall_{kind}"] = Figure.share(detected[of_kind].sum(), of_kind.sum(), 0.95, empty=None)
+    figures["precision"] = Figure.share((fault_of_issue >= 0).sum(), issues.num_rows, 0.90)
     figures["false_issues_per_clean_job_hour"] = Figure(
         _false_per_clean_job_hour(truth, issues, associated, fault_of_issue), 1.0, at_most=True)
 
@@ -50,23 +49,23 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
     truth_subjects = np.asarray(faults["subject"].to_pylist(), dtype=object)
     stragglers = np.flatnonzero(fault_kind == "straggler")
     right = [any(subjects[fault_of_issue == f] == truth_subjects[f]) for f in stragglers if detected[f]]
-    figures["straggler_top1"] = Figure(ratio(sum(right), len(right)), 0.97)
+    figures["straggler_top1"] = Figure.share(sum(right), len(right), 0.97)
     hangs = np.flatnonzero(fault_kind == "hang")
     named = [any(truth_subjects[f] in _addresses(s) for s in subjects[fault_of_issue == f]) for f in hangs if detected[f]]
-    figures["hang_localized"] = Figure(ratio(sum(named), len(named)))
+    figures["hang_localized"] = Figure.share(sum(named), len(named))
 
     estimated = np.bincount(fault_of_issue[fault_of_issue >= 0], minlength=faults.num_rows,
                             weights=issues["wasted_gpu_s"].to_numpy()[fault_of_issue >= 0])
     true_waste = faults["wasted_gpu_s"].to_numpy()
     errors = np.abs(estimated - true_waste)[detected] / np.maximum(true_waste[detected], 1e-9)
-    figures["waste_within_10pct"] = Figure(ratio((errors <= WASTE_TOLERANCE).sum(), len(errors)), 0.95)
+    figures["waste_within_10pct"] = Figure.share((errors <= WASTE_TOLERANCE).sum(), len(errors), 0.95)
     figures["median_waste_error"] = Figure(float(np.median(errors)) if len(errors) else 0.0, WASTE_TOLERANCE,
                                            at_most=True)
     # Step times jitter by 1-3%, so a fault that cost less than 1% of the GPU time its job held
     # meanwhile is below what they resolve; the share over the faults above that, for reference.
     perceptible = (true_waste >= PERCEPTIBLE_SHARE * _held_gpu_s(truth, faults))[detected]
-    figures["waste_within_10pct_perceptible"] = Figure(ratio((errors[perceptible] <= WASTE_TOLERANCE).sum(),
-                                                             perceptible.sum()))
+    figures["waste_within_10pct_perceptible"] = Figure.share((errors[perceptible] <= WASTE_TOLERANCE).sum(),
+                                                             perceptible.sum())
     figures["faults"] = Figure(faults.num_rows)
     figures["issues"] = Figure(issues.num_rows)
     return figures

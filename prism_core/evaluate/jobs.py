@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.evaluate.figures import Figure, ratio
+from prism_core.evaluate.figures import Figure
 
 # An address's spans in two jobs must overlap by more than this to associate the jobs through it:
 # recognition works a minute at a time, so a job that starts seconds after another left the same
@@ -40,16 +40,16 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
 
     n_true = true_jobs.num_rows
     figures = {
-        "jobs_matched_exactly": Figure(ratio(len(exact_ids), n_true), 0.99),
+        "jobs_matched_exactly": Figure.share(len(exact_ids), n_true, 0.99),
         "jobs_split_or_merged": Figure(split + merged, 0, at_most=True),
         "true_jobs": Figure(n_true),
         "prism_jobs": Figure(prism_jobs.num_rows),
     }
     for kind, target in (("pp", 1.0), ("dp", 0.99)):
-        precision, recall = _pair_scores(truth["pairs"], warehouse["comm_pairs"], true_jobs, best, kind)
-        figures[f"{kind}_pair_precision"] = Figure(precision, target)
-        figures[f"{kind}_pair_recall"] = Figure(recall, target)
-    figures["degrees_exact"] = Figure(ratio(_degrees_exact(true_jobs, prism_jobs, best), n_true), 0.95)
+        hits, found, true = _pair_counts(truth["pairs"], warehouse["comm_pairs"], true_jobs, best, kind)
+        figures[f"{kind}_pair_precision"] = Figure.share(hits, found, target)
+        figures[f"{kind}_pair_recall"] = Figure.share(hits, true, target)
+    figures["degrees_exact"] = Figure.share(_degrees_exact(true_jobs, prism_jobs, best), n_true, 0.95)
     return figures
 
 
@@ -167,11 +167,11 @@ def _best_matches(links: pa.Table) -> pa.Table:
     return links.filter(pa.array(first)).select(["true_id", "prism_id"])
 
 
-def _pair_scores(
+def _pair_counts(
     true_pairs: pa.Table, prism_pairs: pa.Table, true_jobs: pa.Table, best: pa.Table, kind: str
-) -> tuple[float, float]:
-    """Precision and recall of `kind` pairs, comparing each truth job with its best Prism match
-    (pairs of unmatched jobs count as misses on their side)."""
+) -> tuple[int, int, int]:
+    """`kind` pairs Prism got right, Prism's and the truth's, comparing each truth job with its
+    best Prism match (pairs of unmatched jobs count as misses on their side)."""
     keys = ["job_id", "src_addr", "dst_addr"]
     truth_kind = true_pairs.filter(
         pc.and_(pc.equal(true_pairs["kind"], kind), pc.is_in(true_pairs["job_id"], value_set=true_jobs["job_id"]))
@@ -182,7 +182,7 @@ def _pair_scores(
     hits = matched.join(
         prism_kind, ["prism_id", "src_addr", "dst_addr"], right_keys=keys, join_type="inner"
     ).num_rows
-    return ratio(hits, prism_kind.num_rows), ratio(hits, truth_kind.num_rows)
+    return hits, prism_kind.num_rows, truth_kind.num_rows
 
 
 def _degrees_exact(true_jobs: pa.Table, prism_jobs: pa.Table, best: pa.Table) -> int:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import group_indices
-from prism_core.evaluate.figures import Figure, ratio
+from prism_core.evaluate.figures import Figure
 from prism_core.minutes import HOUR_NS, MINUTE_NS
 from prism_core.schema import STEPS
 
@@ -86,9 +86,9 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
         "jobs_matched": Figure(len(matches)),
         "truth_steps": Figure(truth_total),
         "prism_steps": Figure(prism_total),
-        "job_hours_exact_count": Figure(ratio(exact_hours, job_hours), 0.99),
+        "job_hours_exact_count": Figure.share(exact_hours, job_hours, 0.99),
         "boundary_error_share": Figure(float(all_errors.mean()) if len(all_errors) else 0.0, 0.003, at_most=True),
-        "steps_within_1pct": Figure(ratio(within, truth_total), 0.99),
+        "steps_within_1pct": Figure.share(within, truth_total, 0.99),
     }
 
 
