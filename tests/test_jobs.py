@@ -487,3 +487,29 @@ def test_scorer_does_not_link_jobs_through_a_host_reused_later():
     truth["job_gpus"] = truth["job_gpus"].drop_columns(["start", "end"])
     warehouse["job_gpus"] = warehouse["job_gpus"].drop_columns(["first_seen", "last_seen"])
     assert job_scores.score(truth, warehouse, {})["jobs_split_or_merged"].value == 4
+
+
+def test_a_pair_two_truth_jobs_share_is_right_once_in_the_prism_job_they_both_match():
+    """Two truth jobs run one after the other on the same two GPUs with the same DP pair and Prism
+    merges them: its one pair is right once (precision 1, not 2), and each truth job found it."""
+    def ts(values):
+        return pa.array([HOUR0 + v * SECOND for v in values], TS)
+
+    degrees = {d: pa.array([1, 1], pa.int32()) for d in ("dp", "pp", "tp")}
+    pair = {"src_addr": ["10.0.0.0"], "dst_addr": ["10.0.1.0"], "kind": ["dp"]}
+    truth = {
+        "jobs": pa.table({"job_id": ["sim-a", "sim-b"], "start": ts([0, 2000]), "end": ts([1900, 3500]),
+                          "has_network": [True, True], **degrees}),
+        "job_gpus": pa.table({"job_id": ["sim-a", "sim-a", "sim-b", "sim-b"], "addr": ["10.0.0.0", "10.0.1.0"] * 2}),
+        "pairs": pa.table({"job_id": ["sim-a", "sim-b"], **{k: v * 2 for k, v in pair.items()}}),
+    }
+    warehouse = {
+        "jobs": pa.table({"job_id": ["job-ab"], "first_seen": ts([0]), "last_seen": ts([3500]),
+                          **{d: pa.array([1], pa.int32()) for d in ("dp", "pp", "tp")}}),
+        "job_gpus": pa.table({"job_id": ["job-ab"] * 2, "addr": ["10.0.0.0", "10.0.1.0"]}),
+        "comm_pairs": pa.table({"job_id": ["job-ab"], **pair}),
+    }
+    figures = job_scores.score(truth, warehouse, {})
+    assert figures["jobs_split_or_merged"].value == 1
+    assert figures["dp_pair_precision"].value == 1.0
+    assert figures["dp_pair_recall"].value == 1.0

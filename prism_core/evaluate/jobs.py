@@ -46,9 +46,9 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
         "prism_jobs": Figure(prism_jobs.num_rows),
     }
     for kind, target in (("pp", 1.0), ("dp", 0.99)):
-        hits, found, true = _pair_counts(truth["pairs"], warehouse["comm_pairs"], true_jobs, best, kind)
-        figures[f"{kind}_pair_precision"] = Figure.share(hits, found, target)
-        figures[f"{kind}_pair_recall"] = Figure.share(hits, true, target)
+        right, found, recalled, true = _pair_counts(truth["pairs"], warehouse["comm_pairs"], true_jobs, best, kind)
+        figures[f"{kind}_pair_precision"] = Figure.share(right, found, target)
+        figures[f"{kind}_pair_recall"] = Figure.share(recalled, true, target)
     figures["degrees_exact"] = Figure.share(_degrees_exact(true_jobs, prism_jobs, best), n_true, 0.95)
     return figures
 
@@ -169,9 +169,11 @@ def _best_matches(links: pa.Table) -> pa.Table:
 
 def _pair_counts(
     true_pairs: pa.Table, prism_pairs: pa.Table, true_jobs: pa.Table, best: pa.Table, kind: str
-) -> tuple[int, int, int]:
-    """`kind` pairs Prism got right, Prism's and the truth's, comparing each truth job with its
-    best Prism match (pairs of unmatched jobs count as misses on their side)."""
+) -> tuple[int, int, int, int]:
+    """Prism's `kind` pairs that are right, Prism's, the truth's pairs that Prism found, and the
+    truth's, comparing each truth job with its best Prism match (pairs of unmatched jobs count as
+    misses on their side; two truth jobs on the same hosts, one after the other, may have the same
+    best match, whose pair is then right once)."""
     keys = ["job_id", "src_addr", "dst_addr"]
     truth_kind = true_pairs.filter(
         pc.and_(pc.equal(true_pairs["kind"], kind), pc.is_in(true_pairs["job_id"], value_set=true_jobs["job_id"]))
@@ -179,10 +181,9 @@ def _pair_counts(
     prism_kind = prism_pairs.filter(pc.equal(prism_pairs["kind"], kind)).select(keys)
     prism_kind = prism_kind.group_by(keys, use_threads=False).aggregate([])
     matched = truth_kind.join(best, "job_id", right_keys="true_id", join_type="inner")
-    hits = matched.join(
-        prism_kind, ["prism_id", "src_addr", "dst_addr"], right_keys=keys, join_type="inner"
-    ).num_rows
-    return hits, prism_kind.num_rows, truth_kind.num_rows
+    hits = matched.join(prism_kind, ["prism_id", "src_addr", "dst_addr"], right_keys=keys, join_type="inner")
+    right = hits.group_by(["prism_id", "src_addr", "dst_addr"], use_threads=False).aggregate([]).num_rows
+    return right, prism_kind.num_rows, hits.num_rows, truth_kind.num_rows
 
 
 def _degrees_exact(true_jobs: pa.Table, prism_jobs: pa.Table, best: pa.Table) -> int:
