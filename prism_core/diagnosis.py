@@ -4,8 +4,9 @@ Input is what the earlier stages know about the job (its flows, GPUs, classified
 recognition events) plus the state the previous hour left. The analysis, in order:
 
 1. *Checkpoints*: a step that writes a large flow out of the job (to storage) is a checkpoint, and
-   so is a long step on the job's checkpoint rhythm (long steps every N steps). Checkpoints are
-   the job's normal rhythm, never slow steps.
+   so is a long step on the job's checkpoint rhythm (long steps every N steps; without any write
+   seen, the rhythm must recur three times: a recurring stall spreads evenly too). Checkpoints
+   are the job's normal rhythm, never slow steps.
 2. *Restarts*: the attempt number goes up, or the job falls silent between two steps for longer
    than any step takes. The first `warmup_steps` steps of an attempt (and of a job first seen)
    are warm-up: slow by nature, charged to the restart.
@@ -14,9 +15,10 @@ recognition events) plus the state the previous hour left. The analysis, in orde
 4. *Stragglers* (per step, Holmes): peers that wait look normal, the one they wait for is late.
    Each DP/PP flow is compared with the same flow (same kind, size, order) of the hosts of the
    same pipeline stage in the same step; a host alone in its stage is compared with its own
-   timing in the other steps, as a share of the step. The host that sends the earliest late flow
-   of a step is that step's culprit; a host that is the culprit of enough nearby steps is a
-   straggler.
+   timing in the other steps, as a share of the step (a flow whose stage peers' flows were left
+   out is not compared: its share moves with the job's pace). The host that sends the earliest
+   late flow of a step is that step's culprit; a host that is the culprit of enough nearby steps
+   is a straggler.
 5. *Baseline and degradation*: BOCD (prism_core.bocd) segments the log step durations of the
    remaining steps; the baseline is a rolling median inside a segment, and a persistent rise of
    the level is a degradation.
@@ -389,7 +391,11 @@ class _Run:
         np.fmin.at(self.save_start, writes, to_storage[inside])
         np.fmax.at(self.save_end, writes, stored_until[inside])
         self.checkpoint &= long
-        rhythm = _rhythm(job.number[self.checkpoint if self.checkpoint.any() else long]) or state.checkpoint_rhythm
+        # Without a write, long steps are a rhythm only when it recurs more than twice: stalls
+        # spread evenly over time (a recurring fault) put three long steps two equal gaps apart.
+        written = self.checkpoint.any()
+        rhythm = _rhythm(job.number[self.checkpoint if written else long], 2 if written else 3)
+        rhythm = rhythm or state.checkpoint_rhythm
         if rhythm:
             period, phase = rhythm
             self.checkpoint |= long & (job.number % period == phase)
@@ -585,8 +591,14 @@ class _Run:
         peers = _key(step, kind, stage, ordinal)
         peer_first = _group_reduce(peers, start, np.minimum)
         peer_hosts = _group_reduce(peers, np.ones(len(step)), np.add)
-        alone = peer_hosts < 2
-        # against its stage peers in the same step (seconds), or alone against its own rhythm
+        # against its stage peers in the same step (seconds), or alone against its own rhythm. A
+        # flow whose stage peers' flows were left out has no reference in that step: as a share of
+        # the step, its own rhythm moves with any change of the job's pace (a degradation), which
+        # only a host alone in its stage has to live with.
+        alone = np.bincount(job.stage_of_host + 1)[stage + 1] < 2  # hosts in the stage
+        compared = alone | (peer_hosts >= 2)
+        step, kind, start, host, ordinal, peer_first, alone = (
+            a[compared] for a in (step, kind, start, host, ordinal, peer_first, alone))
         position = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
         structure = _key(kind, host, ordinal)
         # median and MAD: robust while a straggler makes up to half of the steps late
@@ -1373,14 +1385,14 @@ def _ended_by(end: float, resumed: float, taken: float, killed: float, hour_end:
             if end == killed else "data_end")
 
 
-def _rhythm(numbers: np.ndarray) -> tuple[int, int] | None:
-    """(period, phase) when long steps recur every `period` step numbers at least twice."""
+def _rhythm(numbers: np.ndarray, min_repeats: int) -> tuple[int, int] | None:
+    """(period, phase) when long steps recur every `period` step numbers at least `min_repeats` times."""
     numbers = np.unique(numbers[numbers >= 0])
-    if len(numbers) < 3:
+    if len(numbers) <= min_repeats:
         return None
     gaps, counts = np.unique(np.diff(numbers), return_counts=True)
     best = np.argmax(counts)
-    if counts[best] < 2 or gaps[best] < 2:
+    if counts[best] < min_repeats or gaps[best] < 2:
         return None
     period = int(gaps[best])
     return period, int(numbers[-1] % period)

@@ -18,8 +18,13 @@ so re-running an hour from the same previous state gives the same ids.
 
 A job that ends and another that starts on its hosts seconds later can share a pair's
 flow_minutes row (one row spans both, so no pause separates them): that minute is split when the
-new job takes the hosts. On them, the old job keeps its traffic up to the last row of its own
-flow sizes, and the new job begins after it (or at the first row of its sizes, if later).
+new job takes the hosts. Where each job also used host pairs the other did not, those tell the
+times: the new job begins with its first row on a pair of its own and the old one holds the hosts
+until then (its last rows on shared pairs may carry a size both use, an all-to-all's family).
+Otherwise the old job keeps its traffic up to the last row of its own flow sizes, and the new job
+begins after it (or at the first row of its sizes, if later). A job minutes old may not have shown
+all its sizes yet, so its traffic continues it whatever the sizes, but not traffic on only some of
+the hosts it showed: that is how a new job on hosts a short job left looks.
 """
 
 from __future__ import annotations
@@ -596,8 +601,9 @@ class _Tracker:
     def _hand_over(self, old: int, obs: _Observations, k: int) -> tuple[int, np.ndarray] | None:
         """When observation `k`'s new job was already talking on hosts of the job `old` in that
         job's latest minute (its rows there carry sizes the old job is not known by, and last past
-        the old job's own rows on those hosts), split that minute on the hosts: the old job ends
-        with its last row of other sizes, the new one starts after it. Returns (start, hosts)
+        the old job's own rows on those hosts), split that minute on the hosts: the new job starts
+        with its first row on a host pair only it used if that follows the old job's last row on a
+        pair only the old one used, else after the old job's last row of other sizes. Returns (start, hosts)
         of the new job there, or None when the latest minute holds no such change."""
         track = self.tracks[old]
         taken = np.intersect1d(obs.hosts(k), track.hosts)
@@ -610,12 +616,22 @@ class _Tracker:
         old_shape = on_taken & ~new_shape
         if not (new_shape.any() and old_shape.any()):
             return None
-        old_last_ns = int(last[old_shape].max())
-        if last[new_shape].max() <= old_last_ns:
-            return None
-        start_ns = max(old_last_ns + 1, int(first[new_shape].min()))
+        # A host pair both jobs used has rows spanning both (its top size may even be one they
+        # share); pairs only one used tell when each job talked there.
+        pair = np.minimum(src, dst) * (np.maximum(src, dst).max() + 1) + np.maximum(src, dst)
+        old_only = old_shape & ~np.isin(pair, pair[new_shape])
+        new_only = new_shape & ~np.isin(pair, pair[old_shape])
+        if old_only.any() and new_only.any() and first[new_only].min() > last[old_only].max():
+            # the old job holds the hosts until the new one's first traffic of its own
+            start_ns = int(first[new_only].min())
+            old_last_ns, old_end_ns = start_ns - 1, int(last[old_only].max())
+        else:
+            old_last_ns = old_end_ns = int(last[old_shape].max())
+            if last[new_shape].max() <= old_last_ns:
+                return None
+            start_ns = max(old_last_ns + 1, int(first[new_shape].min()))
         # min: an earlier hand-over of other hosts from this minute may have ended it sooner
-        track.last_end_ns = min(track.last_end_ns, int(last[~new_shape].max()))
+        track.last_end_ns = min(track.last_end_ns, int(last[~on_taken].max(initial=old_end_ns)))
         _, minute_first_ns, _, minute_hosts = self.presence[track.last_presence]
         kept = np.setdiff1d(minute_hosts, taken)
         self.presence[track.last_presence] = (old, minute_first_ns, track.last_end_ns, kept)
@@ -627,8 +643,11 @@ class _Tracker:
         track, hosts = self.tracks[best], obs.hosts(k)
         gap = int(obs.first_ns[k]) - int(self.last_end[best])
         unchanged = gap < RESUME_CHECK_NS and shared == len(hosts) == len(track.hosts)
-        # a job minutes old may not have shown all its flow sizes yet (no DP sync in its parts)
-        if not (unchanged or self._young(best, obs, k)) and _signature_share(*obs.signature(k), track) < SIGNATURE_MATCH:
+        # A job minutes old may not have shown all its flow sizes yet (no DP sync in its parts), but
+        # its parts join into more hosts: traffic on only some of the hosts it already showed is
+        # judged by its sizes (a new job on hosts a short job left).
+        part_of_young = self._young(best, obs, k) and not (shared == len(hosts) < len(track.hosts))
+        if not (unchanged or part_of_young) and _signature_share(*obs.signature(k), track) < SIGNATURE_MATCH:
             self._supersede(best, hosts)
             return None
         if shared < TRACK_OVERLAP * min(len(hosts), len(track.hosts)):

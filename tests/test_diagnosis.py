@@ -189,15 +189,17 @@ HOUR0_NS = 1_795_338_000 * NS  # 2026-11-22T10:00Z
 GPUS = 16
 
 
-def _synthetic_steps(n: int = 400, seed: int = 7, stalls: dict[int, float] | None = None) -> pa.Table:
-    """A 2-host job's steps: 5 s with 2% jitter, a checkpoint every 30 steps (10 s of saving), one
-    slow step (x1.6, step 1050) and a degradation (compute x1.2 from step 1250 on)."""
+def _synthetic_steps(n: int = 400, seed: int = 7, stalls: dict[int, float] | None = None,
+                     checkpoint_every: int | None = 30) -> pa.Table:
+    """A 2-host job's steps: 5 s with 2% jitter, a checkpoint every `checkpoint_every` steps (10 s
+    of saving), one slow step (x1.6, step 1050) and a degradation (compute x1.2 from step 1250 on)."""
     rng = np.random.default_rng(seed)
     number = 1000 + np.arange(n)
     duration = 5.0 * rng.lognormal(0.0, 0.02, n)
     duration[number == 1050] *= 1.6
     duration[number >= 1250] *= 1.2
-    duration[number % 30 == 29] += 10.0
+    if checkpoint_every:
+        duration[number % checkpoint_every == checkpoint_every - 1] += 10.0
     for step, seconds in (stalls or {}).items():
         duration[number == step] += seconds
     start = HOUR0_NS + np.r_[0, np.cumsum(np.round(duration * NS).astype(np.int64))[:-1]]
@@ -255,6 +257,17 @@ def test_a_stall_joined_to_a_checkpoint_is_a_slow_step():
     assert sorted(slow) == [1050, 1109]
     assert slow[1109]["wasted_gpu_s"] == pytest.approx(3.0 * GPUS, rel=0.15)
     assert json.loads(slow[1109]["evidence"])["checkpoint"]
+
+
+def test_three_evenly_spaced_stalls_without_a_write_are_slow_steps_not_a_checkpoint_rhythm():
+    # a job that never checkpoints, stalled three times 24 steps apart (a recurring fault spreads
+    # its stalls evenly over time): two equal gaps between write-less long steps are no rhythm
+    stalls = {1060: 9.0, 1084: 9.0, 1108: 9.0}
+    issues = _diagnose_steps(_synthetic_steps(n=150, stalls=stalls, checkpoint_every=None), None, 0).issues
+    slow = {json.loads(r["evidence"])["step"]: r for r in _by_kind(issues, "slow_step")}
+    assert sorted(slow) == [1050, *stalls]
+    assert all(not json.loads(slow[step]["evidence"])["checkpoint"] for step in stalls)
+    assert slow[1084]["wasted_gpu_s"] == pytest.approx(9.0 * GPUS, rel=0.1)
 
 
 @pytest.mark.parametrize("cut_at_step", [1300, 1250])  # 50 steps into the degradation, or at its start

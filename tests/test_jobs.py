@@ -272,6 +272,43 @@ def test_a_job_taking_hosts_within_the_minute_another_ends_gets_its_traffic_from
     assert split == {old_id: [old_sizes[0]], new_id: [new_sizes[0]]}
 
 
+def test_a_job_taking_hosts_where_both_jobs_share_a_size_starts_with_its_own_pairs():
+    topology = inventory(6)
+    old_size, activation = 5 << 20, 96 << 20
+    rows = ring(list(range(6)), range(20), old_size)
+    # 20:07 the 6-host job ends; 20:14 a job starts on host00-host03. Its stage pairs (0-2, 1-3)
+    # are new; on 0-1 and 2-3 its all-to-all uses a family of sizes, one of them the old job's,
+    # so those rows span the whole minute and half of them carry the old job's size.
+    at = HOUR0 + 20 * MINUTE_NS
+
+    def all_to_all(minutes, first_s):
+        return [r for pair in ([0, 1], [2, 3]) for rails, size in ((range(4), old_size), (range(4, 8), 6 << 20))
+                for r in ring(pair, minutes, size, rails=rails, first_s=first_s)]
+
+    rows += [r for r in ring(list(range(6)), [20], old_size, last_s=7) if r["src_addr"][:7] not in ("10.0.0.", "10.0.2.")]
+    rows += all_to_all([20], 1) + all_to_all(range(21, 40), 1)
+    rows += [r for pair in ([0, 2], [1, 3]) for r in ring(pair, [20], activation, first_s=14) + ring(pair, range(21, 40), activation)]
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+
+    by_size = dict(zip(found.jobs["n_hosts"].to_pylist(), found.jobs["job_id"].to_pylist()))
+    old_id, new_id = by_size[6], by_size[4]
+    first_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["first_seen"].cast(pa.int64()).to_pylist()))
+    assert first_seen[new_id] == at + 14 * SECOND
+    spans = {(r["job_id"], r["host"]): (r["first_ns"], r["last_ns"]) for r in found.membership.to_pylist()}
+    assert spans[old_id, "host00"][1] == at + 14 * SECOND - 1  # the old job holds it until then
+    assert spans[old_id, "host05"][1] == at + 7 * SECOND
+
+
+def test_a_new_job_on_part_of_the_hosts_a_short_job_left_is_another_job():
+    topology = inventory(4)
+    # a 4-host job of two minutes (young: its sizes are not all known yet), silent from 01:50;
+    # 20 s later a job with other sizes starts on two of its hosts
+    rows = ring([0, 1, 2, 3], [0], 4 << 20) + ring([0, 1, 2, 3], [1], 4 << 20, last_s=50)
+    rows += ring([0, 1], [2], 6 << 20, first_s=10) + ring([0, 1], range(3, 10), 6 << 20)
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    assert sorted(r["n_hosts"] for r in job_rows(found).values()) == [2, 4]
+
+
 def test_same_hosts_after_a_pause_with_other_sizes_is_a_new_job():
     topology = inventory(2)
     rows = ring([0, 1], range(10), 4 << 20) + ring([0, 1], range(10), 96 << 20, flows=4)
