@@ -11,7 +11,8 @@ recognition events) plus the state the previous hour left. The analysis, in orde
    than any step takes. The first `warmup_steps` steps of an attempt (and of a job first seen)
    are warm-up: slow by nature, charged to the restart.
 3. *Slow links* (per step): a NIC whose fastest transfer is far below the transfers of the same
-   size elsewhere in the job.
+   size elsewhere in the job; an address that talks to one peer only (a tree collective's leaf)
+   is slow through that peer when the peer is as slow with others too.
 4. *Stragglers* (per step, Holmes): peers that wait look normal, the one they wait for is late.
    Each DP/PP flow is compared with the same flow (same kind, size, order) of the hosts of the
    same pipeline stage in the same step; a host alone in its stage is compared with its own
@@ -518,7 +519,8 @@ class _Run:
         size in the same step (-1 when none is below `slow_link_ratio`), and that ratio. When
         the two slowest addresses are as slow as each other, their link is the culprit, coded
         n_addrs + a * n_addrs + b (two hosts talking only to each other cannot tell which end
-        is slow)."""
+        is slow). When the slowest address talked to one peer only and that peer was as slow
+        with another address, the peer is the culprit."""
         job, config = self.job, self.config
         culprit = np.full(job.n_steps, -1)
         score = np.ones(job.n_steps)
@@ -532,12 +534,16 @@ class _Run:
         if not sel.any():
             return culprit, score
         # every flow speaks for both its ends: an address is as fast as its fastest transfer
-        addr = np.concatenate([job.src[sel], job.dst[sel]])
-        step, ratio = np.concatenate([step, step]), np.concatenate([ratio, ratio])
-        key = _key(step, addr)
+        n = len(job.addrs)
+        flow_addr = np.concatenate([job.src[sel], job.dst[sel]])
+        flow_peer = np.concatenate([job.dst[sel], job.src[sel]])
+        flow_step, ratio = np.concatenate([step, step]), np.concatenate([ratio, ratio])
+        key = flow_step * n + flow_addr
         capacity = _group_reduce(key, ratio, np.maximum)
+        one_peer = _group_reduce(key, flow_peer, np.minimum) == _group_reduce(key, flow_peer, np.maximum)
+        sole_peer = np.where(one_peer, flow_peer, -1)
         rows = np.unique(key, return_index=True)[1]  # one row per (step, address)
-        step, addr, capacity = step[rows], addr[rows], capacity[rows]
+        step, addr, capacity, sole_peer = flow_step[rows], flow_addr[rows], capacity[rows], sole_peer[rows]
         order = np.lexsort((addr, capacity, step))
         first = np.r_[True, step[order][1:] != step[order][:-1]]
         lowest = order[first]
@@ -548,8 +554,17 @@ class _Run:
         runner_up = np.maximum(second, 0)
         tied = (second >= 0) & (capacity[runner_up] < capacity[lowest] * (1 + LINK_TIE))
         a, b = np.sort(np.stack([addr[lowest], addr[runner_up]]), axis=0)
-        n = len(job.addrs)
         code = np.where(tied, n + a * n + b, addr[lowest])
+        # An address that exchanged all its transfers with one peer was slow through that link
+        # only; when the peer was as slow with another address too, the peer is the slow NIC (a
+        # tree collective's leaf talks to its parent alone).
+        peer, pace = sole_peer[lowest], capacity[lowest] * (1 + LINK_TIE)
+        of_step = np.full(job.n_steps, -1)
+        of_step[step[lowest]] = np.arange(len(lowest))
+        of = of_step[flow_step]  # each flow's step's lowest address
+        slow_elsewhere = (flow_addr == peer[of]) & (flow_peer != addr[lowest][of]) & (ratio <= pace[of])
+        through_peer = np.bincount(of[slow_elsewhere], minlength=len(lowest)) > 0
+        code = np.where(through_peer, peer, code)
         slow = capacity[lowest] < config.slow_link_ratio
         culprit[step[lowest][slow]] = code[slow]
         return culprit, score

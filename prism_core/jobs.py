@@ -22,9 +22,11 @@ new job takes the hosts. Where each job also used host pairs the other did not, 
 times: the new job begins with its first row on a pair of its own and the old one holds the hosts
 until then (its last rows on shared pairs may carry a size both use, an all-to-all's family).
 Otherwise the old job keeps its traffic up to the last row of its own flow sizes, and the new job
-begins after it (or at the first row of its sizes, if later). A job minutes old may not have shown
-all its sizes yet, so its traffic continues it whatever the sizes, but not traffic on only some of
-the hosts it showed: that is how a new job on hosts a short job left looks.
+begins after it (or at the first row of its sizes, if later); a row spanning both jobs carries
+only its most frequent size, so it can look like either job's: the old job's end is where the
+fewest rows fall on the wrong side. A job minutes old may not have shown all its sizes yet, so its
+traffic continues it whatever the sizes, but not traffic on only some of the hosts it showed: that
+is how a new job on hosts a short job left looks.
 """
 
 from __future__ import annotations
@@ -498,6 +500,21 @@ def _signature_share(sizes: np.ndarray, flows: np.ndarray, track: _Track) -> flo
     return float(moved[np.isin(sizes, known)].sum() / total)
 
 
+def _old_job_end(old_last_ns: np.ndarray, new_first_ns: np.ndarray) -> int:
+    """When a job stopped and another took its hosts within one minute: the end of the old job's
+    traffic there, given the last ends of the rows of its sizes and the first starts of the rows
+    of the new job's. A pair both jobs use has one row spanning both, labelled by whichever sent
+    more flows of one size: its end is the new job's, or its start the old job's. So the end is
+    the one that leaves the fewest rows on the wrong side of it (rows of old sizes ending later,
+    rows of new sizes starting earlier), the latest of those on a tie (without such rows: the
+    last row of old sizes)."""
+    candidates = np.unique(old_last_ns)
+    old_after = len(old_last_ns) - np.searchsorted(np.sort(old_last_ns), candidates, side="right")
+    new_before = np.searchsorted(np.sort(new_first_ns), candidates, side="right")
+    misplaced = old_after + new_before
+    return int(candidates[np.flatnonzero(misplaced == misplaced.min())[-1]])
+
+
 def _known_sizes(track: _Track) -> np.ndarray:
     """The flow sizes a track's job is known by: those seen in two minutes or more, if any."""
     established = track.sizes[track.size_minutes >= 2]
@@ -603,8 +620,9 @@ class _Tracker:
         job's latest minute (its rows there carry sizes the old job is not known by, and last past
         the old job's own rows on those hosts), split that minute on the hosts: the new job starts
         with its first row on a host pair only it used if that follows the old job's last row on a
-        pair only the old one used, else after the old job's last row of other sizes. Returns (start, hosts)
-        of the new job there, or None when the latest minute holds no such change."""
+        pair only the old one used, else after the old job's last row of other sizes (see
+        `_old_job_end`). Returns (start, hosts) of the new job there, or None when the latest
+        minute holds no such change."""
         track = self.tracks[old]
         taken = np.intersect1d(obs.hosts(k), track.hosts)
         if len(track.last_observations) == 0 or len(taken) == 0:
@@ -626,12 +644,13 @@ class _Tracker:
             start_ns = int(first[new_only].min())
             old_last_ns, old_end_ns = start_ns - 1, int(last[old_only].max())
         else:
-            old_last_ns = old_end_ns = int(last[old_shape].max())
+            old_last_ns = old_end_ns = _old_job_end(last[old_shape], first[new_shape])
             if last[new_shape].max() <= old_last_ns:
                 return None
             start_ns = max(old_last_ns + 1, int(first[new_shape].min()))
+        old_rows = ~on_taken | (old_shape & (last <= old_end_ns))
         # min: an earlier hand-over of other hosts from this minute may have ended it sooner
-        track.last_end_ns = min(track.last_end_ns, int(last[~on_taken].max(initial=old_end_ns)))
+        track.last_end_ns = min(track.last_end_ns, int(last[old_rows].max(initial=old_end_ns)))
         _, minute_first_ns, _, minute_hosts = self.presence[track.last_presence]
         kept = np.setdiff1d(minute_hosts, taken)
         self.presence[track.last_presence] = (old, minute_first_ns, track.last_end_ns, kept)

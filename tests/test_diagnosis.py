@@ -390,6 +390,27 @@ def test_a_slow_link_on_pipeline_traffic_costs_its_delay_to_the_1f1b_schedule():
     assert link["severity"] == "low"
 
 
+def test_a_slow_nic_in_a_tree_all_reduce_is_named_not_the_leaf_that_only_talks_to_it():
+    # dp=16 x tp=4 on 8 hosts, tree all-reduce: a tree hop crosses on the receiver's rail (PXN),
+    # so NIC 2 of host 2 (at 40% of line rate) carries hops with hosts 0, 1, 4, 5 and 6. Host
+    # 5's NIC 2 carries one hop only, to and from host 2: all its transfers are slow, while two of
+    # the slow NIC's broadcasts finish at the pace of the throttled tree's other links, a little
+    # faster. The leaf is the slowest address, but host 2's NIC is as slow with other hosts too:
+    # the slow end is host 2's.
+    from prism_core.simulate.traffic import Condition
+
+    model = _hang_model(tp=4, pp=1, dp=16, collective="tree", bucket_bytes=(256 << 20,), fwd_s=0.5, bwd_s=1.0)
+    slow_nic = 2 * 8 + 2
+    (start, end, src, dst, nbytes), gpus, pairs, steps, addr, _ = _pipeline_flows(
+        model, np.arange(8), n_steps=20, seed=9, job="job-t", condition=Condition(0, slow_nic=slow_nic, slow_fraction=0.4))
+    pairs = pairs.set_column(pairs.schema.get_field_index("kind"), "kind", pa.array(["dp"] * pairs.num_rows))
+    flows = _flow_table(start, end, src, dst, nbytes, addr, np.ones(len(start), bool))
+    found = diagnosis.diagnose_job("job-t", flows, gpus, pairs, steps, EVENTS.empty_table(), None,
+                                   HOUR0_NS, HOUR0_NS + HOUR_NS).issues
+    (link,) = _by_kind(found, "slow_link")
+    assert link["subject"] == addr[slow_nic] == "10.0.2.3"
+
+
 # --- the scorer ---------------------------------------------------------------------------------
 
 
@@ -469,14 +490,15 @@ def test_scorer_tells_reused_hosts_apart_by_time():
 # --- hangs ----------------------------------------------------------------------------------------
 
 
-def _pipeline_flows(model, hosts: np.ndarray, n_steps: int, seed: int, job: str, pauses: dict | None = None):
-    """`n_steps` fault-free steps of a simulated job, plus one more step's flows (the one the
-    caller cuts short); `pauses` adds seconds without traffic after the given steps (a save).
-    Returns flows as columns (seconds, endpoint indices), GPUs, pairs, steps, the endpoint
-    address names and when the last step begins."""
+def _pipeline_flows(model, hosts: np.ndarray, n_steps: int, seed: int, job: str, pauses: dict | None = None,
+                    condition=None):
+    """`n_steps` steps of a simulated job (fault-free, or all under `condition`), plus one more
+    step's flows (the one the caller cuts short); `pauses` adds seconds without traffic after the
+    given steps (a save). Returns flows as columns (seconds, endpoint indices), GPUs, pairs,
+    steps, the endpoint address names and when the last step begins."""
     from prism_core.simulate.traffic import Condition, step_template
 
-    template = step_template(model, hosts, Condition(0), salt=1)
+    template = step_template(model, hosts, condition or Condition(0), salt=1)
     rng = np.random.default_rng(seed)
     jitter = rng.lognormal(0.0, model.jitter_sigma, n_steps + 1)
     duration = jitter * template.duration

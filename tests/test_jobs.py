@@ -231,34 +231,46 @@ def test_new_job_on_hosts_another_just_left():
     assert sorted(found.events["kind"].to_pylist()) == ["end", "end", "start", "start"]
 
 
-def test_a_job_taking_hosts_within_the_minute_another_ends_gets_its_traffic_from_then():
-    topology = inventory(4)
-    old_sizes, new_sizes, flows = (4 << 20, 96 << 20), (6 << 20, 200 << 20), (12, 4)
-    rows = [r for size, n in zip(old_sizes, flows) for r in ring([0, 1, 2, 3], range(20), size, flows=n)]
-    # 20:07 the 4-host job ends; 20:14 a job starts on host00 and host01. Their traffic from
-    # host00 to host01 shares one row per rail, which spans the whole minute.
+OLD_SIZES, NEW_SIZES, SIZE_FLOWS = (4 << 20, 96 << 20), (6 << 20, 200 << 20), (12, 4)
+
+
+def hosts_changing_hands(shared_size: int) -> list[dict]:
+    """A 4-host job until 20:07, a job on host00 and host01 from 20:14 on (other sizes). Their
+    traffic from host00 to host01 shares one row per rail, which spans the whole minute and is
+    labelled `shared_size` (the size with the most flows in it)."""
+    rows = [r for size, n in zip(OLD_SIZES, SIZE_FLOWS) for r in ring([0, 1, 2, 3], range(20), size, flows=n)]
     at = HOUR0 + 20 * MINUTE_NS
-    rows += [{**pair_row(at, f"10.0.0.{rail}", f"10.0.1.{rail}", new_sizes[1], 4, at + SECOND, at + 59 * SECOND),
-              "distinct_sizes": 2} for rail in range(8)]
+    rows += [{**pair_row(at, f"10.0.0.{rail}", f"10.0.1.{rail}", shared_size, 12, at + SECOND, at + 59 * SECOND),
+              "distinct_sizes": 4} for rail in range(8)]
 
     def shared_pair(row):
         return row["src_addr"].startswith("10.0.0.") and row["dst_addr"].startswith("10.0.1.")
 
-    for old_size, new_size, n in zip(old_sizes, new_sizes, flows):
+    for old_size, new_size, n in zip(OLD_SIZES, NEW_SIZES, SIZE_FLOWS):
         rows += [r for r in ring([0, 1, 2, 3], [20], old_size, flows=n, last_s=7) if not shared_pair(r)]
         rows += [r for r in ring([0, 1], [20], new_size, flows=n, first_s=14) if not shared_pair(r)]
         rows += ring([0, 1], range(21, 40), new_size, flows=n)
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    return rows
 
-    old_end, new_start = at + 7 * SECOND, at + 7 * SECOND + 1
+
+def changed_hands(found: jobs.Recognition) -> tuple[str, str, dict, dict, dict]:
+    """(old id, new id, first_seen and last_seen by id, membership spans by (id, host))."""
     by_size = dict(zip(found.jobs["n_hosts"].to_pylist(), found.jobs["job_id"].to_pylist()))
-    old_id, new_id = by_size[4], by_size[2]
+    first_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["first_seen"].cast(pa.int64()).to_pylist()))
+    last_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["last_seen"].cast(pa.int64()).to_pylist()))
     spans = {(r["job_id"], r["host"]): (r["first_ns"], r["last_ns"]) for r in found.membership.to_pylist()}
+    return by_size[4], by_size[2], first_seen, last_seen, spans
+
+
+def test_a_job_taking_hosts_within_the_minute_another_ends_gets_its_traffic_from_then():
+    # the shared rows carry the new job's size: the new job begins right after the old one's end
+    found = jobs.recognize_hour(table(hosts_changing_hands(NEW_SIZES[1])), inventory(4), None, HOUR0)
+    at = HOUR0 + 20 * MINUTE_NS
+    old_end, new_start = at + 7 * SECOND, at + 7 * SECOND + 1
+    old_id, new_id, first_seen, last_seen, spans = changed_hands(found)
     for host in ("host00", "host01", "host02"):
         assert spans[old_id, host] == (HOUR0 + SECOND, old_end)
     assert spans[new_id, "host01"] == (new_start, HOUR0 + 39 * MINUTE_NS + 59 * SECOND)
-    first_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["first_seen"].cast(pa.int64()).to_pylist()))
-    last_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["last_seen"].cast(pa.int64()).to_pylist()))
     assert last_seen[old_id] == old_end and first_seen[new_id] == new_start
     events = {(r["job_id"], r["kind"]): r["at_ns"] for r in found.events.to_pylist()}
     assert events[old_id, "end"] == old_end and events[new_id, "start"] == new_start
@@ -267,9 +279,25 @@ def test_a_job_taking_hosts_within_the_minute_another_ends_gets_its_traffic_from
     flows = pa.table({"time_flow_start_ns": [at + 6 * SECOND, at + 15 * SECOND],
                       "time_flow_end_ns": [at + 7 * SECOND, at + 16 * SECOND],
                       "src_addr": ["10.0.1.0"] * 2, "dst_addr": ["10.0.0.0"] * 2,
-                      "bytes": [old_sizes[0], new_sizes[0]], "sampler_address": ["10.9.0.1"] * 2})
+                      "bytes": [OLD_SIZES[0], NEW_SIZES[0]], "sampler_address": ["10.9.0.1"] * 2})
     split = {job_id: part["bytes"].to_pylist() for job_id, part in split_flows_by_job(flows, found.membership)}
-    assert split == {old_id: [old_sizes[0]], new_id: [new_sizes[0]]}
+    assert split == {old_id: [OLD_SIZES[0]], new_id: [NEW_SIZES[0]]}
+
+
+def test_a_pair_row_both_jobs_share_labelled_by_the_old_jobs_size_does_not_stretch_it():
+    # The shared rows carry the old job's activation size and end with the new job's traffic:
+    # the old job still ends with its other rows, and the new one begins with its own.
+    found = jobs.recognize_hour(table(hosts_changing_hands(OLD_SIZES[0])), inventory(4), None, HOUR0)
+    at = HOUR0 + 20 * MINUTE_NS
+    old_id, new_id, first_seen, last_seen, spans = changed_hands(found)
+    assert last_seen[old_id] == at + 7 * SECOND and first_seen[new_id] == at + 14 * SECOND
+    assert spans[old_id, "host00"] == (HOUR0 + SECOND, at + 7 * SECOND)
+    assert spans[new_id, "host00"] == (at + 14 * SECOND, HOUR0 + 39 * MINUTE_NS + 59 * SECOND)
+    # the new job's first flows are its own, not the old job's
+    flows = pa.table({"time_flow_start_ns": [at + 15 * SECOND], "time_flow_end_ns": [at + 16 * SECOND],
+                      "src_addr": ["10.0.1.0"], "dst_addr": ["10.0.0.0"],
+                      "bytes": [NEW_SIZES[0]], "sampler_address": ["10.9.0.1"]})
+    assert [job_id for job_id, _ in split_flows_by_job(flows, found.membership)] == [new_id]
 
 
 def test_a_job_taking_hosts_where_both_jobs_share_a_size_starts_with_its_own_pairs():
