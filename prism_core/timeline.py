@@ -533,7 +533,9 @@ def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarra
     phase_bytes = cumulative[bounds[1:]] - cumulative[bounds[:-1]]
     usual = np.median(phase_bytes)
     phase_end = end[bounds[1:] - 1]
-    step = np.median(np.diff(phase_end[phase_bytes >= COMPLETE_SHARE * usual]))
+    complete_ends = phase_end[phase_bytes >= COMPLETE_SHARE * usual]
+    # fewer than two complete phases: no usual step, so no silence is known to part them
+    step = float(np.median(np.diff(complete_ends))) if len(complete_ends) > 1 else np.inf
     joined, carried = [], np.inf
     for p in range(len(first)):
         short = phase_bytes[p] < COMPLETE_SHARE * usual
