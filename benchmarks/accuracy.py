@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.fleet import CACHE
+from benchmarks.fleet import scenario
 
 RESULTS = Path(__file__).resolve().parent / "results" / "accuracy.json"
 
@@ -34,20 +34,11 @@ def seeds(text: str) -> list[int]:
     return found
 
 
-def scenario_dir(name: str, seed: int) -> Path:
-    from prism_core.simulate import write_scenario
-
-    out = CACHE / f"{name}-{seed}"
-    if not (out / "truth" / "noise.json").exists():
-        write_scenario(name, out, seed)
-    return out
-
-
 def score_one(name: str, seed: int) -> dict:
     from pipelines.evaluation import evaluate_warehouse
     from pipelines.run import infer_range, run_hours
 
-    data = scenario_dir(name, seed)
+    data = scenario(seed, name)
     with tempfile.TemporaryDirectory(prefix=f"prism-accuracy-{name}-{seed}-") as root:
         started = time.perf_counter()
         first, end = infer_range(str(data / "flows"))

@@ -27,16 +27,34 @@ CACHE = HERE / ".cache"
 RESULTS = HERE / "results" / "fleet.json"
 
 
-def scenario(seed: int) -> Path:
+def scenario(seed: int, name: str = "fleet") -> Path:
+    """The cached scenario, generated again when the simulator's code changed since (its
+    fingerprint is kept beside the data)."""
+    import shutil
+
     from prism_core.simulate import write_scenario
 
-    out = CACHE / f"fleet-{seed}"
-    if not (out / "truth" / "noise.json").exists():
+    out = CACHE / f"{name}-{seed}"
+    stamp = out / "simulator.sha256"
+    if not (out / "truth" / "noise.json").exists() or not stamp.exists() or stamp.read_text() != _simulator_sha():
+        shutil.rmtree(out, ignore_errors=True)
         started = time.perf_counter()
-        summary = write_scenario("fleet", out, seed)
-        print(f"generated fleet: {summary.records:,} records, {summary.bytes_written / 1e6:.0f} MB "
+        summary = write_scenario(name, out, seed)
+        stamp.write_text(_simulator_sha())
+        print(f"generated {name} seed {seed}: {summary.records:,} records, {summary.bytes_written / 1e6:.0f} MB "
               f"in {time.perf_counter() - started:.0f} s", flush=True)
     return out
+
+
+def _simulator_sha() -> str:
+    import hashlib
+
+    import prism_core.simulate
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(prism_core.simulate.__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def subset(flows: Path, fraction: float, into: Path) -> Path:
