@@ -1,13 +1,13 @@
 """Accuracy over many simulated hours: every figure of `prism evaluate`, per scenario and pooled.
 
-    python -m benchmarks.accuracy [--fleet-seeds 0-7] [--small-seeds 0-4]
+    python -m benchmarks.accuracy [--fleet-seeds 0-9] [--small-seeds 0-4]
 
 One seed's hour holds a handful of faults of each kind and a few dozen job-hours, so a figure on
 it is a small sample, and figures tuned on a few seeds flatter the code. This generates (and
 caches, under benchmarks/.cache) every seed asked for, runs the whole pipeline on each (the
 default runner, a fresh warehouse), scores it, and pools the scenarios: shares add their counts
 (exact job-hours, faults found, issues right, ...), other figures give their range. Figures go to
-benchmarks/results/accuracy.json. The default set takes about 15 minutes on 2 cores.
+benchmarks/results/accuracy.json. The default set takes about 12 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main() -> None:
     from prism_core.evaluate.figures import pool
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fleet-seeds", default="0-7")
+    parser.add_argument("--fleet-seeds", default="0-9")
     parser.add_argument("--small-seeds", default="0-4")
     args = parser.parse_args()
     runs = [("small", s) for s in seeds(args.small_seeds)] + [("fleet", s) for s in seeds(args.fleet_seeds)]

@@ -11,7 +11,8 @@ for the job of each NIC it leaves or reaches within that job's stretch of traffi
 last gradient sync, one flow per pair, outlasts its last activation sends).
 
 Tracking links each minute's jobs to the jobs already known: a job keeps its id while its hosts
-keep talking, and across a stop-and-resume on the same hosts (or with one host replaced) when the
+keep talking (or write a checkpoint to storage: a large model's save outlasts the silence that
+stops a job), and across a stop-and-resume on the same hosts (or with one host replaced) when the
 flow sizes it uses (its signature: activation and bucket sizes) are the same. A new job on hosts
 another just left has other sizes and gets a new id. Ids are deterministic (first minute + hosts),
 so re-running an hour from the same previous state gives the same ids.
@@ -66,6 +67,10 @@ YOUNG_NS = 3 * MINUTE_NS
 RESTART_GAP_NS = 60_000_000_000
 # A stopped job that resumes within this time on the same hosts (or one replaced) is restarted.
 RESTART_WINDOW_NS = 30 * MINUTE_NS
+# A minute's bytes from a GPU NIC to an address that is no GPU (storage) this large are a
+# checkpoint save: the job is busy, though its GPUs do not talk to each other (a large model's
+# save outlasts RESTART_GAP_NS).
+SAVE_BYTES = 64 << 20
 # Share of a resumed job's repeated bytes in flow sizes the stopped job also used.
 SIGNATURE_MATCH = 0.5
 # Flow sizes kept per job as its signature (most frequent first).
@@ -185,10 +190,25 @@ def recognize_hour(
     hour_end_ns = hour_start_ns + HOUR_NS
     tracks = _load_state(previous_state, vocabulary)
     observations = _observe(flow_minutes, vocabulary, _minute_ns(flow_minutes), jaccard)
-    tracker = _Tracker(tracks, vocabulary)
+    tracker = _Tracker(tracks, vocabulary, _saves(flow_minutes, vocabulary))
     for minute_rows in _rows_by_minute(observations.minute_ns):
         tracker.observe_minute(observations, minute_rows)
     return tracker.close_hour(hour_end_ns)
+
+
+def _saves(flow_minutes: pa.Table, vocabulary: _HostVocabulary) -> np.ndarray:
+    """(host code, first start, last end) of each minute's checkpoint writes (SAVE_BYTES or more
+    from a GPU NIC to an address that is no GPU), by first start; shape (n, 3)."""
+    src, dst = flow_minutes["src_addr"], flow_minutes["dst_addr"]
+    topology = vocabulary.topology
+    writes = flow_minutes.filter(pa.array(
+        topology.is_gpu_nic(src) & ~topology.is_gpu_nic(dst)
+        & (flow_minutes["bytes"].to_numpy(zero_copy_only=False) >= SAVE_BYTES)))
+    if writes.num_rows == 0:
+        return np.zeros((0, 3), np.int64)
+    saves = np.stack([vocabulary.encode(vocabulary.host_of(writes["src_addr"].combine_chunks())),
+                      writes["first_start_ns"].to_numpy(), writes["last_end_ns"].to_numpy()], axis=1)
+    return saves[np.argsort(saves[:, 1], kind="stable")]
 
 
 class _HostVocabulary:
@@ -525,9 +545,11 @@ class _Tracker:
     """Links each minute's observed jobs to tracks; collects membership and events. Jobs own
     whole hosts, so every host has at most one owning track, which makes overlaps a bincount."""
 
-    def __init__(self, tracks: list[_Track], vocabulary: _HostVocabulary):
+    def __init__(self, tracks: list[_Track], vocabulary: _HostVocabulary, saves: np.ndarray):
         self.tracks = tracks
         self.vocabulary = vocabulary
+        self.saves = saves  # see `_saves`; applied up to each minute observed
+        self.saves_applied = 0
         self.owner = np.full(len(vocabulary.names), -1, np.int64)
         for index, track in enumerate(tracks):
             self.owner[track.hosts] = index
@@ -538,6 +560,7 @@ class _Tracker:
     def observe_minute(self, obs: _Observations, rows: np.ndarray) -> None:
         if len(self.owner) < len(self.vocabulary.names):
             self.owner = np.r_[self.owner, np.full(len(self.vocabulary.names) - len(self.owner), -1)]
+        self._keep_saving_jobs(int(obs.minute_ns[rows[0]]))
         # last traffic of every track before this minute (tracks started in it: their own)
         self.last_end = np.array([t.last_end_ns for t in self.tracks], np.int64)
         claimed: dict[int, list[int]] = {}  # track -> observations it absorbs this minute
@@ -564,6 +587,18 @@ class _Tracker:
             seen = np.unique(np.concatenate([obs.hosts(k)[self.owner[obs.hosts(k)] == index] for k in ks]))
             if len(seen):
                 self._advance(index, seen, obs, np.array(ks))
+
+    def _keep_saving_jobs(self, minute_ns: int) -> None:
+        """A job that writes a checkpoint from its hosts is busy until the save ends: its last
+        traffic moves to the end of each save begun by the end of minute `minute_ns` while the job
+        was running (a host's writes long after its job stopped are another's), so that traffic
+        after the save does not read as a restart."""
+        upto = int(np.searchsorted(self.saves[:, 1], minute_ns + MINUTE_NS, side="left"))
+        for host, first_ns, last_ns in self.saves[self.saves_applied:upto].tolist():
+            index = int(self.owner[host]) if host < len(self.owner) else -1
+            if index >= 0 and first_ns - self.tracks[index].last_end_ns < RESTART_GAP_NS:
+                self.tracks[index].last_end_ns = max(self.tracks[index].last_end_ns, last_ns)
+        self.saves_applied = max(self.saves_applied, upto)
 
     def _best_owner(self, hosts: np.ndarray) -> tuple[int | None, int]:
         """The track owning most of `hosts` (the earlier on ties) and how many it owns."""

@@ -204,6 +204,24 @@ def test_restart_on_the_same_hosts_keeps_the_id():
     assert json.loads(restart[0]["detail"])["gap_s"] == pytest.approx(5 * 60 + 2)
 
 
+def test_a_checkpoint_save_longer_than_a_restart_gap_is_no_restart():
+    """A large model's save keeps its GPUs quiet to each other for over a minute while they write
+    to storage: the job is busy, and its traffic after the save does not restart it."""
+    topology = inventory(2)
+    minutes = [m for m in range(10) if m not in (4, 5)]  # two minutes of saving
+    rows = ring([0, 1], minutes, 4 << 20, first_s=1, last_s=59)
+    for minute in (3, 4, 5):  # the save begins after the sync that ends minute 3
+        at = HOUR0 + minute * MINUTE_NS
+        first = at + (59 if minute == 3 else 0) * SECOND
+        rows += [pair_row(at, f"10.0.{h}.0", "10.200.0.1", 1 << 30, 4, first, at + 60 * SECOND - 1) for h in (0, 1)]
+    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    (job,) = job_rows(found).values()
+    assert job["restarts"] == 0
+    # without the writes, the same silence is a stop and the traffic after it a restart
+    quiet = jobs.recognize_hour(table([r for r in rows if r["dst_addr"] != "10.200.0.1"]), topology, None, HOUR0)
+    assert [j["restarts"] for j in job_rows(quiet).values()] == [1]
+
+
 def test_restart_with_a_replaced_host():
     topology = inventory(4)
     rows = ring([0, 1, 2], range(20), 4 << 20) + ring([0, 1, 3], range(24, 60), 4 << 20)
