@@ -11,10 +11,12 @@ per-minute stages. Figures go to benchmarks/results/fleet.json.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,25 +32,21 @@ RESULTS = HERE / "results" / "fleet.json"
 def scenario(seed: int, name: str = "fleet") -> Path:
     """The cached scenario, generated again when the simulator's code changed since (its
     fingerprint is kept beside the data)."""
-    import shutil
-
     from prism_core.simulate import write_scenario
 
     out = CACHE / f"{name}-{seed}"
-    stamp = out / "simulator.sha256"
-    if not (out / "truth" / "noise.json").exists() or not stamp.exists() or stamp.read_text() != _simulator_sha():
+    stamp, simulator = out / "simulator.sha256", _simulator_sha()
+    if not (out / "truth" / "noise.json").exists() or not stamp.exists() or stamp.read_text() != simulator:
         shutil.rmtree(out, ignore_errors=True)
         started = time.perf_counter()
         summary = write_scenario(name, out, seed)
-        stamp.write_text(_simulator_sha())
+        stamp.write_text(simulator)
         print(f"generated {name} seed {seed}: {summary.records:,} records, {summary.bytes_written / 1e6:.0f} MB "
               f"in {time.perf_counter() - started:.0f} s", flush=True)
     return out
 
 
 def _simulator_sha() -> str:
-    import hashlib
-
     import prism_core.simulate
 
     digest = hashlib.sha256()

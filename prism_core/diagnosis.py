@@ -51,6 +51,7 @@ import hashlib
 import json
 import warnings
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -382,7 +383,7 @@ class _Run:
         # a checkpoint step is long; a large write alone may be a copy to another job
         long = (job.duration > 1.5 * np.median(job.duration)) & ~self.warmup
         # a copy to another job's GPUs is no checkpoint, even when it falls in a long step
-        stored = ~np.isin(job.write_dst, self.other_jobs_addrs())
+        stored = self.to_storage
         to_storage, stored_until = job.write_start[stored], job.write_end[stored]
         writes = np.searchsorted(job.step_start, to_storage, side="right") - 1
         inside = (writes >= 0) & (to_storage < job.step_end[np.maximum(writes, 0)])
@@ -410,13 +411,15 @@ class _Run:
             state.checkpoint_bytes = int(job.write_bytes[stored][inside][last_save].sum())
             state.checkpoint_writers = len(np.unique(job.write_src[stored][inside][last_save]))
 
-    def other_jobs_addrs(self) -> np.ndarray:
-        """Addresses of the hour's other jobs (none when the membership is not known)."""
+    @cached_property
+    def to_storage(self) -> np.ndarray:
+        """Per large write out of the job: is it to storage, not to another job's GPUs (a copy to
+        another job of the hour is no save; all are, when the membership is not known)?"""
         members = self.membership
         if members is None or not members.num_rows:
-            return np.zeros(0, str)
+            return np.ones(len(self.job.write_dst), bool)
         others = members.filter(pc.not_equal(members["job_id"], self.job_id))["addr"]
-        return others.to_numpy(zero_copy_only=False).astype(str)
+        return ~np.isin(self.job.write_dst, others.to_numpy(zero_copy_only=False).astype(str))
 
     def find_restarts(self) -> list[int]:
         """Indices of the steps that resume the job after a restart; marks warm-up steps."""
@@ -538,7 +541,7 @@ class _Run:
         flow_addr = np.concatenate([job.src[sel], job.dst[sel]])
         flow_peer = np.concatenate([job.dst[sel], job.src[sel]])
         flow_step, ratio = np.concatenate([step, step]), np.concatenate([ratio, ratio])
-        key = flow_step * n + flow_addr
+        key = _key(flow_step, flow_addr)
         capacity = _group_reduce(key, ratio, np.maximum)
         one_peer = _group_reduce(key, flow_peer, np.minimum) == _group_reduce(key, flow_peer, np.maximum)
         sole_peer = np.where(one_peer, flow_peer, -1)
@@ -1201,7 +1204,7 @@ class _Run:
         # divided from the next yet) completed that step's work: the unfinished step began when
         # the save's last write to storage ended.
         saved = (job.write_start >= unfinished_start) & (job.write_end < min(before, stopped)) & bool(len(complete))
-        saved &= ~np.isin(job.write_dst, self.other_jobs_addrs())
+        saved &= self.to_storage
         save_end = float(job.write_end[saved].max()) if saved.any() else None
         unfinished_start = save_end if save_end is not None else unfinished_start
         mid_step = bool((job.start[seen] > unfinished_start).any())

@@ -237,6 +237,10 @@ class _Traffic:
                    bulk_writes=write_start[by_start].astype(np.int64), bulk_write_ends=write_end[by_start].astype(np.int64),
                    host_of=host_of)
 
+    def pair_ends(self) -> list[list[str]]:
+        """[src, dst] of each pair."""
+        return [name.split(">", 1) for name in self.pairs]
+
     def carry(self, from_ns: int) -> dict | None:
         """The flows (and bulk writes) from `from_ns` on, compactly, for the next hour."""
         rows = np.flatnonzero(self.start >= from_ns)
@@ -247,12 +251,13 @@ class _Traffic:
         values = {name: getattr(self, name)[rows] for name in self.COLUMNS}
         values["pair"], values["exporter"] = pair, exporter
         packed = np.stack([values[name] for name in self.COLUMNS]).astype("<i8")
+        later_writes = self.bulk_writes >= from_ns
         return {
             "flows": base64.b64encode(zlib.compress(packed.tobytes(), 6)).decode("ascii"),
             "pairs": [self.pairs[i] for i in pair_used],
             "exporters": [self.exporters[i] for i in exporter_used],
-            "bulk_writes": self.bulk_writes[self.bulk_writes >= from_ns].tolist(),
-            "bulk_write_ends": self.bulk_write_ends[self.bulk_writes >= from_ns].tolist(),
+            "bulk_writes": self.bulk_writes[later_writes].tolist(),
+            "bulk_write_ends": self.bulk_write_ends[later_writes].tolist(),
         }
 
     def cluster_start(self, rows: np.ndarray) -> int:
@@ -398,8 +403,7 @@ def _min_steps(traffic: _Traffic, hour_end_ns: int) -> int:
     return MIN_STEPS_WHOLE if hour_end_ns - last > last - int(traffic.start.min()) else MIN_STEPS
 
 
-def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | None,
-                 min_steps: int = MIN_STEPS) -> _Phases:
+def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | None, min_steps: int) -> _Phases:
     """The job's sync phases (see the module doc) and what follows each; `gap_threshold_ns` is
     the previous hours' boundary gap, kept while too few steps are in view to find it again."""
     has_dp = bool(np.any(traffic.kind == DP))
@@ -476,8 +480,10 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
             if sends is not None:
                 first_send_ns[p], forward_ns[p] = sends
         saved_until = next_ns[p] if len(window) else until
-        saving = (traffic.bulk_writes > close[p]) & (traffic.bulk_writes < saved_until)
-        bulk_write[p] = np.any(saving)
+        # the writes after the phase and before the next traffic (bulk writes are sorted by start)
+        saving = slice(np.searchsorted(traffic.bulk_writes, close[p], side="right"),
+                       np.searchsorted(traffic.bulk_writes, saved_until, side="left"))
+        bulk_write[p] = saving.stop > saving.start
         written_until_ns[p] = traffic.bulk_write_ends[saving].max(initial=-1)
     return _Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes),
                    np.array([len(rows) for rows in flows], float), np.array(after_optimizer, bool),
@@ -500,7 +506,7 @@ def _pipeline_turns(traffic: _Traffic, rows: np.ndarray, burst: np.ndarray) -> n
     own (the first stage's, when there are no more micro-batches than stages) is timed against the
     exchanges of every link. Every gap when no lone sends show a direction."""
     n_gaps = int(burst[-1]) if len(burst) else 0
-    hosts = [[traffic.host_of.get(addr, addr) for addr in name.split(">", 1)] for name in traffic.pairs]
+    hosts = [[traffic.host_of.get(addr, addr) for addr in ends] for ends in traffic.pair_ends()]
     links = [f"{src}>{dst}" if src != dst else name for (src, dst), name in zip(hosts, traffic.pairs)]
     names, direction_of_pair = np.unique(np.array(links, dtype=object), return_inverse=True)
     index = {name: i for i, name in enumerate(names)}
@@ -709,7 +715,7 @@ class _Typical:
                 "gap_threshold_ns": gap_threshold_ns}
 
 
-def _typical(phases: _Phases, baseline: dict, min_steps: int = MIN_STEPS) -> _Typical:
+def _typical(phases: _Phases, baseline: dict, min_steps: int) -> _Typical:
     def median(values: np.ndarray, name: str) -> float | None:
         return float(np.median(values)) if len(values) >= min_steps else baseline.get(name)
 
@@ -926,7 +932,7 @@ def _hung_before_it_ended(phases: _Phases, p: int, boundary: np.ndarray, complet
     if len(done) < 2 or done[-1] != p:
         return False
     bounds = boundary[done]
-    ends = np.array([pair.split(">", 1) for pair in traffic.pairs]).reshape(-1, 2)
+    ends = np.array(traffic.pair_ends()).reshape(-1, 2)
     gpus, endpoint = np.unique(ends, return_inverse=True)
     sender, receiver = endpoint.reshape(ends.shape).T
     rows = np.arange(np.searchsorted(traffic.start, bounds[0]), lo)
@@ -1056,8 +1062,8 @@ def _opening_start(
     # the view opened during the save that ended the step before: this one starts the job's
     # usual tail after the save's last write
     first_traffic = traffic.start[before[0]] if len(before) else step_traffic_until
-    saved = traffic.bulk_writes < first_traffic
-    if typical.save_tail_ns is not None and np.any(saved):
+    saved = slice(0, np.searchsorted(traffic.bulk_writes, first_traffic, side="left"))
+    if typical.save_tail_ns is not None and saved.stop > 0:
         start = int(traffic.bulk_write_ends[saved].max() + typical.save_tail_ns)
         if start <= first_traffic and usual(start):
             return start
