@@ -933,8 +933,8 @@ class _Run:
         peer_seconds = _group_median(in_step[peers], t_seconds[peers])[first_of_key]
         at = np.clip(np.searchsorted(peer_keys, in_step), 0, len(peer_keys) - 1)
         same = peer_keys[at] == in_step
-        overall = np.array([np.median(t_seconds[peers & (size == k)]) if (peers & (size == k)).any() else np.nan
-                            for k in range(size.max() + 1)])
+        overall = np.full(size.max() + 1, np.nan)  # per size over all steps, where peers sent it
+        overall[size[peers]] = _group_median(size[peers], t_seconds[peers])
         usual_seconds = np.where(same, peer_seconds[at], overall[size])
         usual_seconds = np.where(slowed, usual_seconds, t_seconds)
         keep &= np.isfinite(usual_seconds)
