@@ -38,3 +38,29 @@ def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
     order = stable_order(keys)
     distinct, starts = np.unique(keys[order], return_index=True)
     return zip(distinct.tolist(), np.split(order, starts[1:]))
+
+
+def time_segments(
+    key: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Split each key's [start, end] intervals into segments of overlapping intervals, bridging
+    pauses up to `gap`. Returns the segment of every interval, and the key, first start and last
+    end of every segment; segments are numbered in (key, first start) order."""
+    order = np.lexsort((start, key))
+    key_sorted, start, end = key[order], start[order], end[order]
+    # Running max of ends within each key: offset every key by more than the widest time span.
+    base = start.min()
+    width = int(max(end.max(), start.max()) - base) + gap + 1
+    dense_key = np.r_[0, np.cumsum(key_sorted[1:] != key_sorted[:-1])]
+    if (int(dense_key[-1]) + 1) * width >= np.iinfo(np.int64).max:
+        raise OverflowError(f"too many keys ({int(dense_key[-1]) + 1}) for intervals this long to segment")
+    offset = dense_key.astype(np.int64) * width
+    reach = np.maximum.accumulate(offset + (end - base))
+    opens = np.r_[True, (dense_key[1:] != dense_key[:-1]) | (offset[1:] + start[1:] - base > reach[:-1] + gap)]
+    segment_sorted = np.cumsum(opens) - 1
+    segment = np.empty_like(segment_sorted)
+    segment[order] = segment_sorted
+    first_of_segment = np.flatnonzero(opens)
+    last_of_segment = np.r_[first_of_segment[1:] - 1, len(opens) - 1]
+    last_end = reach[last_of_segment] - offset[last_of_segment] + base
+    return segment, key_sorted[opens], start[first_of_segment], last_end

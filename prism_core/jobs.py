@@ -17,9 +17,11 @@ flow sizes it uses (its signature: activation and bucket sizes) are the same. A 
 another just left has other sizes and gets a new id. Ids are deterministic (first minute + hosts),
 so re-running an hour from the same previous state gives the same ids.
 
-A job that ends and another that starts on its hosts seconds later can share a pair's
-flow_minutes row (one row spans both, so no pause separates them): that minute is split when the
-new job takes the hosts. Where each job also used host pairs the other did not, those tell the
+A job that ends and another that starts on its hosts seconds later in the same minute stay apart
+when they are silent in between: their pair rows split there (see `prism_core.minutes`), their
+parts only join while they talk at the same time, and traffic after a silence is judged by its
+sizes even on a job minutes old. Without such a silence they can share a pair's flow_minutes row
+(one row spans both): that minute is split when the new job takes the hosts. Where each job also used host pairs the other did not, those tell the
 times: the new job begins with its first row on a pair of its own and the old one holds the hosts
 until then (its last rows on shared pairs may carry a size both use, an all-to-all's family).
 Otherwise the old job keeps its traffic up to the last row of its own flow sizes, and the new job
@@ -42,7 +44,8 @@ import pyarrow.compute as pc
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from prism_core.minutes import HOUR_NS, MINUTE_NS
+from prism_core.arrays import time_segments
+from prism_core.minutes import HOUR_NS, MINUTE_NS, PAIR_PAUSE_NS
 from prism_core.schema import JOBS, TS, conform
 from prism_core.topology import Topology
 
@@ -50,8 +53,9 @@ from prism_core.topology import Topology
 # (one component per rail over the same hosts).
 DEFAULT_JACCARD = 0.5
 # Pauses up to this long inside one NIC's traffic of a minute are bridged; longer ones separate
-# a job that stopped from one that started on the same hosts within the minute.
-SEGMENT_GAP_NS = 2_000_000_000
+# a job that stopped from one that started on the same hosts within the minute (as they separate
+# the flow_minutes rows of a pair whose flow sizes change across one).
+SEGMENT_GAP_NS = PAIR_PAUSE_NS
 # An edge is job traffic when some flow size repeats on it within the minute: activations and
 # gradient buckets repeat every micro-batch and step, one-off background transfers do not.
 MIN_REPEATED_FLOWS = 2
@@ -271,7 +275,8 @@ def _observe(
 ) -> _Observations:
     """Per minute: connected components of the job-traffic graph, then components whose host sets
     have Jaccard >= `jaccard` merged into one job. All minutes are solved in one graph whose nodes
-    are an address's traffic in one minute (split where it pauses, see `_time_segments`), so no
+    are an address's traffic in one minute (split where it pauses for over SEGMENT_GAP_NS, so that
+    a job that stops and another that starts on the same NIC within one minute stay apart), so no
     component or merge crosses a minute."""
     edges, loose = _job_edges(flow_minutes.append_column("_minute_ns", pa.array(minute_ns)), vocabulary.topology)
     if edges.num_rows == 0:
@@ -287,7 +292,7 @@ def _observe(
     edge_minutes, edge_minute_pos = np.unique(edges["_minute_ns"].to_numpy(), return_inverse=True)
     ends_key = np.tile(edge_minute_pos, 2) * n_addrs + addr_code  # (minute, address) of both ends
     span = (np.tile(edges["first_start_ns"].to_numpy(), 2), np.tile(edges["last_end_ns"].to_numpy(), 2))
-    node_of_end, node_key, node_first_ns, node_last_ns = _time_segments(ends_key, *span)
+    node_of_end, node_key, node_first_ns, node_last_ns = time_segments(ends_key, *span, SEGMENT_GAP_NS)
     src_node, dst_node = node_of_end[:n_edges], node_of_end[n_edges:]
     n_nodes = len(node_key)
     graph = sp.coo_matrix((np.ones(n_edges, np.int8), (src_node, dst_node)), shape=(n_nodes, n_nodes))
@@ -298,17 +303,21 @@ def _observe(
     node_addr = node_key % n_addrs
     n_hosts = len(vocabulary.names)
     node_host_key = node_minute_pos * n_hosts + host_of_addr[node_addr]
-    job = _merge_by_jaccard(component, node_host_key, jaccard)
+    job = _merge_by_jaccard(component, node_host_key, node_first_ns, node_last_ns, jaccard)
     job = _merge_concurrent_parts(job, node_host_key, node_first_ns, node_last_ns)
 
-    # Order jobs by (minute, smallest host name) so tracking sees them deterministically.
+    # Order jobs by (minute, first traffic, smallest host name) so tracking sees them
+    # deterministically, and in the minute where a job stops and another takes its hosts, first
+    # the one that stopped.
     job_minute = np.zeros(job.max() + 1, np.int64)
     job_minute[job] = node_minute_pos
     job_host_pairs = np.unique(np.stack([job, host_of_addr[node_addr]], axis=1), axis=0)
     host_rank = np.argsort(np.argsort(np.array(vocabulary.names, dtype=object)))
     smallest_host = np.full(len(job_minute), np.iinfo(np.int64).max)
     np.minimum.at(smallest_host, job_host_pairs[:, 0], host_rank[job_host_pairs[:, 1]])
-    order = np.lexsort((smallest_host, job_minute))
+    job_first_ns = np.full(len(job_minute), np.iinfo(np.int64).max)
+    np.minimum.at(job_first_ns, job, node_first_ns)
+    order = np.lexsort((smallest_host, job_first_ns, job_minute))
     renumber = np.empty_like(order)
     renumber[order] = np.arange(len(order))
     job = renumber[job]
@@ -351,33 +360,6 @@ def _observe(
     )
 
 
-def _time_segments(
-    key: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Split each key's (an address in a minute) pair activity into segments of overlapping
-    [start, end] intervals, bridging pauses up to SEGMENT_GAP_NS. A job that stops and another that
-    starts on the same NIC within one minute then stay apart. Returns the segment of every
-    interval, and the key, first start and last end of every segment."""
-    order = np.lexsort((start_ns, key))
-    key_sorted, start, end = key[order], start_ns[order], end_ns[order]
-    # Running max of ends within each key: offset every key by more than the widest time span.
-    base = start.min()
-    width = int(max(end.max(), start.max()) - base) + SEGMENT_GAP_NS + 1
-    _, dense_key = np.unique(key_sorted, return_inverse=True)
-    if (int(dense_key.max()) + 1) * width >= np.iinfo(np.int64).max:
-        raise OverflowError("too many (minute, address) keys for one hour of flow_minutes")
-    offset = dense_key.astype(np.int64) * width
-    reach = np.maximum.accumulate(offset + (end - base))
-    opens = np.r_[True, (key_sorted[1:] != key_sorted[:-1]) | (offset[1:] + start[1:] - base > reach[:-1] + SEGMENT_GAP_NS)]
-    segment_sorted = np.cumsum(opens) - 1
-    segment = np.empty_like(segment_sorted)
-    segment[order] = segment_sorted
-    first_of_segment = np.flatnonzero(opens)
-    last_of_segment = np.r_[first_of_segment[1:] - 1, len(opens) - 1]
-    last_end = reach[last_of_segment] - offset[last_of_segment] + base
-    return segment, key_sorted[opens], start[first_of_segment], last_end
-
-
 def _rows_within_jobs(
     rows: pa.Table,
     addrs: pa.Array,
@@ -390,7 +372,7 @@ def _rows_within_jobs(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(job, first start, last end) for each end of the `rows` (GPU-to-GPU traffic without a
     repeated size) that lies within one stretch of a job's traffic on that NIC in that minute
-    (bridging pauses up to SEGMENT_GAP_NS, as `_time_segments` does, and touching no other
+    (bridging pauses up to SEGMENT_GAP_NS, as the nodes do, and touching no other
     stretch): a NIC serves one job at a time. Such rows cannot tell a job or join its parts, but
     are its traffic: a gradient sync with one bucket per pair sends one flow per pair in the
     minute of a job's last step, after its last repeated activation sends, and the job's
@@ -429,8 +411,12 @@ def _rows_within_jobs(
     return node_job[node[inside]], np.tile(first, 2)[inside], np.tile(last, 2)[inside]
 
 
-def _merge_by_jaccard(component: np.ndarray, node_host_key: np.ndarray, jaccard: float) -> np.ndarray:
-    """Job label of each node: components joined when their host sets have Jaccard >= `jaccard`."""
+def _merge_by_jaccard(
+    component: np.ndarray, node_host_key: np.ndarray, node_first_ns: np.ndarray, node_last_ns: np.ndarray, jaccard: float
+) -> np.ndarray:
+    """Job label of each node: components joined when their host sets have Jaccard >= `jaccard`
+    and they talk at the same time (bridging pauses up to SEGMENT_GAP_NS): a job's rails run side
+    by side, a job and the next one on its hosts one after the other."""
     comp_keys = np.unique(np.stack([component, node_host_key], axis=1), axis=0)
     _, key_col = np.unique(comp_keys[:, 1], return_inverse=True)
     n_comp = component.max() + 1
@@ -441,7 +427,14 @@ def _merge_by_jaccard(component: np.ndarray, node_host_key: np.ndarray, jaccard:
     sizes = np.asarray(incidence.sum(axis=1)).ravel()
     shared = (incidence @ incidence.T).tocoo()
     union = sizes[shared.row] + sizes[shared.col] - shared.data
-    similar = shared.data >= jaccard * union
+    first_ns = np.full(n_comp, np.iinfo(np.int64).max)
+    last_ns = np.full(n_comp, np.iinfo(np.int64).min)
+    np.minimum.at(first_ns, component, node_first_ns)
+    np.maximum.at(last_ns, component, node_last_ns)
+    together = (first_ns[shared.row] <= last_ns[shared.col] + SEGMENT_GAP_NS) & (
+        first_ns[shared.col] <= last_ns[shared.row] + SEGMENT_GAP_NS
+    )
+    similar = (shared.data >= jaccard * union) & together
     merge = sp.coo_matrix(
         (np.ones(similar.sum(), np.int8), (shared.row[similar], shared.col[similar])), shape=(n_comp, n_comp)
     )
@@ -584,9 +577,14 @@ class _Tracker:
                 index = self.tracks[index].merged_into
             by_survivor.setdefault(index, []).extend(ks)
         for index, ks in by_survivor.items():
-            seen = np.unique(np.concatenate([obs.hosts(k)[self.owner[obs.hosts(k)] == index] for k in ks]))
+            talked = np.unique(np.concatenate([obs.hosts(k) for k in ks]))
+            seen = talked[self.owner[talked] == index]
             if len(seen):
                 self._advance(index, seen, obs, np.array(ks))
+            else:  # a job later this minute took every host it talked on: it stopped in the minute
+                stopped_on = np.intersect1d(talked, self.tracks[index].hosts)
+                if len(stopped_on):
+                    self._advance(index, stopped_on, obs, np.array(ks), superseded=True)
 
     def _keep_saving_jobs(self, minute_ns: int) -> None:
         """A job that writes a checkpoint from its hosts is busy until the save ends: its last
@@ -698,9 +696,12 @@ class _Tracker:
         gap = int(obs.first_ns[k]) - int(self.last_end[best])
         unchanged = gap < RESUME_CHECK_NS and shared == len(hosts) == len(track.hosts)
         # A job minutes old may not have shown all its flow sizes yet (no DP sync in its parts), but
-        # its parts join into more hosts: traffic on only some of the hosts it already showed is
-        # judged by its sizes (a new job on hosts a short job left).
-        part_of_young = self._young(best, obs, k) and not (shared == len(hosts) < len(track.hosts))
+        # its parts join into more hosts while it talks: traffic on only some of the hosts it
+        # already showed, or after a silence, is judged by its sizes (a new job on hosts a short
+        # job left).
+        part_of_young = (
+            self._young(best, obs, k) and gap < RESUME_CHECK_NS and not (shared == len(hosts) < len(track.hosts))
+        )
         if not (unchanged or part_of_young) and _signature_share(*obs.signature(k), track) < SIGNATURE_MATCH:
             self._supersede(best, hosts)
             return None
@@ -765,10 +766,14 @@ class _Tracker:
         self.tracks[index].status = "ended"
         self.owner[hosts[self.owner[hosts] == index]] = -1
 
-    def _advance(self, index: int, seen: np.ndarray, obs: _Observations, ks: np.ndarray) -> None:
+    def _advance(
+        self, index: int, seen: np.ndarray, obs: _Observations, ks: np.ndarray, superseded: bool = False
+    ) -> None:
+        """Track `index` talked on hosts `seen` in observations `ks` of this minute; `superseded`:
+        before another job took them, so it keeps its hosts and its stop."""
         track = self.tracks[index]
         added = np.setdiff1d(seen, track.hosts)
-        if len(added):
+        if len(added) and not superseded:
             # New hosts: the ones not heard from this minute were replaced (or the job grew).
             removed = np.setdiff1d(track.hosts, seen)
             if len(removed):
@@ -778,7 +783,7 @@ class _Tracker:
             track.hosts = seen
         first_ns, last_ns = int(obs.first_ns[ks].min()), int(obs.last_ns[ks].max())
         track.last_end_ns = max(track.last_end_ns, last_ns)
-        track.status = "running"
+        track.status = "ended" if superseded else "running"
         track.seen_this_hour = True
         seen_sizes = np.concatenate([obs.signature(k)[0] for k in ks.tolist()])
         sizes = np.concatenate([track.sizes, seen_sizes])
@@ -790,7 +795,7 @@ class _Tracker:
         keep = np.argsort(-totals, kind="stable")[:SIGNATURE_SIZES]
         track.sizes, track.size_flows, track.size_minutes = distinct[keep], totals[keep], minutes[keep]
         track.last_observations, track.last_presence = ks, len(self.presence)
-        self.presence.append((index, first_ns, last_ns, track.hosts))
+        self.presence.append((index, first_ns, last_ns, seen if superseded else track.hosts))
 
     def close_hour(self, hour_end_ns: int) -> Recognition:
         job_rows = []

@@ -665,3 +665,30 @@ def test_core_does_not_import_beam_or_dagster():
 
     source = open(ingest.__file__).read()
     assert "apache_beam" not in source and "dagster" not in source
+
+
+def test_a_pair_changing_its_flow_sizes_across_a_silence_is_a_row_per_side():
+    """One job handing its hosts to the next within a minute: the pair's row splits where its
+    sizes change across a silence, so no row spans both jobs. A pause with the same sizes after
+    it (a job's own checkpoint save) and one-off sizes (management traffic) keep one row."""
+    second = 1_000_000_000
+
+    def flow(src, at_s, size):
+        start = T0 + int(at_s * second)
+        return record(src_addr=src, time_flow_start_ns=start, time_flow_end_ns=start + 1_000_000, bytes=size)
+
+    handover = [flow("10.1.0.1", t, 4096) for t in range(1, 11)] + [flow("10.1.0.1", t, 8192) for t in range(20, 51)]
+    handover.append(flow("10.1.0.1", 30.5, 777))  # a one-off size rides with the side it falls in
+    save_pause = [flow("10.1.0.2", t, 4096) for t in (*range(1, 11), *range(40, 51))]
+    management = [flow("10.1.0.3", t, 100 + t) for t in (1, 2, 30, 31)]
+    aggregates = minute_aggregates(flows_table(handover + save_pause + management))
+
+    rows = {}
+    for row in aggregates.to_pylist():
+        rows.setdefault(row["src_addr"], []).append(row)
+    sides = [(r["top_size"], r["flows"], r["distinct_sizes"], (r["first_start_ns"] - T0) // second, (r["last_end_ns"] - T0) // second)
+             for r in rows["10.1.0.1"]]
+    assert sides == [(4096, 10, 1, 1, 10), (8192, 32, 2, 20, 50)]
+    assert [r["flows"] for r in rows["10.1.0.2"]] == [21]
+    assert [r["flows"] for r in rows["10.1.0.3"]] == [4]
+    assert pa.compute.sum(aggregates["flows"]).as_py() == len(handover + save_pause + management)

@@ -14,8 +14,8 @@ from prism_core import jobs
 from prism_core.analysis import split_flows_by_job
 from prism_core.evaluate import jobs as job_scores
 from prism_core.ingest import dedupe, parse_flow_file
-from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
-from prism_core.schema import FLOW_MINUTES, TS, conform
+from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates, minute_of
+from prism_core.schema import FLOW_MINUTES, FLOWS, TS, conform
 from prism_core.topology import Topology
 
 HOUR0 = 1_795_334_400 * 10**9  # 2026-11-22 00:00 UTC
@@ -343,6 +343,39 @@ def test_a_job_taking_hosts_where_both_jobs_share_a_size_starts_with_its_own_pai
     spans = {(r["job_id"], r["host"]): (r["first_ns"], r["last_ns"]) for r in found.membership.to_pylist()}
     assert spans[old_id, "host00"][1] == at + 14 * SECOND - 1  # the old job holds it until then
     assert spans[old_id, "host05"][1] == at + 7 * SECOND
+
+
+def ring_flows(hosts, from_s, to_s, sizes) -> list[dict]:
+    """Flows of a ring over `hosts` on every rail: one of each size per pair every 2 s from
+    `from_s` to `to_s` (seconds into the hour), each lasting 1 ms."""
+    return [{"time_flow_start_ns": HOUR0 + at * SECOND, "time_flow_end_ns": HOUR0 + at * SECOND + 10**6,
+             "src_addr": f"10.0.{a}.{rail}", "dst_addr": f"10.0.{b}.{rail}", "bytes": size, "sampler_address": "10.9.0.1"}
+            for at in range(from_s, to_s + 1, 2) for rail in range(8)
+            for a, b in zip(hosts, hosts[1:] + hosts[:1]) for size in sizes]
+
+
+@pytest.mark.parametrize(
+    ("old_end_s", "new_start_s"),
+    [(146, 152), (20 * 60 + 16, 20 * 60 + 28)],
+    ids=["a-young-job-hands-over", "a-job-hands-over-within-a-minute"],
+)
+def test_a_job_with_other_sizes_on_the_hosts_a_job_left_seconds_before_in_the_minute(old_end_s, new_start_s):
+    """The two jobs talk on the same NIC pairs within one minute: the pair rows split at the
+    silence between them, so neither job's traffic is read as the other's, even when the old job
+    is minutes old (its sizes may not all be known) or its traffic reaches into the new one's minute."""
+    rows = ring_flows([0, 1], 0, old_end_s, OLD_SIZES) + ring_flows([0, 1], new_start_s, 40 * 60, NEW_SIZES)
+    raw = pa.Table.from_pylist(rows)
+    flows = conform(raw.append_column("minute", minute_of(raw["time_flow_start_ns"])), FLOWS)
+    found = jobs.recognize_hour(minute_aggregates(flows), inventory(2), None, HOUR0)
+
+    assert found.jobs.num_rows == 2
+    first_seen = found.jobs["first_seen"].cast(pa.int64()).to_pylist()
+    old_id, new_id = (found.jobs["job_id"][i].as_py() for i in np.argsort(first_seen))
+    last_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["last_seen"].cast(pa.int64()).to_pylist()))
+    assert last_seen[old_id] == HOUR0 + old_end_s * SECOND + 10**6
+    assert max(first_seen) == HOUR0 + new_start_s * SECOND
+    split = {job_id: set(part["bytes"].to_pylist()) for job_id, part in split_flows_by_job(flows, found.membership)}
+    assert split == {old_id: set(OLD_SIZES), new_id: set(NEW_SIZES)}
 
 
 def test_a_new_job_on_part_of_the_hosts_a_short_job_left_is_another_job():
