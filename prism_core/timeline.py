@@ -55,20 +55,25 @@ BOCD on regimes of step time.
 
 Hours. A step is emitted by the first run whose flows decide its end: usually the hour it ends
 in. A step whose sync ends in the last moments of an hour, before the next step's first traffic,
-is decided once the quiet after the sync outlasts the gaps inside a phase and no checkpoint save
-can follow it: the end is A then (the next step cannot start before its own traffic, after the
+is decided once the quiet after the sync outlasts the gaps inside a phase (or the sync ended with
+the all-gather of every stage's updated shards: the optimizer ran) and no checkpoint save can
+follow it: the end is A then (the next step cannot start before its own traffic, after the
 hour). A save may follow while the quiet is shorter than the job's saves took to start writing,
 or on the save cadence (every k steps) once three saves showed it. Otherwise, and for jobs
 without DP traffic, the next hour's run emits the step. The state carries the flows after the last emitted boundary, the step number,
 the attempt, restarts not yet behind a step and the job's usual timings, so a re-run with the
 same state gives the same steps. A phase short of its usual bytes (a hang or failure cut it) ends
-no step, nor does a checkpoint step after which the job fell silent while its peers began the next
+no step, nor does a phase after which the job fell silent with a pair short of the flows it
+carried in every recent step (a pipeline stage that hangs late in a step leaves only a send or
+two out), nor a checkpoint step after which the job fell silent while its peers began the next
 step without one GPU: that GPU more likely hung during the save than in the next step's first
 moments. After a restart the first step starts with the job's traffic after the downtime. The
 first phase of a job new to Prism closes a step only if the view holds the step's start: the job
-started in view (warm-up), start markers give the step a usual length, or the view opened during
+started in view (warm-up), start markers give the step a usual length, the view opened during
 the save before it (the step starts the job's usual tail after the save's last write, a tail
-learned like the save's length from three or more saves in view).
+learned like the save's length from three or more saves in view), or the step's sync is the job's
+first traffic in view and the usual lead before it (per ns of sync) puts the start in view, and
+after any save's writes, by more than the lead missed the hour's boundaries by.
 """
 
 from __future__ import annotations
@@ -146,7 +151,7 @@ def divide_steps(
     min_steps = _min_steps(traffic, hour_end_ns)
     phases = _sync_phases(traffic, hour_end_ns, state.baseline.get("gap_threshold_ns"), min_steps)
     typical = _typical(phases, state.baseline, min_steps)
-    rows = _steps(phases, typical, traffic, state, restarts, hour_end_ns)
+    rows = _steps(phases, typical, traffic, state, restarts, hour_start_ns, hour_end_ns)
 
     first_step = state.next_step
     state.next_step += len(rows)
@@ -437,13 +442,15 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
     flows, start_ns, close_ns, nbytes, after_optimizer = [], [], [], [], []
+    gathered_every_stage = False  # of the last phase: see below
     flow_rank = np.argsort(burst, kind="stable")  # signal rows grouped by burst
     burst_from = np.searchsorted(burst[flow_rank], np.arange(len(b_start) + 1))
     for lo, hi in zip(first, last):
         members = candidates[lo : hi + 1]
         rows = [signal[flow_rank[burst_from[b] : burst_from[b + 1]]] for b in members]
-        repeated, same_flows = _repeated_share(traffic, rows) if has_dp else (0.0, False)
-        if repeated >= REPEAT_SHARE and not (same_flows and abs(repeated - 1.0) <= SAME_SHAPE):
+        repeated, same_flows, every_pair = _repeated_share(traffic, rows) if has_dp else (0.0, False, False)
+        all_gather = same_flows and abs(repeated - 1.0) <= SAME_SHAPE
+        if repeated >= REPEAT_SHARE and not all_gather:
             # a different collective on the same pairs right after the optimizer: the next
             # step's ZeRO-3 parameter gather, its first traffic, not part of this sync
             members, rows, repeated = members[:-1], rows[:-1], 0.0
@@ -452,12 +459,14 @@ def _sync_phases(traffic: _Traffic, hour_end_ns: int, gap_threshold_ns: float | 
         close_ns.append(traffic.cluster_end(rows[-1]))
         nbytes.append(float(b_bytes[members].sum()))
         after_optimizer.append(repeated >= REPEAT_SHARE)
+        # every stage's updated shards gathered at once: the optimizer ran, the sync is over
+        gathered_every_stage = all_gather and every_pair
     n = len(first)
     inner_gap_ns = int(np.max(gaps[~between_phases], initial=MERGE_NS))
     close = np.array(close_ns, np.int64)
     closed = np.ones(n, bool)
     if n:
-        closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns
+        closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     next_ns = np.full(n, -1, np.int64)
     first_send_ns = np.full(n, -1, np.int64)
     forward_ns = np.full(n, -1, np.int64)
@@ -553,18 +562,21 @@ def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarra
     return np.array(joined, first.dtype)
 
 
-def _repeated_share(traffic: _Traffic, bursts: list[np.ndarray]) -> tuple[float, bool]:
+def _repeated_share(traffic: _Traffic, bursts: list[np.ndarray]) -> tuple[float, bool, bool]:
     """(bytes the phase's earlier bursts moved on the pairs of its last burst per byte of that
-    burst, whether they did so in as many flows). About (1, True) when the last burst repeats a
-    collective on the same pairs bucket for bucket (the all-gather of the updated shards after
-    the optimizer, ZeRO-1/2); near 0 when pipeline stages sync one after another on their own
-    pairs; a ZeRO-3 parameter gather moves the whole shard at once, in fewer flows."""
+    burst, whether they did so in as many flows, whether those were all of the earlier bytes).
+    About (1, True) when the last burst repeats a collective on the same pairs bucket for bucket
+    (the all-gather of the updated shards after the optimizer, ZeRO-1/2), and all of them when it
+    gathers every stage's shards at once; near 0 when pipeline stages sync one after another on
+    their own pairs; a ZeRO-3 parameter gather moves the whole shard at once, in fewer flows."""
     if len(bursts) < 2:
-        return 0.0, False
+        return 0.0, False, False
     last, earlier = bursts[-1], np.concatenate(bursts[:-1])
     repeated = np.isin(traffic.pair[earlier], traffic.pair[last])
-    share = traffic.nbytes[earlier][repeated].sum() / traffic.nbytes[last].sum()
-    return float(share), abs(repeated.sum() / len(last) - 1.0) <= SAME_SHAPE
+    repeated_bytes = traffic.nbytes[earlier][repeated].sum()
+    share = repeated_bytes / traffic.nbytes[last].sum()
+    every_pair = repeated_bytes >= (1.0 - SAME_SHAPE) * traffic.nbytes[earlier].sum()
+    return float(share), abs(repeated.sum() / len(last) - 1.0) <= SAME_SHAPE, bool(every_pair)
 
 
 def _bursts(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -840,7 +852,8 @@ def _boundaries(phases: _Phases, typical: _Typical) -> np.ndarray:
 
 
 def _steps(
-    phases: _Phases, typical: _Typical, traffic: _Traffic, state: _State, restarts: np.ndarray, hour_end_ns: int
+    phases: _Phases, typical: _Typical, traffic: _Traffic, state: _State, restarts: np.ndarray, hour_start_ns: int,
+    hour_end_ns: int,
 ) -> list[dict]:
     """Walk the phases in time order and emit the steps they close (none until the job's usual
     timings are known: too few steps in view so far, they wait in the carry); the state follows
@@ -870,7 +883,7 @@ def _steps(
         decided = over and (followed or quiet >= silence or unsaved)
         if not decided or boundary[p] >= hour_end_ns:
             break
-        if not _ends_step(phases, p, typical, restarts, complete[p]) or (
+        if not _ends_step(phases, p, typical, restarts, complete, traffic) or (
                 end is not None and _hung_before_it_ended(phases, p, boundary, complete, traffic, typical, hour_end_ns)):
             if end is None and followed and usual_gap[p]:
                 # the view opened inside this phase's step; the next step follows as usual
@@ -883,7 +896,7 @@ def _steps(
             start = _attempt_start(phases, p, boundary, traffic, int(restarted[-1]), typical)
             state.checkpoint_steps = []  # a restarted job may save on another cadence
         elif end is None:
-            start = _opening_start(phases, p, boundary, complete, traffic, typical)
+            start = _opening_start(phases, p, boundary, complete, traffic, typical, hour_start_ns)
             if start is None:  # the view opened inside this step: its end is only a reference
                 end, close = int(boundary[p]), int(phases.close_ns[p])
                 continue
@@ -1002,30 +1015,61 @@ def _complete(phases: _Phases, phase_bytes: float, phase_flows: float) -> np.nda
     return (phases.nbytes >= COMPLETE_SHARE * phase_bytes) & (phases.nflows >= COMPLETE_SHARE * phase_flows)
 
 
-def _ends_step(phases: _Phases, p: int, typical: _Typical, restarts: np.ndarray, complete: bool) -> bool:
+def _pair_short(phases: _Phases, p: int, complete: np.ndarray, traffic: _Traffic) -> bool:
+    """Whether a pair that carried the same number of flows in each of the last complete phases
+    before p (MIN_STEPS_WHOLE of them at least, else nothing tells) carries fewer in phase p. A
+    step moves the same transfers over every pair each time (a pipeline step every
+    micro-batch's activations and gradients over every stage link), so a pair short of them
+    holds a step cut short, or one whose last transfers are still to come, however few are
+    missing; pairs whose counts vary (sampled exporters), or whose last transfer would come
+    after the phase's last one, tell nothing."""
+    before = np.flatnonzero(complete[:p])[-MIN_STEPS:]
+    if len(before) < MIN_STEPS_WHOLE:
+        return False
+    n_pairs = len(traffic.pairs)
+    usual = np.stack([np.bincount(traffic.pair[phases.flows[q]], minlength=n_pairs) for q in before])
+    # when each pair's last transfer comes, after the phase's start (the latest of those phases)
+    due = np.full((len(before), n_pairs), -1, np.int64)
+    for row, q in enumerate(before):
+        np.maximum.at(due[row], traffic.pair[phases.flows[q]], traffic.start[phases.flows[q]] - phases.start_ns[q])
+    # a view that ends early (a job whose hosts another took over) cuts the phase's tail, not
+    # transfers its peers outlived
+    seen = phases.start_ns[p] + due.max(axis=0) < phases.close_ns[p]
+    steady = np.all(usual == usual[0], axis=0) & (usual[0] > 0) & seen
+    counts = np.bincount(traffic.pair[phases.flows[p]], minlength=n_pairs)
+    return bool(np.any(counts[steady] < usual[0][steady]))
+
+
+def _ends_step(phases: _Phases, p: int, typical: _Typical, restarts: np.ndarray, complete: np.ndarray,
+               traffic: _Traffic) -> bool:
     """Whether phase p closes a step that finished. Followed by the next step's traffic: if it
     carries its usual bytes. Followed by silence or a failure, the step's end is unseen: it
-    finished if the phase carries all its bytes (a hung member sends no more), no checkpoint was
-    being saved (its end is unknown), and, before a restart, the failure more likely came during
-    the next step's compute than before this step's optimizer ended."""
-    if not complete:
+    finished if the phase carries all its bytes and no pair is short of its usual flows (a hung
+    member sends no more), no checkpoint was being saved (its end is unknown), and, before a
+    restart, the failure more likely came during the next step's compute than before this step's
+    optimizer ended."""
+    if not complete[p]:
         return False
     failed = np.any((restarts > phases.close_ns[p]) & (restarts <= phases.next_ns[p]))
     if phases.next_ns[p] >= 0 and not failed:
         return True
     if phases.bulk_write[p] or phases.nbytes[p] < LAST_COMPLETE_SHARE * typical.phase_bytes:
         return False
+    if _pair_short(phases, p, complete, traffic):
+        return False
     return not failed or (typical.lead_ns or 0.0) > typical.close_to_end()
 
 
 def _opening_start(
-    phases: _Phases, p: int, boundary: np.ndarray, complete: np.ndarray, traffic: _Traffic, typical: _Typical
+    phases: _Phases, p: int, boundary: np.ndarray, complete: np.ndarray, traffic: _Traffic, typical: _Typical,
+    view_from_ns: int,
 ) -> int | None:
-    """Start of the step closed by the first phase in view, if the view holds all of it: the job
-    started in view (warm-up: its next step runs markedly slower than usual, or its next steps
-    speed up step by step from somewhat slower; or its own first sends give it a warm-up length),
-    or the step's own start markers follow a quiet gap and give it a usual length. None if the
-    view opened inside the step."""
+    """Start of the step closed by the first phase in view, if the view (from `view_from_ns`)
+    holds all of it: the job started in view (warm-up: its next step runs markedly slower than
+    usual, or its next steps speed up step by step from somewhat slower; or its own first sends
+    give it a warm-up length), the step's own start markers follow a quiet gap and give it a
+    usual length, or, when its sync is the job's first traffic in view, the usual lead before
+    it does. None if the view opened inside the step."""
     later = np.flatnonzero(complete[p + 1 :])
     if not len(later) or not np.isfinite(typical.period_ns):
         return None
@@ -1067,7 +1111,31 @@ def _opening_start(
         start = int(traffic.bulk_write_ends[saved].max() + typical.save_tail_ns)
         if start <= first_traffic and usual(start):
             return start
+    if not len(before):
+        # the view opened in the compute before the sync: the step started the usual lead
+        # before it, if that lies in view by more than the lead misses by, and after the save
+        start = _start_by_lead(phases, p, boundary, typical, traffic.bulk_write_ends[saved].max(initial=view_from_ns))
+        if start is not None and usual(start):
+            return start
     return None
+
+
+def _start_by_lead(phases: _Phases, p: int, boundary: np.ndarray, typical: _Typical, not_before: int) -> int | None:
+    """Start of the step closed by phase p from its sync alone: the usual lead per ns of sync
+    before the sync (step jitter stretches compute and sync alike). None unless it is later than
+    `not_before` by more than the lead missed the boundaries of the hour's usual steps by, when
+    the sync is not a usual one (a straggler stretches it with waiting), or when too few steps
+    show the lead's accuracy."""
+    sync = phases.close_ns[p] - phases.start_ns[p]
+    usual_sync = np.abs(np.r_[sync, _next_sync(phases)] / (typical.sync_ns or np.inf) - 1.0) <= LONG_GAP_SHARE
+    if typical.lead_per_sync is None or not usual_sync[0]:
+        return None
+    timed = (phases.next_ns >= 0) & ~_long_gap(phases, typical) & usual_sync[1:]
+    if timed.sum() < MIN_STEPS_WHOLE:
+        return None
+    missed = np.abs(phases.next_ns - _lead(phases, typical) - boundary)[timed].max()
+    start = int(phases.start_ns[p] - typical.lead_per_sync * sync)
+    return start if start - missed >= not_before else None
 
 
 def _attempt_start(

@@ -282,6 +282,20 @@ def test_a_view_opening_during_a_save_starts_its_first_step_when_the_save_ends()
     assert abs(first_end - bounds[saved + 2]) < 0.01 * 10 * SECOND
 
 
+@pytest.mark.parametrize(("opens_s", "first_in_view"), [(-0.3, 5), (0.05, 6)])
+def test_a_view_opening_in_a_steps_compute_starts_it_the_usual_lead_before_its_sync(opens_s, first_in_view):
+    """Nothing marks a data-parallel step's start but the sync that ends the step before. When
+    the view opens after that sync, the usual lead of a step's start before its own sync dates the
+    first step, if that start lies in view by more than the lead misses the hour's boundaries by;
+    a view opening just after the start leaves the step out."""
+    flows, pairs, bounds = _data_parallel_job(steps=40, save_every=100)
+    cut = int(bounds[5] + opens_s * SECOND)
+    starts = flows["time_flow_start_ns"].to_numpy()
+    found = timeline.divide_steps("j", flows.filter(pa.array(starts >= cut)), pairs, None, cut, cut + HOUR_NS)
+    assert abs(_ns(found.steps["start"])[0] - bounds[first_in_view]) < 0.01 * 10 * SECOND
+    assert abs(_ns(found.steps["end"])[0] - bounds[first_in_view + 1]) < 0.01 * 10 * SECOND
+
+
 def test_a_short_job_that_ended_in_view_gets_its_steps_from_what_was_seen():
     """Timings are learned from eight steps or from the previous hours, but a job that ran six
     steps and fell silent for longer than it ran will show no more: its steps come from those."""
@@ -507,6 +521,18 @@ def _hung_replica(hung_after_ns: int, peers_until_ns: int, **pipeline) -> pa.Tab
                               twin.filter(pc.less(twin["time_flow_start_ns"], peers_until_ns))]).sort_by("time_flow_start_ns")
     pairs = pa.concat_tables([pairs, pa.table({"src_addr": ["c", "d"], "dst_addr": ["d", "c"], "kind": ["pp", "pp"]})])
     return timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS).steps
+
+
+def test_a_stage_that_hangs_before_its_last_send_leaves_its_step_unfinished():
+    """One stage of a replica hangs just before the step's last backward send, while the other
+    replica finishes the step; then the job falls silent. The step misses one flow of 64, too few
+    bytes to tell, but every stage link carried the same sends in every step before: one short
+    link is a step cut short."""
+    f = 60_000_000
+    pipeline = {"paces": [1.0] * 20}
+    _, _, first = _two_stage_pipeline(**pipeline)
+    steps = _hung_replica(hung_after_ns=int(first[11] + 47.5 * f), peers_until_ns=int(first[11] + 48.5 * f), **pipeline)
+    assert steps.num_rows == 11  # steps 0-10
 
 
 def test_a_gpu_that_hangs_while_saving_leaves_its_step_unfinished():
