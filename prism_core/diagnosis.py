@@ -58,6 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core import waste
+from prism_core.arrays import time_segments
 from prism_core.bocd import NormalGammaPrior, bocd
 from prism_core.schema import ISSUES, STEPS, conform
 
@@ -892,13 +893,8 @@ class _Run:
         idx, pair_step, size = idx[order], pair_step[order], size[order]
         start, end = job.start[idx], job.end[idx]
         first_of_pair = np.r_[True, pair_step[1:] != pair_step[:-1]]
-        shift = (np.cumsum(first_of_pair) - 1) * (float(end.max() - start.min()) + 1.0)
-        done = np.maximum.accumulate(end + shift)[:-1] + TRANSFER_GAP_S
-        after_previous = np.r_[False, start[1:] + shift[1:] > done]
-        heads = np.flatnonzero(first_of_pair | after_previous)
-        t_start = np.minimum.reduceat(start, heads)
-        t_end = np.maximum.reduceat(end, heads)
-        flow_transfer = np.repeat(np.arange(len(heads)), np.diff(np.r_[heads, len(idx)]))
+        flow_transfer, _, t_start, t_end = time_segments(pair_step, start, end, TRANSFER_GAP_S)
+        heads = np.flatnonzero(np.r_[True, flow_transfer[1:] != flow_transfer[:-1]])
         t_seconds = _group_median(flow_transfer, end - start)[heads]
         step, src, dst, size = job.step[idx][heads], job.src[idx][heads], job.dst[idx][heads], size[heads]
         pair_head = np.flatnonzero(first_of_pair[heads])
