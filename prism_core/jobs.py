@@ -411,21 +411,34 @@ def _rows_within_jobs(
     return node_job[node[inside]], np.tile(first, 2)[inside], np.tile(last, 2)[inside]
 
 
+def _label_hosts(label: np.ndarray, node_host_key: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each (label, host key) of the nodes once: the position of every node's among them, their
+    labels and host keys, and how many host keys every two labels share (sparse COO)."""
+    n_keys = int(node_host_key.max()) + 1
+    keys, position = np.unique(label.astype(np.int64) * n_keys + node_host_key, return_inverse=True)
+    key_label, key_host = np.divmod(keys, n_keys)
+    n_labels = int(label.max()) + 1
+    incidence = sp.csr_matrix((np.ones(len(keys), np.int32), (key_label, key_host)), shape=(n_labels, n_keys))
+    return position.ravel(), key_label, key_host, (incidence @ incidence.T).tocoo()
+
+
+def _joined(label: np.ndarray, row: np.ndarray, col: np.ndarray) -> np.ndarray:
+    """Node labels with labels `row[i]` and `col[i]` joined (transitively)."""
+    n_labels = int(label.max()) + 1
+    merge = sp.coo_matrix((np.ones(len(row), np.int8), (row, col)), shape=(n_labels, n_labels))
+    _, joined = connected_components(merge, directed=False)
+    return joined[label]
+
+
 def _merge_by_jaccard(
     component: np.ndarray, node_host_key: np.ndarray, node_first_ns: np.ndarray, node_last_ns: np.ndarray, jaccard: float
 ) -> np.ndarray:
     """Job label of each node: components joined when their host sets have Jaccard >= `jaccard`
     and they talk at the same time (bridging pauses up to SEGMENT_GAP_NS): a job's rails run side
     by side, a job and the next one on its hosts one after the other."""
-    comp_keys = np.unique(np.stack([component, node_host_key], axis=1), axis=0)
-    _, key_col = np.unique(comp_keys[:, 1], return_inverse=True)
-    n_comp = component.max() + 1
-    incidence = sp.csr_matrix(
-        (np.ones(len(comp_keys), np.int32), (comp_keys[:, 0], key_col.ravel())),
-        shape=(n_comp, key_col.max() + 1),
-    )
-    sizes = np.asarray(incidence.sum(axis=1)).ravel()
-    shared = (incidence @ incidence.T).tocoo()
+    _, key_component, _, shared = _label_hosts(component, node_host_key)
+    n_comp = int(component.max()) + 1
+    sizes = np.bincount(key_component, minlength=n_comp)
     union = sizes[shared.row] + sizes[shared.col] - shared.data
     first_ns = np.full(n_comp, np.iinfo(np.int64).max)
     last_ns = np.full(n_comp, np.iinfo(np.int64).min)
@@ -435,11 +448,7 @@ def _merge_by_jaccard(
         first_ns[shared.col] <= last_ns[shared.row] + SEGMENT_GAP_NS
     )
     similar = (shared.data >= jaccard * union) & together
-    merge = sp.coo_matrix(
-        (np.ones(similar.sum(), np.int8), (shared.row[similar], shared.col[similar])), shape=(n_comp, n_comp)
-    )
-    _, job_of_comp = connected_components(merge, directed=False)
-    return job_of_comp[component]
+    return _joined(component, shared.row[similar], shared.col[similar])
 
 
 def _merge_concurrent_parts(
@@ -452,17 +461,12 @@ def _merge_concurrent_parts(
     merge, and at a job's last seconds their flow sizes can differ from every earlier minute's.
     Hosts only partly shared, or used one after the other, stay apart (a job on part of the
     hosts of one that stopped seconds before)."""
-    n_keys = int(node_host_key.max()) + 1
-    keys, position = np.unique(job.astype(np.int64) * n_keys + node_host_key, return_inverse=True)
-    position = position.ravel()
-    first_ns = np.full(len(keys), np.iinfo(np.int64).max)
-    last_ns = np.full(len(keys), np.iinfo(np.int64).min)
+    position, key_job, key_host, shared = _label_hosts(job, node_host_key)
+    first_ns = np.full(len(key_job), np.iinfo(np.int64).max)
+    last_ns = np.full(len(key_job), np.iinfo(np.int64).min)
     np.minimum.at(first_ns, position, node_first_ns)
     np.maximum.at(last_ns, position, node_last_ns)
-    key_job, key_host = np.divmod(keys, n_keys)
     n_jobs = int(job.max()) + 1
-    incidence = sp.csr_matrix((np.ones(len(keys), np.int32), (key_job, key_host)), shape=(n_jobs, n_keys))
-    shared = (incidence @ incidence.T).tocoo()
     hosts_of_job = np.bincount(key_job, minlength=n_jobs)
     inside = (shared.row != shared.col) & (shared.data == hosts_of_job[shared.row])
     part, whole = shared.row[inside].astype(np.int64), shared.col[inside].astype(np.int64)
@@ -473,14 +477,11 @@ def _merge_concurrent_parts(
     counts = hosts_of_job[part]
     pair_of = np.repeat(np.arange(len(part)), counts)
     in_part = pointer[part][pair_of] + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    in_whole = np.searchsorted(keys, whole[pair_of] * n_keys + key_host[in_part])
+    n_keys = int(node_host_key.max()) + 1
+    in_whole = np.searchsorted(key_job * n_keys + key_host, whole[pair_of] * n_keys + key_host[in_part])
     together = (first_ns[in_part] < last_ns[in_whole]) & (first_ns[in_whole] < last_ns[in_part])
     concurrent = np.bincount(pair_of, weights=together, minlength=len(part)) > 0
-    merge = sp.coo_matrix(
-        (np.ones(concurrent.sum(), np.int8), (part[concurrent], whole[concurrent])), shape=(n_jobs, n_jobs)
-    )
-    _, merged = connected_components(merge, directed=False)
-    return merged[job]
+    return _joined(job, part[concurrent], whole[concurrent])
 
 
 def _csr_pointer(sorted_rows: np.ndarray, n_rows: int) -> np.ndarray:
