@@ -507,6 +507,44 @@ def test_a_pipeline_step_holds_all_its_micro_batches_when_warm_up_steps_run_slow
     assert np.allclose(ends[:-1], first[1:] - 60_000_000 * np.asarray(paces[1:]), atol=2_000_000)
 
 
+def _one_step_in_view(pipeline: bool) -> tuple[pa.Table, pa.Table, tuple[int, int]]:
+    """A job that ends a step after the view opened: its flows in view, its pairs and the bounds
+    of that step. Data-parallel: the view holds the sync of the step before (nothing marks the
+    job's start); pipeline: the view opens in the step before, amid its micro-batches."""
+    if not pipeline:
+        flows, pairs, bounds = _data_parallel_job(steps=2, save_every=100)
+        return flows, pairs, (int(bounds[1]), int(bounds[2]))
+    f = 60_000_000
+    flows, pairs, first = _two_stage_pipeline([1.0] * 3)
+    opens = first[1] + 20 * f
+    flows = flows.filter(pc.greater_equal(flows["time_flow_start_ns"], opens))
+    # a step ends one forward pass before the next step's first send, 5.5 f after its last send
+    return flows, pairs, (int(first[2] - f), int(first[2] + (3 * 16 + 5.5) * f - f))
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_job_seen_for_one_step_gets_that_step_from_the_step_before_it(pipeline):
+    """A job that ran one step in view and then stopped shows too few steps to learn its timings
+    from, and no more will come. The step before (its sync, or the tail of its sends) ends where
+    the one step starts and gives the period; the step's end is its last sync or send plus the
+    optimizer's tail, seen after the step before when pipeline sends mark the start."""
+    flows, pairs, (start, end) = _one_step_in_view(pipeline)
+    opens = int(flows["time_flow_start_ns"].to_numpy().min())
+    found = timeline.divide_steps("j", flows, pairs, None, opens, opens + HOUR_NS)
+    assert found.steps.num_rows == 1
+    assert abs(_ns(found.steps["start"])[0] - start) < 0.01 * (end - start)
+    assert abs(_ns(found.steps["end"])[0] - end) < 0.01 * (end - start)
+
+
+def test_a_job_seen_for_one_step_after_a_save_leaves_it_out():
+    """A checkpoint save between the two syncs fills the gap the optimizer's tail is taken from,
+    and the step's start (after the save) is not marked: the one step is left out."""
+    flows, pairs, bounds = _data_parallel_job(steps=3, save_every=2)  # step 1 saves
+    flows = flows.filter(pc.greater_equal(flows["time_flow_start_ns"], bounds[1]))
+    found = timeline.divide_steps("j", flows, pairs, None, int(bounds[1]), int(bounds[1]) + HOUR_NS)
+    assert found.steps.num_rows == 0
+
+
 def _hung_replica(hung_after_ns: int, peers_until_ns: int, **pipeline) -> pa.Table:
     """Steps of two 2-stage pipeline replicas (a>b and c>d, DP inside hosts: no DP pairs) when
     stage 0 of the first hangs: its replica's flows stop at `hung_after_ns`, the other's at
