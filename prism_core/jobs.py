@@ -674,9 +674,12 @@ class _Tracker:
         old_only = old_shape & ~np.isin(pair, pair[new_shape])
         new_only = new_shape & ~np.isin(pair, pair[old_shape])
         if old_only.any() and new_only.any() and first[new_only].min() > last[old_only].max():
-            # the old job holds the hosts until the new one's first traffic of its own
-            start_ns = int(first[new_only].min())
-            old_last_ns, old_end_ns = start_ns - 1, int(last[old_only].max())
+            # the old job holds the hosts until the new one's first traffic of its own, but the
+            # flows on pairs both used in the moments before that are the new job's first
+            # collective reaching all its pairs, not the old job's tail
+            old_end_ns = int(last[old_only].max())
+            start_ns = max(old_end_ns + 1, int(first[new_only].min()) - SEGMENT_GAP_NS)
+            old_last_ns = start_ns - 1
         else:
             old_last_ns = old_end_ns = _old_job_end(last[old_shape], first[new_shape])
             if last[new_shape].max() <= old_last_ns:

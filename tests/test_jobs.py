@@ -339,9 +339,12 @@ def test_a_job_taking_hosts_where_both_jobs_share_a_size_starts_with_its_own_pai
     by_size = dict(zip(found.jobs["n_hosts"].to_pylist(), found.jobs["job_id"].to_pylist()))
     old_id, new_id = by_size[6], by_size[4]
     first_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["first_seen"].cast(pa.int64()).to_pylist()))
-    assert first_seen[new_id] == at + 14 * SECOND
+    # it begins with its own pairs' traffic, or with the all-to-all on the shared pairs in the
+    # moments before (its first collective reaches its pairs within them)
+    begins = at + 14 * SECOND - jobs.SEGMENT_GAP_NS
+    assert first_seen[new_id] == begins
     spans = {(r["job_id"], r["host"]): (r["first_ns"], r["last_ns"]) for r in found.membership.to_pylist()}
-    assert spans[old_id, "host00"][1] == at + 14 * SECOND - 1  # the old job holds it until then
+    assert spans[old_id, "host00"][1] == begins - 1  # the old job holds it until then
     assert spans[old_id, "host05"][1] == at + 7 * SECOND
 
 
