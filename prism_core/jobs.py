@@ -21,9 +21,11 @@ A job that ends and another that starts on its hosts seconds later in the same m
 when they are silent in between: their pair rows split there (see `prism_core.minutes`), their
 parts only join while they talk at the same time, and traffic after a silence is judged by its
 sizes even on a job minutes old. Without such a silence they can share a pair's flow_minutes row
-(one row spans both): that minute is split when the new job takes the hosts. Where each job also used host pairs the other did not, those tell the
-times: the new job begins with its first row on a pair of its own and the old one holds the hosts
-until then (its last rows on shared pairs may carry a size both use, an all-to-all's family).
+(one row spans both): that minute is split when the new job takes the hosts. Where each job also
+used host pairs the other did not, those tell the times: the new job begins with its first row on
+a pair of its own (or the shared pairs' traffic in the moments before it) and the old one holds
+the hosts until then (its last rows on shared pairs may carry a size both use, an all-to-all's
+family).
 Otherwise the old job keeps its traffic up to the last row of its own flow sizes, and the new job
 begins after it (or at the first row of its sizes, if later); a row spanning both jobs carries
 only its most frequent size, so it can look like either job's: the old job's end is where the
@@ -411,15 +413,15 @@ def _rows_within_jobs(
     return node_job[node[inside]], np.tile(first, 2)[inside], np.tile(last, 2)[inside]
 
 
-def _label_hosts(label: np.ndarray, node_host_key: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Each (label, host key) of the nodes once: the position of every node's among them, their
-    labels and host keys, and how many host keys every two labels share (sparse COO)."""
+def _label_hosts(label: np.ndarray, node_host_key: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, sp.coo_matrix]:
+    """Each (label, host key) of the nodes once, as label * n_keys + host key, sorted: the
+    position of every node's among them, those keys, n_keys, and how many host keys every two
+    labels share (sparse COO)."""
     n_keys = int(node_host_key.max()) + 1
     keys, position = np.unique(label.astype(np.int64) * n_keys + node_host_key, return_inverse=True)
-    key_label, key_host = np.divmod(keys, n_keys)
     n_labels = int(label.max()) + 1
-    incidence = sp.csr_matrix((np.ones(len(keys), np.int32), (key_label, key_host)), shape=(n_labels, n_keys))
-    return position.ravel(), key_label, key_host, (incidence @ incidence.T).tocoo()
+    incidence = sp.csr_matrix((np.ones(len(keys), np.int32), np.divmod(keys, n_keys)), shape=(n_labels, n_keys))
+    return position.ravel(), keys, n_keys, (incidence @ incidence.T).tocoo()
 
 
 def _joined(label: np.ndarray, row: np.ndarray, col: np.ndarray) -> np.ndarray:
@@ -436,9 +438,9 @@ def _merge_by_jaccard(
     """Job label of each node: components joined when their host sets have Jaccard >= `jaccard`
     and they talk at the same time (bridging pauses up to SEGMENT_GAP_NS): a job's rails run side
     by side, a job and the next one on its hosts one after the other."""
-    _, key_component, _, shared = _label_hosts(component, node_host_key)
+    _, keys, n_keys, shared = _label_hosts(component, node_host_key)
     n_comp = int(component.max()) + 1
-    sizes = np.bincount(key_component, minlength=n_comp)
+    sizes = np.bincount(keys // n_keys, minlength=n_comp)
     union = sizes[shared.row] + sizes[shared.col] - shared.data
     first_ns = np.full(n_comp, np.iinfo(np.int64).max)
     last_ns = np.full(n_comp, np.iinfo(np.int64).min)
@@ -461,9 +463,10 @@ def _merge_concurrent_parts(
     merge, and at a job's last seconds their flow sizes can differ from every earlier minute's.
     Hosts only partly shared, or used one after the other, stay apart (a job on part of the
     hosts of one that stopped seconds before)."""
-    position, key_job, key_host, shared = _label_hosts(job, node_host_key)
-    first_ns = np.full(len(key_job), np.iinfo(np.int64).max)
-    last_ns = np.full(len(key_job), np.iinfo(np.int64).min)
+    position, keys, n_keys, shared = _label_hosts(job, node_host_key)
+    key_job, key_host = np.divmod(keys, n_keys)
+    first_ns = np.full(len(keys), np.iinfo(np.int64).max)
+    last_ns = np.full(len(keys), np.iinfo(np.int64).min)
     np.minimum.at(first_ns, position, node_first_ns)
     np.maximum.at(last_ns, position, node_last_ns)
     n_jobs = int(job.max()) + 1
@@ -477,8 +480,7 @@ def _merge_concurrent_parts(
     counts = hosts_of_job[part]
     pair_of = np.repeat(np.arange(len(part)), counts)
     in_part = pointer[part][pair_of] + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    n_keys = int(node_host_key.max()) + 1
-    in_whole = np.searchsorted(key_job * n_keys + key_host, whole[pair_of] * n_keys + key_host[in_part])
+    in_whole = np.searchsorted(keys, whole[pair_of] * n_keys + key_host[in_part])
     together = (first_ns[in_part] < last_ns[in_whole]) & (first_ns[in_whole] < last_ns[in_part])
     concurrent = np.bincount(pair_of, weights=together, minlength=len(part)) > 0
     return _joined(job, part[concurrent], whole[concurrent])
@@ -777,7 +779,7 @@ class _Tracker:
         before another job took them, so it keeps its hosts and its stop."""
         track = self.tracks[index]
         added = np.setdiff1d(seen, track.hosts)
-        if len(added) and not superseded:
+        if len(added):
             # New hosts: the ones not heard from this minute were replaced (or the job grew).
             removed = np.setdiff1d(track.hosts, seen)
             if len(removed):
