@@ -849,9 +849,13 @@ def _lead(phases: _Phases, typical: _Typical) -> np.ndarray:
     if typical.lead_ns is None:
         return np.zeros(len(phases.close_ns), np.int64)
     next_sync = _next_sync(phases)
-    usual = np.abs(next_sync / (typical.sync_ns or np.inf) - 1.0) <= LONG_GAP_SHARE
     scaled = (typical.lead_per_sync or 0.0) * next_sync
-    return np.where(usual, scaled, typical.lead_ns).astype(np.int64)
+    return np.where(_usual_sync(next_sync, typical), scaled, typical.lead_ns).astype(np.int64)
+
+
+def _usual_sync(sync_ns: np.ndarray, typical: _Typical) -> np.ndarray:
+    """Whether each sync phase lasts about the usual sync (a straggler stretches it with waiting)."""
+    return np.abs(sync_ns / (typical.sync_ns or np.inf) - 1.0) <= LONG_GAP_SHARE
 
 
 def _next_sync(phases: _Phases) -> np.ndarray:
@@ -1081,11 +1085,15 @@ def _pair_short(phases: _Phases, p: int, complete: np.ndarray, traffic: _Traffic
     if len(before) < MIN_STEPS_WHOLE:
         return False
     n_pairs = len(traffic.pairs)
-    usual = np.stack([np.bincount(traffic.pair[phases.flows[q]], minlength=n_pairs) for q in before])
-    # when each pair's last transfer comes, after the phase's start (the latest of those phases)
+    # each pair's flows in each of those phases, and when its last transfer came after the
+    # phase's start
+    usual = np.zeros((len(before), n_pairs), np.int64)
     due = np.full((len(before), n_pairs), -1, np.int64)
     for row, q in enumerate(before):
-        np.maximum.at(due[row], traffic.pair[phases.flows[q]], traffic.start[phases.flows[q]] - phases.start_ns[q])
+        flows = phases.flows[q]
+        pair = traffic.pair[flows]
+        usual[row] = np.bincount(pair, minlength=n_pairs)
+        np.maximum.at(due[row], pair, traffic.start[flows] - phases.start_ns[q])
     # a view that ends early (a job whose hosts another took over) cuts the phase's tail, not
     # transfers its peers outlived
     seen = phases.start_ns[p] + due.max(axis=0) < phases.close_ns[p]
@@ -1181,10 +1189,9 @@ def _start_by_lead(phases: _Phases, p: int, boundary: np.ndarray, typical: _Typi
     the sync is not a usual one (a straggler stretches it with waiting), or when too few steps
     show the lead's accuracy."""
     sync = phases.close_ns[p] - phases.start_ns[p]
-    usual_sync = np.abs(np.r_[sync, _next_sync(phases)] / (typical.sync_ns or np.inf) - 1.0) <= LONG_GAP_SHARE
-    if typical.lead_per_sync is None or not usual_sync[0]:
+    if typical.lead_per_sync is None or not _usual_sync(sync, typical):
         return None
-    timed = (phases.next_ns >= 0) & ~_long_gap(phases, typical) & usual_sync[1:]
+    timed = (phases.next_ns >= 0) & ~_long_gap(phases, typical) & _usual_sync(_next_sync(phases), typical)
     if timed.sum() < MIN_STEPS_WHOLE:
         return None
     missed = np.abs(phases.next_ns - _lead(phases, typical) - boundary)[timed].max()
