@@ -65,26 +65,27 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     first_ns, last_ns = membership["first_ns"].to_numpy(), membership["last_ns"].to_numpy()
     flow_start = flows["time_flow_start_ns"].to_numpy()
 
-    def latest_span(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def latest_span(code: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per flow: the membership row of the last span on address `code` begun by the flow's
-        start, and whether there is one (flows before the earliest span are clipped onto it)."""
-        key = code * shift + np.clip(flow_start - base, 0, shift - 1)
+        `start`, and whether there is one (flows before the earliest span are clipped onto it)."""
+        key = code * shift + np.clip(start - base, 0, shift - 1)
         candidate = np.searchsorted(member_key, key, side="right") - 1
         valid = candidate >= 0
         row = order[np.where(valid, candidate, 0)]
-        return row, valid & (member_code[row] == code) & (first_ns[row] <= flow_start)
+        return row, valid & (member_code[row] == code) & (first_ns[row] <= start)
 
     src_code = pc.index_in(flows["src_addr"], value_set=addrs).to_numpy().astype(np.int64)
-    sender_row, sent = latest_span(src_code)
-    sent &= flow_start <= last_ns[sender_row]
-    is_member = np.zeros(len(addrs) + 1, bool)  # the last slot stands for addresses unknown here
+    row, sent = latest_span(src_code, flow_start)
+    sent &= flow_start <= last_ns[row]
+    # bulk reads from an address that is no job's: the few candidates are looked up alone
+    is_member = np.zeros(len(addrs), bool)
     is_member[member_code] = True
-    dst_code = pc.fill_null(pc.index_in(flows["dst_addr"], value_set=addrs), len(addrs)).to_numpy().astype(np.int64)
-    bulk_read = ~is_member[src_code] & is_member[dst_code] & (flows["bytes"].to_numpy() >= BULK_READ_BYTES)
-    reader_row, read = latest_span(dst_code)
-    read &= bulk_read
-    row = np.where(sent, sender_row, reader_row)
-    belongs = sent | read
+    bulk = np.flatnonzero(~is_member[src_code] & (flows["bytes"].to_numpy() >= BULK_READ_BYTES))
+    dst_code = pc.fill_null(pc.index_in(flows["dst_addr"].take(bulk), value_set=addrs), len(addrs))
+    reader_row, read = latest_span(dst_code.to_numpy().astype(np.int64), flow_start[bulk])
+    row[bulk[read]] = reader_row[read]
+    belongs = sent.copy()
+    belongs[bulk[read]] = True
 
     kept = np.flatnonzero(belongs)
     # Grouped by integer codes in job_id order: sorting the ids themselves (Python strings) per
