@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from benchmarks.fleet import CACHE, scenario
+from benchmarks.fleet import scenario
 from prism_core.evaluate.steps import score
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.minutes import HOUR_NS
@@ -34,8 +34,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "timeline.json"
 MEMBER_SLACK_NS = 5_000_000_000  # a job's flows may end a little after its last step
 
 
-def clean_flows(scenario_dir: Path, seed: int) -> pa.Table:
-    cached = CACHE / f"timeline-fleet-{seed}-flows.parquet"
+def clean_flows(scenario_dir: Path) -> pa.Table:
+    # kept inside the scenario's directory, so a scenario generated again drops it too
+    cached = scenario_dir / "clean-flows.parquet"
     if not cached.exists():
         files = sorted((scenario_dir / "flows").iterdir())
         parts = [parse_flow_file(path.read_bytes(), path.name).clean for path in files]
@@ -44,16 +45,16 @@ def clean_flows(scenario_dir: Path, seed: int) -> pa.Table:
     return pq.read_table(cached)
 
 
-def job_inputs(flows: pa.Table, truth: dict[str, pa.Table], job_id: str) -> tuple[pa.Table, pa.Table]:
-    """The flows the job's GPUs sent while it ran, and its truth pairs."""
+def job_inputs(flows: pa.Table, truth: dict[str, pa.Table], job_id: str) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """The flows the job's GPUs sent while it ran, its truth pairs and its truth GPUs."""
     job = truth["jobs"].filter(pc.equal(truth["jobs"]["job_id"], job_id))
     lo = pc.cast(job["start"], pa.int64())[0].as_py() - MEMBER_SLACK_NS
     hi = pc.cast(job["end"], pa.int64())[0].as_py() + MEMBER_SLACK_NS
-    addrs = truth["job_gpus"].filter(pc.equal(truth["job_gpus"]["job_id"], job_id))["addr"]
+    gpus = truth["job_gpus"].filter(pc.equal(truth["job_gpus"]["job_id"], job_id))
     start = flows["time_flow_start_ns"]
-    mine = pc.and_(pc.is_in(flows["src_addr"], value_set=addrs),
+    mine = pc.and_(pc.is_in(flows["src_addr"], value_set=gpus["addr"]),
                    pc.and_(pc.greater_equal(start, lo), pc.less(start, hi)))
-    return flows.filter(mine), truth["pairs"].filter(pc.equal(truth["pairs"]["job_id"], job_id))
+    return flows.filter(mine), truth["pairs"].filter(pc.equal(truth["pairs"]["job_id"], job_id)), gpus
 
 
 def restarts_of(truth: dict[str, pa.Table], job_flows: pa.Table, job_id: str) -> list[int]:
@@ -77,16 +78,15 @@ def main() -> None:
     truth = {name: table.filter(pc.is_in(table["job_id"], value_set=visible)) for name, table in truth.items()}
     noise = json.loads((scenario_dir / "truth" / "noise.json").read_text())
     began = time.perf_counter()
-    flows = clean_flows(scenario_dir, args.seed)
+    flows = clean_flows(scenario_dir)
     load_s = time.perf_counter() - began
 
     hour_start = int(datetime.fromisoformat(noise["scenario"]["start"]).timestamp()) * 10**9 // HOUR_NS * HOUR_NS
     timings, steps, carry_bytes, job_flow_rows = {}, [], [], []
     for job_id in visible.to_pylist():
-        job_flows, pairs = job_inputs(flows, truth, job_id)
+        job_flows, pairs, gpus = job_inputs(flows, truth, job_id)
         restarts = restarts_of(truth, job_flows, job_id)
         started = time.perf_counter()
-        gpus = truth["job_gpus"].filter(pc.equal(truth["job_gpus"]["job_id"], job_id))
         timeline = divide_steps(job_id, job_flows, pairs, None, hour_start, hour_start + HOUR_NS, restarts, gpus)
         timings[job_id] = time.perf_counter() - started
         carry_bytes.append(len(json.dumps(timeline.state)))
