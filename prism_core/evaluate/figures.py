@@ -16,7 +16,7 @@ class Figure:
     @classmethod
     def share(cls, count: int, of: int, target: float | None = None, empty: float | None = 1.0) -> Figure:
         """count / of; `empty` when there is nothing to score (1.0: no misses possible)."""
-        return cls(ratio(count, of) if of else empty, target, count=int(count), of=int(of))
+        return cls(ratio(count, of, empty), target, count=int(count), of=int(of))
 
     @property
     def ok(self) -> bool | None:
@@ -29,9 +29,9 @@ class Figure:
         return {"value": self.value, "target": self.target, "ok": self.ok, **shares}
 
 
-def ratio(numerator: float, denominator: float) -> float:
-    """numerator / denominator, 1.0 when there is nothing to score (no misses possible)."""
-    return float(numerator / denominator) if denominator else 1.0
+def ratio(numerator: float, denominator: float, empty: float | None) -> float | None:
+    """numerator / denominator; `empty` when there is nothing to score (denominator 0)."""
+    return float(numerator / denominator) if denominator else empty
 
 
 def pool(scored: list[dict[str, dict[str, dict]]]) -> dict[str, dict[str, dict]]:
@@ -45,9 +45,7 @@ def pool(scored: list[dict[str, dict[str, dict]]]) -> dict[str, dict[str, dict]]
             oks = [f["ok"] for f in each if f["ok"] is not None]
             if all("count" in f for f in each):
                 count, of = sum(f["count"] for f in each), sum(f["of"] for f in each)
-                value = ratio(count, of) if of else None
-                ok = None if first["target"] is None or value is None else value >= first["target"]
-                figure = {"value": value, "count": count, "of": of, "target": first["target"], "ok": ok}
+                figure = Figure.share(count, of, first["target"], empty=None).as_dict()
             else:
                 values = [f["value"] for f in each if f["value"] is not None]
                 figure = {"min": min(values, default=None), "max": max(values, default=None),

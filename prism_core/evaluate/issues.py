@@ -146,4 +146,4 @@ def _false_per_clean_job_hour(truth, issues: pa.Table, associated, fault_of_issu
     steps = truth["steps"].filter(pc.is_in(truth["steps"]["job_id"], value_set=pa.array(sorted(clean_truth), pa.string())))
     hours = pc.divide(steps["start"].cast(pa.int64()), HOUR_NS)
     job_hours = pa.table({"job_id": steps["job_id"], "hour": hours}).group_by(["job_id", "hour"]).aggregate([]).num_rows
-    return ratio(int((on_clean & (fault_of_issue < 0)).sum()), job_hours) if job_hours else 0.0
+    return ratio(int((on_clean & (fault_of_issue < 0)).sum()), job_hours, empty=0.0)
