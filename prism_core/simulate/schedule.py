@@ -251,9 +251,11 @@ class _Planner:
                 last_checkpoint = end
             t, number, warm_step, end_of_traffic = end, number + 1, warm_step + 1, end
 
+        traffic_end = spec.start_s if end_of_traffic is None else end_of_traffic
         if attempt_bounds[-1][1] is None:
-            attempt_bounds[-1][1] = spec.start_s if end_of_traffic is None else end_of_traffic
+            attempt_bounds[-1][1] = traffic_end
         storage = (self.cluster.storage_base, self.cluster.n_storage, self.salt)
+        checkpoints = [checkpoint_template(model, h, *storage) for h in self.hosts]
         return JobPlan(
             job_id=self.job_id,
             spec=spec,
@@ -261,14 +263,14 @@ class _Planner:
             hosts=self.hosts,
             attempt_spans=[self.clip(start, max(start, end)) for start, end in attempt_bounds],
             templates=self.templates,
-            checkpoints=[checkpoint_template(model, h, *storage) for h in self.hosts],
-            checkpoint_loads=[checkpoint_load_template(model, h, *storage) for h in self.hosts],
+            checkpoints=checkpoints,
+            checkpoint_loads=[checkpoint_load_template(writes, self.salt) for writes in checkpoints],
             loads=np.array(self.loads, float).reshape(-1, 3),
             steps=self.log.arrays(),
             cutoffs=self.cutoffs,
             faults=self.fault_rows(),
             start_s=max(spec.start_s, 0.0),
-            end_s=min(spec.start_s if end_of_traffic is None else end_of_traffic, self.window_s),
+            end_s=min(traffic_end, self.window_s),
             restarts=len(self.hosts) - 1,
         )
 

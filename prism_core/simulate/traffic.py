@@ -340,11 +340,9 @@ def checkpoint_template(
     )
 
 
-def checkpoint_load_template(
-    model: JobModel, hosts: np.ndarray, storage_base: int, n_storage: int, salt: int
-) -> Template:
+def checkpoint_load_template(writes: Template, salt: int) -> Template:
     """Checkpoint load of a relaunched job: the saving GPUs read their shards back from the
-    servers they wrote them to (the writes reversed); times relative to the load's start."""
-    writes = checkpoint_template(model, hosts, storage_base, n_storage, salt)
+    servers they wrote them to (the save's `writes` reversed); times relative to the load's
+    start."""
     chunk = np.tile(np.arange(CHECKPOINT_CHUNKS), len(writes.src) // CHECKPOINT_CHUNKS)
     return replace(writes, src=writes.dst, dst=writes.src, src_port=roce_port(writes.dst, writes.src, chunk, salt))
