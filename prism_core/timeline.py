@@ -161,7 +161,7 @@ def divide_steps(
     min_steps = _min_steps(traffic, hour_end_ns)
     phases = _sync_phases(traffic, hour_end_ns, state.baseline.get("gap_threshold_ns"), min_steps)
     typical = _typical(phases, state.baseline, min_steps)
-    if min_steps == MIN_STEPS_WHOLE and not (np.isfinite(typical.period_ns) and np.isfinite(typical.gap_ns)):
+    if min_steps == MIN_STEPS_WHOLE and not typical.known:
         # a job seen whole with too few steps to learn its timings will show no more: its last step stands in
         typical = _typical(phases, {**state.baseline, **_last_step_timings(phases, traffic)}, min_steps)
     rows = _steps(phases, typical, traffic, state, restarts, hour_start_ns, hour_end_ns)
@@ -726,6 +726,11 @@ class _Typical:
     save_ns: float | None  # a checkpoint's save: A -> the next step's start
     save_tail_ns: float | None  # a save's last write ends -> the next step's start
 
+    @property
+    def known(self) -> bool:
+        """Whether the usual period and gap are known: steps can be told only then."""
+        return bool(np.isfinite(self.period_ns) and np.isfinite(self.gap_ns))
+
     def close_to_end(self) -> float:
         if self.close_to_end_ns is not None:
             return self.close_to_end_ns
@@ -916,7 +921,7 @@ def _steps(
     """Walk the phases in time order and emit the steps they close (none until the job's usual
     timings are known: too few steps in view so far, they wait in the carry); the state follows
     the last emitted step."""
-    if not np.isfinite(typical.period_ns) or not np.isfinite(typical.gap_ns):
+    if not typical.known:
         return []
     boundary = _boundaries(phases, typical)
     complete = _complete(phases, typical.phase_bytes, typical.phase_flows)
