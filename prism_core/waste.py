@@ -12,7 +12,7 @@ Two quantities cover every issue kind:
 
 A slow link carrying pipeline transfers only is an excess too, but one that step times cannot
 resolve: each step's delay is the difference of its 1F1B schedule replayed with the transfers as
-observed and as their peers took them (`pipeline_makespan`, `pipeline_delay_s`).
+observed and as their peers took them (`one_f_one_b`, `pipeline_makespan`, `pipeline_delay_s`).
 
 A restart costs idle(last checkpoint -> resume) + excess(warm-up steps after the resume); a
 restart after a hang costs idle(kill -> resume) + excess(warm-up), the hang having counted the
@@ -74,16 +74,17 @@ def one_f_one_b_order(pp: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     return is_forward, micro_batch
 
 
-def pipeline_makespan(fwd: np.ndarray, bwd: np.ndarray, comm_fwd: np.ndarray, comm_bwd: np.ndarray) -> np.ndarray:
-    """How long 1F1B pipelines take from their first forward to their last backward.
+def one_f_one_b(
+    fwd: np.ndarray, bwd: np.ndarray, comm_fwd: np.ndarray, comm_bwd: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start times of every forward and backward pass of 1F1B pipelines, (..., pp, m) each.
 
     fwd, bwd: (..., pp) compute time of one micro-batch's forward / backward on each stage;
     comm_fwd, comm_bwd: (..., pp - 1, m) time to move micro-batch i's activation from stage s to
-    s + 1 / its gradient back. Returns (...). A pass starts when its stage is done with the
-    previous pass in its order and its input has arrived: the finish is the longest path through
-    that dependency graph, found by relaxing the stages in turn (a stage's chain is a running
-    maximum) until no start moves. With equal stages and free communication it is
-    (m - 1 + pp) x (fwd + bwd), the operator-level model's pipeline term.
+    s + 1 / its gradient back. A pass starts when its stage is done with the previous pass in its
+    order and its input has arrived: the start times are the longest paths through that
+    dependency graph, found by relaxing the stages in turn (a stage's chain is a running maximum)
+    until no start moves.
     """
     fwd, bwd = np.asarray(fwd, float), np.asarray(bwd, float)
     batch, pp = fwd.shape[:-1], fwd.shape[-1]
@@ -97,7 +98,8 @@ def pipeline_makespan(fwd: np.ndarray, bwd: np.ndarray, comm_fwd: np.ndarray, co
     offset = np.cumsum(duration, axis=2) - duration  # start of each pass with no waiting
     # where in its stage's order the forward / backward of micro-batch i runs
     position = np.empty((pp, 2, m), np.int64)
-    position[np.arange(pp)[:, None], (~is_forward).astype(int), micro_batch] = np.arange(2 * m)[None, :]
+    stage = np.arange(pp)[:, None]
+    position[stage, (~is_forward).astype(int), micro_batch] = np.arange(2 * m)[None, :]
     start = offset.copy()
     while True:
         before = start.copy()
@@ -112,7 +114,17 @@ def pipeline_makespan(fwd: np.ndarray, bwd: np.ndarray, comm_fwd: np.ndarray, co
             start[:, s] = np.maximum.accumulate(ready - offset[:, s], axis=1) + offset[:, s]
         if np.array_equal(start, before):
             break
-    return (start[:, :, -1] + duration[:, :, -1]).max(axis=1).reshape(batch)
+    fwd_start, bwd_start = start[:, stage, position[:, 0]], start[:, stage, position[:, 1]]
+    return fwd_start.reshape(*batch, pp, m), bwd_start.reshape(*batch, pp, m)
+
+
+def pipeline_makespan(fwd: np.ndarray, bwd: np.ndarray, comm_fwd: np.ndarray, comm_bwd: np.ndarray) -> np.ndarray:
+    """How long 1F1B pipelines take from their first forward to their last backward (shapes as
+    `one_f_one_b`; returns (...)): every stage ends with the backward of the last micro-batch.
+    With equal stages and free communication it is (m - 1 + pp) x (fwd + bwd), the
+    operator-level model's pipeline term."""
+    _, bwd_start = one_f_one_b(fwd, bwd, comm_fwd, comm_bwd)
+    return (bwd_start[..., -1] + np.asarray(bwd, float)).max(axis=-1)
 
 
 def pipeline_delay_s(fwd: np.ndarray, bwd: np.ndarray, comm_fwd: np.ndarray, comm_bwd: np.ndarray,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prism_core.simulate.scenarios import JobSpec
-from prism_core.waste import one_f_one_b_order
+from prism_core import waste
 
 NIC_RATE = 40e9  # bytes/s one 400 Gb/s RoCE NIC sustains
 NVLINK_RATE = 300e9  # bytes/s between GPUs of a host (never on the network)
@@ -103,35 +103,14 @@ def job_model(spec: JobSpec, rng: np.random.Generator) -> JobModel:
 def one_f_one_b(
     fwd: np.ndarray, bwd: np.ndarray, comm_fwd: np.ndarray, comm_bwd: np.ndarray, m: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Start times of every forward and backward pass of one pipeline replica under 1F1B.
+    """Start times of every forward and backward pass of one pipeline replica under 1F1B, by the
+    schedule diagnosis replays (`prism_core.waste.one_f_one_b`).
 
     fwd, bwd: (pp,) compute time per micro-batch of each stage; comm_fwd[s] / comm_bwd[s]: time to
-    move an activation from stage s to s+1 / its gradient back, (pp-1,). Returns (fwd_start,
-    bwd_start), each (pp, m). Every pass starts when its stage is free and its input has arrived;
-    the start times are the longest paths of that dependency graph, found by relaxing stage by
-    stage (a stage's own chain is a running maximum) until nothing moves. With equal stages and no
+    move an activation from stage s to s+1 / its gradient back, (pp-1,), the same for every
+    micro-batch. Returns (fwd_start, bwd_start), each (pp, m). With equal stages and no
     communication the step is (m - 1 + pp) x (fwd + bwd).
     """
-    pp = len(fwd)
-    is_fwd, mb = one_f_one_b_order(pp, m)  # the schedule diagnosis replays too
-    dur = np.where(is_fwd, fwd[:, None], bwd[:, None])
-    offset = np.cumsum(dur, axis=1) - dur
-    pos = np.empty((pp, 2, m), np.int64)  # position of (stage, is_backward, micro-batch) in order
-    stage = np.arange(pp)[:, None]
-    pos[stage, (~is_fwd).astype(int), mb] = np.arange(2 * m)[None, :]
-    start = offset.copy()
-    sweep = list(range(pp)) + list(range(pp - 1, -1, -1))
-    while True:
-        before = start.copy()
-        for s in sweep:
-            dep = np.zeros(2 * m)
-            if s > 0:
-                sent = start[s - 1, pos[s - 1, 0]] + fwd[s - 1] + comm_fwd[s - 1]
-                dep[is_fwd[s]] = sent[mb[s][is_fwd[s]]]
-            if s < pp - 1:
-                back = start[s + 1, pos[s + 1, 1]] + bwd[s + 1] + comm_bwd[s]
-                dep[~is_fwd[s]] = back[mb[s][~is_fwd[s]]]
-            start[s] = np.maximum.accumulate(dep - offset[s]) + offset[s]
-        if np.array_equal(start, before):
-            break
-    return start[stage, pos[:, 0]], start[stage, pos[:, 1]]
+    per_micro_batch = (len(fwd) - 1, m)
+    return waste.one_f_one_b(fwd, bwd, np.broadcast_to(np.asarray(comm_fwd, float)[:, None], per_micro_batch),
+                             np.broadcast_to(np.asarray(comm_bwd, float)[:, None], per_micro_batch))
