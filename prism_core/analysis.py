@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from prism_core import diagnosis, jobs, parallelism, timeline
 from prism_core.arrays import group_indices
+from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import MINUTE_NS
 from prism_core.schema import COMM_PAIRS, FLOWS, JOB_GPUS, TABLES
 from prism_core.topology import Topology
@@ -23,7 +24,7 @@ from prism_core.topology import Topology
 ANALYSIS_TABLES = ("jobs", "job_gpus", "comm_pairs", "steps", "issues")
 # Reads from storage at least this large into a job's GPUs are kept for the job's diagnosis
 # (checkpoint shards are read back in chunks as large as the writes).
-BULK_READ_BYTES = diagnosis.DEFAULT_CONFIG.checkpoint_write_bytes
+BULK_READ_BYTES = CHECKPOINT_FLOW_BYTES
 # The flow columns the per-job stages read (parallelism, timeline, diagnosis): the pipeline reads
 # only these from the hour's Parquet and stages only these, half the bytes of a flow row. A stage
 # that needs another column adds it here.

@@ -60,11 +60,10 @@ import pyarrow.compute as pc
 from prism_core import waste
 from prism_core.arrays import time_segments
 from prism_core.bocd import NormalGammaPrior, bocd
+from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, KIND_CODES, PP, UNCLASSIFIED
+from prism_core.constants import NS_PER_S as NS
 from prism_core.schema import ISSUES, STEPS, conform
 
-DP, PP, OTHER, UNCLASSIFIED = 0, 1, 2, 3
-KIND_CODES = {"dp": DP, "pp": PP, "other": OTHER}
-NS = 1_000_000_000
 MAD_TO_SIGMA = 1.4826
 BOUNDARY_SLACK_S = 0.02  # exporter clocks differ by a few ms: a flow this early still belongs to its step
 DATA_END_MARGIN_S = 60.0  # an hour whose last flow comes earlier than this before its end ends the data
@@ -95,7 +94,7 @@ class DiagnosisConfig:
     jitter_sigmas: float = 5.0  # ... and at least this many robust sigmas of the job's own jitter
     baseline_steps: int = 10  # rolling median over this many steps on each side
     warmup_steps: int = 3
-    checkpoint_write_bytes: int = 64 << 20
+    checkpoint_write_bytes: int = CHECKPOINT_FLOW_BYTES
     restart_gap_s: float = 20.0  # a silence between steps this long (and > 3 steps) is a restart
     throughput_min_bytes: int = 1 << 20  # smaller transfers are dominated by latency
     slow_link_ratio: float = 0.7  # throughput below this share of same-size transfers

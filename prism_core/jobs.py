@@ -47,6 +47,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from prism_core.arrays import time_segments
+from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import HOUR_NS, MINUTE_NS, PAIR_PAUSE_NS
 from prism_core.schema import JOBS, TS, conform
 from prism_core.topology import Topology
@@ -76,7 +77,7 @@ RESTART_WINDOW_NS = 30 * MINUTE_NS
 # A minute's bytes from a GPU NIC to an address that is no GPU (storage) this large are a
 # checkpoint save: the job is busy, though its GPUs do not talk to each other (a large model's
 # save outlasts RESTART_GAP_NS).
-SAVE_BYTES = 64 << 20
+SAVE_BYTES = CHECKPOINT_FLOW_BYTES
 # Share of a resumed job's repeated bytes in flow sizes the stopped job also used.
 SIGNATURE_MATCH = 0.5
 # Flow sizes kept per job as its signature (most frequent first).

@@ -40,10 +40,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import stable_order, unique_inverse
+from prism_core.constants import DP, OTHER, PP
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
 GPUS_PER_HOST = 8
-DP, PP, OTHER = (COMM_KINDS.index(kind) for kind in ("dp", "pp", "other"))
 
 # Flows of the two directions of a host pair that come this close count as in flight together
 # (exporter clocks disagree by a few milliseconds).

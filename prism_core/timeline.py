@@ -98,11 +98,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.bocd import NormalGammaPrior, bocd
+from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, KIND_CODES, OTHER, PP
 from prism_core.parallelism import reverse_in_flight, warm_up_votes
 from prism_core.schema import STEPS
 
-DP, PP, OTHER = 0, 1, 2
-KIND_CODES = {"dp": DP, "pp": PP, "other": OTHER}  # a pair with several kinds takes the lowest
 
 MERGE_NS = 1_000_000  # flows closer than this are one activity (launch jitter, exporter skew)
 CLUSTER_NS = 15_000_000  # one collective's flows start within this of each other across exporters
@@ -122,7 +121,7 @@ COMPLETE_SHARE = 0.9  # a sync phase with fewer bytes or flows than this share o
 LAST_COMPLETE_SHARE = 0.97  # the same for a phase after which the job falls silent (hang, failure)
 WARMUP_RATIO = 1.15  # a job whose next step is this much slower than usual started in view
 SILENCE_STEPS = 4.0  # this many steps without traffic after a sync: the job stopped after it
-BULK_WRITE_BYTES = 64 << 20  # one outbound flow this large out of the job is a checkpoint write
+BULK_WRITE_BYTES = CHECKPOINT_FLOW_BYTES  # one outbound flow this large out of the job is a checkpoint write
 SAVE_START_SHARE = 0.25  # a save writes within this share of a step after the sync, unless seen slower
 SIZE_BITS = 40  # flow sizes up to 1 TB fit below a pair's code in one int64 key
 MAX_CARRY_NS = 600_000_000_000  # flows carried to the next hour reach back at most this far
