@@ -154,6 +154,8 @@ def views_sql(root: str | Path) -> str:
         if any((root / name).glob(f"*/*/{DATA_FILE}")):
             statements.append(template.replace("@TABLE@", name).replace("@WAREHOUSE@", str(root))
                               .replace("@COLUMNS@", client_columns(TABLES[name])))
+    if any((root / "jobs").glob(f"*/*/{DATA_FILE}")):
+        statements.append((SQL_DIR / "job_latest.sql").read_text())
     if topology_path(root).exists():
         statements.append((SQL_DIR / "topology.sql").read_text().replace("@WAREHOUSE@", str(root)))
     return "\n".join(statements)
