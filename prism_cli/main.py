@@ -10,7 +10,9 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+)
 from rich.table import Table
 
 # Beam's optional cloud modules log warnings at import that say nothing about a Prism run.
@@ -22,12 +24,28 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+errors = Console(stderr=True)
 BEAM_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    """A user error: one line on stderr, exit code 2."""
+    errors.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(code=2)
+
+
+def check_range(first: datetime | None, end: datetime | None) -> None:
+    if first is not None and end is not None and end <= first:
+        fail(f"the range is empty: --to/--end {end:%Y-%m-%d %H:%M} is not after its start {first:%Y-%m-%d %H:%M}")
+
+
+def check_warehouse(warehouse: Path) -> None:
+    """The warehouse is a directory, or a path one can be made at."""
+    existing = next((p for p in (warehouse, *warehouse.parents) if p.exists()), None)
+    if warehouse.exists() and not warehouse.is_dir():
+        fail(f"--warehouse {warehouse} is a file, not a directory")
+    if existing is not None and not existing.is_dir():
+        fail(f"--warehouse {warehouse}: {existing} is a file, not a directory")
 
 
 def parse_instant(text: str | None) -> datetime | None:
@@ -41,13 +59,17 @@ def parse_instant(text: str | None) -> datetime | None:
     return instant.replace(tzinfo=timezone.utc) if instant.tzinfo is None else instant
 
 
-def progress_bar() -> Progress:
+def progress_bar(unit: str) -> Progress:
+    """Steps done of the total (`unit`: what a step is), elapsed and remaining time."""
     return Progress(
         SpinnerColumn(),
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+        MofNCompleteColumn(),
+        TextColumn(unit),
         TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
         console=console,
         transient=False,
     )
@@ -61,12 +83,16 @@ def simulate(
     format: Annotated[str, typer.Option(help="parquet, jsonl or jsonl.gz")] = "parquet",
 ) -> None:
     """Simulate a GPU cluster's flow logs, with the ground truth to score Prism against."""
-    from prism_core.simulate import SCENARIOS, write_scenario
+    from prism_core.simulate import FORMATS, SCENARIOS, write_scenario
 
     if scenario not in SCENARIOS:
         fail(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
-    with progress_bar() as progress:
-        task = progress.add_task(f"simulating {scenario}", total=None)
+    if format not in FORMATS:
+        fail(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a directory")
+    with progress_bar("simulated minutes") as progress:
+        task = progress.add_task(f"simulating {scenario}", total=SCENARIOS[scenario].minutes)
         summary = write_scenario(
             scenario, out, seed, fmt=format,
             progress=lambda done, total: progress.update(task, completed=done, total=total),
@@ -76,6 +102,12 @@ def simulate(
         f"{summary.duplicates:,} duplicates) of {summary.jobs} jobs into {out} "
         f"in {summary.seconds:.1f} s"
     )
+    if summary.single_host_jobs:
+        console.print(
+            f"{summary.single_host_jobs} of the {summary.jobs} jobs run on one host, where their traffic stays "
+            f"on NVLink: flow logs show {summary.jobs - summary.single_host_jobs} jobs, and the truth Prism is "
+            "scored against counts only those"
+        )
 
 
 @app.command(context_settings=BEAM_ARGS)
@@ -90,8 +122,10 @@ def run(
     """Run every stage for each hour in range. Extra arguments go to Beam (e.g. --runner)."""
     from pipelines.run import RunError, infer_range, run_hours
 
+    check_warehouse(warehouse)
     try:
         first, last = parse_instant(start), parse_instant(end)
+        check_range(first, last)
         if first is None or last is None:
             console.print("finding the time range of the flows ...")
             found_first, found_last = infer_range(flows)
@@ -104,15 +138,21 @@ def run(
 
 def _run_with_progress(flows, warehouse, first, last, topology, beam_args):
     from pipelines.run import run_hours
+    from pipelines.warehouse import hours_between
 
-    with progress_bar() as progress:
-        task = progress.add_task("starting", total=None)
-        return run_hours(
+    # run_hours reports its stages in order: checking the input, ingest, one per hour, warehouse.
+    stages = len(hours_between(first, last)) + 3
+    finished = iter(range(stages))  # stages done when the next one starts
+    with progress_bar("stages") as progress:
+        task = progress.add_task("starting", total=stages)
+        summary = run_hours(
             flows, str(warehouse), first, last,
             topology_path=str(topology) if topology else None,
             beam_args=beam_args,
-            on_stage=lambda stage: progress.update(task, description=stage),
+            on_stage=lambda stage: progress.update(task, description=stage, completed=next(finished)),
         )
+        progress.update(task, description="done", completed=stages)
+        return summary
 
 
 def _print_run(summary, warehouse: Path) -> None:
@@ -137,7 +177,7 @@ def _print_run(summary, warehouse: Path) -> None:
 def evaluate(
     truth: Annotated[Path, typer.Option(help="The simulator's truth/ directory")],
     warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
-    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the figures as JSON")] = False,
 ) -> None:
     """Score the warehouse against simulator truth, stage by stage."""
     from pipelines.evaluation import EvaluationError, evaluate_warehouse
@@ -176,8 +216,10 @@ def report(
     """Fleet and job report (charts and tables) as one self-contained HTML file."""
     from pipelines.reports import ReportError, build_report
 
+    first, last = parse_instant(start), parse_instant(end)
+    check_range(first, last)
     try:
-        path = build_report(warehouse, parse_instant(start), parse_instant(end), out, topology=topology)
+        path = build_report(warehouse, first, last, out, topology=topology)
     except ReportError as error:
         fail(str(error))
     console.print(f"[green]report[/] {path}")
@@ -223,7 +265,7 @@ def demo(
         "\nNext:\n"
         f"  prism report --warehouse {warehouse} --out prism-report.html   (charts and tables)\n"
         f"  python -c \"import duckdb; print(duckdb.connect('{warehouse}/prism.duckdb', read_only=True)"
-        ".sql('SELECT * FROM jobs'))\"\n"
+        ".sql('SELECT job_id, n_gpus, dp, pp, tp, status FROM job_latest'))\"\n"
         f"  or any DuckDB client: duckdb -readonly {warehouse}/prism.duckdb",
         soft_wrap=True,
     )

@@ -9,7 +9,8 @@ writes `flows/` (per-exporter flow files), `topology.csv` and `truth/` (see `wri
 traffic), `export` (exporters, noise, files), `writer` (the streaming loop and the truth tables).
 """
 
+from prism_core.simulate.export import FORMATS
 from prism_core.simulate.scenarios import SCENARIOS, FaultSpec, JobSpec, Scenario
 from prism_core.simulate.writer import SimulationSummary, write_scenario
 
-__all__ = ["SCENARIOS", "FaultSpec", "JobSpec", "Scenario", "SimulationSummary", "write_scenario"]
+__all__ = ["FORMATS", "SCENARIOS", "FaultSpec", "JobSpec", "Scenario", "SimulationSummary", "write_scenario"]

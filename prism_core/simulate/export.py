@@ -41,6 +41,7 @@ MALFORMED_KINDS = {
     "jsonl": ("missing_field", "negative_bytes", "zero_bytes", "huge_bytes", "end_before_start",
               "bad_addr", "mixed_family", "wrong_type", "broken_json"),
 }
+FORMATS = ("parquet", "jsonl", "jsonl.gz")  # what the flow files can be written as
 HUGE_BYTES = 10**15
 BAD_ADDRS = ("10.0.0.256", "gpu-node-17", "", "10.1.2", "fe80::zz", "10.1.2.3.4")
 PAYLOAD = {UDP: 4096, TCP: 1448}  # bytes per packet: RoCE MTU, TCP MSS
@@ -66,8 +67,6 @@ class FlowSink:
     """Writes each minute's flows to per-exporter files (Parquet or goflow2 JSON lines)."""
 
     def __init__(self, flows_dir: Path, fmt: str, scenario: Scenario, cluster: Cluster, seed: int):
-        if fmt not in ("parquet", "jsonl", "jsonl.gz"):
-            raise ValueError(f"unknown format {fmt!r}")
         self.dir, self.fmt, self.scenario, self.cluster, self.seed = flows_dir, fmt, scenario, cluster, seed
         self.kinds = MALFORMED_KINDS["parquet" if fmt == "parquet" else "jsonl"]
         rng = np.random.default_rng([seed, 0xE4])

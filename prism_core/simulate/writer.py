@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 
 from prism_core.simulate.background import Background
 from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
-from prism_core.simulate.export import HUGE_BYTES, FlowSink
+from prism_core.simulate.export import FORMATS, HUGE_BYTES, FlowSink
 from prism_core.simulate.schedule import JobPlan, plan_job
 from prism_core.simulate.scenarios import SCENARIOS, Scenario, scenario_jobs
 from prism_core.simulate.traffic import KIND_NAMES, FlowBatch
@@ -66,6 +66,7 @@ class SimulationSummary:
     files: int  # flow files
     bytes_written: int  # size of the flow files
     jobs: int
+    single_host_jobs: int  # their traffic stays on NVLink: invisible to flow logs
     seconds: float
 
 
@@ -79,6 +80,8 @@ def write_scenario(
 ) -> SimulationSummary:
     """Simulate `scenario` into `out_dir`; the same scenario and seed give byte-identical files."""
     began = time.perf_counter()
+    if fmt not in FORMATS:  # before any directory is made: a refused call leaves nothing behind
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(scenario, str):
         scenario = SCENARIOS[scenario]
     out = Path(out_dir)
@@ -141,6 +144,7 @@ def write_scenario(
         files=counts.files,
         bytes_written=counts.bytes_written,
         jobs=len(plans),
+        single_host_jobs=sum(p.spec.n_hosts == 1 for p in plans),
         seconds=time.perf_counter() - began,
     )
 
