@@ -6,8 +6,9 @@ them in `gpu` separated by `;` (or gives its first GPU and `gpus_per_nic`, or ha
 GPU); hosts have any number of NICs. A row that cannot be used is skipped and described in
 `topology_problems`.
 
-Without an inventory every address is its own GPU on its own host (`host` = the address,
-`gpu` = 0), so results still come out, only without the rail merge and host grouping.
+Without an inventory (`Topology.empty`, which a run uses only when asked to) every address is its
+own GPU on its own host (`host` = the address, `gpu` = 0): results come out without the rail
+merge and host grouping, so a multi-host job shows up once per rail.
 """
 
 from __future__ import annotations
@@ -42,43 +43,13 @@ class Topology:
 
     @classmethod
     def from_csv_bytes(cls, payload: bytes, source: str = "topology") -> Topology:
-        # One newline spelling, so that the line numbers counted below are the reader's.
-        payload = payload.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        malformed: list[pacsv.InvalidRow] = []
-
-        def skip_malformed(row: pacsv.InvalidRow) -> str:
-            malformed.append(row)
-            return "skip"
-
-        try:
-            raw = pacsv.read_csv(
-                io.BytesIO(payload),
-                read_options=pacsv.ReadOptions(use_threads=False),  # keeps InvalidRow.number known
-                parse_options=pacsv.ParseOptions(invalid_row_handler=skip_malformed),
-                convert_options=pacsv.ConvertOptions(
-                    column_types={name: pa.string() for name in TEXT_COLUMNS}, strings_can_be_null=True
-                ),
-            )
-        except (pa.ArrowInvalid, UnicodeDecodeError) as error:
-            raise TopologyError(f"{source}: not a readable CSV inventory ({error})") from None
-        missing = [c for c in REQUIRED_COLUMNS if c not in raw.column_names]
-        if missing:
-            raise TopologyError(f"{source}: inventory lacks column(s) {', '.join(missing)}")
-        row_line = _physical_lines(payload)
-        skipped = np.array([row.number for row in malformed], np.int64)
-        problems = {
-            int(row_line[row.number - 1]): f"{row.actual_columns} fields where the header has {row.expected_columns}"
-            for row in malformed
-        }
-        # reader row numbers count the header as 1; the table's rows are the others in order
-        data_rows = np.setdiff1d(np.arange(2, len(row_line) + 1), skipped)
-        rows = _Rows(raw, row_line[data_rows - 1])
-        problems.update(rows.problems)
+        raw, lines, problems = _read_csv(payload, source)
+        inventory, unusable = _usable_rows(raw, lines)
+        problems.update(unusable)
         described = [f"line {line}: {why}" for line, why in sorted(problems.items())]
-        if rows.nics.num_rows == 0:
-            unusable = f" that can be used ({first_few(described, 3)})" if described else ""
-            raise TopologyError(f"{source}: the inventory lists no NIC{unusable}")
-        inventory = rows.inventory()
+        if inventory.num_rows == 0:
+            first = f" that can be used ({first_few(described, 3)})" if described else ""
+            raise TopologyError(f"{source}: the inventory lists no NIC{first}")
         gpu_rows = inventory.filter(pc.is_valid(inventory["gpu"]))
         # inventory is sorted by (addr, gpu): a NIC's first row carries its lowest GPU
         _, first_row = np.unique(gpu_rows["addr"].to_numpy(zero_copy_only=False), return_index=True)
@@ -138,57 +109,88 @@ class Topology:
         return pc.is_in(addrs, value_set=listed).to_numpy(zero_copy_only=False)
 
 
-class _Rows:
-    """The usable rows of a parsed inventory, each NIC once with the GPUs it serves, and a
-    reason for every row that is not usable (by its line)."""
+def _read_csv(payload: bytes, source: str) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
+    """The inventory's columns as text, the line of each row, and the lines skipped for a wrong
+    number of fields."""
+    # One newline spelling, so that the lines counted by _physical_lines are the reader's.
+    payload = payload.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    malformed: list[pacsv.InvalidRow] = []
 
-    def __init__(self, raw: pa.Table, lines: np.ndarray):
-        text = {name: _text(raw, name) for name in TEXT_COLUMNS}
-        addr = pa.array(
-            [None if t is None else canonical_address(t) for t in text["addr"].to_pylist()], pa.string()
+    def skip_malformed(row: pacsv.InvalidRow) -> str:
+        malformed.append(row)
+        return "skip"
+
+    try:
+        raw = pacsv.read_csv(
+            io.BytesIO(payload),
+            read_options=pacsv.ReadOptions(use_threads=False),  # keeps InvalidRow.number known
+            parse_options=pacsv.ParseOptions(invalid_row_handler=skip_malformed),
+            convert_options=pacsv.ConvertOptions(
+                column_types={name: pa.string() for name in TEXT_COLUMNS}, strings_can_be_null=True
+            ),
         )
-        gpu_owner, gpu_index, gpu_error = _gpus(text["gpu"], text["gpus_per_nic"])
-        reasons = [  # the first that applies is the row's
-            (pc.is_null(text["addr"]), lambda i: "no addr"),
-            (pc.is_null(addr), lambda i: f"{text['addr'][i].as_py()!r} is not an IP address"),
-            (pc.is_null(text["host"]), lambda i: "no host"),
-            (gpu_error != "", lambda i: str(gpu_error[i])),
-        ]
-        bad = np.zeros(raw.num_rows, bool)
-        self.problems: dict[int, str] = {}
-        for mask, reason in reasons:
-            new = np.asarray(mask, bool) & ~bad
-            self.problems.update({int(lines[i]): reason(i) for i in np.flatnonzero(new)})
-            bad |= new
+    except (pa.ArrowInvalid, UnicodeDecodeError) as error:
+        raise TopologyError(f"{source}: not a readable CSV inventory ({error})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in raw.column_names]
+    if missing:
+        raise TopologyError(f"{source}: inventory lacks column(s) {', '.join(missing)}")
+    # The reader numbers non-empty lines, the header as 1; the table's rows are the others in order.
+    line_of_row = _physical_lines(payload)
+    skipped = np.array([row.number for row in malformed], np.int64)
+    data_rows = np.setdiff1d(np.arange(2, len(line_of_row) + 1), skipped)
+    problems = {
+        int(line_of_row[row.number - 1]): f"{row.actual_columns} fields where the header has {row.expected_columns}"
+        for row in malformed
+    }
+    return raw, line_of_row[data_rows - 1], problems
 
-        # An address listed again keeps its first row's host; a row naming another host is a problem.
-        encoded = pc.dictionary_encode(addr)
-        codes = pc.fill_null(encoded.indices, 0).to_numpy()  # a null addr is a bad row: never used
-        good = np.flatnonzero(~bad)
-        listed, first_position = np.unique(codes[good], return_index=True)
-        first_of_code = np.full(len(encoded.dictionary), -1)
-        first_of_code[listed] = good[first_position]
-        host = text["host"].to_numpy(zero_copy_only=False)
-        first = first_of_code[codes[good]]
-        conflict = good[host[good] != host[first]]
-        for i, j in zip(conflict.tolist(), first_of_code[codes[conflict]].tolist()):
-            self.problems[int(lines[i])] = f"{addr[i].as_py()} is on host {host[j]!r} at line {lines[j]}"
-        bad[conflict] = True
 
-        keep = np.unique(first_of_code[codes[~bad]])
-        self.nics = pa.table(
-            {"addr": addr.take(keep), "host": text["host"].take(keep),
-             "leaf": text["leaf"].take(keep), "pod": text["pod"].take(keep)}
-        )
-        served = ~bad[gpu_owner]  # a NIC's GPUs are those of all its usable rows
-        self.gpus = pa.table(
-            {"addr": addr.take(pa.array(gpu_owner[served])), "gpu": pa.array(gpu_index[served], pa.int32())}
-        ).group_by(["addr", "gpu"], use_threads=False).aggregate([])
+def _usable_rows(raw: pa.Table, lines: np.ndarray) -> tuple[pa.Table, dict[int, str]]:
+    """TOPOLOGY rows of the usable rows of a parsed inventory (a row per GPU a NIC serves, one
+    with a null gpu per NIC serving none), and why each other row is not usable, by line."""
+    text = {name: _text(raw, name) for name in TEXT_COLUMNS}
+    addr = pa.array(
+        [None if t is None else canonical_address(t) for t in text["addr"].to_pylist()], pa.string()
+    )
+    gpu_owner, gpu_index, gpu_error = _gpus(text["gpu"], text["gpus_per_nic"])
+    reasons = [  # the first that applies is the row's
+        (pc.is_null(text["addr"]), lambda i: "no addr"),
+        (pc.is_null(addr), lambda i: f"{text['addr'][i].as_py()!r} is not an IP address"),
+        (pc.is_null(text["host"]), lambda i: "no host"),
+        (gpu_error != "", lambda i: str(gpu_error[i])),
+    ]
+    bad = np.zeros(raw.num_rows, bool)
+    problems: dict[int, str] = {}
+    for mask, reason in reasons:
+        new = np.asarray(mask, bool) & ~bad
+        problems.update({int(lines[i]): reason(i) for i in np.flatnonzero(new)})
+        bad |= new
 
-    def inventory(self) -> pa.Table:
-        """TOPOLOGY rows: one per GPU a NIC serves, one with a null gpu per NIC serving none."""
-        joined = self.nics.join(self.gpus, "addr", join_type="left outer", use_threads=False)
-        return joined.select(TOPOLOGY.names).cast(TOPOLOGY).sort_by([("addr", "ascending"), ("gpu", "ascending")])
+    # An address listed again keeps its first row's host; a row naming another host is a problem.
+    encoded = pc.dictionary_encode(addr)
+    codes = pc.fill_null(encoded.indices, 0).to_numpy()  # a null addr is a bad row: never used
+    good = np.flatnonzero(~bad)
+    listed, first_position = np.unique(codes[good], return_index=True)
+    first_of_code = np.full(len(encoded.dictionary), -1)
+    first_of_code[listed] = good[first_position]
+    host = text["host"].to_numpy(zero_copy_only=False)
+    first = first_of_code[codes[good]]
+    conflict = good[host[good] != host[first]]
+    for i, j in zip(conflict.tolist(), first_of_code[codes[conflict]].tolist()):
+        problems[int(lines[i])] = f"{addr[i].as_py()} is on host {host[j]!r} at line {lines[j]}"
+    bad[conflict] = True
+
+    keep = np.unique(first_of_code[codes[~bad]])
+    nics = pa.table(
+        {"addr": addr.take(keep), "host": text["host"].take(keep),
+         "leaf": text["leaf"].take(keep), "pod": text["pod"].take(keep)}
+    )
+    served = ~bad[gpu_owner]  # a NIC's GPUs are those of all its usable rows
+    gpus = pa.table(
+        {"addr": addr.take(pa.array(gpu_owner[served])), "gpu": pa.array(gpu_index[served], pa.int32())}
+    ).group_by(["addr", "gpu"], use_threads=False).aggregate([])
+    rows = nics.join(gpus, "addr", join_type="left outer", use_threads=False).select(TOPOLOGY.names)
+    return rows.cast(TOPOLOGY).sort_by([("addr", "ascending"), ("gpu", "ascending")]), problems
 
 
 def _text(raw: pa.Table, name: str) -> pa.Array:
