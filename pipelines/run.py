@@ -7,6 +7,7 @@ and step numbers of the one before it.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import apache_beam as beam
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
@@ -27,7 +30,18 @@ from pipelines.staging import staging_area
 from pipelines.ingest import NAMESPACE, HourRange, IngestFlows, write_hour
 from prism_core.ingest import parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS
-from prism_core.topology import Topology, TopologyError
+from prism_core.topology import Topology, TopologyError, first_few
+
+log = logging.getLogger(__name__)
+
+NO_INVENTORY = (
+    "no NIC inventory: pass --topology FILE (a CSV of addr,host,gpu[,leaf,pod]), or --no-topology to "
+    "take every address for its own host, which splits each multi-host job by rail and makes its issues unreliable"
+)
+WITHOUT_INVENTORY = (
+    "no NIC inventory (--no-topology): every address was taken for its own GPU on its own host, so a job "
+    "spanning hosts is reported once per rail, and its parallelism and issues are not reliable"
+)
 
 
 class RunError(RuntimeError):
@@ -39,6 +53,7 @@ class RunSummary:
     hours: list[datetime]
     counters: dict[str, int] = field(default_factory=dict)  # rows_read, flows, quarantined, ...
     per_hour: dict[str, dict[str, int]] = field(default_factory=dict)  # hour key -> table rows
+    warnings: list[str] = field(default_factory=list)  # what the operator must know about the results
 
 
 def list_flow_files(flows_dir: str) -> list[str]:
@@ -142,18 +157,21 @@ def run_hours(
     end: datetime,
     *,
     topology_path: str | None = None,
+    no_topology: bool = False,
     beam_args: Sequence[str] = (),
     on_stage: Callable[[str], None] = lambda stage: None,
 ) -> RunSummary:
+    """Without `topology_path` the run is refused unless `no_topology` asks for it."""
     hours = warehouse.hours_between(start, end)
     if not hours:
         raise RunError(f"empty hour range: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}")
+    topology = load_topology(topology_path, no_topology=no_topology)
     Path(root).mkdir(parents=True, exist_ok=True)
-    topology = load_topology(topology_path)
     on_stage("checking the input")
     require_flows_in(flows_dir, hours)
     on_stage("ingest")
     summary = run_ingest(flows_dir, root, hours, beam_args)
+    summary.warnings = inventory_warnings(topology, root, hours)
     for hour in hours:
         on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
         summary.per_hour[warehouse.hour_key(hour)].update(run_analysis(root, hour, topology, beam_args))
@@ -186,18 +204,51 @@ def require_previous_hour_analyzed(root: str, hour: datetime) -> None:
         )
 
 
-def load_topology(path: str | None) -> Topology:
+def load_topology(path: str | None, *, no_topology: bool = False) -> Topology:
+    """The inventory at `path`; without one, a refusal unless `no_topology` (every address its own
+    host). Rows the inventory could not use are logged."""
     if path is None:
+        if not no_topology:
+            raise RunError(NO_INVENTORY)
         return Topology.empty()
+    if no_topology:
+        raise RunError("--topology and --no-topology exclude each other")
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             payload = handle.read()
     except (OSError, IOError) as error:
         raise RunError(f"cannot read topology file {path!r}: {error}") from None
     try:
-        return Topology.from_csv_bytes(payload, path)
+        topology = Topology.from_csv_bytes(payload, path)
     except TopologyError as error:
         raise RunError(str(error)) from None
+    if topology.topology_problems:
+        log.warning("%s: %s", path, skipped_rows(topology))
+    return topology
+
+
+def skipped_rows(topology: Topology) -> str:
+    problems = list(topology.topology_problems)
+    return f"{len(problems)} inventory row{'s' if len(problems) > 1 else ''} skipped ({first_few(problems)})"
+
+
+def inventory_warnings(topology: Topology, root: str, hours: list[datetime]) -> list[str]:
+    """What the run summary says about the inventory: none used, rows it skipped (logged when it
+    was loaded), and the addresses of the ingested hours it does not list at all."""
+    if not topology.from_inventory:
+        log.warning(WITHOUT_INVENTORY)
+        return [WITHOUT_INVENTORY]
+    warnings = [skipped_rows(topology)] if topology.topology_problems else []
+    paths = [warehouse.partition_dir(root, "flow_minutes", hour) / warehouse.DATA_FILE for hour in hours]
+    minutes = pa.concat_tables(pq.read_table(path, columns=["src_addr", "dst_addr"]) for path in paths)
+    unlisted = topology.unlisted(pa.chunked_array(minutes["src_addr"].chunks + minutes["dst_addr"].chunks, pa.string()))
+    if len(unlisted):
+        warnings.append(
+            f"{len(unlisted)} addresses in the flows are not in the inventory and were analyzed as non-GPU "
+            f"endpoints (jobs on a GPU host it lacks are not found): {first_few(unlisted.to_pylist())}"
+        )
+        log.warning(warnings[-1])
+    return warnings
 
 
 def run_analysis(root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = ()) -> dict[str, int]:
@@ -210,7 +261,7 @@ def run_analysis(root: str, hour: datetime, topology: Topology, beam_args: Seque
     require_previous_hour_analyzed(root, hour)
     # The inventory this analysis used, for the capacity reports; none without one.
     if topology.from_inventory:
-        warehouse.write_topology(root, topology.table)
+        warehouse.write_topology(root, topology.inventory)
     else:
         warehouse.topology_path(root).unlink(missing_ok=True)
     hour_ns = int(hour.timestamp()) * 10**9

@@ -116,6 +116,7 @@ def run(
     flows: Annotated[str, typer.Option(help="Directory of flow files (Parquet, goflow2 JSONL, CSV)")],
     warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
     topology: Annotated[Optional[Path], typer.Option(help="NIC inventory CSV")] = None,
+    no_topology: Annotated[bool, typer.Option(help="Run without an inventory: every address its own host")] = False,
     start: Annotated[Optional[str], typer.Option(help="First hour (UTC); default: first flow")] = None,
     end: Annotated[Optional[str], typer.Option(help="End, exclusive; default: after the last flow")] = None,
 ) -> None:
@@ -130,13 +131,13 @@ def run(
             console.print("finding the time range of the flows ...")
             found_first, found_last = infer_range(flows)
             first, last = first or found_first, last or found_last
-        summary = _run_with_progress(flows, warehouse, first, last, topology, ctx.args)
+        summary = _run_with_progress(flows, warehouse, first, last, topology, ctx.args, no_topology)
     except RunError as error:
         fail(str(error))
     _print_run(summary, warehouse)
 
 
-def _run_with_progress(flows, warehouse, first, last, topology, beam_args):
+def _run_with_progress(flows, warehouse, first, last, topology, beam_args, no_topology=False):
     from pipelines.run import run_hours
     from pipelines.warehouse import hours_between
 
@@ -148,6 +149,7 @@ def _run_with_progress(flows, warehouse, first, last, topology, beam_args):
         summary = run_hours(
             flows, str(warehouse), first, last,
             topology_path=str(topology) if topology else None,
+            no_topology=no_topology,
             beam_args=beam_args,
             on_stage=lambda stage: progress.update(task, description=stage, completed=next(finished)),
         )
@@ -170,6 +172,8 @@ def _print_run(summary, warehouse: Path) -> None:
         f"{counters.get('flows', 0):,} flows, {counters.get('quarantined', 0):,} quarantined, "
         f"{counters.get('duplicates', 0):,} duplicates, {counters.get('out_of_range', 0):,} outside the range"
     )
+    for warning in summary.warnings:
+        console.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
     console.print(f"warehouse: {warehouse}/  (DuckDB: duckdb -readonly {warehouse}/prism.duckdb)")
 
 
