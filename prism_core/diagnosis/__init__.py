@@ -58,7 +58,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core import waste
-from prism_core.arrays import time_segments
+from prism_core.arrays import (
+    combined_key,
+    group_first_index,
+    group_median,
+    group_mode,
+    group_reduce,
+    rolling_median,
+    segment_median,
+    time_segments,
+)
 from prism_core.bocd import NormalGammaPrior, bocd
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, KIND_CODES, PP, UNCLASSIFIED
 from prism_core.constants import NS_PER_S as NS
@@ -532,7 +541,7 @@ class _Run:
         sel &= ~(self.warmup | self.split)[np.maximum(job.step, 0)]
         step, rate = job.step[sel], job.nbytes[sel] / np.maximum(seconds[sel], 1e-9)
         size = np.unique(job.nbytes[sel], return_inverse=True)[1]
-        ratio = rate / _group_median(_key(step, size), rate) if sel.any() else rate
+        ratio = rate / group_median(combined_key(step, size), rate) if sel.any() else rate
         self.link_ratio = (step, job.src[sel], job.dst[sel], ratio)
         if not sel.any():
             return culprit, score
@@ -541,9 +550,9 @@ class _Run:
         flow_addr = np.concatenate([job.src[sel], job.dst[sel]])
         flow_peer = np.concatenate([job.dst[sel], job.src[sel]])
         flow_step, ratio = np.concatenate([step, step]), np.concatenate([ratio, ratio])
-        key = _key(flow_step, flow_addr)
-        capacity = _group_reduce(key, ratio, np.maximum)
-        one_peer = _group_reduce(key, flow_peer, np.minimum) == _group_reduce(key, flow_peer, np.maximum)
+        key = combined_key(flow_step, flow_addr)
+        capacity = group_reduce(key, ratio, np.maximum)
+        one_peer = group_reduce(key, flow_peer, np.minimum) == group_reduce(key, flow_peer, np.maximum)
         sole_peer = np.where(one_peer, flow_peer, -1)
         rows = np.unique(key, return_index=True)[1]  # one row per (step, address)
         step, addr, capacity, sole_peer = flow_step[rows], flow_addr[rows], capacity[rows], sole_peer[rows]
@@ -587,7 +596,7 @@ class _Run:
         # a transfer class: kind, size and direction along the pipeline (forward or backward)
         direction = np.sign(job.stage_of_host[job.host_of_addr[job.dst[sel]]] - job.stage_of_host[host]) + 1
         size = np.unique(job.nbytes[sel], return_inverse=True)[1]
-        kind = _key(job.kind[sel], size, direction)
+        kind = combined_key(job.kind[sel], size, direction)
         step, start = job.step[sel], job.start[sel]
         order = np.lexsort((start, host, kind, step))
         step, kind, start, host = step[order], kind[order], start[order], host[order]
@@ -595,20 +604,20 @@ class _Run:
         # an unusual number of flows in a step (a lost record, a flow across the step boundary)
         # is left out of that step, and classes whose count varies from step to step (MoE
         # all-to-all sizes) are left out altogether.
-        sender_group = _key(step, kind, host)
-        sent = _group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
-        class_of_host = _key(kind, host)
-        usual = sent == _group_mode(class_of_host, sent)
-        regular = _group_reduce(class_of_host, usual / sent, np.add) / _group_reduce(class_of_host, 1.0 / sent, np.add)
+        sender_group = combined_key(step, kind, host)
+        sent = group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
+        class_of_host = combined_key(kind, host)
+        usual = sent == group_mode(class_of_host, sent)
+        regular = group_reduce(class_of_host, usual / sent, np.add) / group_reduce(class_of_host, 1.0 / sent, np.add)
         kept = usual & (regular >= REGULAR_SHARE)
         step, kind, start, host, sender_group = (a[kept] for a in (step, kind, start, host, sender_group))
         if not len(step):
             return culprit, lateness
-        ordinal = np.arange(len(step)) - _group_first_index(sender_group)
+        ordinal = np.arange(len(step)) - group_first_index(sender_group)
         stage = job.stage_of_host[host]
-        peers = _key(step, kind, stage, ordinal)
-        peer_first = _group_reduce(peers, start, np.minimum)
-        peer_hosts = _group_reduce(peers, np.ones(len(step)), np.add)
+        peers = combined_key(step, kind, stage, ordinal)
+        peer_first = group_reduce(peers, start, np.minimum)
+        peer_hosts = group_reduce(peers, np.ones(len(step)), np.add)
         # against its stage peers in the same step (seconds), or alone against its own rhythm. A
         # flow whose stage peers' flows were left out has no reference in that step: as a share of
         # the step, its own rhythm moves with any change of the job's pace (a degradation), which
@@ -618,11 +627,11 @@ class _Run:
         step, kind, start, host, ordinal, peer_first, alone = (
             a[compared] for a in (step, kind, start, host, ordinal, peer_first, alone))
         position = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
-        structure = _key(kind, host, ordinal)
+        structure = combined_key(kind, host, ordinal)
         # median and MAD: robust while a straggler makes up to half of the steps late
-        usual = _group_median(structure, position)
-        noise = MAD_TO_SIGMA * _group_median(structure, np.abs(position - usual))
-        seen = _group_reduce(structure, np.ones(len(step)), np.add)
+        usual = group_median(structure, position)
+        noise = MAD_TO_SIGMA * group_median(structure, np.abs(position - usual))
+        seen = group_reduce(structure, np.ones(len(step)), np.add)
         excess = position - usual
         late = (excess > np.where(alone, config.late_min_share, config.late_min_s))
         late &= (excess > config.late_sigmas * noise) & (seen >= 5)
@@ -669,20 +678,20 @@ class _Run:
         durations = np.r_[history, job.duration]
         clean = np.r_[np.ones(len(history), bool), ~(self.checkpoint | self.warmup | self.windowed)]
         logs = np.log(durations)
-        rough = _rolling_median(logs, clean, np.zeros(len(logs), int), config.baseline_steps)
+        rough = rolling_median(logs, clean, np.zeros(len(logs), int), config.baseline_steps)
         diffs = np.diff(logs[clean])
         self.sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(diffs))) / np.sqrt(2) if len(diffs) > 4 else 0.02, 1e-3)
         limit = np.log(max(config.slow_step_delta, 1 + config.jitter_sigmas * self.sigma))
         outlier = clean & (logs - rough > limit)
         clean &= ~outlier
         segment = self.segments(logs, clean, outlier, limit)
-        baseline = np.exp(_rolling_median(logs, clean, segment, config.baseline_steps))
+        baseline = np.exp(rolling_median(logs, clean, segment, config.baseline_steps))
         self.segment = segment[len(history):]
         self.segment_before = segment[len(history) - 1] if len(history) else segment[0]
         self.baseline = baseline[len(history):]
         # a window of many steps is measured against its segment's level, not against the few
         # clean steps at its edges
-        self.level = np.exp(_segment_median(logs, clean, segment))[len(history):]
+        self.level = np.exp(segment_median(logs, clean, segment))[len(history):]
         self.limit = float(np.exp(limit))
         # A checkpoint step is a step plus the job's usual saving time: a stall right after a
         # checkpoint can join it (the timeline cannot split them), and it still costs time.
@@ -887,14 +896,14 @@ class _Run:
             return None
         # transfers: flows of one pair and size within launch skew of each other
         size = np.unique(job.nbytes[idx], return_inverse=True)[1]
-        pair_step = _key(job.step[idx], job.src[idx], job.dst[idx], size)
+        pair_step = combined_key(job.step[idx], job.src[idx], job.dst[idx], size)
         order = np.lexsort((job.start[idx], pair_step))
         idx, pair_step, size = idx[order], pair_step[order], size[order]
         start, end = job.start[idx], job.end[idx]
         first_of_pair = np.r_[True, pair_step[1:] != pair_step[:-1]]
         flow_transfer, _, t_start, t_end = time_segments(pair_step, start, end, TRANSFER_GAP_S)
         heads = np.flatnonzero(np.r_[True, flow_transfer[1:] != flow_transfer[:-1]])
-        t_seconds = _group_median(flow_transfer, end - start)[heads]
+        t_seconds = group_median(flow_transfer, end - start)[heads]
         step, src, dst, size = job.step[idx][heads], job.src[idx][heads], job.dst[idx][heads], size[heads]
         pair_head = np.flatnonzero(first_of_pair[heads])
         per_pair = np.diff(np.r_[pair_head, len(heads)])
@@ -905,8 +914,8 @@ class _Run:
         # pipeline pair is left out)
         values, counts = np.unique(per_pair, return_counts=True)
         m = int(values[np.argmax(values * counts)])
-        transfer_class = _key(src, dst, size)
-        activation = _group_mode(transfer_class, count) == m
+        transfer_class = combined_key(src, dst, size)
+        activation = group_mode(transfer_class, count) == m
         # place each transfer in its replica's pipeline
         host_stage = job.stage_of_host[job.host_of_addr]
         forward = host_stage[src] < host_stage[dst]
@@ -914,7 +923,7 @@ class _Run:
         replica = job.replica_of_addr[dst]
         placed = (host_stage[src] != host_stage[dst]) & (hop >= 0) & (hop < pp - 1) & (replica >= 0)
         # a step is measured when every activation class moved its m transfers
-        complete = _group_reduce(step, (~activation | (count == m)).astype(np.int64), np.minimum) == 1
+        complete = group_reduce(step, (~activation | (count == m)).astype(np.int64), np.minimum) == 1
         keep = placed & activation & complete
         slowed = np.isin(src, ends) | np.isin(dst, ends)
         if not (keep & slowed).any():
@@ -923,13 +932,13 @@ class _Run:
         peers = keep & ~slowed
         if not peers.any():
             return None
-        in_step = _key(step, size)
+        in_step = combined_key(step, size)
         peer_keys, first_of_key = np.unique(in_step[peers], return_index=True)
-        peer_seconds = _group_median(in_step[peers], t_seconds[peers])[first_of_key]
+        peer_seconds = group_median(in_step[peers], t_seconds[peers])[first_of_key]
         at = np.clip(np.searchsorted(peer_keys, in_step), 0, len(peer_keys) - 1)
         same = peer_keys[at] == in_step
         overall = np.full(size.max() + 1, np.nan)  # per size over all steps, where peers sent it
-        overall[size[peers]] = _group_median(size[peers], t_seconds[peers])
+        overall[size[peers]] = group_median(size[peers], t_seconds[peers])
         usual_seconds = np.where(same, peer_seconds[at], overall[size])
         usual_seconds = np.where(slowed, usual_seconds, t_seconds)
         keep &= np.isfinite(usual_seconds)
@@ -968,7 +977,7 @@ class _Run:
         # goes on when the last one has arrived
         flat = np.ravel_multi_index(where, shape)
         cell, first = np.unique(flat, return_index=True)
-        sent.flat[cell] = _group_median(flat, t_start)[first]
+        sent.flat[cell] = group_median(flat, t_start)[first]
         np.maximum.at(arrived, where, t_end)
         arrived[~np.isfinite(arrived)] = np.nan
         pp = hops + 1
@@ -1035,7 +1044,7 @@ class _Run:
             return name, {"ends_indistinguishable": True}
         step, src, dst, ratio = self.link_ratio
         mine = np.isin(step, steps) & ((src == code) | (dst == code))
-        pair = _key(src[mine], dst[mine])
+        pair = combined_key(src[mine], dst[mine])
         pairs, first = np.unique(pair, return_index=True)
         pair_ratio = np.array([np.max(ratio[mine][pair == p]) for p in pairs])
         slow_pairs = pair_ratio < self.config.slow_link_ratio
@@ -1125,7 +1134,7 @@ class _Run:
             return None
         burst = np.r_[0, np.cumsum(np.diff(start) > LOAD_GAP_S)]
         loaded = np.bincount(burst, weights=nbytes)
-        readers = np.bincount(burst[np.unique(_key(burst, dst), return_index=True)[1]], minlength=len(loaded))
+        readers = np.bincount(burst[np.unique(combined_key(burst, dst), return_index=True)[1]], minlength=len(loaded))
         saved = state.checkpoint_bytes or writers * LOAD_MIN_SHARD_BYTES
         loads = np.flatnonzero((loaded >= LOAD_SHARE * saved) & (readers >= LOAD_SHARE * writers))
         if not len(loads):
@@ -1273,7 +1282,7 @@ class _Run:
         mine = slot[addr] >= 0
         hit = mine & (phase > since[np.maximum(slot[addr], 0)]) & (phase <= until)
         busy_steps = np.zeros(len(addrs))
-        pairs = np.unique(_key(slot[addr[hit]], step[hit]), return_index=True)[1]
+        pairs = np.unique(combined_key(slot[addr[hit]], step[hit]), return_index=True)[1]
         np.add.at(busy_steps, slot[addr[hit]][pairs], 1)
         return busy_steps >= max(len(steps), 1) / 2
 
@@ -1414,83 +1423,6 @@ def _rhythm(numbers: np.ndarray, min_repeats: int) -> tuple[int, int] | None:
 def _position(sorted_names: np.ndarray, name: str) -> int:
     at = int(np.searchsorted(sorted_names, name))
     return at if at < len(sorted_names) and sorted_names[at] == name else -1
-
-
-def _key(*columns: np.ndarray) -> np.ndarray:
-    """One int64 per row identifying the combination of non-negative integer columns."""
-    key = np.zeros(len(columns[0]), np.int64)
-    for column in columns:
-        column = np.asarray(column, np.int64)
-        key = key * (int(column.max(initial=0)) + 2) + column + 1
-    return key
-
-
-def _group_first_index(sorted_key: np.ndarray) -> np.ndarray:
-    """For a sorted key array: the index of each row's group's first row."""
-    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
-    return np.repeat(starts, np.diff(np.r_[starts, len(sorted_key)]))
-
-
-def _group_reduce(key: np.ndarray, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
-    """ufunc.reduce of `values` over each key group, broadcast back to the rows."""
-    order = np.argsort(key, kind="stable")
-    sorted_key = key[order]
-    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
-    reduced = ufunc.reduceat(values[order], starts)
-    out = np.empty(len(key), reduced.dtype)
-    out[order] = np.repeat(reduced, np.diff(np.r_[starts, len(key)]))
-    return out
-
-
-def _group_mode(key: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Most frequent value of each key group (the smallest on ties), broadcast back to the rows."""
-    radix = int(values.max(initial=0)) + 1
-    pairs, counts = np.unique(key * radix + values, return_counts=True)
-    pair_key, pair_value = np.divmod(pairs, radix)
-    order = np.lexsort((-counts, pair_key))
-    first = order[np.r_[True, pair_key[order][1:] != pair_key[order][:-1]]]
-    return pair_value[first][np.searchsorted(pair_key[first], key)]
-
-
-def _group_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Median of `values` over each key group, broadcast back to the rows."""
-    # sorted by value, then stably by key: what lexsort does, ~20% faster on a million rows
-    by_value = np.argsort(values, kind="stable")
-    order = by_value[np.argsort(key[by_value], kind="stable")]
-    sorted_key, sorted_values = key[order], values[order]
-    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
-    counts = np.diff(np.r_[starts, len(key)])
-    median = (sorted_values[starts + (counts - 1) // 2] + sorted_values[starts + counts // 2]) / 2
-    out = np.empty(len(key))
-    out[order] = np.repeat(median, counts)
-    return out
-
-
-def _rolling_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray, half: int) -> np.ndarray:
-    """Median of the valid values within `half` positions and the same segment; positions with no
-    such neighbour take the median of their segment's valid values (or of all valid values)."""
-    n = len(values)
-    index = np.arange(n)[:, None] + np.arange(-half, half + 1)[None, :]
-    inside = (index >= 0) & (index < n)
-    index = np.clip(index, 0, n - 1)
-    usable = inside & valid[index] & (segment[index] == segment[:, None])
-    window = np.sort(np.where(usable, values[index], np.inf), axis=1)
-    count = usable.sum(axis=1)
-    rows = np.arange(n)
-    lo, hi = np.maximum((count - 1) // 2, 0), np.maximum(count // 2, 0)
-    median = (window[rows, lo] + window[rows, hi]) / 2
-    return np.where(count > 0, median, _segment_median(values, valid, segment))
-
-
-def _segment_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray) -> np.ndarray:
-    """Median of the valid values of each position's segment (of all valid values when its
-    segment has none)."""
-    medians = np.full(len(values), np.median(values[valid]) if valid.any() else np.median(values))
-    for s in np.unique(segment):
-        mine = valid & (segment == s)
-        if mine.any():
-            medians[segment == s] = np.median(values[mine])
-    return medians
 
 
 def _rounded(value):
