@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 RADIX_SPAN = 1 << 16  # numpy sorts 16-bit integers stably with a radix sort, in linear time
+MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
