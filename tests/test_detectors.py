@@ -13,7 +13,7 @@ from prism_core.constants import NS_PER_S as NS
 from prism_core.diagnosis import DEFAULT_PARAMS as PARAMS
 from prism_core.diagnosis import checkpoints, degradation, diagnose_job, hangs, restarts, slow_links, slow_steps
 from prism_core.diagnosis import stragglers
-from prism_core.diagnosis.baseline import fit_baseline
+from prism_core.diagnosis.baseline import Baseline, fit_baseline
 from prism_core.diagnosis.issues import Issue, issues_table
 from prism_core.diagnosis.job_hour import JobHour, StepMasks
 from prism_core.diagnosis.state import CheckpointState, DiagnosisState, HangState, LevelState, Progress
@@ -78,6 +78,18 @@ def no_masks(n: int) -> StepMasks:
     return StepMasks(warmup=np.zeros(n, bool), checkpoint=np.zeros(n, bool), windowed=np.zeros(n, bool))
 
 
+def find_checkpoints(job: JobHour) -> tuple[checkpoints.Checkpoints, CheckpointState]:
+    """The checkpoints of a job first seen this hour, without warm-up."""
+    return checkpoints.find_checkpoints(job, np.zeros(job.n_steps, bool), CheckpointState(), FIRST_STEP_NS, PARAMS)
+
+
+def fit_without_writes(job: JobHour, masks: StepMasks) -> Baseline:
+    """The baseline of a job first seen this hour, whose checkpoints (if any) wrote nothing."""
+    nothing = np.full(job.n_steps, np.nan)
+    return fit_baseline(job, masks, checkpoints.Checkpoints(masks.checkpoint, nothing, nothing, FIRST_STEP_NS), (), (),
+                        PARAMS)
+
+
 def jittered(n: int, seed: int = 1, step_s: float = 1.0) -> np.ndarray:
     return step_s * np.random.default_rng(seed).lognormal(0.0, 0.01, n)
 
@@ -100,7 +112,7 @@ def _saving_job() -> tuple[JobHour, np.ndarray]:
 
 def test_checkpoints_are_the_written_steps_and_the_long_steps_on_their_rhythm():
     job, _ = _saving_job()
-    found, state = checkpoints.find_checkpoints(job, np.zeros(job.n_steps, bool), CheckpointState(), FIRST_STEP_NS, PARAMS)
+    found, state = find_checkpoints(job)
     assert np.flatnonzero(found.step).tolist() == [9, 19, 29, 39]  # not the stall (45) nor the long step 50
     assert state.checkpoint_rhythm == (10, 9)
     assert state.last_checkpoint_ns == job.ns(job.step_end[39])
@@ -113,7 +125,7 @@ def test_checkpoints_are_the_written_steps_and_the_long_steps_on_their_rhythm():
 
 def test_a_checkpoint_step_is_not_a_slow_step_but_a_stall_is():
     job, durations = _saving_job()
-    found, _ = checkpoints.find_checkpoints(job, np.zeros(job.n_steps, bool), CheckpointState(), FIRST_STEP_NS, PARAMS)
+    found, _ = find_checkpoints(job)
     masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
     fit = fit_baseline(job, masks, found, (), (), PARAMS)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
@@ -123,6 +135,7 @@ def test_a_checkpoint_step_is_not_a_slow_step_but_a_stall_is():
     assert stall.wasted_gpu_s == pytest.approx(4 * (durations[45] - fit.expected[45]), rel=1e-9)
     assert stall.wasted_gpu_s == pytest.approx(4 * 1.0, rel=0.05)  # 1 s on 4 GPUs
     assert stall.severity == "critical"  # a whole step longer
+    assert json.loads(long_step.evidence)["step"] == 50 and not json.loads(long_step.evidence)["checkpoint"]
     # the usual saving time (~2 s) is what the checkpoints took over their baseline
     assert checkpoints.saving_times((), fit.saving, slow[found.step], PARAMS) == pytest.approx((2.0,) * 4, abs=0.05)
 
@@ -205,8 +218,7 @@ def test_a_slow_link_window_names_the_slow_address():
     (window,) = slow_links.link_windows(job, found, None, PARAMS)
     assert window.run.tolist() == list(range(10, 30))
     masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
-    fit = fit_baseline(job, masks, checkpoints.Checkpoints(masks.checkpoint, np.full(job.n_steps, np.nan),
-                                                           np.full(job.n_steps, np.nan), FIRST_STEP_NS), (), (), PARAMS)
+    fit = fit_without_writes(job, masks)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
     (issue,), open_window = slow_links.link_issues(job, [window], None, masks, slow, fit, found, PARAMS)
     assert issue.subject == "10.0.5.1"  # both its transfers are slow: the NIC, not one link
@@ -227,8 +239,7 @@ def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
     assert lateness[25] == pytest.approx(0.2, abs=0.01)
     (window,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
     masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
-    fit = fit_baseline(job, masks, checkpoints.Checkpoints(masks.checkpoint, np.full(job.n_steps, np.nan),
-                                                           np.full(job.n_steps, np.nan), FIRST_STEP_NS), (), (), PARAMS)
+    fit = fit_without_writes(job, masks)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
     assert not slow.any()  # the window's steps are the straggler's, not slow steps
     (issue,), _ = stragglers.straggler_issues(job, [window], None, masks, slow, fit, PARAMS)
@@ -245,12 +256,12 @@ def test_a_level_rise_is_one_degradation_still_open_at_the_hours_end():
     durations[120:] *= 1.2
     job = make_hour(durations)
     masks = no_masks(job.n_steps)
-    fit = fit_baseline(job, masks, checkpoints.Checkpoints(masks.checkpoint, np.full(200, np.nan),
-                                                           np.full(200, np.nan), FIRST_STEP_NS), (), (), PARAMS)
+    fit = fit_without_writes(job, masks)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
     (issue,), level = degradation.degradation_issues(job, fit, masks, slow, LevelState(), PARAMS)
     assert issue.kind == "degradation" and issue.start == job.ns(job.step_start[120])
-    assert json.loads(issue.evidence)["level_s"] / json.loads(issue.evidence)["baseline_s"] == pytest.approx(1.2, abs=0.01)
+    evidence = json.loads(issue.evidence)
+    assert evidence["level_s"] / evidence["baseline_s"] == pytest.approx(1.2, abs=0.01)
     assert issue.wasted_gpu_s == pytest.approx(0.2 * 80 * 4, rel=0.05)
     assert level.open_degradation.issue_id == issue.issue_id and level.level_s == pytest.approx(1.0, abs=0.01)
 
@@ -271,7 +282,7 @@ def _hung_job(**fields) -> JobHour:
 
 def test_a_hang_names_the_gpu_that_went_silent_first_and_lasts_until_the_watchdog():
     job = _hung_job()
-    found, state = checkpoints.find_checkpoints(job, np.zeros(20, bool), CheckpointState(), FIRST_STEP_NS, PARAMS)
+    found, state = find_checkpoints(job)
     stop = hangs.describe_stop(job, found, None, PARAMS)
     assert stop.silent_first == ("10.0.3.1",) and stop.staggered and stop.mid_step
     assert stop.at_ns == job.ns(20.95)  # its last transfer ended
@@ -285,7 +296,7 @@ def test_a_hang_names_the_gpu_that_went_silent_first_and_lasts_until_the_watchdo
 
 def test_a_stop_whose_hosts_another_job_takes_is_no_hang():
     job = _hung_job(other_host=np.array(["gpu3"]), other_first=np.array([40.0]), other_last=np.array([3000.0]))
-    found, state = checkpoints.find_checkpoints(job, np.zeros(20, bool), CheckpointState(), FIRST_STEP_NS, PARAMS)
+    found, state = find_checkpoints(job)
     issues, stop, _, _ = hangs.watch_stop(job, Progress(), None, None, found, state, None, PARAMS)
     assert issues == [] and stop.decided and not stop.hang
 
@@ -329,7 +340,7 @@ def test_issue_rows_carry_severity_confidence_and_rounded_evidence():
 
 def test_state_round_trips_and_refuses_an_unknown_layout():
     job = _hung_job()
-    found, state = checkpoints.find_checkpoints(job, np.zeros(20, bool), CheckpointState(), FIRST_STEP_NS, PARAMS)
+    found, state = find_checkpoints(job)
     _, stop, _, _ = hangs.watch_stop(job, Progress(), None, None, found, state, None, PARAMS)
     dumped = DiagnosisState(progress=Progress(steps_seen=20, first_step_ns=FIRST_STEP_NS), checkpoints=state,
                             hangs=HangState(stop=stop)).dump()
