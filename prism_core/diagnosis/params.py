@@ -116,6 +116,9 @@ class DiagnosisParams:
     # steps) of the prior mean of a new level
     change_hazard_steps: float = 1000.0
     level_prior_steps: float = 0.1
+    # a pipeline stage's backward pass per micro-batch, x its forward, when its transfers cannot
+    # tell the two apart (a single micro-batch)
+    backward_per_forward: float = 2.0
 
 
 DEFAULT_PARAMS = DiagnosisParams()

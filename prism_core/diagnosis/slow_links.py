@@ -276,7 +276,7 @@ def pipeline_delay(job: JobHour, code: int, steps: np.ndarray, params: Diagnosis
     comm, usual = np.zeros(shape), np.zeros(shape)
     np.maximum.at(comm, where, t_seconds[keep])
     np.maximum.at(usual, where, usual_seconds[keep])
-    fwd_s, bwd_s = _stage_compute(shape, where, t_start[keep], t_end[keep], comm)
+    fwd_s, bwd_s = _stage_compute(shape, where, t_start[keep], t_end[keep], comm, params.backward_per_forward)
     if fwd_s is None:
         return None
     fwd = np.broadcast_to(fwd_s[:, None, None], (len(measured), dp, pp))
@@ -289,12 +289,12 @@ def pipeline_delay(job: JobHour, code: int, steps: np.ndarray, params: Diagnosis
             "step_delay_s": float(np.mean(delay))}
 
 
-def _stage_compute(shape: tuple, where: tuple, t_start: np.ndarray, t_end: np.ndarray,
-                   comm: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+def _stage_compute(shape: tuple, where: tuple, t_start: np.ndarray, t_end: np.ndarray, comm: np.ndarray,
+                   backward_per_forward: float) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Per measured step, a stage's forward and backward time per micro-batch, from its
     transfers (see `pipeline_delay`): medians over the replicas and hops that show them, the
-    window's median for a step that shows none. Backward is taken as twice the forward when
-    the transfers cannot tell them apart (a single micro-batch)."""
+    window's median for a step that shows none. Backward is taken as `backward_per_forward` x
+    the forward when the transfers cannot tell them apart (a single micro-batch)."""
     steps, dp, hops, _, m = shape
     sent = np.full(shape, np.nan)
     arrived = np.full(shape, -np.inf)
@@ -320,6 +320,6 @@ def _stage_compute(shape: tuple, where: tuple, t_start: np.ndarray, t_end: np.nd
     if not np.isfinite(c).all():
         return None, None
     split = np.isfinite(f) & (f < c)
-    f = np.where(split, f, c / 3)
+    f = np.where(split, f, c / (1 + backward_per_forward))
     return f, c - f
 
