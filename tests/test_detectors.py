@@ -11,8 +11,16 @@ import pytest
 from prism_core.constants import DP, UNCLASSIFIED
 from prism_core.constants import NS_PER_S as NS
 from prism_core.diagnosis import DEFAULT_PARAMS as PARAMS
-from prism_core.diagnosis import checkpoints, degradation, diagnose_job, hangs, restarts, slow_links, slow_steps
-from prism_core.diagnosis import stragglers
+from prism_core.diagnosis import (
+    checkpoints,
+    degradation,
+    diagnose_job,
+    hangs,
+    restarts,
+    slow_links,
+    slow_steps,
+    stragglers,
+)
 from prism_core.diagnosis.baseline import Baseline, fit_baseline
 from prism_core.diagnosis.issues import Issue, issues_table
 from prism_core.diagnosis.job_hour import JobHour, StepMasks

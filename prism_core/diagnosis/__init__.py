@@ -56,8 +56,8 @@ def diagnose_job(
                         hour_end_ns, params)
     issues, open_hang = hangs.continue_hang(job, state.hangs.open_hang, params)
     resumes = restarts.find_resumes(job, state.progress, params)
-    checkpoints_found, checkpoint_state = checkpoints.find_checkpoints(job, resumes.warmup, state.checkpoints,
-                                                           resumes.first_step_ns, params)
+    checkpoints_found, checkpoint_state = checkpoints.find_checkpoints(
+        job, resumes.warmup, state.checkpoints, resumes.first_step_ns, params)
     stop, open_windows = state.hangs.stop, {}
     level = LevelState(state.level.recent_s, state.level.level_s)  # a degradation is open while steps show it
     if job.n_steps:
