@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 RADIX_SPAN = 1 << 16  # numpy sorts 16-bit integers stably with a radix sort, in linear time
+MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
@@ -64,3 +65,94 @@ def time_segments(
     last_of_segment = np.r_[first_of_segment[1:] - 1, len(opens) - 1]
     last_end = reach[last_of_segment] - offset[last_of_segment] + base
     return segment, key_sorted[opens], start[first_of_segment], last_end
+
+
+def combined_key(*columns: np.ndarray) -> np.ndarray:
+    """One int64 per row identifying the combination of integer columns (each at least -1, the
+    code of an unknown), in the lexicographic order of the columns."""
+    key = np.zeros(len(columns[0]), np.int64)
+    for column in columns:
+        column = np.asarray(column, np.int64)
+        key = key * (int(column.max(initial=0)) + 2) + column + 1
+    return key
+
+
+def _group_starts(sorted_key: np.ndarray) -> np.ndarray:
+    """Index of the first row of each group of a sorted key array (none when it is empty)."""
+    return np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if len(sorted_key) else np.zeros(0, np.int64)
+
+
+def group_first_index(sorted_key: np.ndarray) -> np.ndarray:
+    """For a sorted key array: the index of each row's group's first row."""
+    starts = _group_starts(sorted_key)
+    return np.repeat(starts, np.diff(np.r_[starts, len(sorted_key)]))
+
+
+def group_reduce(key: np.ndarray, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """ufunc.reduce of `values` over each key group, broadcast back to the rows."""
+    if not len(key):
+        return np.empty(0, values.dtype)
+    order = stable_order(key)
+    starts = _group_starts(key[order])
+    reduced = ufunc.reduceat(values[order], starts)
+    out = np.empty(len(key), reduced.dtype)
+    out[order] = np.repeat(reduced, np.diff(np.r_[starts, len(key)]))
+    return out
+
+
+def group_mode(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Most frequent value of each key group (the smallest on ties), broadcast back to the rows;
+    values are non-negative integers."""
+    if not len(key):
+        return np.empty(0, values.dtype)
+    radix = int(values.max(initial=0)) + 1
+    pairs, counts = np.unique(key * radix + values, return_counts=True)
+    pair_key, pair_value = np.divmod(pairs, radix)
+    order = np.lexsort((-counts, pair_key))
+    first = order[np.r_[True, pair_key[order][1:] != pair_key[order][:-1]]]
+    return pair_value[first][np.searchsorted(pair_key[first], key)]
+
+
+def group_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Median of `values` over each key group, broadcast back to the rows."""
+    if not len(key):
+        return np.empty(0)
+    # sorted by value, then stably by key: what lexsort does, ~20% faster on a million rows
+    by_value = np.argsort(values, kind="stable")
+    order = by_value[stable_order(key[by_value])]
+    sorted_key, sorted_values = key[order], values[order]
+    starts = _group_starts(sorted_key)
+    counts = np.diff(np.r_[starts, len(key)])
+    median = (sorted_values[starts + (counts - 1) // 2] + sorted_values[starts + counts // 2]) / 2
+    out = np.empty(len(key))
+    out[order] = np.repeat(median, counts)
+    return out
+
+
+def rolling_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray, half: int) -> np.ndarray:
+    """Median of the valid values within `half` positions and the same segment; positions with no
+    such neighbour take the median of their segment's valid values (or of all valid values)."""
+    n = len(values)
+    index = np.arange(n)[:, None] + np.arange(-half, half + 1)[None, :]
+    inside = (index >= 0) & (index < n)
+    index = np.clip(index, 0, n - 1)
+    usable = inside & valid[index] & (segment[index] == segment[:, None])
+    window = np.sort(np.where(usable, values[index], np.inf), axis=1)
+    count = usable.sum(axis=1)
+    rows = np.arange(n)
+    lo, hi = np.maximum((count - 1) // 2, 0), np.maximum(count // 2, 0)
+    median = (window[rows, lo] + window[rows, hi]) / 2
+    return np.where(count > 0, median, segment_median(values, valid, segment))
+
+
+def segment_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Median of the valid values of each position's segment (of all valid values when its
+    segment has none; of all values when none is valid)."""
+    if not len(values):
+        return np.zeros(0)
+    medians = np.full(len(values), np.median(values[valid]) if valid.any() else np.median(values))
+    for s in np.unique(segment):
+        mine = valid & (segment == s)
+        if mine.any():
+            medians[segment == s] = np.median(values[mine])
+    return medians

@@ -48,7 +48,7 @@ def load_scenario(scenario: Path) -> tuple[dict[str, pa.Table], pa.Table, dict]:
     return truth, flows, noise
 
 
-def diagnose_from_truth(scenario: Path, config: diagnosis.DiagnosisConfig = diagnosis.DEFAULT_CONFIG) -> TruthRun:
+def diagnose_from_truth(scenario: Path, params: diagnosis.DiagnosisParams = diagnosis.DEFAULT_PARAMS) -> TruthRun:
     """Diagnose every network-visible truth job, hour by hour, from truth-derived inputs."""
     truth, flows, noise = load_scenario(scenario)
     owner = _owners(flows, truth)
@@ -78,7 +78,7 @@ def diagnose_from_truth(scenario: Path, config: diagnosis.DiagnosisConfig = diag
             result = diagnosis.diagnose_job(
                 job_id, flows.filter(pa.array(mine)), gpus.filter(pc.equal(gpus["job_id"], job_id)),
                 pairs.filter(pc.equal(pairs["job_id"], job_id)), conform(job_steps, STEPS), EVENTS.empty_table(),
-                states.get(job_id), hour_start, hour_end, membership, config)
+                states.get(job_id), hour_start, hour_end, membership, params)
             states[job_id] = json.loads(json.dumps(result.state))  # as the warehouse would store it
             found.append(result.issues)
     issues = pa.concat_tables(found) if found else ISSUES.empty_table()
