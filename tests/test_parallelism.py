@@ -13,7 +13,7 @@ from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
 from prism_core.simulate.scenarios import FaultSpec, JobSpec
 from prism_core.simulate.schedule import plan_job
 from prism_core.simulate.traffic import KIND_NAMES
-from test_jobs import HOUR0, recognize_hours, scenario_flows
+from test_recognition import HOUR0, recognize_hours, scenario_flows
 
 SECONDS = 150.0
 
