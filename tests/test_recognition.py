@@ -2,6 +2,7 @@
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from prism_core.analysis import split_flows_by_job
 from prism_core.evaluate import jobs as job_scores
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates, minute_of
-from prism_core.recognition import SEGMENT_GAP_NS, Recognition, recognize_hour, recognize_minute
+from prism_core.recognition import DEFAULT_PARAMS, Recognition, recognize_hour, recognize_minute
 from prism_core.schema import FLOW_MINUTES, FLOWS, TS, conform
 from prism_core.topology import Topology
 
@@ -112,8 +113,8 @@ def test_jaccard_threshold_decides_the_rail_merge():
     # rail 0 over hosts 0-2 and rail 1 over hosts 2-4: one shared host of five, Jaccard 0.2
     topology = inventory(5)
     rows = ring([0, 1, 2], [0], 4 << 20, rails=[0]) + ring([2, 3, 4], [0], 4 << 20, rails=[1])
-    assert len(recognize_minute(table(rows), topology, jaccard=0.5)) == 2
-    assert len(recognize_minute(table(rows), topology, jaccard=0.2)) == 1
+    assert len(recognize_minute(table(rows), topology)) == 2
+    assert len(recognize_minute(table(rows), topology, params=replace(DEFAULT_PARAMS, jaccard=0.2))) == 1
 
 
 def pipeline_job(minutes, parts_size=4 << 20, **span):
@@ -341,7 +342,7 @@ def test_a_job_taking_hosts_where_both_jobs_share_a_size_starts_with_its_own_pai
     first_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["first_seen"].cast(pa.int64()).to_pylist()))
     # it begins with its own pairs' traffic, or with the all-to-all on the shared pairs in the
     # moments before (its first collective reaches its pairs within them)
-    begins = at + 14 * SECOND - SEGMENT_GAP_NS
+    begins = at + 14 * SECOND - DEFAULT_PARAMS.handover_lead_in_ns
     assert first_seen[new_id] == begins
     spans = {(r["job_id"], r["host"]): (r["first_ns"], r["last_ns"]) for r in found.membership.to_pylist()}
     assert spans[old_id, "host00"][1] == begins - 1  # the old job holds it until then
