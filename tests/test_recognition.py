@@ -15,7 +15,9 @@ from prism_core.analysis import split_flows_by_job
 from prism_core.evaluate import jobs as job_scores
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates, minute_of
-from prism_core.recognition import DEFAULT_PARAMS, Recognition, recognize_hour, recognize_minute
+from prism_core.recognition import (
+    DEFAULT_PARAMS, STATE_VERSION, Recognition, RecognitionState, recognize_hour, recognize_minute,
+)
 from prism_core.schema import FLOW_MINUTES, FLOWS, TS, conform
 from prism_core.topology import Topology
 
@@ -117,6 +119,15 @@ def test_jaccard_threshold_decides_the_rail_merge():
     assert len(recognize_minute(table(rows), topology, params=replace(DEFAULT_PARAMS, jaccard=0.2))) == 1
 
 
+def test_a_jaccard_threshold_above_the_rails_similarity_keeps_them_apart():
+    # rail 0 over hosts 0-3 and rail 1 over hosts 1-4: three shared hosts of five, Jaccard 0.6
+    topology = inventory(5)
+    rows = ring([0, 1, 2, 3], [0], 4 << 20, rails=[0]) + ring([1, 2, 3, 4], [0], 4 << 20, rails=[1])
+    assert hosts_of(recognize_minute(table(rows), topology)) == [[f"10.0.{h}" for h in range(5)]]
+    apart = recognize_minute(table(rows), topology, params=replace(DEFAULT_PARAMS, jaccard=0.7))
+    assert hosts_of(apart) == [[f"10.0.{h}" for h in range(4)], [f"10.0.{h}" for h in range(1, 5)]]
+
+
 def pipeline_job(minutes, parts_size=4 << 20, **span):
     """An 8-host job, stages of 4 hosts: a collective over all hosts on rail 0 (one component),
     and on rails 4-7 only the pipeline hops host i -> host i + 4 (four two-host components, whose
@@ -203,6 +214,16 @@ def test_restart_on_the_same_hosts_keeps_the_id():
     assert len(restart) == 1
     assert restart[0]["at_ns"] == HOUR0 + 25 * MINUTE_NS + SECOND
     assert json.loads(restart[0]["detail"])["gap_s"] == pytest.approx(5 * 60 + 2)
+
+
+def test_a_restart_window_shorter_than_the_silence_makes_the_resumed_traffic_a_new_job():
+    topology = inventory(2)
+    minutes = [m for m in range(60) if not 20 <= m < 25]  # five silent minutes
+    rows = ring([0, 1], minutes, 4 << 20) + ring([0, 1], minutes, 96 << 20, flows=4)
+    found = recognize_hour(table(rows), topology, None, HOUR0, params=replace(DEFAULT_PARAMS, restart_window_ns=4 * MINUTE_NS))
+    lives = sorted(zip(*(found.jobs[name].cast(pa.int64()).to_pylist() for name in ("first_seen", "last_seen", "restarts"))))
+    assert lives == [(HOUR0 + SECOND, HOUR0 + 19 * MINUTE_NS + 59 * SECOND, 0),
+                     (HOUR0 + 25 * MINUTE_NS + SECOND, HOUR0 + 59 * MINUTE_NS + 59 * SECOND, 0)]
 
 
 def test_a_checkpoint_save_longer_than_a_restart_gap_is_no_restart():
@@ -450,6 +471,35 @@ def test_a_job_seen_until_the_hour_end_closes_in_the_next_hour():
     assert job["status"] == "ended"
     assert second.events["kind"].to_pylist() == ["end"]
     assert second.state["jobs"] == []  # silent for longer than a restart could be
+
+
+# --- the state handed to the next hour -------------------------------------------------------------
+
+
+def test_state_round_trips_through_json():
+    # host02-host03 stopped 20 minutes before the hour's end (carried: it may still restart),
+    # host00-host01 runs to the end
+    topology = inventory(4)
+    rows = ring([2, 3], range(10, 40), 6 << 20) + ring([0, 1], range(50, 60), 4 << 20)
+    rows += ring([0, 1], range(50, 60), 96 << 20, flows=4)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    state = RecognitionState.load(json.loads(json.dumps(found.state)))
+    assert state.dump() == found.state
+    assert RecognitionState.load(state.dump()) == state
+    stopped, running = state.tracks  # in creation order
+    assert (stopped.hosts, stopped.status, stopped.reported_end) == (("host02", "host03"), "ended", True)
+    assert stopped.last_end_ns == HOUR0 + 39 * MINUTE_NS + 59 * SECOND
+    assert (running.hosts, running.status, running.restarts) == (("host00", "host01"), "running", 0)
+    # (size, flows, minutes): 8 rails both ways, 12 and 4 flows per row, over 10 minutes
+    assert running.signature == ((4 << 20, 16 * 12 * 10, 10), (96 << 20, 16 * 4 * 10, 10))
+    assert RecognitionState.load(None) == RecognitionState.load({}) == RecognitionState()
+
+
+def test_a_state_of_another_version_is_refused():
+    found = recognize_hour(table(ring([0, 1], range(50, 60), 4 << 20)), inventory(2), None, HOUR0)
+    older = {**found.state, "version": STATE_VERSION - 1}
+    with pytest.raises(ValueError, match=f"version {STATE_VERSION - 1}, this Prism reads version {STATE_VERSION}"):
+        recognize_hour(FLOW_MINUTES.empty_table(), inventory(2), older, HOUR0 + HOUR_NS)
 
 
 # --- on simulated scenarios -----------------------------------------------------------------------
