@@ -220,8 +220,10 @@ def test_a_restart_window_shorter_than_the_silence_makes_the_resumed_traffic_a_n
     topology = inventory(2)
     minutes = [m for m in range(60) if not 20 <= m < 25]  # five silent minutes
     rows = ring([0, 1], minutes, 4 << 20) + ring([0, 1], minutes, 96 << 20, flows=4)
-    found = recognize_hour(table(rows), topology, None, HOUR0, params=replace(DEFAULT_PARAMS, restart_window_ns=4 * MINUTE_NS))
-    lives = sorted(zip(*(found.jobs[name].cast(pa.int64()).to_pylist() for name in ("first_seen", "last_seen", "restarts"))))
+    impatient = replace(DEFAULT_PARAMS, restart_window_ns=4 * MINUTE_NS)
+    found = recognize_hour(table(rows), topology, None, HOUR0, params=impatient)
+    columns = ("first_seen", "last_seen", "restarts")
+    lives = sorted(zip(*(found.jobs[name].cast(pa.int64()).to_pylist() for name in columns)))
     assert lives == [(HOUR0 + SECOND, HOUR0 + 19 * MINUTE_NS + 59 * SECOND, 0),
                      (HOUR0 + 25 * MINUTE_NS + SECOND, HOUR0 + 59 * MINUTE_NS + 59 * SECOND, 0)]
 
