@@ -58,7 +58,7 @@ def recognize_hour(
     """Jobs of one hour from its `flow_minutes`, continuing the jobs of `previous_state` (the
     previous hour's `Recognition.state`)."""
     vocabulary = HostVocabulary(topology)
-    tracks = [Track.load(carried, vocabulary) for carried in RecognitionState.load(previous_state).tracks]
+    tracks = [Track.from_state(carried, vocabulary) for carried in RecognitionState.load(previous_state).tracks]
     observations = observe(flow_minutes, vocabulary, minute_of_rows(flow_minutes), params)
     tracker = Tracker(tracks, vocabulary, saves(flow_minutes, vocabulary), params)
     for minute_rows in rows_by_minute(observations.minute_ns):

@@ -46,7 +46,7 @@ class Track:
     last_presence: int = -1
 
     @classmethod
-    def load(cls, carried: CarriedTrack, vocabulary: HostVocabulary) -> Track:
+    def from_state(cls, carried: CarriedTrack, vocabulary: HostVocabulary) -> Track:
         signature = np.array(carried.signature, np.int64).reshape(-1, 3)
         return cls(
             job_id=carried.job_id,
@@ -62,7 +62,7 @@ class Track:
             running_at_load=carried.status == "running",
         )
 
-    def carried(self, vocabulary: HostVocabulary) -> CarriedTrack:
+    def to_state(self, vocabulary: HostVocabulary) -> CarriedTrack:
         signature = np.stack([self.sizes, self.size_flows, self.size_minutes], axis=1).tolist()
         return CarriedTrack(
             job_id=self.job_id,
@@ -375,7 +375,7 @@ class Tracker:
         took (in creation order, so a newer job's hosts win when the state is loaded)."""
         owning = self.owners.owning()
         return RecognitionState(tuple(
-            track.carried(self.vocabulary)
+            track.to_state(self.vocabulary)
             for index, track in enumerate(self.tracks)
             if index in owning
             and (track.status == "running" or hour_end_ns - track.last_end_ns <= self.params.restart_window_ns)
