@@ -18,10 +18,10 @@ from apache_beam.metrics import Metrics
 
 from pipelines import warehouse
 from pipelines.staging import read_staged, stage_tables
-from prism_core import jobs
 from prism_core.analysis import (
     JOB_FLOW_COLUMNS, analyze_job, assemble_hour, jobs_to_analyze, open_membership, split_flows_by_job,
 )
+from prism_core.recognition import recognize_hour
 from prism_core.topology import Topology
 
 NAMESPACE = "prism.analyze"
@@ -96,7 +96,7 @@ class AnalyzeHour(beam.PTransform):
             | "ReadMinutes" >> beam.ParDo(ReadRowGroups())
             | "OneTable" >> beam.combiners.ToList()
             | "Recognize" >> beam.Map(
-                lambda parts: jobs.recognize_hour(
+                lambda parts: recognize_hour(
                     concat(parts), self.topology, self.previous.get("jobs"), self.hour[0]
                 )
             )

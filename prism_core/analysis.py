@@ -14,10 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core import diagnosis, jobs, parallelism, timeline
+from prism_core import diagnosis, parallelism, timeline
 from prism_core.arrays import group_indices
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import MINUTE_NS
+from prism_core.recognition import Recognition, recognize_hour
 from prism_core.schema import COMM_PAIRS, FLOWS, JOB_GPUS, TABLES
 from prism_core.topology import Topology
 
@@ -98,7 +99,7 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
         yield job_ids[code].as_py(), job_flows.take(kept[rows])
 
 
-def open_membership(recognition: jobs.Recognition, hour_start_ns: int) -> pa.Table:
+def open_membership(recognition: Recognition, hour_start_ns: int) -> pa.Table:
     """The membership with the spans a job holds its hosts for, not just the span of its traffic:
     a job running when the hour began (known from earlier hours, or heard in the hour's first
     minute) holds its hosts from the hour's start, and a job still running at the hour's end holds
@@ -135,7 +136,7 @@ def open_membership(recognition: jobs.Recognition, hour_start_ns: int) -> pa.Tab
     return membership.drop_columns(["held_at_end", "held_at_start"])
 
 
-def jobs_to_analyze(recognition: jobs.Recognition, previous: dict) -> list[str]:
+def jobs_to_analyze(recognition: Recognition, previous: dict) -> list[str]:
     """Every job recognized this hour, and every silent job the previous hour left something
     open for: a last step to close (timeline state) or an ongoing issue."""
     recognized = set(recognition.jobs["job_id"].to_pylist())
@@ -149,7 +150,7 @@ def _open_issue_jobs(state: dict) -> set[str]:
 def analyze_job(
     job_id: str,
     batches: list[pa.Table],
-    recognition: jobs.Recognition,
+    recognition: Recognition,
     previous: dict,
     hour_start_ns: int,
     hour_end_ns: int,
@@ -185,7 +186,7 @@ def analyze_job(
     )
 
 
-def assemble_hour(analyses: list[JobAnalysis], recognition: jobs.Recognition) -> HourAnalysis:
+def assemble_hour(analyses: list[JobAnalysis], recognition: Recognition) -> HourAnalysis:
     """The hour's tables from every job's analysis, and the state the next hour starts from."""
     analyses = sorted(analyses, key=lambda a: a.job_id)
     degrees = {a.job_id: a.degrees for a in analyses}
@@ -214,7 +215,7 @@ def analyze_hour(
 ) -> HourAnalysis:
     """The whole analysis of one hour in one process (what the Beam pipeline distributes)."""
     previous = previous or {}
-    recognition = jobs.recognize_hour(flow_minutes, topology, previous.get("jobs"), hour_start_ns)
+    recognition = recognize_hour(flow_minutes, topology, previous.get("jobs"), hour_start_ns)
     hour_end_ns = hour_start_ns + 60 * MINUTE_NS
     flows_of = dict(split_flows_by_job(flows, open_membership(recognition, hour_start_ns)))
     analyses = [

@@ -21,7 +21,7 @@ import pytest
 from prism_core import diagnosis, waste
 from prism_core.evaluate import issues as issue_scorer
 from prism_core.ingest import dedupe, parse_flow_file
-from prism_core.jobs import EVENTS, MEMBERSHIP
+from prism_core.recognition import EVENTS, MEMBERSHIP
 from prism_core.minutes import HOUR_NS
 from prism_core.schema import COMM_PAIRS, FLOWS, ISSUE_KINDS, ISSUES, JOB_GPUS, STEPS, conform
 from prism_core.truth import TRUTH_TABLES
