@@ -26,7 +26,7 @@ from prism_core.diagnosis.issues import Issue, issues_table
 from prism_core.diagnosis.job_hour import JobHour, StepMasks
 from prism_core.diagnosis.state import CheckpointState, DiagnosisState, HangState, LevelState, Progress
 from prism_core.diagnosis.windows import span_mask
-from prism_core.jobs import EVENTS, MEMBERSHIP
+from prism_core.recognition import EVENTS, MEMBERSHIP
 from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, STEPS, conform
 
 ORIGIN_NS = 1_795_338_000 * NS  # the hour's start

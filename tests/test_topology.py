@@ -6,13 +6,13 @@ import logging
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from test_jobs import ring, table
+from test_recognition import ring, table
 from typer.testing import CliRunner
 
 from pipelines import warehouse
 from pipelines.run import RunError, infer_range, inventory_warnings, load_topology, run_hours
 from prism_cli.main import app
-from prism_core import jobs
+from prism_core import recognition
 from prism_core.topology import Topology, TopologyError
 
 HEADER = "addr,host,gpu,leaf,pod\n"
@@ -45,7 +45,7 @@ def test_cpu_hosts_and_a_gpu_hosts_frontend_nic_are_no_job_members():
     ) + "10.100.0.1,host00,,frontend,pod0\n"
     topology = inventory(text)
     assert topology.is_gpu_nic(["10.250.0.1", "10.100.0.1", "10.0.1.3"]).tolist() == [False, False, True]
-    (found,) = jobs.recognize_minute(table(ring([0, 1], [0], 4 << 20, rails=range(4))), topology)
+    (found,) = recognition.recognize_minute(table(ring([0, 1], [0], 4 << 20, rails=range(4))), topology)
     assert found.tolist() == sorted(f"10.0.{h}.{r}" for h in range(2) for r in range(4))
 
 
@@ -65,7 +65,7 @@ def test_a_nic_serving_two_gpus(shared_nics):
     # recognition sees each NIC once, with the first GPU it serves
     assert topology.table.num_rows == 12
     assert topology.lookup(["10.0.1.2"])["gpu"].to_pylist() == [4]
-    (found,) = jobs.recognize_minute(table(ring([0, 1, 2], [0], 4 << 20, rails=range(4))), topology)
+    (found,) = recognition.recognize_minute(table(ring([0, 1, 2], [0], 4 << 20, rails=range(4))), topology)
     assert len(found) == 12
 
 

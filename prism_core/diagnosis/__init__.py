@@ -45,9 +45,9 @@ def diagnose_job(
 ) -> Diagnosis:
     """Issues of one job over [hour_start_ns, hour_end_ns).
 
-    `hour_membership` (prism_core.jobs.MEMBERSHIP, every job of the hour) tells whether the job's
+    `hour_membership` (prism_core.recognition.MEMBERSHIP, every job of the hour) tells whether the job's
     hosts were taken by another job after it fell silent, and how far the hour's data reaches;
-    without it the hour is assumed complete and no host taken. `events` (prism_core.jobs.EVENTS)
+    without it the hour is assumed complete and no host taken. `events` (prism_core.recognition.EVENTS)
     add host replacements to the restart evidence. Call this also for a job without flows whose
     previous state has an open issue (`has_open_issue`), so an ongoing hang keeps counting.
     """

@@ -71,7 +71,7 @@ class JobHour:
     def build(cls, job_id: str, flows: pa.Table, gpus: pa.Table, pairs: pa.Table, steps: pa.Table,
               events: pa.Table | None, membership: pa.Table | None, hour_start_ns: int, hour_end_ns: int,
               params: DiagnosisParams) -> JobHour:
-        """The hour of `job_id` from its tables. `membership` (prism_core.jobs.MEMBERSHIP, every job of
+        """The hour of `job_id` from its tables. `membership` (prism_core.recognition.MEMBERSHIP, every job of
         the hour) tells which hosts other jobs took and how far the hour's data reaches: to the hour's
         end, unless the last flow of any job came more than `data_end_margin_s` before it (the data
         ends within this hour) or there was none; without it, the hour is complete and no host taken."""
