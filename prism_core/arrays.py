@@ -41,22 +41,24 @@ def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
 
 
 def time_segments(
-    key: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int
+    key: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int | np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Split each key's [start, end] intervals into segments of overlapping intervals, bridging
-    pauses up to `gap`. Returns the segment of every interval, and the key, first start and last
-    end of every segment; segments are numbered in (key, first start) order."""
+    pauses up to `gap` (one for all, or the pause each interval may follow). Returns the segment
+    of every interval, and the key, first start and last end of every segment; segments are
+    numbered in (key, first start) order."""
     order = np.lexsort((start, key))
     key_sorted, start, end = key[order], start[order], end[order]
+    gap = np.broadcast_to(gap, order.shape)[order]
     # Running max of ends within each key: offset every key by more than the widest time span.
     base = start.min()
-    width = int(max(end.max(), start.max()) - base) + gap + 1
+    width = int(max(end.max(), start.max()) - base) + gap.max().item() + 1
     dense_key = np.r_[0, np.cumsum(key_sorted[1:] != key_sorted[:-1])]
     if (int(dense_key[-1]) + 1) * width >= np.iinfo(np.int64).max:
         raise OverflowError(f"too many keys ({int(dense_key[-1]) + 1}) for intervals this long to segment")
     offset = dense_key.astype(np.int64) * width
     reach = np.maximum.accumulate(offset + (end - base))
-    opens = np.r_[True, (dense_key[1:] != dense_key[:-1]) | (offset[1:] + start[1:] - base > reach[:-1] + gap)]
+    opens = np.r_[True, (dense_key[1:] != dense_key[:-1]) | (offset[1:] + start[1:] - base > reach[:-1] + gap[1:])]
     segment_sorted = np.cumsum(opens) - 1
     segment = np.empty_like(segment_sorted)
     segment[order] = segment_sorted
