@@ -33,6 +33,19 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct[order], rank[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
+def combination_ids(*columns: np.ndarray) -> np.ndarray:
+    """An id per row, the same for rows equal in every column; ids count up in the order of
+    `np.lexsort(columns)` (last column first)."""
+    order = np.lexsort(columns)
+    changes = np.zeros(len(order), bool)
+    for column in columns:
+        ordered = column[order]
+        changes[1:] |= ordered[1:] != ordered[:-1]
+    ids = np.empty(len(order), np.int64)
+    ids[order] = np.cumsum(changes)
+    return ids
+
+
 def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
     """(key, row indices) for each distinct key, in key order; rows keep their order."""
     order = stable_order(keys)

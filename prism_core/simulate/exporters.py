@@ -29,7 +29,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from prism_core.arrays import stable_order, time_segments
+from prism_core.arrays import combination_ids, stable_order, time_segments
 from prism_core.simulate.cluster import Cluster
 from prism_core.simulate.scenarios import Scenario
 from prism_core.simulate.traffic import TCP, UDP, FlowBatch
@@ -122,14 +122,8 @@ class FlowCache:
         every active timeout from the record's first packet."""
         if not len(records):
             return records
-        columns = (records.proto, records.dst_port, records.src_port, records.dst, records.src,
-                   records.exporter)
-        order = np.lexsort(columns)
-        changes = np.zeros(len(order), np.int64)
-        for column in columns:
-            changes[1:] |= column[order][1:] != column[order][:-1]
-        five_tuple = np.empty(len(order), np.int64)
-        five_tuple[order] = np.cumsum(changes)
+        five_tuple = combination_ids(records.proto, records.dst_port, records.src_port, records.dst,
+                                     records.src, records.exporter)
         session, *_ = time_segments(five_tuple, records.start, records.end, self.idle_ns[records.exporter])
         return _cut_active(records, session, self.active_ns[records.exporter])
 
@@ -224,12 +218,12 @@ class ExportLayer:
         self.counts.transfers += len(transfers)
         sflow = self.sflow_rate[transfers.exporter] > 1
         cached = self.cached[transfers.exporter]
-        records = Records.concat([
-            self._divided(transfers.take(~sflow & ~cached)),
-            self._sampled(transfers.take(sflow), rng),
-            self._divided(self.cache.update(transfers.take(cached), now_ns)),
-        ])
-        return self._sent(records, rng)
+        parts = [self._divided(transfers.take(~sflow & ~cached))]
+        if sflow.any():
+            parts.append(self._sampled(transfers.take(sflow), rng))
+        if self.cached.any():
+            parts.append(self._divided(self.cache.update(transfers.take(cached), now_ns)))
+        return self._sent(Records.concat(parts) if len(parts) > 1 else parts[0], rng)
 
     def flush(self, rng: np.random.Generator) -> tuple[Records, int]:
         """The records of the flows still in the caches when the scenario ends."""
@@ -301,14 +295,17 @@ class ExportLayer:
             records.nbytes = records.nbytes + EXTENSION * rng.binomial(records.packets, EXTENDED_SHARE)
         delivering = self.cluster.endpoint_leaf[records.dst]
         copied = np.flatnonzero((delivering >= 0) & self.double[np.maximum(delivering, 0)])
-        copies = records.take(copied)
-        copies.exporter = (self.cluster.n_leaves + delivering[copied]).astype(np.int32)
-        self.counts.copies += len(copies)
-        records = Records.concat([records, copies])
-        original = np.r_[np.full(len(records) - len(copies), -1), copied]
+        original = np.full(len(records), -1)
+        if len(copied):
+            copies = records.take(copied)
+            copies.exporter = (self.cluster.n_leaves + delivering[copied]).astype(np.int32)
+            self.counts.copies += len(copies)
+            records, original = Records.concat([records, copies]), np.r_[original, copied]
         if self.options.header_bytes:
             per_packet = np.where(records.proto == UDP, L3_HEADERS[UDP], L3_HEADERS[TCP])
             records.nbytes = records.nbytes + records.packets * (per_packet + ETHERNET * self.ethernet[records.exporter])
+        if not self.loss.any():
+            return records, len(copied)
         kept = self._delivered(records, rng)
         self.counts.lost += int((~kept).sum())
         redundant = int(np.sum(kept & (original >= 0) & kept[np.maximum(original, 0)]))
