@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import fields
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 RADIX_SPAN = 1 << 16  # numpy sorts 16-bit integers stably with a radix sort, in linear time
+
+
+class Columns:
+    """Base of a dataclass of equal-length numpy columns; `dtypes` are the fields' types, in order."""
+
+    dtypes: ClassVar[tuple]
+
+    def __len__(self) -> int:
+        return len(getattr(self, fields(self)[0].name))
+
+    def take(self, index: np.ndarray):
+        return type(self)(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @classmethod
+    def concat(cls, parts: list):
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+    @classmethod
+    def empty(cls):
+        return cls(*(np.empty(0, t) for t in cls.dtypes))
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:

@@ -98,8 +98,7 @@ class FlowSink:
             self.bucket = bucket
             self._route(self.late)
             self.late = []
-        now_ns = (minute + 1) * 60_000_000_000
-        self._export(*self.layer.observe(flows, now_ns, np.random.default_rng([self.seed, minute, 0xE5])),
+        self._export(*self.layer.observe(flows, 60.0 * (minute + 1), np.random.default_rng([self.seed, minute, 0xE5])),
                      np.random.default_rng([self.seed, minute, 0xE4]))
 
     def close(self) -> None:
@@ -131,7 +130,8 @@ class FlowSink:
 
     def _table(self, records: Records, rng: np.random.Generator) -> pa.Table:
         layer, origin = self.layer, self.scenario.start_ns
-        received = records.end + np.round(rng.uniform(*EXPORT_DELAY_S, len(records)) * 1e9).astype(np.int64)
+        delay_ns = np.round(rng.uniform(*EXPORT_DELAY_S, len(records)) * 1e9).astype(np.int64)
+        received = np.round(records.end * 1e9).astype(np.int64) + delay_ns
         start = origin + layer.reported_ns(records.exporter, records.start)
         return pa.table(
             {

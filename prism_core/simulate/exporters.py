@@ -41,51 +41,25 @@ EXTENSION = 16  # an RDMA extended transport header (RETH), or TCP SACK blocks
 EXTENDED_SHARE = 0.25  # packets carrying one
 RECORDS_PER_DATAGRAM = 24  # NetFlow v9 records in one ~1,400-byte export datagram
 SECOND_AGENT_HOST = 128  # a leaf's second agent: its address's last byte is the leaf's + this
-NS = 1_000_000_000
-MS = 1_000_000
+MS = 1_000_000  # ns
 
 
 @dataclass
-class Records:
-    """Flow records as columns: true times in ns from the scenario start, endpoints as indices,
-    `nbytes` and `packets` as the exporter reports them (sampled where `rate` > 1)."""
+class Records(FlowBatch):
+    """Flow records as an exporter sends them: transfers' columns (true times), with `nbytes`
+    and `packets` as it counts them (sampled where `rate` > 1) and the exporter of each."""
 
-    start: np.ndarray  # int64
-    end: np.ndarray  # int64
-    src: np.ndarray  # int32 endpoint
-    dst: np.ndarray  # int32 endpoint
-    src_port: np.ndarray  # int32
-    dst_port: np.ndarray  # int32
-    proto: np.ndarray  # int16
-    nbytes: np.ndarray  # int64
     packets: np.ndarray  # int64
     rate: np.ndarray  # int64: 1-in-N packet sampling
     exporter: np.ndarray  # int32
 
-    def __len__(self) -> int:
-        return len(self.start)
-
-    def take(self, index: np.ndarray) -> Records:
-        return Records(*(getattr(self, f.name)[index] for f in fields(self)))
-
-    @staticmethod
-    def concat(parts: list[Records]) -> Records:
-        return Records(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Records)))
-
-    @staticmethod
-    def empty() -> Records:
-        dtypes = (np.int64, np.int64, np.int32, np.int32, np.int32, np.int32, np.int16, np.int64,
-                  np.int64, np.int64, np.int32)
-        return Records(*(np.empty(0, t) for t in dtypes))
+    dtypes = FlowBatch.dtypes + (np.int64, np.int64, np.int32)
 
     @staticmethod
     def of_transfers(flows: FlowBatch, exporter: np.ndarray) -> Records:
         payload = np.where(flows.proto == UDP, PAYLOAD[UDP], PAYLOAD[TCP])
-        return Records(
-            np.round(flows.start * NS).astype(np.int64), np.round(flows.end * NS).astype(np.int64),
-            flows.src, flows.dst, flows.src_port, flows.dst_port, flows.proto, flows.nbytes,
-            -(-flows.nbytes // payload), np.ones(len(flows), np.int64), exporter.astype(np.int32),
-        )
+        return Records(*(getattr(flows, f.name) for f in fields(FlowBatch)), -(-flows.nbytes // payload),
+                       np.ones(len(flows), np.int64), exporter.astype(np.int32))
 
 
 @dataclass
@@ -100,16 +74,16 @@ class ExportCounts:
 class FlowCache:
     """The flow caches of the exporters that keep one, fed with transfers in time order."""
 
-    def __init__(self, idle_ns: np.ndarray, active_ns: np.ndarray):
-        self.idle_ns, self.active_ns = idle_ns, active_ns  # per exporter
+    def __init__(self, idle_s: np.ndarray, active_s: np.ndarray):
+        self.idle_s, self.active_s = idle_s, active_s  # per exporter
         self.open = Records.empty()  # records that can still grow, at most one per 5-tuple
 
-    def update(self, transfers: Records, now_ns: int) -> Records:
+    def update(self, transfers: Records, now_s: float) -> Records:
         """Adds transfers and returns the records that can no longer grow: every transfer still
-        to come starts at `now_ns` or later."""
+        to come starts at `now_s` or later."""
         records = self._merge(Records.concat([self.open, transfers]))
-        idle, active = self.idle_ns[records.exporter], self.active_ns[records.exporter]
-        growing = (now_ns - records.end <= idle) & (now_ns < records.start + active)
+        idle, active = self.idle_s[records.exporter], self.active_s[records.exporter]
+        growing = (now_s - records.end <= idle) & (now_s < records.start + active)
         self.open = records.take(growing)
         return records.take(~growing)
 
@@ -124,8 +98,8 @@ class FlowCache:
             return records
         five_tuple = combination_ids(records.proto, records.dst_port, records.src_port, records.dst,
                                      records.src, records.exporter)
-        session, *_ = time_segments(five_tuple, records.start, records.end, self.idle_ns[records.exporter])
-        return _cut_active(records, session, self.active_ns[records.exporter])
+        session, *_ = time_segments(five_tuple, records.start, records.end, self.idle_s[records.exporter])
+        return _cut_active(records, session, self.active_s[records.exporter])
 
 
 def _cut_active(records: Records, session: np.ndarray, active: np.ndarray) -> Records:
@@ -134,12 +108,12 @@ def _cut_active(records: Records, session: np.ndarray, active: np.ndarray) -> Re
     shared by time), and the next record starts at the split or at the next transfer. Sessions
     advance together, one record per round."""
     n_sessions = int(session.max()) + 1
-    session_active = np.zeros(n_sessions, np.int64)
+    session_active = np.zeros(n_sessions)
     session_active[session] = active
     pieces, piece_session = records.take(np.arange(len(records))), session.copy()
     label = np.full(len(records), -1, np.int64)
     rows = np.lexsort((records.start, session))  # pieces still to place, by (session, start)
-    first = np.zeros(n_sessions, np.int64)
+    first = np.zeros(n_sessions)
     round_ = 0
     while len(rows):
         ses = piece_session[rows]
@@ -191,7 +165,7 @@ class ExportLayer:
         lowest, highest = np.log2(o.sflow_rate).astype(int)
         self.sflow_rate = np.where(kind < o.sflow, 2 ** draw.integers(lowest, highest + 1, n), 1)
         self.cached = (kind >= o.sflow) & (kind < o.sflow + o.flow_cache)
-        self.cache = FlowCache(_log_uniform_ns(draw, o.idle_timeout_s, n), _log_uniform_ns(draw, o.active_timeout_s, n))
+        self.cache = FlowCache(_log_uniform(draw, o.idle_timeout_s, n), _log_uniform(draw, o.active_timeout_s, n))
         self.double = draw.random(n) < o.double_export
         self.offset_ns = np.r_[offset_ns, np.round(draw.normal(0, scenario.clock_skew_ms * 1e6, n)).astype(np.int64)]
         self.drift_ppm = draw.normal(0, 1, 2 * n) * o.drift_ppm
@@ -210,8 +184,8 @@ class ExportLayer:
         second = [f"172.31.{p}.{SECOND_AGENT_HOST + r + 1}" for p in range(pods) for r in range(rails)]
         return pa.concat_arrays([self.cluster.leaf_addrs, pa.array(second, pa.string())])
 
-    def observe(self, flows: FlowBatch, now_ns: int, rng: np.random.Generator) -> tuple[Records, int]:
-        """The records the exporters send of transfers starting before `now_ns` (the flow caches
+    def observe(self, flows: FlowBatch, now_s: float, rng: np.random.Generator) -> tuple[Records, int]:
+        """The records the exporters send of transfers starting before `now_s` (the flow caches
         keep growing flows for later), and how many of them repeat a record sent too."""
         leaf = self.cluster.endpoint_leaf
         transfers = Records.of_transfers(flows, np.where(leaf[flows.src] >= 0, leaf[flows.src], leaf[flows.dst]))
@@ -222,15 +196,17 @@ class ExportLayer:
         if sflow.any():
             parts.append(self._sampled(transfers.take(sflow), rng))
         if self.cached.any():
-            parts.append(self._divided(self.cache.update(transfers.take(cached), now_ns)))
+            parts.append(self._divided(self.cache.update(transfers.take(cached), now_s)))
         return self._sent(Records.concat(parts) if len(parts) > 1 else parts[0], rng)
 
     def flush(self, rng: np.random.Generator) -> tuple[Records, int]:
         """The records of the flows still in the caches when the scenario ends."""
         return self._sent(self._divided(self.cache.flush()), rng)
 
-    def reported_ns(self, exporter: np.ndarray, true_ns: np.ndarray) -> np.ndarray:
-        """A time as the exporter's clock tells it: offset, drift, and milliseconds where it keeps them."""
+    def reported_ns(self, exporter: np.ndarray, true_s: np.ndarray) -> np.ndarray:
+        """A time (s from the scenario start) in ns as the exporter's clock tells it: offset,
+        drift, and milliseconds where it keeps them."""
+        true_ns = np.round(true_s * 1e9).astype(np.int64)
         drift = np.round(self.drift_ppm[exporter] * 1e-6 * true_ns).astype(np.int64)
         reported = true_ns + self.offset_ns[exporter] + drift
         return np.where(self.milliseconds[exporter], reported // MS * MS, reported)
@@ -260,8 +236,8 @@ class ExportLayer:
         return {
             "kind": "sflow" if self.sflow_rate[i] > 1 else "flow_cache" if cached else "per_transfer",
             "sflow_rate": int(self.sflow_rate[i]),
-            "idle_timeout_s": self.cache.idle_ns[i] / NS if cached else None,
-            "active_timeout_s": self.cache.active_ns[i] / NS if cached else None,
+            "idle_timeout_s": float(self.cache.idle_s[i]) if cached else None,
+            "active_timeout_s": float(self.cache.active_s[i]) if cached else None,
             "base_sampling_rate": int(self.sampling[i]),
             "double_export": bool(self.double[i]),
             **clock,
@@ -282,7 +258,7 @@ class ExportLayer:
         self.counts.unsampled += int((~hit).sum())
         records, sampled, rate = transfers.take(hit), sampled[hit], rate[hit]
         # the first of `sampled` uniform packet times
-        first = records.start + np.round((records.end - records.start) * rng.beta(1, sampled)).astype(np.int64)
+        first = records.start + (records.end - records.start) * rng.beta(1, sampled)
         records.nbytes = np.maximum(np.round(sampled * records.nbytes / records.packets).astype(np.int64), 1)
         records.start, records.end, records.packets, records.rate = first, first, sampled, rate
         return records
@@ -327,5 +303,5 @@ class ExportLayer:
         return kept
 
 
-def _log_uniform_ns(rng: np.random.Generator, bounds: tuple[float, float], n: int) -> np.ndarray:
-    return np.round(np.exp(rng.uniform(*np.log(bounds), n)) * NS).astype(np.int64)
+def _log_uniform(rng: np.random.Generator, bounds: tuple[float, float], n: int) -> np.ndarray:
+    return np.exp(rng.uniform(*np.log(bounds), n))
