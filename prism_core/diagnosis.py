@@ -617,6 +617,8 @@ class _Run:
         compared = alone | (peer_hosts >= 2)
         step, kind, start, host, ordinal, peer_first, alone = (
             a[compared] for a in (step, kind, start, host, ordinal, peer_first, alone))
+        if not len(step):
+            return culprit, lateness
         position = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
         structure = _key(kind, host, ordinal)
         # median and MAD: robust while a straggler makes up to half of the steps late
