@@ -47,6 +47,7 @@ COLUMNS = (
     ("exact counts", "steps", "job_hours_exact_count"),
     ("issues P", "issues", "precision"),
     ("issues R", "issues", "recall"),
+    ("records kept", "ingest", "records_kept"),
     ("dups dropped", "ingest", "duplicates_dropped"),
 )
 
