@@ -78,7 +78,7 @@ def progress_bar(unit: str) -> Progress:
 @app.command()
 def simulate(
     out: Annotated[Path, typer.Option(help="Directory for flows/, topology.csv and truth/")],
-    scenario: Annotated[str, typer.Option(help="tiny, small or fleet")] = "tiny",
+    scenario: Annotated[str, typer.Option(help="tiny, small, fleet or realistic")] = "tiny",
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files")] = 0,
     format: Annotated[str, typer.Option(help="parquet, jsonl or jsonl.gz")] = "parquet",
 ) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import fields
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -10,6 +12,26 @@ import pyarrow.compute as pc
 
 RADIX_SPAN = 1 << 16  # numpy sorts 16-bit integers stably with a radix sort, in linear time
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+
+
+class Columns:
+    """Base of a dataclass of equal-length numpy columns; `dtypes` are the fields' types, in order."""
+
+    dtypes: ClassVar[tuple]
+
+    def __len__(self) -> int:
+        return len(getattr(self, fields(self)[0].name))
+
+    def take(self, index: np.ndarray):
+        return type(self)(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @classmethod
+    def concat(cls, parts: list):
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+    @classmethod
+    def empty(cls):
+        return cls(*(np.empty(0, t) for t in cls.dtypes))
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
@@ -34,6 +56,19 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct[order], rank[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
+def combination_ids(*columns: np.ndarray) -> np.ndarray:
+    """An id per row, the same for rows equal in every column; ids count up in the order of
+    `np.lexsort(columns)` (last column first)."""
+    order = np.lexsort(columns)
+    changes = np.zeros(len(order), bool)
+    for column in columns:
+        ordered = column[order]
+        changes[1:] |= ordered[1:] != ordered[:-1]
+    ids = np.empty(len(order), np.int64)
+    ids[order] = np.cumsum(changes)
+    return ids
+
+
 def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
     """(key, row indices) for each distinct key, in key order; rows keep their order."""
     order = stable_order(keys)
@@ -42,22 +77,24 @@ def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
 
 
 def time_segments(
-    key: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int
+    key: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int | np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Split each key's [start, end] intervals into segments of overlapping intervals, bridging
-    pauses up to `gap`. Returns the segment of every interval, and the key, first start and last
-    end of every segment; segments are numbered in (key, first start) order."""
+    pauses up to `gap` (one for all, or the pause each interval may follow). Returns the segment
+    of every interval, and the key, first start and last end of every segment; segments are
+    numbered in (key, first start) order."""
     order = np.lexsort((start, key))
     key_sorted, start, end = key[order], start[order], end[order]
+    gap = np.broadcast_to(gap, order.shape)[order]
     # Running max of ends within each key: offset every key by more than the widest time span.
     base = start.min()
-    width = int(max(end.max(), start.max()) - base) + gap + 1
+    width = int(max(end.max(), start.max()) - base) + gap.max().item() + 1
     dense_key = np.r_[0, np.cumsum(key_sorted[1:] != key_sorted[:-1])]
     if (int(dense_key[-1]) + 1) * width >= np.iinfo(np.int64).max:
         raise OverflowError(f"too many keys ({int(dense_key[-1]) + 1}) for intervals this long to segment")
     offset = dense_key.astype(np.int64) * width
     reach = np.maximum.accumulate(offset + (end - base))
-    opens = np.r_[True, (dense_key[1:] != dense_key[:-1]) | (offset[1:] + start[1:] - base > reach[:-1] + gap)]
+    opens = np.r_[True, (dense_key[1:] != dense_key[:-1]) | (offset[1:] + start[1:] - base > reach[:-1] + gap[1:])]
     segment_sorted = np.cumsum(opens) - 1
     segment = np.empty_like(segment_sorted)
     segment[order] = segment_sorted

@@ -6,6 +6,7 @@ Output layout under `out_dir` (`flows/` and `truth/` are replaced on every run):
     topology.csv                                             GPU NIC inventory: addr,host,gpu,leaf,pod
     truth/{jobs,job_gpus,pairs,steps,faults}.parquet         prism_core.truth.TRUTH_TABLES
     truth/noise.json                                         noise counts, exporters, background, parameters
+    truth/export.json                                        export options, what each exporter did
 
 Memory stays bounded by one minute of flows plus the export buffers, whatever the scenario length.
 
@@ -84,6 +85,7 @@ def write_scenario(
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(scenario, str):
         scenario = SCENARIOS[scenario]
+    given_seed, seed = seed, seed + (scenario.seed_stream << 32)
     out = Path(out_dir)
     for sub in ("flows", "truth"):
         shutil.rmtree(out / sub, ignore_errors=True)
@@ -120,7 +122,7 @@ def write_scenario(
         writer.writerows(zip(*(topology[c].to_pylist() for c in topology.column_names)))
     counts = sink.counts
     noise = {
-        "seed": seed,
+        "seed": given_seed,
         "format": fmt,
         "rows_written": counts.records + counts.duplicates + sum(counts.malformed.values()),
         "records": counts.records,
@@ -137,6 +139,8 @@ def write_scenario(
         "scenario": _parameters(scenario, plans),
     }
     (out / "truth" / "noise.json").write_text(json.dumps(noise, indent=1, sort_keys=True, default=str))
+    export = {"seed_stream": scenario.seed_stream, **sink.layer.describe()}
+    (out / "truth" / "export.json").write_text(json.dumps(export, indent=1, sort_keys=True))
     return SimulationSummary(
         records=counts.records,
         malformed=sum(counts.malformed.values()),
@@ -150,7 +154,8 @@ def write_scenario(
 
 
 def _parameters(scenario: Scenario, plans: list[JobPlan]) -> dict:
-    params = {k: v for k, v in asdict(scenario).items() if k not in ("jobs", "fleet")}
+    # the export options and seed stream are in export.json
+    params = {k: v for k, v in asdict(scenario).items() if k not in ("jobs", "fleet", "export", "seed_stream")}
     params["jobs"] = {p.job_id: asdict(p.spec) for p in plans}
     return params
 
