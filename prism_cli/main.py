@@ -138,6 +138,9 @@ def evaluate(
     truth: Annotated[Path, typer.Option(help="The simulator's truth/ directory")],
     warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON")] = False,
+    fail_on_miss: Annotated[
+        bool, typer.Option("--fail/--no-fail", help="Exit 1 when a figure misses its target (--no-fail: report only)")
+    ] = True,
 ) -> None:
     """Score the warehouse against simulator truth, stage by stage."""
     from pipelines.evaluation import EvaluationError, evaluate_warehouse
@@ -148,8 +151,14 @@ def evaluate(
         fail(str(error))
     if as_json:
         print(json.dumps(scores, indent=2, sort_keys=True))
-        return
-    _print_scores(scores)
+    else:
+        _print_scores(scores)
+    missed = [f"{stage}.{name}" for stage, metrics in scores.items() for name, figure in metrics.items()
+              if figure.get("ok") is False]
+    if missed and fail_on_miss:
+        # on stderr, so that --json output stays JSON
+        typer.secho(f"{len(missed)} figures miss their target: {', '.join(missed)}", fg="red", err=True)
+        raise typer.Exit(code=1)
 
 
 def _print_scores(scores: dict) -> None:
@@ -161,7 +170,10 @@ def _print_scores(scores: dict) -> None:
             value, target = figure["value"], figure.get("target")
             ok = "" if target is None or figure.get("ok") is None else ("yes" if figure["ok"] else "[red]NO[/]")
             shown = "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
-            table.add_row(stage, name, shown, "" if target is None else str(target), ok)
+            if "count" in figure:
+                shown += f" ({figure['count']}/{figure['of']})"
+            bound = "" if target is None else f"{'<=' if figure.get('at_most') else '>='} {target}"
+            table.add_row(stage, name, shown, bound, ok)
     console.print(table)
 
 
@@ -218,7 +230,7 @@ def demo(
     except RunError as error:
         fail(str(error))
     _print_run(summary, warehouse)
-    evaluate(truth=data / scenario / "truth", warehouse=warehouse, as_json=False)
+    evaluate(truth=data / scenario / "truth", warehouse=warehouse, as_json=False, fail_on_miss=False)
     console.print(
         "\nNext:\n"
         f"  prism report --warehouse {warehouse} --out prism-report.html   (charts and tables)\n"
