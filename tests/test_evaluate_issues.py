@@ -72,7 +72,7 @@ def test_scorer_matches_by_job_kind_time_and_subject():
     # issues: slow_link and hang match; the straggler (wrong host), a3 (wrong NIC), the clean job's
     # slow step and the degradation do not
     assert figures["precision"] == pytest.approx(2 / 6)
-    assert figures["issues_on_a_fault_matched_twice"] == 0
+    assert figures["duplicate_issues"] == 0
     # waste: slow link -25%, hang exact
     assert figures["waste_within_10pct"] == pytest.approx(1 / 2)
     assert figures["median_waste_error"] == pytest.approx(0.125)
@@ -102,7 +102,7 @@ def test_two_issues_on_one_fault_one_is_right_the_other_false():
     figures = figures_of(truth, again)
     assert figures["recall_slow_link"] == 1.0
     assert figures["precision"] == pytest.approx(2 / 7)
-    assert figures["issues_on_a_fault_matched_twice"] == 1
+    assert figures["duplicate_issues"] == 1
     # the fault's waste is its matched issue's (the longer overlap, 150), not the sum of both
     assert figures["median_waste_error"] == pytest.approx(0.125)
 

@@ -48,8 +48,9 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
         figures[f"recall_{kind}"] = Figure.share(detected[of_kind].sum(), of_kind.sum(), 0.95, empty=None)
     matched = fault_of_issue >= 0
     figures["precision"] = Figure.share(matched.sum(), issues.num_rows, 0.90)
+    # false issues that would match a fault another issue matched: one fault reported twice
     claimed = (overlap > 0) & subject_right & detected
-    figures["issues_on_a_fault_matched_twice"] = Figure(int((~matched & claimed.any(axis=1)).sum()))
+    figures["duplicate_issues"] = Figure(int((~matched & claimed.any(axis=1)).sum()))
     false_on_clean, clean_job_hours = _false_on_clean_jobs(truth, issues, associated)
     figures["false_issues_per_clean_job_hour"] = Figure.share(false_on_clean, clean_job_hours, 1.0, empty=0.0,
                                                               at_most=True)
