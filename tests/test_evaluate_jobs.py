@@ -177,3 +177,28 @@ def test_scorer_does_not_link_jobs_through_a_host_reused_later():
     warehouse["job_gpus"] = warehouse["job_gpus"].drop_columns(["first_seen", "last_seen"])
     figures = job_scores.score(truth, warehouse, {})
     assert figures["jobs_split"].value == figures["jobs_merged"].value == 2
+
+
+def test_a_replaced_host_is_judged_on_spans_where_prism_gives_them_and_on_lives_where_not():
+    """sim-r's host 10.0.1.0 fails at 3000 s and 10.0.2.0 replaces it from 3100 s."""
+    addrs = ["10.0.0.0", "10.0.1.0", "10.0.2.0"]
+    truth = {
+        "jobs": pa.table({"job_id": ["sim-r"], "start": ts([0]), "end": ts([7000]), "has_network": [True],
+                          "n_gpus": [2], **ones(1)}),
+        "job_gpus": pa.table({"job_id": ["sim-r"] * 3, "addr": addrs, "start": ts([0, 0, 3100]),
+                              "end": ts([7000, 3000, 7000])}),
+        "pairs": NO_PAIRS,
+    }
+    warehouse = {
+        "jobs": pa.table({"job_id": ["job-r"], "first_seen": ts([0]), "last_seen": ts([7000]),
+                          "n_gpus": pa.array([2], pa.int32()), **ones(1)}),
+        "job_gpus": pa.table({"job_id": ["job-r"] * 3, "addr": addrs}),
+        "comm_pairs": NO_PAIRS,
+    }
+    assert job_scores.score(truth, warehouse, {})["jobs_matched_exactly"].value == 1.0  # no spans: its life
+    spans = {"first_seen": ts([0, 0, 3100]), "last_seen": ts([7000, 3000, 7000])}
+    warehouse["job_gpus"] = pa.table({"job_id": ["job-r"] * 3, "addr": addrs, **spans})
+    assert job_scores.score(truth, warehouse, {})["jobs_matched_exactly"].value == 1.0
+    # Prism saying the failed host stayed to the end is wrong about it
+    warehouse["job_gpus"] = set_column(warehouse["job_gpus"], "last_seen", ts([7000, 7000, 7000]))
+    assert job_scores.score(truth, warehouse, {})["jobs_matched_exactly"].value == 0.0

@@ -9,8 +9,9 @@ A Prism job's address set is the union of its `job_gpus` addresses over all hour
 its `jobs` rows over all hours.
 
 A truth job is matched exactly by a Prism job holding the same addresses over the same time: every
-address's first and last moment in both within `SPAN_TOLERANCE_NS`, so two jobs run one after the
-other on the same hosts and merged into one are not an exact match of either. Every association
+address's first and last moment in both within `SPAN_TOLERANCE_NS` (the jobs' lives, where either
+side has no address spans), so two jobs run one after the other on the same hosts and merged into
+one are not an exact match of either. Every association
 beyond one a side counts: a truth job associated with several Prism jobs was split, a Prism job
 associated with several truth jobs merged them, and a Prism job associated with none is spurious.
 """
@@ -110,8 +111,8 @@ def _prism_jobs(warehouse: dict[str, pa.Table]) -> pa.Table:
 
 def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table, prism_jobs: pa.Table) -> pa.Table:
     """true_id, prism_id, shared (addresses held by both at once), same_spans (of those, held over
-    the same time), together_ns (time both alive) for every pair of jobs sharing addresses while
-    both hold them."""
+    the same time: all or none of them by the jobs' lives where either side has no address spans),
+    together_ns (time both alive) for every pair of jobs sharing addresses while both hold them."""
     true_spans = _address_spans(true_gpus, true_jobs, "start", "end")
     prism_spans = _address_spans(prism_gpus, prism_jobs, "first_seen", "last_seen")
     joined = true_spans.join(prism_spans, "addr", left_suffix="_true", right_suffix="_prism", join_type="inner")
@@ -121,14 +122,11 @@ def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table,
     held_together = np.minimum(end_true, end_prism) - np.maximum(start_true, start_prism)
     shorter_span = np.minimum(end_true - start_true, end_prism - start_prism)
     overlapping = held_together > np.minimum(LIFE_OVERLAP_NS, shorter_span / 2)
-    same_span = (np.abs(start_true - start_prism) <= SPAN_TOLERANCE_NS) & (
-        np.abs(end_true - end_prism) <= SPAN_TOLERANCE_NS)
-    joined = joined.append_column("same_span", pa.array(same_span))
+    joined = joined.append_column("same_span", pa.array(_same_time(start_true, end_true, start_prism, end_prism)))
     shared = joined.filter(pa.array(overlapping)).group_by(["job_id_true", "job_id_prism"], use_threads=False)
     shared = shared.aggregate([("addr", "count"), ("same_span", "sum")])
     links = pa.table(
-        {"true_id": shared["job_id_true"], "prism_id": shared["job_id_prism"], "shared": shared["addr_count"],
-         "same_spans": shared["same_span_sum"]}
+        {"true_id": shared["job_id_true"], "prism_id": shared["job_id_prism"], "shared": shared["addr_count"]}
     )
     true_start = _lookup(links["true_id"], true_jobs["job_id"], true_jobs["start"])
     true_end = _lookup(links["true_id"], true_jobs["job_id"], true_jobs["end"])
@@ -137,9 +135,21 @@ def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table,
     together = np.minimum(true_end, prism_end) - np.maximum(true_start, prism_start)
     # Truth jobs without network traffic are absent from true_jobs (their lookups are -1).
     known = (true_start >= 0) & (prism_start >= 0)
-    links = links.append_column("together_ns", pa.array(together))
+    # A job whose addresses' spans are not told on both sides is held to its life: a Prism job
+    # that does not say when each address joined is not judged on the truth's host replacements.
+    spans_on_both_sides = {"start", "end"} <= set(true_gpus.column_names) and {
+        "first_seen", "last_seen"} <= set(prism_gpus.column_names)
+    lives_agree = _same_time(true_start, true_end, prism_start, prism_end)
+    same_spans = shared["same_span_sum"].to_numpy() if spans_on_both_sides else np.where(
+        lives_agree, links["shared"].to_numpy(), 0)
+    links = links.append_column("same_spans", pa.array(same_spans)).append_column("together_ns", pa.array(together))
     order = [("true_id", "ascending"), ("shared", "descending"), ("together_ns", "descending"), ("prism_id", "ascending")]
     return links.filter(pa.array(known)).sort_by(order)
+
+
+def _same_time(start_a: np.ndarray, end_a: np.ndarray, start_b: np.ndarray, end_b: np.ndarray) -> np.ndarray:
+    """Whether each pair of spans begins and ends within SPAN_TOLERANCE_NS of each other."""
+    return (np.abs(start_a - start_b) <= SPAN_TOLERANCE_NS) & (np.abs(end_a - end_b) <= SPAN_TOLERANCE_NS)
 
 
 def _address_spans(gpus: pa.Table, jobs: pa.Table, start: str, end: str) -> pa.Table:
