@@ -11,9 +11,9 @@ its `jobs` rows over all hours.
 A truth job is matched exactly by a Prism job holding the same addresses over the same time: every
 address's first and last moment in both within `SPAN_TOLERANCE_NS` (the jobs' lives, where either
 side has no address spans), so two jobs run one after the other on the same hosts and merged into
-one are not an exact match of either. Every association
-beyond one a side counts: a truth job associated with several Prism jobs was split, a Prism job
-associated with several truth jobs merged them, and a Prism job associated with none is spurious.
+one are not an exact match of either. Every association beyond one a side counts: a truth job
+associated with several Prism jobs was split, a Prism job associated with several truth jobs merged
+them, and a Prism job associated with none is spurious.
 """
 
 from __future__ import annotations
