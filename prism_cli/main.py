@@ -121,7 +121,7 @@ def run(
     end: Annotated[Optional[str], typer.Option(help="End, exclusive; default: after the last flow")] = None,
 ) -> None:
     """Run every stage for each hour in range. Extra arguments go to Beam (e.g. --runner)."""
-    from pipelines.run import RunError, infer_range, run_hours
+    from pipelines.run import RunError, infer_range
 
     check_warehouse(warehouse)
     try:
@@ -182,6 +182,9 @@ def evaluate(
     truth: Annotated[Path, typer.Option(help="The simulator's truth/ directory")],
     warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
     as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the figures as JSON")] = False,
+    fail_on_miss: Annotated[
+        bool, typer.Option("--fail/--no-fail", help="Exit 1 when a figure misses its target (--no-fail: report only)")
+    ] = True,
 ) -> None:
     """Score the warehouse against simulator truth, stage by stage."""
     from pipelines.evaluation import EvaluationError, evaluate_warehouse
@@ -192,8 +195,14 @@ def evaluate(
         fail(str(error))
     if as_json:
         print(json.dumps(scores, indent=2, sort_keys=True))
-        return
-    _print_scores(scores)
+    else:
+        _print_scores(scores)
+    missed = [f"{stage}.{name}" for stage, metrics in scores.items() for name, figure in metrics.items()
+              if figure.get("ok") is False]
+    if missed and fail_on_miss:
+        # on stderr, so that --json output stays JSON
+        typer.secho(f"{len(missed)} figures miss their target: {', '.join(missed)}", fg="red", err=True)
+        raise typer.Exit(code=1)
 
 
 def _print_scores(scores: dict) -> None:
@@ -205,7 +214,10 @@ def _print_scores(scores: dict) -> None:
             value, target = figure["value"], figure.get("target")
             ok = "" if target is None or figure.get("ok") is None else ("yes" if figure["ok"] else "[red]NO[/]")
             shown = "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
-            table.add_row(stage, name, shown, "" if target is None else str(target), ok)
+            if "count" in figure:
+                shown += f" ({figure['count']}/{figure['of']})"
+            bound = "" if target is None else f"{'<=' if figure.get('at_most') else '>='} {target}"
+            table.add_row(stage, name, shown, bound, ok)
     console.print(table)
 
 
@@ -264,7 +276,7 @@ def demo(
     except RunError as error:
         fail(str(error))
     _print_run(summary, warehouse)
-    evaluate(truth=data / scenario / "truth", warehouse=warehouse, as_json=False)
+    evaluate(truth=data / scenario / "truth", warehouse=warehouse, as_json=False, fail_on_miss=False)
     console.print(
         "\nNext:\n"
         f"  prism report --warehouse {warehouse} --out prism-report.html   (charts and tables)\n"
