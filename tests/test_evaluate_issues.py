@@ -152,7 +152,7 @@ def test_a_hang_named_after_the_whole_job_is_found_but_not_localized():
 def test_recall_by_size_against_the_diagnosis_thresholds():
     """Three slow links at 0.8, 0.6 and 0.3 of their rate: 0.67x, 1.33x and 2.33x the shortfall
     the default 0.7 threshold needs. Prism finds the two larger ones."""
-    assert sensitivity.diagnosis_params().slow_link_ratio == 0.7
+    assert sensitivity.DIAGNOSIS_DEFAULTS.slow_link_ratio == 0.7
     truth, warehouse = scorer_case()
     links = pa.table({
         "fault_id": ["g0", "g1", "g2"], "job_id": ["t1"] * 3, "kind": ["slow_link"] * 3, "subject": ["a1", "a2", "a3"],

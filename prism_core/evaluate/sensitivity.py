@@ -20,21 +20,16 @@ import json
 import numpy as np
 import pyarrow as pa
 
+from prism_core.diagnosis import DEFAULT_PARAMS as DIAGNOSIS_DEFAULTS  # the thresholds fault sizes are measured against
+
 BUCKET_EDGES = (1.0, 1.5)  # multiples of the threshold
 BUCKETS = ("under_1x", "1x_to_1.5x", "over_1.5x")
 SIZED_KINDS = ("slow_step", "slow_link", "straggler", "degradation")
 
 
-def diagnosis_params():
-    """Prism's diagnosis defaults: the one place the scorer reads them from."""
-    from prism_core.diagnosis import DEFAULT_CONFIG
-
-    return DEFAULT_CONFIG
-
-
 def relative_sizes(faults: pa.Table, held_gpu_s: np.ndarray) -> np.ndarray:
     """Each fault's size over its kind's threshold (nan: a kind without a size, or none recorded)."""
-    params = diagnosis_params()
+    params = DIAGNOSIS_DEFAULTS
     kind = np.asarray(faults["kind"].to_pylist(), dtype=object)
     factor = np.array([json.loads(p or "{}").get("factor", np.nan) for p in faults["params"].to_pylist()], float)
     delayed = faults["wasted_gpu_s"].to_numpy() / np.maximum(held_gpu_s, 1e-9)
