@@ -130,6 +130,11 @@ def _print_run(summary, warehouse: Path) -> None:
         f"{counters.get('flows', 0):,} flows, {counters.get('quarantined', 0):,} quarantined, "
         f"{counters.get('duplicates', 0):,} duplicates, {counters.get('out_of_range', 0):,} outside the range"
     )
+    if counters.get("analysis_errors"):
+        console.print(
+            f"[yellow]{counters['analysis_errors']} job analyses failed[/]: each is an analysis_error row of "
+            "issues, naming the stage and the exception"
+        )
     console.print(f"warehouse: {warehouse}/  (DuckDB: duckdb -readonly {warehouse}/prism.duckdb)")
 
 
