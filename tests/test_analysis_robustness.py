@@ -127,7 +127,7 @@ def with_columns(table: pa.Table, **columns) -> pa.Table:
     return table
 
 
-@settings(max_examples=10, deadline=None, database=None)
+@settings(max_examples=20, deadline=None, database=None)
 @given(change=PERTURBATIONS)
 def test_an_hour_is_analyzed_whatever_its_flows(tiny, change):
     hour_ns = tiny.first_hour_ns + change.hour * HOUR_NS
