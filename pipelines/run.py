@@ -216,7 +216,8 @@ def run_analysis(
     hour_ns = int(hour.timestamp()) * 10**9
     previous = previous_hour_state(root, hour)
     try:
-        recognition = recognize(warehouse.read_partition(root, "flow_minutes", hour), topology, previous or {}, hour_ns)
+        flow_minutes = warehouse.read_partition(root, "flow_minutes", hour)
+        recognition = recognize(flow_minutes, topology, previous or {}, hour_ns)
     except RecognitionError as error:
         raise RunError(f"hour {warehouse.hour_key(hour)} not analyzed, nothing written: {error}") from None
     # The inventory this analysis used, for the capacity reports; none without one.
@@ -236,4 +237,5 @@ def run_analysis(
         result = pipeline.run()
         result.wait_until_finish()
     # A counter never incremented is not reported: no failed job is a count of 0, not a gap.
-    return warehouse.read_stats(root, hour, "analysis_counts"), {"analysis_errors": 0, **counters(result, analyze.NAMESPACE)}
+    analysis_counters = {"analysis_errors": 0, **counters(result, analyze.NAMESPACE)}
+    return warehouse.read_stats(root, hour, "analysis_counts"), analysis_counters

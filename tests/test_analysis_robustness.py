@@ -112,8 +112,8 @@ def perturbed(scenario: Scenario, change: Perturbation) -> pa.Table:
                          bytes=flows["bytes"].to_numpy() + rng.integers(0, change.byte_noise + 1, flows.num_rows))
     flows = flows.filter(pa.array(kept))
     copied = flows.filter(pa.array(rng.random(flows.num_rows) < change.copies))
-    copied = with_columns(copied, sampler_address=pa.array([SECOND_SAMPLER] * copied.num_rows),
-                          **{c: pc.add(copied[c], change.copy_delay_ns) for c in ("time_flow_start_ns", "time_flow_end_ns")})
+    delayed = {c: pc.add(copied[c], change.copy_delay_ns) for c in ("time_flow_start_ns", "time_flow_end_ns")}
+    copied = with_columns(copied, sampler_address=pa.array([SECOND_SAMPLER] * copied.num_rows), **delayed)
     flows = pa.concat_tables([flows, copied])
     return deduplicated(with_columns(flows, minute=minute_of(flows["time_flow_start_ns"])))
 
