@@ -23,11 +23,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.runners.runner import PipelineResult
 
-from pipelines import warehouse
-from pipelines.analyze import AnalyzeHour, WriteAnalysis, previous_hour_state
-from pipelines.staging import staging_area
-from pipelines.ingest import NAMESPACE, HourRange, IngestFlows, write_hour
+from pipelines import analyze, ingest, warehouse
+from pipelines.analyze import AnalyzeHour, analysis_tables, previous_hour_state
+from pipelines.ingest import HourRange, IngestFlows, hour_tables
+from pipelines.shuffle_staging import shuffle_staging_area
+from pipelines.sink import WriteTables
+from prism_core.analysis import RecognitionError, recognize
 from prism_core.ingest import parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS
 from prism_core.topology import Topology, TopologyError, first_few
@@ -51,7 +54,8 @@ class RunError(RuntimeError):
 @dataclass
 class RunSummary:
     hours: list[datetime]
-    counters: dict[str, int] = field(default_factory=dict)  # rows_read, flows, quarantined, ...
+    # Beam counters: rows_read, flows, quarantined, ... of ingest; analysis_errors, ... of analysis
+    counters: dict[str, int] = field(default_factory=dict)
     per_hour: dict[str, dict[str, int]] = field(default_factory=dict)  # hour key -> table rows
     warnings: list[str] = field(default_factory=list)  # what the operator must know about the results
 
@@ -107,15 +111,10 @@ def pipeline_options(beam_args: Sequence[str] = ()) -> tuple[PipelineOptions, ob
     return options, runner
 
 
-class WriteIngestHour(beam.DoFn):
-    def __init__(self, root: str):
-        self.root = root
-
-    def process(self, element):
-        hour_ns, grouped = element
-        counts = write_hour(self.root, hour_ns, list(grouped["minutes"]), list(grouped["quarantine"]))
-        hour = datetime.fromtimestamp(hour_ns / 1e9, tz=timezone.utc)
-        warehouse.write_json(warehouse.stats_path(self.root, hour, "ingest"), counts)
+def counters(result: PipelineResult, namespace: str) -> dict[str, int]:
+    """The committed values of a finished pipeline's counters in `namespace`, by name."""
+    found = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
+    return {counter.key.metric.name: counter.committed for counter in found}
 
 
 def run_ingest(
@@ -126,28 +125,27 @@ def run_ingest(
         raise RunError(f"no flow files in {flows_dir!r}")
     span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
     options, runner = pipeline_options(beam_args)
-    with staging_area(root) as staging_dir:
+    with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
         ingested = (
             pipeline
             | "Files" >> beam.Create(paths)
             | "Spread" >> beam.Reshuffle()
-            | "Ingest" >> IngestFlows(span, staging_dir)
+            | "Ingest" >> IngestFlows(span, shuffle_dir)
         )
         every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()])
         (
             {"hour": every_hour, "minutes": ingested["minutes"], "quarantine": ingested["quarantine"]}
             | "ByHour" >> beam.CoGroupByKey()
-            | "Write" >> beam.ParDo(WriteIngestHour(str(root)))
+            | "HourTables" >> beam.MapTuple(
+                lambda hour_ns, grouped: hour_tables(hour_ns, list(grouped["minutes"]), list(grouped["quarantine"]))
+            )
+            | "Write" >> WriteTables(str(root))
         )
         result = pipeline.run()
         result.wait_until_finish()
-    counters = {
-        c.key.metric.name: c.committed
-        for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
-    }
     per_hour = {warehouse.hour_key(h): warehouse.read_stats(root, h, "ingest") for h in hours}
-    return RunSummary(hours=hours, counters=counters, per_hour=per_hour)
+    return RunSummary(hours=hours, counters=counters(result, ingest.NAMESPACE), per_hour=per_hour)
 
 
 def run_hours(
@@ -174,7 +172,10 @@ def run_hours(
     summary.warnings = inventory_warnings(topology, root, hours)
     for hour in hours:
         on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
-        summary.per_hour[warehouse.hour_key(hour)].update(run_analysis(root, hour, topology, beam_args))
+        rows, analysis_counters = run_analysis(root, hour, topology, beam_args)
+        summary.per_hour[warehouse.hour_key(hour)].update(rows)
+        for name, value in analysis_counters.items():
+            summary.counters[name] = summary.counters.get(name, 0) + value
     on_stage("warehouse")
     warehouse.refresh_database(root)
     return summary
@@ -251,30 +252,41 @@ def inventory_warnings(topology: Topology, root: str, hours: list[datetime]) -> 
     return warnings
 
 
-def run_analysis(root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = ()) -> dict[str, int]:
+def run_analysis(
+    root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = ()
+) -> tuple[dict[str, int], dict[str, int]]:
     """Job analysis of one hour, continuing from the previous hour's state; the hour's ingest
-    partitions must exist. Returns the rows written per table."""
+    partitions must exist. Returns the rows written per table and the analysis counters
+    (`analysis_errors`: jobs whose analysis raised, each written as an analysis_error issue).
+    A failed job recognition fails the hour before anything is written."""
     paths = [warehouse.partition_dir(root, t, hour) / warehouse.DATA_FILE for t in ("flow_minutes", "flows")]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise RunError(f"hour {hour:%Y-%m-%d %H}:00 has not been ingested: {', '.join(missing)} missing")
     require_previous_hour_analyzed(root, hour)
+    hour_ns = int(hour.timestamp()) * 10**9
+    previous = previous_hour_state(root, hour)
+    try:
+        flow_minutes = warehouse.read_partition(root, "flow_minutes", hour)
+        recognition = recognize(flow_minutes, topology, previous or {}, hour_ns)
+    except RecognitionError as error:
+        raise RunError(f"hour {warehouse.hour_key(hour)} not analyzed, nothing written: {error}") from None
     # The inventory this analysis used, for the capacity reports; none without one.
     if topology.from_inventory:
         warehouse.write_topology(root, topology.inventory)
     else:
         warehouse.topology_path(root).unlink(missing_ok=True)
-    hour_ns = int(hour.timestamp()) * 10**9
     options, runner = pipeline_options(beam_args)
-    with staging_area(root) as staging_dir:
+    with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
         (
             pipeline
-            | "Analyze" >> AnalyzeHour(
-                str(paths[0]), str(paths[1]), topology, previous_hour_state(root, hour), hour_ns,
-                hour_ns + HOUR_NS, staging_dir,
-            )
-            | "Write" >> beam.ParDo(WriteAnalysis(str(root), hour))
+            | "Analyze" >> AnalyzeHour(recognition, str(paths[1]), previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir)
+            | "HourTables" >> beam.Map(analysis_tables, hour)
+            | "Write" >> WriteTables(str(root))
         )
-        pipeline.run().wait_until_finish()
-    return warehouse.read_stats(root, hour, "analysis_counts")
+        result = pipeline.run()
+        result.wait_until_finish()
+    # A counter never incremented is not reported: no failed job is a count of 0, not a gap.
+    analysis_counters = {"analysis_errors": 0, **counters(result, analyze.NAMESPACE)}
+    return warehouse.read_stats(root, hour, "analysis_counts"), analysis_counters

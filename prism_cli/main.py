@@ -174,6 +174,11 @@ def _print_run(summary, warehouse: Path) -> None:
     )
     for warning in summary.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
+    if counters.get("analysis_errors"):
+        console.print(
+            f"[yellow]{counters['analysis_errors']} job analyses failed[/]: each is an analysis_error row of "
+            "issues, naming the stage and the exception"
+        )
     console.print(f"warehouse: {warehouse}/  (DuckDB: duckdb -readonly {warehouse}/prism.duckdb)")
 
 

@@ -133,7 +133,7 @@ STEPS = pa.schema(
     ]
 )
 
-ISSUE_KINDS = ("slow_step", "straggler", "slow_link", "hang", "degradation", "restart")
+ISSUE_KINDS = ("slow_step", "straggler", "slow_link", "hang", "degradation", "restart", "analysis_error")
 
 ISSUES = pa.schema(
     [

@@ -23,8 +23,8 @@ from prism_core.evaluate import issues as issue_scorer
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.recognition import EVENTS, MEMBERSHIP
 from prism_core.minutes import HOUR_NS
-from prism_core.schema import COMM_PAIRS, FLOWS, ISSUE_KINDS, ISSUES, JOB_GPUS, STEPS, conform
-from prism_core.truth import TRUTH_TABLES
+from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, STEPS, conform
+from prism_core.truth import TRUTH_FAULT_KINDS, TRUTH_TABLES
 
 NS = 1_000_000_000
 HANDOVER_NS = 30 * NS  # a job owns its addresses from this long before its first step
@@ -164,7 +164,7 @@ def test_tiny_straggler_and_hang(scenario_dir):
 def test_small_meets_the_targets(scenario_dir, seed):
     run = diagnose_from_truth(scenario_dir("small", seed))
     figures = _figures(run)
-    for kind in ISSUE_KINDS:
+    for kind in TRUTH_FAULT_KINDS:
         assert figures[f"recall_{kind}"] >= 0.95, kind
     assert figures["precision"] >= 0.90
     assert figures["false_issues_per_clean_job_hour"] <= 1.0

@@ -22,7 +22,7 @@ from scipy.optimize import linear_sum_assignment
 
 from prism_core.evaluate import sensitivity
 from prism_core.evaluate.figures import Figure
-from prism_core.schema import ISSUE_KINDS
+from prism_core.truth import TRUTH_FAULT_KINDS
 
 HOUR_NS = 3_600_000_000_000
 MIN_JACCARD = 0.5
@@ -43,7 +43,7 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
     detected = np.zeros(faults.num_rows, bool)
     detected[fault_of_issue[fault_of_issue >= 0]] = True
     figures: dict[str, Figure] = {}
-    for kind in ISSUE_KINDS:
+    for kind in TRUTH_FAULT_KINDS:
         of_kind = fault_kind == kind
         figures[f"recall_{kind}"] = Figure.share(detected[of_kind].sum(), of_kind.sum(), 0.95, empty=None)
     matched = fault_of_issue >= 0
