@@ -21,6 +21,7 @@ from apache_beam.metrics import Metrics
 from pipelines import warehouse
 from pipelines.shuffle_staging import read_staged, stage_tables
 from pipelines.sink import HourTables
+from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.recognition import Recognition
 from prism_core.analysis import (
     JOB_FLOW_COLUMNS, HourAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
@@ -58,8 +59,8 @@ class AnalyzeJob(beam.DoFn):
     """(job_id, its staged flows) -> the job's JobAnalysis; counts the jobs whose analysis raised
     (reported as analysis_error issues; prism_core.analysis.analyze_job)."""
 
-    def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int):
-        self.previous = previous or {}
+    def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int, params: PrismParams):
+        self.previous, self.params = previous or {}, params
         self.hour = (hour_start_ns, hour_end_ns)
         self.errors = Metrics.counter(NAMESPACE, "analysis_errors")
 
@@ -68,7 +69,7 @@ class AnalyzeJob(beam.DoFn):
         # In file order whatever order the runner grouped them in.
         pieces = sorted((p for p in pieces if p is not None), key=lambda piece: piece[0])
         batches = read_staged([rows for _, rows in pieces])
-        analysis = analyze_job(job_id, batches, recognition, self.previous, *self.hour)
+        analysis = analyze_job(job_id, batches, recognition, self.previous, *self.hour, self.params)
         if analysis.failed_stage is not None:
             self.errors.inc()
         yield analysis
@@ -78,9 +79,10 @@ class AnalyzeHour(beam.PTransform):
     """An hour's recognition and flows partition -> one HourAnalysis element."""
 
     def __init__(self, recognition: Recognition, flows_path: str, previous: dict | None,
-                 hour_start_ns: int, hour_end_ns: int, shuffle_dir: str):
+                 hour_start_ns: int, hour_end_ns: int, shuffle_dir: str, params: PrismParams = DEFAULT_PARAMS):
         super().__init__()
         self.recognition, self.flows_path, self.shuffle_dir = recognition, flows_path, shuffle_dir
+        self.params = params
         self.previous = previous or {}
         self.hour = (hour_start_ns, hour_end_ns)
 
@@ -101,7 +103,7 @@ class AnalyzeHour(beam.PTransform):
             (every_job, job_flows)
             | "WithEveryJob" >> beam.Flatten()
             | "GroupByJob" >> beam.GroupByKey()
-            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour), recognition_side)
+            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour, self.params), recognition_side)
             | "AllJobs" >> beam.combiners.ToList()
             | "AssembleHour" >> beam.Map(assemble_hour, recognition_side)
         )

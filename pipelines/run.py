@@ -31,6 +31,7 @@ from pipelines.ingest import HourRange, IngestFlows, hour_tables
 from pipelines.shuffle_staging import shuffle_staging_area
 from pipelines.sink import WriteTables
 from prism_core.analysis import RecognitionError, recognize
+from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.ingest import parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS
 from prism_core.topology import Topology, TopologyError, first_few
@@ -158,8 +159,10 @@ def run_hours(
     no_topology: bool = False,
     beam_args: Sequence[str] = (),
     on_stage: Callable[[str], None] = lambda stage: None,
+    params: PrismParams = DEFAULT_PARAMS,
 ) -> RunSummary:
-    """Without `topology_path` the run is refused unless `no_topology` asks for it."""
+    """Without `topology_path` the run is refused unless `no_topology` asks for it. `params`: the
+    inference's thresholds (prism_core.config; `prism run --config FILE`)."""
     hours = warehouse.hours_between(start, end)
     if not hours:
         raise RunError(f"empty hour range: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}")
@@ -172,7 +175,7 @@ def run_hours(
     summary.warnings = inventory_warnings(topology, root, hours)
     for hour in hours:
         on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
-        rows, analysis_counters = run_analysis(root, hour, topology, beam_args)
+        rows, analysis_counters = run_analysis(root, hour, topology, beam_args, params)
         summary.per_hour[warehouse.hour_key(hour)].update(rows)
         for name, value in analysis_counters.items():
             summary.counters[name] = summary.counters.get(name, 0) + value
@@ -253,7 +256,8 @@ def inventory_warnings(topology: Topology, root: str, hours: list[datetime]) -> 
 
 
 def run_analysis(
-    root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = ()
+    root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = (),
+    params: PrismParams = DEFAULT_PARAMS,
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Job analysis of one hour, continuing from the previous hour's state; the hour's ingest
     partitions must exist. Returns the rows written per table and the analysis counters
@@ -268,7 +272,7 @@ def run_analysis(
     previous = previous_hour_state(root, hour)
     try:
         flow_minutes = warehouse.read_partition(root, "flow_minutes", hour)
-        recognition = recognize(flow_minutes, topology, previous or {}, hour_ns)
+        recognition = recognize(flow_minutes, topology, previous or {}, hour_ns, params)
     except RecognitionError as error:
         raise RunError(f"hour {warehouse.hour_key(hour)} not analyzed, nothing written: {error}") from None
     # The inventory this analysis used, for the capacity reports; none without one.
@@ -281,7 +285,8 @@ def run_analysis(
         pipeline = beam.Pipeline(runner=runner, options=options)
         (
             pipeline
-            | "Analyze" >> AnalyzeHour(recognition, str(paths[1]), previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir)
+            | "Analyze" >> AnalyzeHour(recognition, str(paths[1]), previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir,
+                                       params)
             | "HourTables" >> beam.Map(analysis_tables, hour)
             | "Write" >> WriteTables(str(root))
         )

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
 )
@@ -30,7 +31,7 @@ BEAM_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 def fail(message: str) -> None:
     """A user error: one line on stderr, exit code 2."""
-    errors.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
+    errors.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
     raise typer.Exit(code=2)
 
 
@@ -119,11 +120,19 @@ def run(
     no_topology: Annotated[bool, typer.Option(help="Run without an inventory: every address its own host")] = False,
     start: Annotated[Optional[str], typer.Option(help="First hour (UTC); default: first flow")] = None,
     end: Annotated[Optional[str], typer.Option(help="End, exclusive; default: after the last flow")] = None,
+    config: Annotated[
+        Optional[Path], typer.Option(help="TOML file overriding inference thresholds ([stage] field = value)")
+    ] = None,
 ) -> None:
     """Run every stage for each hour in range. Extra arguments go to Beam (e.g. --runner)."""
     from pipelines.run import RunError, infer_range
+    from prism_core.config import DEFAULT_PARAMS, ConfigError, load_params
 
     check_warehouse(warehouse)
+    try:
+        params = load_params(config) if config else DEFAULT_PARAMS
+    except ConfigError as error:
+        fail(str(error))
     try:
         first, last = parse_instant(start), parse_instant(end)
         check_range(first, last)
@@ -131,15 +140,16 @@ def run(
             console.print("finding the time range of the flows ...")
             found_first, found_last = infer_range(flows)
             first, last = first or found_first, last or found_last
-        summary = _run_with_progress(flows, warehouse, first, last, topology, ctx.args, no_topology)
+        summary = _run_with_progress(flows, warehouse, first, last, topology, ctx.args, no_topology, params)
     except RunError as error:
         fail(str(error))
     _print_run(summary, warehouse)
 
 
-def _run_with_progress(flows, warehouse, first, last, topology, beam_args, no_topology=False):
+def _run_with_progress(flows, warehouse, first, last, topology, beam_args, no_topology=False, params=None):
     from pipelines.run import run_hours
     from pipelines.warehouse import hours_between
+    from prism_core.config import DEFAULT_PARAMS
 
     # run_hours reports its stages in order: checking the input, ingest, one per hour, warehouse.
     stages = len(hours_between(first, last)) + 3
@@ -151,6 +161,7 @@ def _run_with_progress(flows, warehouse, first, last, topology, beam_args, no_to
             topology_path=str(topology) if topology else None,
             no_topology=no_topology,
             beam_args=beam_args,
+            params=params or DEFAULT_PARAMS,
             on_stage=lambda stage: progress.update(task, description=stage, completed=next(finished)),
         )
         progress.update(task, description="done", completed=stages)

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from prism_core import diagnosis, parallelism, timeline
 from prism_core.arrays import group_indices
+from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import MINUTE_NS
 from prism_core.recognition import Recognition, recognize_hour
@@ -60,11 +61,12 @@ class HourAnalysis:
     state: dict
 
 
-def recognize(flow_minutes: pa.Table, topology: Topology, previous: dict, hour_start_ns: int) -> Recognition:
+def recognize(flow_minutes: pa.Table, topology: Topology, previous: dict, hour_start_ns: int,
+              params: PrismParams = DEFAULT_PARAMS) -> Recognition:
     """The hour's jobs (prism_core.recognition.recognize_hour); any failure is a RecognitionError that
     says what went wrong, for the operator."""
     try:
-        return recognize_hour(flow_minutes, topology, previous.get("jobs"), hour_start_ns)
+        return recognize_hour(flow_minutes, topology, previous.get("jobs"), hour_start_ns, params=params.recognition)
     except Exception as error:
         raise RecognitionError(f"job recognition failed: {type(error).__name__}: {error}") from error
 
@@ -177,6 +179,7 @@ def analyze_job(
     previous: dict,
     hour_start_ns: int,
     hour_end_ns: int,
+    params: PrismParams = DEFAULT_PARAMS,
 ) -> JobAnalysis:
     """Parallelism, steps and issues of one job over one hour (its flows may be empty: a job
     that fell silent still has an ongoing hang to account for). If a stage raises, the job's
@@ -197,7 +200,7 @@ def analyze_job(
         sent = flows.filter(pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
         stage = "parallelism"
         found = (
-            parallelism.identify_parallelism(job_id, sent, members)
+            parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism)
             if members.num_rows
             else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None)
         )
@@ -210,6 +213,7 @@ def analyze_job(
         diagnosed = diagnosis.diagnose_job(
             job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
             previous.get("diagnosis", {}).get(job_id), hour_start_ns, hour_end_ns, recognition.membership,
+            params=params.diagnosis,
         )
     except Exception as error:
         logger.warning("analysis of job %s failed in %s", job_id, stage, exc_info=True)
@@ -277,16 +281,17 @@ def assemble_hour(analyses: list[JobAnalysis], recognition: Recognition) -> Hour
 
 
 def analyze_hour(
-    flows: pa.Table, flow_minutes: pa.Table, topology: Topology, previous: dict | None, hour_start_ns: int
+    flows: pa.Table, flow_minutes: pa.Table, topology: Topology, previous: dict | None, hour_start_ns: int,
+    params: PrismParams = DEFAULT_PARAMS,
 ) -> HourAnalysis:
     """The whole analysis of one hour in one process (what the Beam pipeline distributes)."""
     previous = previous or {}
-    recognition = recognize(flow_minutes, topology, previous, hour_start_ns)
+    recognition = recognize(flow_minutes, topology, previous, hour_start_ns, params)
     hour_end_ns = hour_start_ns + 60 * MINUTE_NS
     flows_of = dict(split_flows_by_job(flows, open_membership(recognition, hour_start_ns)))
     analyses = [
         analyze_job(job_id, [flows_of[job_id]] if job_id in flows_of else [], recognition, previous,
-                    hour_start_ns, hour_end_ns)
+                    hour_start_ns, hour_end_ns, params)
         for job_id in jobs_to_analyze(recognition, previous)
     ]
     return assemble_hour(analyses, recognition)
