@@ -256,11 +256,22 @@ def failed_job(job_id: str, stage: str, error: Exception, previous: dict, hour_s
     )
 
 
+def job_status(recognized: str, hung: bool) -> str:
+    """The job's status at the hour's end (schema.JOB_STATUSES): recognition tells running from
+    ended by its traffic; a job the diagnosis holds in an open hang is hung, whatever its silence
+    made recognition conclude."""
+    return "hung" if hung else recognized
+
+
 def assemble_hour(analyses: list[JobAnalysis], recognition: Recognition) -> HourAnalysis:
     """The hour's tables from every job's analysis, and the state the next hour starts from."""
     analyses = sorted(analyses, key=lambda a: a.job_id)
     degrees = {a.job_id: a.degrees for a in analyses}
+    hung = {a.job_id for a in analyses if diagnosis.is_hung(a.state["diagnosis"])}
     job_table = recognition.jobs
+    statuses = [job_status(status, job_id in hung)
+                for job_id, status in zip(job_table["job_id"].to_pylist(), job_table["status"].to_pylist())]
+    job_table = job_table.set_column(job_table.schema.get_field_index("status"), "status", pa.array(statuses, pa.string()))
     for name in ("dp", "pp", "tp"):
         values = pa.array([degrees.get(j, {}).get(name) for j in job_table["job_id"].to_pylist()], pa.int32())
         job_table = job_table.set_column(job_table.schema.get_field_index(name), name, values)

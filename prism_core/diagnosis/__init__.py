@@ -21,7 +21,7 @@ from .params import DEFAULT_PARAMS, DiagnosisParams
 from .state import DiagnosisState, HangState, LevelState
 from .windows import span_mask
 
-__all__ = ["DEFAULT_PARAMS", "Diagnosis", "DiagnosisParams", "diagnose_job", "has_open_issue", "issue_id", "severity"]
+__all__ = ["DEFAULT_PARAMS", "Diagnosis", "DiagnosisParams", "diagnose_job", "has_open_issue", "is_hung", "issue_id", "severity"]
 
 
 @dataclass
@@ -106,3 +106,8 @@ def diagnose_job(
 def has_open_issue(previous: dict | None) -> bool:
     """True when a job's diagnosis state carries an issue that continues without traffic."""
     return DiagnosisState.load(previous).open_issue
+
+
+def is_hung(state: dict | None) -> bool:
+    """True when a job's diagnosis state holds a hang still open: silent GPUs it has not released."""
+    return DiagnosisState.load(state).hangs.open_hang is not None

@@ -85,12 +85,12 @@ WITH lives AS (
         job_id,
         timezone('UTC', min(first_seen)) AS started,
         timezone('UTC', max(last_seen)) AS ended,
-        arg_max(status, last_seen) AS status,
+        arg_max(status, date + to_hours(hour)) AS status,  -- as of the job's latest hour
         max(n_gpus) AS n_gpus,
         max(n_hosts) AS n_hosts,
-        arg_max(dp, last_seen) FILTER (WHERE dp IS NOT NULL) AS dp,
-        arg_max(pp, last_seen) FILTER (WHERE pp IS NOT NULL) AS pp,
-        arg_max(tp, last_seen) FILTER (WHERE tp IS NOT NULL) AS tp,
+        arg_max(dp, date + to_hours(hour)) FILTER (WHERE dp IS NOT NULL) AS dp,
+        arg_max(pp, date + to_hours(hour)) FILTER (WHERE pp IS NOT NULL) AS pp,
+        arg_max(tp, date + to_hours(hour)) FILTER (WHERE tp IS NOT NULL) AS tp,
         coalesce(max(restarts), 0) AS restarts
     FROM jobs
     GROUP BY job_id
