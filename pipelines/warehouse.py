@@ -173,7 +173,9 @@ def refresh_database(root: str | Path) -> Path:
             for name, schema in TABLES.items():
                 if not any((root / name).glob(f"*/*/{DATA_FILE}")):
                     placeholder = schema.empty_table()  # noqa: F841 - read by DuckDB's replacement scan
-                    con.execute(f"CREATE TABLE {name} AS SELECT {client_columns(schema)} FROM placeholder")
+                    # the partition columns too, so queries read an empty table as they read a view
+                    con.execute(f"CREATE TABLE {name} AS SELECT {client_columns(schema)}, "
+                                "NULL::DATE AS date, NULL::INTEGER AS hour FROM placeholder")
 
     _replace_atomically(final, build)
     return final
