@@ -67,22 +67,13 @@ def run_one(scenario: Scenario, seed: int) -> dict:
         try:
             first, end = infer_range(str(data / "flows"))
             run_hours(str(data / "flows"), str(root), first, end, topology_path=str(data / "topology.csv"))
-            result["figures"] = with_issue_recall(evaluate_warehouse(data / "truth", root))
+            result["figures"] = evaluate_warehouse(data / "truth", root)
         except Exception as error:  # a benchmark row, not a stop: the other runs still tell
             frame = traceback.extract_tb(error.__traceback__)[-1]
             result["error"] = f"{type(error).__name__}: {error} ({Path(frame.filename).name}:{frame.lineno})"
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(f"{scenario.name} seed {seed}: {result.get('error', 'scored')} in {result['seconds']:.0f} s", flush=True)
     return result
-
-
-def with_issue_recall(scored: dict) -> dict:
-    """Adds `issues.recall`: faults of every kind found, out of all faults."""
-    recalls = [f for name, f in scored["issues"].items() if name.startswith("recall_") and f.get("of")]
-    found, of = sum(f["count"] for f in recalls), sum(f["of"] for f in recalls)
-    scored["issues"]["recall"] = {"value": found / of if of else None, "target": None, "ok": None,
-                                  "count": found, "of": of}
-    return scored
 
 
 def table(results: dict[str, dict]) -> str:

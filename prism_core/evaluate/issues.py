@@ -46,6 +46,7 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
     for kind in TRUTH_FAULT_KINDS:
         of_kind = fault_kind == kind
         figures[f"recall_{kind}"] = Figure.share(detected[of_kind].sum(), of_kind.sum(), 0.95, empty=None)
+    figures["recall"] = Figure.share(detected.sum(), faults.num_rows, 0.90, empty=None)  # every kind
     matched = fault_of_issue >= 0
     figures["precision"] = Figure.share(matched.sum(), issues.num_rows, 0.90)
     # false issues that would match a fault another issue matched: one fault reported twice
