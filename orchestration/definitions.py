@@ -1,6 +1,6 @@
-"""The Dagster code location of Prism (`[tool.dagster] module_name` in pyproject.toml).
+"""The Dagster code location of Prism (`[tool.dg.project]` in pyproject.toml).
 
-    dagster dev                     # UI on http://127.0.0.1:3000, from the project directory
+    dg dev                          # UI on http://127.0.0.1:3000, from the project directory
 
 Environment variables choose the data and the runner (orchestration.resources.resources_from_env,
 resolved by Dagster when a run starts) and the partitions and schedules (Settings.from_env, read
