@@ -79,12 +79,15 @@ def progress_bar(unit: str) -> Progress:
 @app.command()
 def simulate(
     out: Annotated[Path, typer.Option(help="Directory for flows/, topology.csv and truth/")],
-    scenario: Annotated[str, typer.Option(help="tiny, small, fleet or realistic")] = "tiny",
+    scenario: Annotated[str, typer.Option(help="tiny, small, fleet, realistic, sealed, replay-ar, replay-st or replay-mix")] = "tiny",
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files")] = 0,
     format: Annotated[str, typer.Option(help="parquet, jsonl or jsonl.gz")] = "parquet",
+    whatif: Annotated[Optional[Path], typer.Option(help="Real traces the replay-* scenarios read "
+                                                   "(default: ../shared/data/whatif beside the repository)")] = None,
 ) -> None:
     """Simulate a GPU cluster's flow logs, with the ground truth to score Prism against."""
     from prism_core.simulate import FORMATS, SCENARIOS, write_scenario
+    from prism_core.simulate.replay import TraceError
 
     if scenario not in SCENARIOS:
         fail(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
@@ -94,10 +97,13 @@ def simulate(
         fail(f"--out {out} is a file, not a directory")
     with progress_bar("simulated minutes") as progress:
         task = progress.add_task(f"simulating {scenario}", total=SCENARIOS[scenario].minutes)
-        summary = write_scenario(
-            scenario, out, seed, fmt=format,
-            progress=lambda done, total: progress.update(task, completed=done, total=total),
-        )
+        try:
+            summary = write_scenario(
+                scenario, out, seed, fmt=format, whatif_dir=whatif,
+                progress=lambda done, total: progress.update(task, completed=done, total=total),
+            )
+        except TraceError as error:
+            fail(str(error))
     console.print(
         f"[green]simulated[/] {summary.records:,} flow records ({summary.malformed:,} malformed, "
         f"{summary.duplicates:,} duplicates) of {summary.jobs} jobs into {out} "

@@ -76,7 +76,7 @@ class Background:
                             rng.integers(32768, 61000, len(who)), 22, TCP))
         # data-loader reads over RDMA
         reads = rng.poisson(np.where(running, *READS_PER_MINUTE))
-        reader = np.repeat(hosts, reads) * GPUS_PER_HOST + rng.integers(0, GPUS_PER_HOST, reads.sum())
+        reader = cluster.gpu_nic[np.repeat(hosts, reads) * GPUS_PER_HOST + rng.integers(0, GPUS_PER_HOST, reads.sum())]
         server = cluster.storage_base + rng.integers(0, cluster.n_storage, len(reader))
         size = align(rng.lognormal(np.log(16 * MIB), 1.0, len(reader)), 1)
         at = t0 + rng.uniform(0, 60, len(reader))
@@ -126,8 +126,9 @@ def _cross_job_transfers(
             continue
         a, b = (live[i] for i in rng.choice(len(live), 2, replace=False))
         rail = int(rng.integers(GPUS_PER_HOST))
-        src = int(rng.choice(a.hosts[0])) * GPUS_PER_HOST + rail
-        dst = int(rng.choice(b.hosts[0])) * GPUS_PER_HOST + rail
+        # a NIC of each job's own GPUs (a shared host's other NICs serve other jobs)
+        src = cluster.nic_near(a.placements[0].gpus, int(rng.choice(a.hosts[0])), rail)
+        dst = cluster.nic_near(b.placements[0].gpus, int(rng.choice(b.hosts[0])), rail)
         n = int(rng.integers(2, 6))
         size = align(rng.uniform(64 * MIB, 2048 * MIB, n), 1)
         took = size / rng.uniform(*STORAGE_RATE, n)

@@ -2,9 +2,11 @@
 
 `tiny` and `small` are written out job by job so that every shape and fault the scorers need is
 present; `fleet` draws its job mix from the seed (Acme-like: many one-host jobs, a few very large
-ones); `realistic` runs small's jobs through exporters as they are (`ExportOptions`). Times are
-seconds relative to the scenario start; a negative job start means the job was already running
-when the scenario began.
+ones); `realistic` runs small's jobs through exporters as they are (`ExportOptions`); `sealed`
+draws a smaller mix from its own streams with every `variation` dimension drawn per job (the
+evaluation set no rule is tuned on); `replay-*` replay real traces (`replay`). Times are seconds
+relative to the scenario start; a negative job start means the job was already running when the
+scenario began.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from prism_core.simulate.cluster import GPUS_PER_HOST
+from prism_core.simulate.variation import FAULT_SIZES, Traits, Variation
 from prism_core.truth import TRUTH_FAULT_KINDS
 
 COLLECTIVES = ("ring", "rs_ag", "tree", "zero")
@@ -56,10 +59,14 @@ class JobSpec:
     checkpoint_s: float = 600.0  # checkpoint interval
     hosts: tuple[int, ...] | None = None  # cluster hosts; None: placed by `allocate`
     faults: tuple[FaultSpec, ...] = ()
+    gpus_per_host: int | None = None  # GPUs the job holds on each host (2, 4); None: all 8
+    first_gpu: tuple[int, ...] | None = None  # with gpus_per_host: the first of its GPUs on each host
+    traits: Traits | None = None  # departures from the textbook job (`variation`); None: textbook
+    replay: str | None = None  # the job replays this real trace ("AR", "ST": `replay`)
 
     def __post_init__(self) -> None:
-        gpus = self.n_hosts * GPUS_PER_HOST
-        if self.tp not in (1, 2, 4, 8) or gpus % (self.tp * self.pp):
+        gpus = self.n_gpus
+        if self.tp not in (1, 2, 4, 8) or gpus % (self.tp * self.pp) or self.tp > (self.gpus_per_host or 8):
             raise ValueError(f"{gpus} GPUs cannot hold tp={self.tp} x pp={self.pp}")
         if self.collective not in COLLECTIVES:
             raise ValueError(f"unknown collective {self.collective!r}")
@@ -68,7 +75,7 @@ class JobSpec:
 
     @property
     def n_gpus(self) -> int:
-        return self.n_hosts * GPUS_PER_HOST
+        return self.n_hosts * (self.gpus_per_host or GPUS_PER_HOST)
 
     @property
     def dp(self) -> int:
@@ -135,6 +142,7 @@ class Scenario:
     hang_watchdog_s: float = 600.0
     export: ExportOptions = ExportOptions()
     seed_stream: int = 0  # another stream gives a seed other draws than the scenario it copies
+    variation: Variation | None = None  # with `fleet`: draw the mix and each job's traits (`variation`)
 
     @property
     def window_s(self) -> float:
@@ -243,45 +251,113 @@ REALISTIC = replace(
                          double_export=0.3, drift_ppm=20.0, header_bytes=True),
 )
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (TINY, SMALL, FLEET, REALISTIC)}
+SEALED = Scenario(
+    name="sealed",
+    start=_at("11:00"),
+    minutes=60,
+    n_hosts=96,
+    n_storage=16,
+    drained=(47, 95),
+    cross_job_transfers=6,
+    sampled_leaves=2,
+    fleet=FleetMix(
+        resident=(
+            JobSpec(16, tp=8, pp=4, start_s=-1200, end_s=FOREVER, step_s=14.0, micro_batches=16, checkpoint_s=900),
+            JobSpec(8, tp=4, pp=2, start_s=-600, end_s=FOREVER, step_s=9.0, collective="rs_ag"),
+            JobSpec(4, tp=2, pp=1, start_s=-300, end_s=FOREVER, step_s=5.0, micro_batches=4, collective="tree",
+                    channels=4),
+        ),
+        arrivals=45,
+        median_minutes=20.0,
+        faults=(("straggler", 4), ("slow_link", 3), ("hang", 2), ("restart", 2), ("degradation", 2), ("slow_step", 5)),
+    ),
+    variation=Variation(),
+)
+
+# Real timings (`replay`): AR, 64 GPUs on 8 whole hosts in Megatron's order; ST, 8 GPUs as 2 on
+# each of 4 hosts in tp-pp-dp order, so that its DP sync and half its pipeline hops cross hosts.
+REPLAY_AR_JOB = JobSpec(8, tp=4, pp=4, start_s=1.0, end_s=FOREVER, step_s=46.5, micro_batches=32,
+                        collective="rs_ag", tied_embeddings=True, hosts=tuple(range(8)), replay="AR")
+REPLAY_ST_JOB = JobSpec(4, tp=1, pp=4, start_s=1.0, end_s=FOREVER, step_s=2.2, micro_batches=4,
+                        collective="rs_ag", tied_embeddings=True, gpus_per_host=2, replay="ST",
+                        traits=Traits(rank_order="tp-pp-dp"))
+REPLAY_AR = Scenario(name="replay-ar", start=_at("12:00"), minutes=60, n_hosts=8, jobs=(REPLAY_AR_JOB,))
+REPLAY_ST = Scenario(name="replay-st", start=_at("12:00"), minutes=60, n_hosts=4,
+                     jobs=(replace(REPLAY_ST_JOB, hosts=(0, 1, 2, 3)),))
+# the replays beside simulated jobs drawn on whole hosts of their own
+REPLAY_MIX = Scenario(
+    name="replay-mix", start=_at("12:00"), minutes=60, n_hosts=40, cross_job_transfers=2,
+    jobs=(REPLAY_AR_JOB, replace(REPLAY_ST_JOB, hosts=(8, 9, 10, 11))),
+    fleet=FleetMix(resident=(), arrivals=14, faults=(("straggler", 1), ("slow_link", 1), ("slow_step", 1))),
+    variation=Variation(dimensions=tuple(d for d in Variation().dimensions if d != "placement")),
+)
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s for s in (TINY, SMALL, FLEET, REALISTIC, SEALED, REPLAY_AR, REPLAY_ST, REPLAY_MIX)
+}
 
 
 def scenario_jobs(scenario: Scenario, seed: int) -> tuple[JobSpec, ...]:
     """The scenario's jobs with every host placed (fleet jobs and their faults drawn from `seed`)."""
     if scenario.fleet is None:
         return allocate(scenario.jobs, scenario)
+    if scenario.variation is not None:
+        return _varied_jobs(scenario, scenario.variation, seed)
     rng = np.random.default_rng([seed, 0x5EED])
     placed = allocate(scenario.jobs + scenario.fleet.resident + _arrivals(scenario, rng), scenario)
     return _with_faults(placed, scenario, rng)
 
 
+def _varied_jobs(scenario: Scenario, varied: Variation, seed: int) -> tuple[JobSpec, ...]:
+    """The mix of a scenario with a `variation`: its resident jobs and arrivals drawn by the
+    variation, with traits, host order and fault sizes of its dimensions."""
+    mix = scenario.fleet
+    resident = tuple(
+        replace(job, tied_embeddings=job.tied_embeddings or traits.embedding_before_sync, traits=traits)
+        for i, job in enumerate(mix.resident)
+        for traits in [varied.traits(10_000 + i, job.pp, job.micro_batches, job.dp, job.collective, seed)])
+    arrivals = tuple(JobSpec(**varied.arrival(i, scenario.window_s, mix.median_minutes, seed)) for i in range(mix.arrivals))
+    placed = allocate(scenario.jobs + resident + arrivals, scenario)
+    reordered = []
+    for i, job in enumerate(placed):
+        order = varied.host_order(i, job.n_hosts, seed) if job.replay is None else np.arange(job.n_hosts)
+        reordered.append(replace(job, hosts=tuple(job.hosts[k] for k in order),
+                                 first_gpu=job.first_gpu and tuple(job.first_gpu[k] for k in order)))
+    return _with_faults(tuple(reordered), scenario, varied.rng(seed, 0xFA), varied.fault_sizes)
+
+
 def allocate(jobs: tuple[JobSpec, ...], scenario: Scenario) -> tuple[JobSpec, ...]:
-    """Place jobs without hosts on free hosts (first-fit, contiguous when possible), in start order.
+    """Place jobs without hosts on free hosts (first-fit, contiguous when possible), in start order
+    after the jobs placed by hand;
+    a job of `gpus_per_host` takes the lowest free aligned block of that many GPUs on each host.
 
     A job holds its hosts until its allotted end, also after a hang; a host replaced in a restart
     stays out (under repair) until the job ends, and its replacement is held from the restart on.
     Explicitly placed jobs must not overlap; an unplaced job that does not fit is dropped (the
     queue of a full cluster).
     """
-    busy_until = np.full(scenario.n_hosts, -np.inf)
+    busy_until = np.full((scenario.n_hosts, GPUS_PER_HOST), -np.inf)  # per GPU
     busy_until[list(scenario.drained)] = np.inf
     placed: list[JobSpec] = []
-    for job in sorted(jobs, key=lambda j: (j.start_s, j.hosts is None)):
-        free = busy_until <= job.start_s
-        hosts = job.hosts
+    for job in sorted(jobs, key=lambda j: (j.hosts is None, j.start_s)):  # placed jobs first
+        width = job.gpus_per_host or GPUS_PER_HOST
+        free_blocks = (busy_until <= job.start_s).reshape(scenario.n_hosts, -1, width).all(axis=2)
+        hosts, first = job.hosts, job.first_gpu or (0,) * job.n_hosts
         if hosts is None:
-            hosts = _first_fit(free, job.n_hosts)
+            hosts = _first_fit(free_blocks.any(axis=1), job.n_hosts)
             if hosts is None:
                 continue
-        elif not free[list(hosts)].all():
+            first = tuple(int(block) * width for block in free_blocks[hosts].argmax(axis=1))
+        elif not free_blocks[list(hosts), np.asarray(first) // width].all():
             raise ValueError(f"hosts {hosts} are busy at {job.start_s}")
-        busy_until[list(hosts)] = job.end_s
+        busy_until[np.asarray(hosts)[:, None], np.asarray(first)[:, None] + np.arange(width)] = job.end_s
         for fault in job.faults:
             if fault.kind == "restart" and fault.replace_host is not None:
-                if busy_until[fault.replace_host] > fault.at_s:
+                if busy_until[fault.replace_host].max() > fault.at_s:
                     raise ValueError(f"replacement host {fault.replace_host} is busy")
                 busy_until[fault.replace_host] = job.end_s
-        placed.append(replace(job, hosts=tuple(int(h) for h in hosts)))
+        placed.append(replace(job, hosts=tuple(int(h) for h in hosts),
+                              first_gpu=first if job.gpus_per_host else None))
     return tuple(placed)
 
 
@@ -332,7 +408,8 @@ def _arrivals(scenario: Scenario, rng: np.random.Generator) -> tuple[JobSpec, ..
 
 
 def _with_faults(
-    jobs: tuple[JobSpec, ...], scenario: Scenario, rng: np.random.Generator
+    jobs: tuple[JobSpec, ...], scenario: Scenario, rng: np.random.Generator,
+    sizes: dict[str, tuple[float, float]] = FAULT_SIZES,
 ) -> tuple[JobSpec, ...]:
     """Give some placed network jobs one fault each, inside the part of their life the scenario sees."""
     window = scenario.window_s
@@ -358,7 +435,7 @@ def _with_faults(
 
     candidates = [
         i for i, j in enumerate(jobs)
-        if j.n_hosts > 1 and seen(j)[1] - seen(j)[0] > 600 and (j.dp > 1 or j.pp > 1)
+        if j.n_hosts > 1 and seen(j)[1] - seen(j)[0] > 600 and (j.dp > 1 or j.pp > 1) and j.replay is None
     ]
     order = [int(i) for i in rng.permutation(candidates)]
     jobs = list(jobs)
@@ -375,21 +452,21 @@ def _with_faults(
                 at = min(at, round(lo + 0.15 * (hi - lo) + room(jobs[i]), 1))
             # the first restart of the scenario moves to a spare host, the others resume in place
             spare = spare_host(at, jobs[i].end_s) if kind == "restart" and nth == 0 else None
-            jobs[i] = replace(jobs[i], faults=(_draw_fault(kind, at, hi, jobs[i], spare, rng),))
+            jobs[i] = replace(jobs[i], faults=(_draw_fault(kind, at, hi, jobs[i], spare, rng, sizes),))
     return tuple(jobs)
 
 
 def _draw_fault(kind: str, at: float, seen_until: float, job: JobSpec, spare: int | None,
-                rng: np.random.Generator) -> FaultSpec:
+                rng: np.random.Generator, sizes: dict[str, tuple[float, float]]) -> FaultSpec:
     host = int(rng.integers(job.n_hosts))
     rail = int(rng.integers(GPUS_PER_HOST))
     rest = seen_until - at
     if kind == "straggler":
         return FaultSpec(kind, at, span_s=round(0.4 * rest, 1), host=host,
-                         factor=round(float(rng.uniform(1.1, 1.5)), 2))
+                         factor=round(float(rng.uniform(*sizes[kind])), 2))
     if kind == "slow_link":
         return FaultSpec(kind, at, span_s=round(0.4 * rest, 1), host=host, rail=rail,
-                         factor=round(float(rng.uniform(0.2, 0.5)), 2))
+                         factor=round(float(rng.uniform(*sizes[kind])), 2))
     if kind == "hang":
         return FaultSpec(kind, at, host=host, rail=rail, resume=bool(rng.random() < 0.5),
                          gap_s=round(float(rng.uniform(60, HANG_RESTART_S)), 1))
@@ -397,6 +474,6 @@ def _draw_fault(kind: str, at: float, seen_until: float, job: JobSpec, spare: in
         return FaultSpec(kind, at, gap_s=round(float(rng.uniform(60, 300)), 1), host=host,
                          replace_host=spare)
     if kind == "degradation":
-        return FaultSpec(kind, at, factor=round(float(rng.uniform(1.1, 1.3)), 2))
+        return FaultSpec(kind, at, factor=round(float(rng.uniform(*sizes[kind])), 2))
     return FaultSpec(kind, at, span_s=round(rest - 60, 1), count=3,
-                     factor=round(float(rng.uniform(1.3, 3.0)), 2))
+                     factor=round(float(rng.uniform(*sizes[kind])), 2))

@@ -15,17 +15,19 @@ hang, or the allotment's end if sooner: the scheduler's time limit); the hang wa
 from the last checkpoint to the kill. A hang with `resume` is then restarted from that checkpoint
 `gap_s` after the kill: that restart is a fault of its own, costing the downtime from the kill to
 the resume and the warm-up steps (the work lost since the checkpoint is the hang's). Truth
-intervals are clipped to the scenario window and only steps wholly inside it count.
+intervals are clipped to the scenario window and only steps wholly inside it count. A job with
+traits (`variation`) also records in each fault's params how much slower the steps it touched ran
+(`step_slowdown`: mean of actual / fault-free step time).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
+from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster, Placement
 from prism_core.simulate.model import WARMUP_AFTER_RESTART, WARMUP_AT_START, JobModel, job_model
 from prism_core.simulate.scenarios import FaultSpec, JobSpec
 from prism_core.simulate.traffic import (
@@ -47,18 +49,23 @@ class JobPlan:
     job_id: str
     spec: JobSpec
     model: JobModel
-    hosts: list[np.ndarray]  # per attempt
+    placements: list[Placement]  # per attempt
     attempt_spans: list[tuple[float, float]]  # per attempt: first step to its failure or the end, in the window
     templates: list[Template]
     checkpoints: list[Template]  # per attempt
     checkpoint_loads: list[Template]  # per attempt
     loads: np.ndarray  # (n, 3): start of each checkpoint load, its pace (time scale), attempt
-    steps: dict[str, np.ndarray]  # one entry per step (see `_StepLog`)
+    steps: dict[str, np.ndarray]  # one entry per step (see `StepLog`)
     cutoffs: list[np.ndarray]  # per cut step: time each endpoint stops sending
     faults: list[dict]  # truth rows, times in scenario seconds
     start_s: float
     end_s: float
     restarts: int
+
+    @property
+    def hosts(self) -> list[np.ndarray]:
+        """The job's hosts, per attempt."""
+        return [placement.hosts for placement in self.placements]
 
     @property
     def has_network(self) -> bool:
@@ -78,7 +85,7 @@ class JobPlan:
                 parts.append(_cut(flows, self.cutoffs[steps["cut"][step]]))
         for step in chosen[steps["checkpoint"][chosen]]:
             ckpt = self.checkpoints[steps["attempt"][step]]
-            flows = ckpt.expand(steps["compute_end"][[step]], np.ones(1), rng)
+            flows = ckpt.expand(steps["compute_end"][[step]], steps["save"][[step]] / self.model.ckpt_save_s, rng)
             parts.append(flows if steps["cut"][step] < 0 else _cut(flows, self.cutoffs[steps["cut"][step]]))
         # drawn last, so the loads leave every other flow's random draws as they were
         for at, scale, attempt in self.loads[(self.loads[:, 0] >= lo) & (self.loads[:, 0] < hi)]:
@@ -99,10 +106,10 @@ def _cut(flows: FlowBatch, cutoff: np.ndarray) -> FlowBatch:
     return kept
 
 
-class _StepLog:
-    COLUMNS = ("start", "base", "compute_end", "end", "jitter", "template", "checkpoint", "attempt",
+class StepLog:
+    COLUMNS = ("start", "base", "compute_end", "end", "jitter", "template", "checkpoint", "save", "attempt",
                "number", "complete", "cut")
-    DTYPES = (float, float, float, float, float, np.int32, bool, np.int32, np.int64, bool, np.int32)
+    DTYPES = (float, float, float, float, float, np.int32, bool, float, np.int32, np.int64, bool, np.int32)
 
     def __init__(self) -> None:
         self.rows: list[tuple] = []
@@ -124,6 +131,7 @@ class _Tally:
     end: float = -np.inf
     params: dict = field(default_factory=dict)
     slow_steps: list[tuple[float, float, float]] = field(default_factory=list)  # start, end, extra
+    slowdowns: list[float] = field(default_factory=list)  # actual / fault-free time of each step touched
 
 
 def plan_job(index: int, spec: JobSpec, cluster: Cluster, window_s: float, seed: int,
@@ -142,15 +150,15 @@ class _Planner:
         self.spec, self.cluster, self.window_s = spec, cluster, window_s
         self.model = job_model(spec, self.rng)
         self.salt = index + 1
-        self.hosts = [np.asarray(spec.hosts, np.int64)]
+        self.placements = [Placement.of(spec.hosts, spec.first_gpu, spec.gpus_per_host)]
         self.templates: list[Template] = []
         self.template_ids: dict[Condition, int] = {}
         self.faults = list(spec.faults)  # a restart after a hang is appended when it happens
         self.tally = [_Tally() for _ in self.faults]
         nominal = self.templates[self.template(Condition(0))[0]]
-        self.subject_nic = {i: _busy_nic(nominal, spec.hosts[f.host], f.rail)
+        self.subject_nic = {i: _busy_nic(nominal, cluster, spec.hosts[f.host], f.rail)
                             for i, f in enumerate(self.faults) if f.kind in ("slow_link", "hang")}
-        self.log = _StepLog()
+        self.log = StepLog()
         self.cutoffs: list[np.ndarray] = []
         self.loads: list[tuple[float, float, int]] = []  # see JobPlan.loads
 
@@ -158,7 +166,8 @@ class _Planner:
         """Id and duration of the step template for `cond`, built on first use."""
         if cond not in self.template_ids:
             self.template_ids[cond] = len(self.templates)
-            self.templates.append(step_template(self.model, self.hosts[cond.attempt], cond, self.salt))
+            self.templates.append(step_template(self.model, self.placements[cond.attempt], self.cluster.gpu_nic,
+                                                cond, self.salt))
         tid = self.template_ids[cond]
         return tid, self.templates[tid].duration
 
@@ -197,18 +206,19 @@ class _Planner:
             cond, active = self.condition(t, attempt, level)
             tid, duration = self.template(cond)
             _, fault_free = self.template(Condition(attempt, 1.0 if after_restart else level))
-            jitter = float(rng.lognormal(0.0, model.jitter_sigma))
+            jitter = model.jitter(rng)
             is_checkpoint = (number + 1) % model.ckpt_every == 0 and level == 1.0
             stall, slow_step = 0.0, None
             if stalls and stalls[0][0] <= t and not is_checkpoint:
                 slow_step = stalls.pop(0)[1]
                 stall = (self.faults[slow_step].factor - 1.0) * jitter * fault_free
             compute_end = t + stall + jitter * duration
-            end = compute_end + (model.ckpt_save_s if is_checkpoint else 0.0)
+            save = model.save_time(rng) if is_checkpoint else 0.0
+            end = compute_end + save
             if end > spec.end_s:
                 break  # the allotment cannot hold another step
             row = dict(start=t, base=t + stall, compute_end=compute_end, end=end, jitter=jitter,
-                       template=tid, checkpoint=is_checkpoint, attempt=attempt, number=number)
+                       template=tid, checkpoint=is_checkpoint, save=save, attempt=attempt, number=number)
             if events and events[0][0] < end:
                 failed_at, i = events.pop(0)
                 failed_at = max(failed_at, t)
@@ -217,10 +227,10 @@ class _Planner:
                                                                  failed_at) is None:
                     # the hung GPU was done with this step (saving a checkpoint, say): its peers
                     # finish it, begin the next one and block there
-                    next_jitter = float(rng.lognormal(0.0, model.jitter_sigma))
+                    next_jitter = model.jitter(rng)
                     next_end = end + next_jitter * duration
                     cut_steps.append(dict(row, start=end, base=end, compute_end=next_end, end=next_end,
-                                          jitter=next_jitter, checkpoint=False, number=number + 1))
+                                          jitter=next_jitter, checkpoint=False, save=0.0, number=number + 1))
                 for cut_step in cut_steps:
                     self.log.add(**cut_step, complete=False, cut=len(self.cutoffs))
                 self.cutoffs.append(self.silence(i, failed_at, attempt, self.templates[tid], cut_steps))
@@ -244,6 +254,8 @@ class _Planner:
             self.log.add(**row, complete=True, cut=-1)
             if active is not None or after_restart:
                 self.blame(restart if active is None else active, t, end, jitter * (duration - fault_free))
+                if active is not None:
+                    self.tally[active].slowdowns.append(duration / fault_free)
             if slow_step is not None:
                 self.blame(slow_step, t, end, stall)
                 self.tally[slow_step].slow_steps.append((t, end, stall))
@@ -254,13 +266,13 @@ class _Planner:
         traffic_end = spec.start_s if end_of_traffic is None else end_of_traffic
         if attempt_bounds[-1][1] is None:
             attempt_bounds[-1][1] = traffic_end
-        storage = (self.cluster.storage_base, self.cluster.n_storage, self.salt)
-        checkpoints = [checkpoint_template(model, h, *storage) for h in self.hosts]
+        storage = (self.cluster.gpu_nic, self.cluster.storage_base, self.cluster.n_storage, self.salt)
+        checkpoints = [checkpoint_template(model, placement, *storage) for placement in self.placements]
         return JobPlan(
             job_id=self.job_id,
             spec=spec,
             model=model,
-            hosts=self.hosts,
+            placements=self.placements,
             attempt_spans=[self.clip(start, max(start, end)) for start, end in attempt_bounds],
             templates=self.templates,
             checkpoints=checkpoints,
@@ -271,7 +283,7 @@ class _Planner:
             faults=self.fault_rows(),
             start_s=max(spec.start_s, 0.0),
             end_s=min(traffic_end, self.window_s),
-            restarts=len(self.hosts) - 1,
+            restarts=len(self.placements) - 1,
         )
 
     def clip(self, start: float, end: float) -> tuple[float, float]:
@@ -282,7 +294,7 @@ class _Planner:
         they first wait on it (its next transfer in the cut `steps`, e.g. the gradient collective
         of a data-parallel job hung in compute), send what does not depend on it, and block within
         seconds. A failing job stops all at once."""
-        job_nics = _nics(self.hosts[attempt])
+        job_nics = _nics(self.placements[attempt], self.cluster)
         cutoff = np.full(self.cluster.n_endpoints, np.inf)
         if self.faults[i].kind == "hang":
             nic = self.subject_nic[i]
@@ -314,7 +326,7 @@ class _Planner:
             wasted_gpu_s=self.spec.n_gpus * (min(resume, self.window_s) - min(killed_at, self.window_s)),
             start=killed_at, end=min(resume, self.window_s),
             params={"after_hang": True, "gap_s": self.faults[i].gap_s}))
-        self.hosts.append(self.hosts[-1].copy())
+        self.placements.append(self.placements[-1])
         return len(self.faults) - 1
 
     def restart(self, i: int, at: float, last_checkpoint: float) -> float:
@@ -326,12 +338,14 @@ class _Planner:
             wasted_gpu_s=self.spec.n_gpus * (min(resume, self.window_s) - max(last_checkpoint, 0.0)),
             start=at, end=min(resume, self.window_s),
             params={"lost_since_checkpoint_s": round(at - max(last_checkpoint, 0.0), 3), "gap_s": f.gap_s})
-        hosts = self.hosts[-1].copy()
+        placement = self.placements[-1]
         if f.replace_host is not None:
+            hosts = placement.hosts.copy()
             hosts[f.host] = f.replace_host
-            self.tally[i].params["replaced_host"] = {"old": self.cluster.host_name(self.hosts[-1][f.host]),
+            self.tally[i].params["replaced_host"] = {"old": self.cluster.host_name(placement.hosts[f.host]),
                                                      "new": self.cluster.host_name(f.replace_host)}
-        self.hosts.append(hosts)
+            placement = replace(placement, hosts=hosts)
+        self.placements.append(placement)
         return resume
 
     def load_checkpoint(self, stopped_at: float, resume: float) -> None:
@@ -339,7 +353,7 @@ class _Planner:
         first step at `resume`, taking as long as the save or half the downtime, whichever is
         shorter."""
         load_s = min(self.model.ckpt_save_s, (resume - stopped_at) / 2)
-        self.loads.append((resume - load_s, load_s / self.model.ckpt_save_s, len(self.hosts) - 1))
+        self.loads.append((resume - load_s, load_s / self.model.ckpt_save_s, len(self.placements) - 1))
 
     def fault_rows(self) -> list[dict]:
         """Truth rows (times in scenario seconds); faults that touched no step seen are left out."""
@@ -358,8 +372,11 @@ class _Planner:
                 subject = self.cluster.host_name(self.spec.hosts[f.host])
             elif f.kind in ("slow_link", "hang"):
                 subject = self.cluster.addrs[self.subject_nic[i]].as_py()
+            params = tally.params or {"factor": f.factor}
+            if self.spec.traits is not None and tally.slowdowns:
+                params["step_slowdown"] = round(float(np.mean(tally.slowdowns)), 4)
             rows.append(dict(kind=f.kind, subject=subject, start=tally.start, end=tally.end,
-                             wasted=tally.wasted_gpu_s, params=tally.params or {"factor": f.factor}))
+                             wasted=tally.wasted_gpu_s, params=params))
         for n, row in enumerate(rows):
             row["fault_id"] = f"{self.job_id}-f{n}"
             row["params"] = json.dumps(row["params"], sort_keys=True)
@@ -373,15 +390,17 @@ def _first_need(template: Template, step: dict, nic: int, after: float) -> float
     return float(needs.min()) if len(needs) else None
 
 
-def _nics(hosts: np.ndarray) -> np.ndarray:
-    return (hosts[:, None] * GPUS_PER_HOST + np.arange(GPUS_PER_HOST)).ravel()
+def _nics(placement: Placement, cluster: Cluster) -> np.ndarray:
+    """The NICs of the job's GPUs, in rank order, each once."""
+    nics = cluster.gpu_nic[placement.gpus]
+    return nics[np.sort(np.unique(nics, return_index=True)[1])]
 
 
-def _busy_nic(template: Template, host: int, rail: int) -> int:
+def _busy_nic(template: Template, cluster: Cluster, host: int, rail: int) -> int:
     """The NIC of `host` nearest to `rail` that carries the job's traffic (a fault on an unused
     NIC would leave no trace)."""
     used = np.unique(np.concatenate([template.src, template.dst]))
     on_host = used[used // GPUS_PER_HOST == host]
     if not len(on_host):
-        return host * GPUS_PER_HOST + rail
+        return int(cluster.gpu_nic[host * GPUS_PER_HOST + rail])
     return int(on_host[np.argmin(np.abs(on_host % GPUS_PER_HOST - rail))])

@@ -3,13 +3,18 @@
 A *template* is every flow of one step of one job under one condition (attempt, slowdowns), with
 times relative to the start of the step's compute: PP activation and gradient sends at the times
 the 1F1B schedule dictates, the DP gradient collective when each stage's replicas are ready, MoE
-all-to-all inside forward and backward, ZeRO-3 parameter gathers. A step of the plan is its
-template shifted to the step start and scaled by the step's jitter, plus per-flow launch noise.
+all-to-all inside forward and backward, ZeRO-3 parameter gathers; with the job's traits, the
+distributed optimizer's parameter all-gather at the step start, gradient buckets synced during the
+last backward, interleaved pipeline chunks (the last stage sends on to the first). A step of the
+plan is its template shifted to the step start and scaled by the step's jitter, plus per-flow
+launch noise.
 
-Rank layout is Megatron's: rank = tp_rank + tp * (dp_rank + dp * pp_stage); rank r runs on GPU
-r % 8 of job host r // 8. Sends between GPUs of one host ride NVLink and produce no record. Cross-
-host sends are rail-aligned (NCCL PXN): GPU i on host A sending to GPU j on host B goes through
-NIC j of A to NIC j of B. One record per transfer per queue pair (NCCL channel).
+Rank layout is Megatron's by default: rank = tp_rank + tp * (dp_rank + dp * pp_stage)
+(`JobModel.rank`); rank r runs on the GPU of slot r of the job's `Placement` (GPU r % 8 of job
+host r // 8 for a job of whole hosts). Sends between GPUs of one host ride NVLink and produce no
+record. Cross-host sends are rail-aligned (NCCL PXN): GPU i on host A sending to GPU j on host B
+goes through the NIC of A's GPU j to the NIC of B's GPU j, or through GPU i's own NIC where the job
+does not hold A's GPU j. One record per transfer per queue pair (NCCL channel).
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from typing import NamedTuple
 import numpy as np
 
 from prism_core.arrays import Columns
-from prism_core.simulate.cluster import GPUS_PER_HOST
-from prism_core.simulate.model import NIC_RATE, NVLINK_RATE, JobModel, align, one_f_one_b
+from prism_core.simulate.cluster import GPUS_PER_HOST, Placement
+from prism_core.simulate.model import NIC_RATE, NVLINK_RATE, JobModel, align, interleaved_one_f_one_b, one_f_one_b
 
 ROCE_PORT = 4791
 UDP, TCP = 17, 6
@@ -105,20 +110,24 @@ class Template:
         )
 
 
-class _Links:
+class Links:
     """Routes rank-to-rank sends of one job onto NIC pairs and collects the network transfers."""
 
-    def __init__(self, hosts: np.ndarray, slow_nic: int, slow_fraction: float):
-        self.hosts = hosts
+    def __init__(self, placement: Placement, gpu_nic: np.ndarray, slow_nic: int, slow_fraction: float):
+        self.gpus = placement.gpus
+        self.gpu_nic = gpu_nic
+        self.held = np.zeros(len(gpu_nic), bool)
+        self.held[self.gpus] = True
         self.slow_nic = slow_nic
         self.slow_fraction = slow_fraction
         self.parts: list[tuple[np.ndarray, ...]] = []
 
     def route(self, a: np.ndarray, b: np.ndarray):
-        rail = b % GPUS_PER_HOST
-        src = self.hosts[a // GPUS_PER_HOST] * GPUS_PER_HOST + rail
-        dst = self.hosts[b // GPUS_PER_HOST] * GPUS_PER_HOST + rail
-        return src, dst, (a // GPUS_PER_HOST) != (b // GPUS_PER_HOST)
+        src_gpu, dst_gpu = self.gpus[a], self.gpus[b]
+        relay = src_gpu - src_gpu % GPUS_PER_HOST + dst_gpu % GPUS_PER_HOST  # PXN: on the receiver's rail
+        relay = np.where(self.held[relay], relay, src_gpu)
+        return (self.gpu_nic[relay], self.gpu_nic[dst_gpu],
+                (src_gpu // GPUS_PER_HOST) != (dst_gpu // GPUS_PER_HOST))
 
     def rate(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         src, dst, on_network = self.route(a, b)
@@ -168,112 +177,144 @@ class _Links:
         )
 
 
-def step_template(model: JobModel, hosts: np.ndarray, cond: Condition, salt: int) -> Template:
+def step_template(model: JobModel, placement: Placement, gpu_nic: np.ndarray, cond: Condition,
+                  salt: int) -> Template:
     """Every GPU-to-GPU flow of one step of a job (see module doc)."""
-    tp, pp, dp, m = model.tp, model.pp, model.dp, model.micro_batches
-
-    def rank(t, d, s):
-        return t + tp * (d + dp * s)
+    tp, pp, dp, m, v = model.tp, model.pp, model.dp, model.micro_batches, model.virtual_stages
+    rank = model.rank
 
     fwd = np.full((dp, pp), model.fwd_s * cond.compute_scale)
     bwd = np.full((dp, pp), model.bwd_s * cond.compute_scale)
+    if model.traits.stage_factors:
+        fwd, bwd = fwd * model.traits.stage_factors, bwd * model.traits.stage_factors
     if cond.straggler_host >= 0:
         # the TP group holding a slow GPU runs at its pace (TP all-reduces every layer)
-        ranks = np.arange(GPUS_PER_HOST) + GPUS_PER_HOST * cond.straggler_host
-        slow = ((ranks // tp) % dp, ranks // (tp * dp))
-        fwd[slow] *= cond.straggler_factor
-        bwd[slow] *= cond.straggler_factor
-    links = _Links(hosts, cond.slow_nic, cond.slow_fraction)
+        _, d, s = model.coords(placement.slots_on(cond.straggler_host))
+        fwd[d, s] *= cond.straggler_factor
+        bwd[d, s] *= cond.straggler_factor
+    links = Links(placement, gpu_nic, cond.slow_nic, cond.slow_fraction)
+    buckets = np.asarray(model.bucket_bytes)
+    # DP groups: one per (tp rank, stage), members ordered by dp rank; axes (group, member)
+    t, s, d = (x.reshape(tp * pp, dp) for x in np.meshgrid(np.arange(tp), np.arange(pp), np.arange(dp), indexing="ij"))
+    member, succ = rank(t, d, s), rank(t, (d + 1) % dp, s)
 
+    lead = 0.0  # the distributed optimizer gathers the parameters before the first forward
+    if dp > 1 and model.traits.distributed_optimizer:
+        at_start = np.zeros((len(member), 1))
+        gathered = _ring(links, member, succ, align(buckets * (dp - 1) / dp, model.channels), at_start[:, :, None],
+                         at_start)
+        lead = gathered[:, 0 if model.traits.overlap else -1].max()
+
+    # Chunk c of stage s is virtual stage c * pp + s (one chunk per stage without interleaving);
+    # hop k moves an activation from virtual stage k to k + 1.
+    hop_from, hop_to = np.arange(pp * v - 1) % pp, np.arange(1, pp * v) % pp
+    t, d, k = np.meshgrid(np.arange(tp), np.arange(dp), np.arange(pp * v - 1), indexing="ij")
     # Each DP replica runs its own pipeline; its PP hops take as long as the slowest TP rank's.
-    t, d, s = np.meshgrid(np.arange(tp), np.arange(dp), np.arange(pp - 1), indexing="ij")
-    comm_fwd = (model.act_bytes / links.rate(rank(t, d, s), rank(t, d, s + 1))).max(axis=0, initial=0)
-    comm_bwd = (model.act_bytes / links.rate(rank(t, d, s + 1), rank(t, d, s))).max(axis=0, initial=0)
-    fwd_start, bwd_start = np.empty((dp, pp, m)), np.empty((dp, pp, m))
+    comm_fwd = (model.act_bytes / links.rate(rank(t, d, hop_from[k]), rank(t, d, hop_to[k]))).max(axis=0, initial=0)
+    comm_bwd = (model.act_bytes / links.rate(rank(t, d, hop_to[k]), rank(t, d, hop_from[k]))).max(axis=0, initial=0)
+    chunk_fwd, chunk_bwd = np.tile(fwd, v) / v, np.tile(bwd, v) / v  # (dp, virtual stage)
+    fwd_start, bwd_start = np.empty((dp, pp * v, m)), np.empty((dp, pp * v, m))
     schedules: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
     for replica in range(dp):
-        inputs = (fwd[replica], bwd[replica], comm_fwd[replica], comm_bwd[replica])
+        inputs = (fwd[replica] / v, bwd[replica] / v, comm_fwd[replica], comm_bwd[replica])
         key = b"".join(x.tobytes() for x in inputs)
         if key not in schedules:
-            schedules[key] = one_f_one_b(*inputs, m)
+            schedules[key] = one_f_one_b(*inputs, m) if v == 1 else interleaved_one_f_one_b(*inputs, m, v)
         fwd_start[replica], bwd_start[replica] = schedules[key]
-    fwd_end = fwd_start + fwd[:, :, None]
-    bwd_end = bwd_start + bwd[:, :, None]
-    ready = bwd_end[:, :, -1]  # (dp, pp): the replica's stage has all its gradients
+    fwd_start, bwd_start = fwd_start + lead, bwd_start + lead
+    fwd_end = fwd_start + chunk_fwd[:, :, None]
+    bwd_end = bwd_start + chunk_bwd[:, :, None]
+    ready = bwd_end.reshape(dp, v, pp, m).max(axis=(1, 3))  # (dp, pp): the replica's stage has all its gradients
 
     if pp > 1:
-        t, d, s, i = np.meshgrid(np.arange(tp), np.arange(dp), np.arange(pp - 1), np.arange(m),
-                                 indexing="ij")
-        links.add(rank(t, d, s), rank(t, d, s + 1), fwd_end[d, s, i], model.act_bytes, PP)
-        links.add(rank(t, d, s + 1), rank(t, d, s), bwd_end[d, s + 1, i], model.act_bytes, PP)
+        t, d, k, i = np.meshgrid(np.arange(tp), np.arange(dp), np.arange(pp * v - 1), np.arange(m), indexing="ij")
+        links.add(rank(t, d, hop_from[k]), rank(t, d, hop_to[k]), fwd_end[d, k, i], model.act_bytes, PP)
+        links.add(rank(t, d, hop_to[k]), rank(t, d, hop_from[k]), bwd_end[d, k + 1, i], model.act_bytes, PP)
         if model.tied_embeddings:
             t, d = np.meshgrid(np.arange(tp), np.arange(dp), indexing="ij")
+            first, last = rank(t, d, 0), rank(t, d, pp - 1)
             both = np.maximum(ready[d, 0], ready[d, pp - 1])
-            links.add(rank(t, d, 0), rank(t, d, pp - 1), both, model.emb_bytes, OTHER)
-            links.add(rank(t, d, pp - 1), rank(t, d, 0), both, model.emb_bytes, OTHER)
+            links.add(first, last, both, model.emb_bytes, OTHER)
+            links.add(last, first, both, model.emb_bytes, OTHER)
+            if model.traits.embedding_before_sync:
+                # Megatron all-reduces the embedding before the first and last stage's DP sync
+                took = model.emb_bytes / np.minimum(links.rate(first, last), links.rate(last, first))
+                ready[:, [0, pp - 1]] = (both + took).max(axis=0)[:, None]
 
     sync_end = ready.max()
     if dp > 1:
-        # DP groups: one per (tp rank, stage), members ordered by dp rank; axes (group, member)
         t, s, d = (x.reshape(tp * pp, dp) for x in np.meshgrid(
             np.arange(tp), np.arange(pp), np.arange(dp), indexing="ij"))
-        member, succ = rank(t, d, s), rank(t, (d + 1) % dp, s)
-        member_ready = ready[d, s]
+        member_ready = ready[d, s][:, :, None]  # (group, member, bucket)
+        if model.traits.overlap:
+            # the last backward finishes the buckets one after another and each syncs at once
+            last_pass = chunk_bwd[d, s][:, :, None]
+            member_ready = member_ready - last_pass * (1 - np.arange(1, len(buckets) + 1) / len(buckets))
         release = member_ready.max(axis=1)
-        buckets = np.asarray(model.bucket_bytes)
         if model.collective == "tree":
             sync_end = _tree(links, t[:, 1:], s[:, 1:], d[:, 1:], rank, buckets, member_ready[:, 1:],
                              release).max()
         else:
             share = 2 * (dp - 1) / dp if model.collective == "ring" else (dp - 1) / dp
             sync_end = _ring(links, member, succ, align(buckets * share, model.channels),
-                             member_ready, release).max()
+                             member_ready, release)[:, -1].max()
         if model.collective == "zero":
             # ZeRO-3: parameters gathered again for every micro-batch's forward
             gather_start = fwd_start[d, s].transpose(2, 0, 1).reshape(m * tp * pp, dp)
             _ring(links, np.tile(member, (m, 1)), np.tile(succ, (m, 1)),
-                  align([model.param_bytes * (dp - 1) / dp], model.channels), gather_start,
-                  gather_start.max(axis=1))
+                  align([model.param_bytes * (dp - 1) / dp], model.channels), gather_start[:, :, None],
+                  gather_start.max(axis=1)[:, None])
         if model.moe:
-            _all_to_all(links, model, rank, fwd_start, bwd_start, fwd, bwd)
+            _all_to_all(links, model, rank, fwd_start, bwd_start, chunk_fwd, chunk_bwd)
     step_end = sync_end + model.opt_s
-    if dp > 1 and model.collective == "rs_ag":
+    if dp > 1 and model.collective == "rs_ag" and not model.traits.distributed_optimizer:
         # ZeRO-1/2: updated parameter shards all-gathered after the optimizer
+        after = np.full((len(member), 1), step_end)
         step_end = _ring(links, member, succ, align(buckets * (dp - 1) / dp, model.channels),
-                         np.full(member.shape, step_end), np.full(len(member), step_end)).max()
+                         after[:, :, None], after)[:, -1].max()
     return links.template(step_end, model.channels, salt)
 
 
-def _ring(links: _Links, member, succ, hop_bytes, first_start, release) -> np.ndarray:
+def _bucket_done(release: np.ndarray, took: np.ndarray) -> np.ndarray:
+    """When each bucket of a group's collective is done, (group, bucket): bucket k starts once it is
+    released (`release`, (group, bucket) or (group, 1)) and bucket k - 1 is done."""
+    moved = np.cumsum(took, axis=1)
+    return np.maximum.accumulate(release - (moved - took), axis=1) + moved
+
+
+def _ring(links: Links, member, succ, hop_bytes, first_start, release) -> np.ndarray:
     """Bucketed ring collective: every member sends each bucket's share to its successor.
 
-    A member starts sending its first bucket when it is ready (`first_start`), but the ring only
-    moves once the last member is ready (`release`): early members' first flows stretch while
-    they wait, the latecomer's look normal. The ring runs at its slowest link's pace. Returns the
-    end of each group's collective.
+    A member starts sending a bucket when it has it (`first_start`, (group, member, bucket) or
+    (group, member, 1)), but the ring moves it only once every member has it (`release`, (group,
+    bucket) or (group, 1)) and the bucket before is done: early members' flows stretch while they
+    wait, the latecomer's look normal. The ring runs at its slowest link's pace. Returns when each
+    group's buckets are done, (group, bucket).
     """
     ring_rate = links.rate(member, succ).min(axis=1)
     took = hop_bytes[None, :] / ring_rate[:, None]  # (group, bucket)
-    done = release[:, None] + np.cumsum(took, axis=1)
-    start = np.where(np.arange(len(hop_bytes)) == 0, first_start[:, :, None],
-                     (done - took)[:, None, :])
+    done = _bucket_done(release, took)
+    start = np.where(np.arange(len(hop_bytes)) == 0, first_start,
+                     np.maximum(first_start, (done - took)[:, None, :]))
     slack = np.where(links.waiting_on_slow_link(member, succ, ring_rate)[:, :, None],
                      SLOW_RING_SLACK * took[:, None, :], 0.0)
     links.add(member[:, :, None], succ[:, :, None], start, hop_bytes, DP, end=done[:, None, :] - slack)
-    return done[:, -1]
+    return done
 
 
-def _tree(links: _Links, t, s, d, rank, buckets, child_ready, release) -> np.ndarray:
+def _tree(links: Links, t, s, d, rank, buckets, child_ready, release) -> np.ndarray:
     """NCCL tree all-reduce over the dp ranks of each group (binary tree, parent (d-1)//2).
 
     Each bucket goes up from child to parent (reduce) and comes back down (broadcast), pipelined
-    half a bucket apart. `t, s, d` cover the non-root members, axes (group, member).
+    half a bucket apart. `t, s, d` cover the non-root members, axes (group, member); `child_ready`
+    and `release` as `_ring`'s `first_start` and `release`.
     """
     child, parent = rank(t, d, s), rank(t, (d - 1) // 2, s)
     tree_rate = links.rate(child, parent).min(axis=1)
     took = buckets[None, :] / tree_rate[:, None]
-    done = release[:, None] + np.cumsum(took, axis=1)
-    up_start = np.where(np.arange(len(buckets)) == 0, child_ready[:, :, None], (done - took)[:, None, :])
+    done = _bucket_done(release, took)
+    up_start = np.where(np.arange(len(buckets)) == 0, child_ready,
+                        np.maximum(child_ready, (done - took)[:, None, :]))
     slack = np.where(links.waiting_on_slow_link(child, parent, tree_rate)[:, :, None],
                      SLOW_RING_SLACK * took[:, None, :], 0.0)
     links.add(child[:, :, None], parent[:, :, None], up_start, buckets, DP, end=done[:, None, :] - slack)
@@ -283,29 +324,31 @@ def _tree(links: _Links, t, s, d, rank, buckets, child_ready, release) -> np.nda
     return done[:, -1] + took[:, -1] / 2
 
 
-def _all_to_all(links: _Links, model: JobModel, rank, fwd_start, bwd_start, fwd, bwd) -> None:
-    """MoE expert all-to-all among the DP (= expert-parallel) group, inside every fwd and bwd."""
+def _all_to_all(links: Links, model: JobModel, rank, fwd_start, bwd_start, fwd, bwd) -> None:
+    """MoE expert all-to-all among the DP (= expert-parallel) group, inside every fwd and bwd of
+    every virtual stage (`fwd`, `bwd`: (dp, virtual stage) pass times)."""
     tp, pp, dp, m = model.tp, model.pp, model.dp, model.micro_batches
-    t, s, d1, d2, i = np.meshgrid(np.arange(tp), np.arange(pp), np.arange(dp), np.arange(dp),
-                                  np.arange(m), indexing="ij")
+    t, k, d1, d2, i = np.meshgrid(np.arange(tp), np.arange(pp * model.virtual_stages), np.arange(dp),
+                                  np.arange(dp), np.arange(m), indexing="ij")
     peer = d1 != d2
-    t, s, d1, d2, i = (x[peer] for x in (t, s, d1, d2, i))
-    a, b = rank(t, d1, s), rank(t, d2, s)
-    links.add(a, b, fwd_start[d1, s, i] + 0.25 * fwd[d1, s], model.a2a_bytes, OTHER, varsize=True)
-    links.add(a, b, bwd_start[d1, s, i] + 0.25 * bwd[d1, s], model.a2a_bytes, OTHER, varsize=True)
+    t, k, d1, d2, i = (x[peer] for x in (t, k, d1, d2, i))
+    a, b = rank(t, d1, k % pp), rank(t, d2, k % pp)
+    links.add(a, b, fwd_start[d1, k, i] + 0.25 * fwd[d1, k], model.a2a_bytes, OTHER, varsize=True)
+    links.add(a, b, bwd_start[d1, k, i] + 0.25 * bwd[d1, k], model.a2a_bytes, OTHER, varsize=True)
 
 
 def checkpoint_template(
-    model: JobModel, hosts: np.ndarray, storage_base: int, n_storage: int, salt: int
+    model: JobModel, placement: Placement, gpu_nic: np.ndarray, storage_base: int, n_storage: int, salt: int
 ) -> Template:
     """Checkpoint writes: every dp_rank-0 GPU streams its shard to a storage server over RDMA,
     in 4 chunks spread over the save time; times relative to the end of the step's compute.
     A resume reads the same shards back from the same servers at the same pace
-    (`checkpoint_load_template`)."""
+    (`checkpoint_load_template`). Over a storage network the flow logs do not see, no record."""
     chunks = CHECKPOINT_CHUNKS
-    tp, pp, dp = model.tp, model.pp, model.dp
-    writer = (np.arange(tp)[:, None] + tp * dp * np.arange(pp)[None, :]).ravel()
-    nic = hosts[writer // GPUS_PER_HOST] * GPUS_PER_HOST + writer % GPUS_PER_HOST
+    writer = model.rank(np.arange(model.tp)[:, None], 0, np.arange(model.pp)[None, :]).ravel()
+    if model.traits.storage_network:
+        writer = writer[:0]
+    nic = gpu_nic[placement.gpus[writer]]
     server = storage_base + (nic * 7 + salt) % n_storage
     chunk = np.tile(np.arange(chunks), len(nic))
     nic, server = np.repeat(nic, chunks).astype(np.int32), np.repeat(server, chunks).astype(np.int32)

@@ -16,9 +16,11 @@ Truth conventions (what a scorer can rely on):
   failure in its last restart gap) or the window end.
 - `jobs.n_hosts` / `n_gpus` are the job's size; `hosts` and `job_gpus` hold every host it ever
   used, so a restart onto a replacement host lists both (the newcomer takes the replaced host's
-  ranks). `job_gpus` lists all 8 NICs of each host, also those NVLink keeps off the network, each
-  with the span of the attempts its host served in (`start`: the job's start or the resume that
-  brought the host in; `end`: the failure that replaced it, or the job's end).
+  ranks). `job_gpus` has a row per GPU the job holds on each host (all 8 for a job of whole hosts,
+  also those NVLink keeps off the network; a GPU-granular job's own), with the address of the NIC
+  serving it (two GPUs of a 4-NIC host share one) and the span of the attempts its host served in
+  (`start`: the job's start or the resume that brought the host in; `end`: the failure that
+  replaced it, or the job's end).
 - `pairs`: directed GPU NIC pairs that carry the job's traffic. `dp`: the gradient collective
   (ring, tree, reduce-scatter/all-gather, ZeRO-3 parameter gathers); `pp`: activations and their
   gradients; `other`: MoE all-to-all and the tied-embedding all-reduce between first and last
@@ -26,12 +28,17 @@ Truth conventions (what a scorer can rely on):
 - `has_network`: whether the job's GPUs talk over the fabric (one-host jobs still read storage).
 - `steps`: completed steps wholly inside the window, numbered over the job's life (a job seen
   mid-life starts at a high number; a restart continues the count while training resumes from the
-  checkpoint). A step runs from its first forward to the end of its optimizer (and checkpoint save).
+  checkpoint). A step runs from its first forward (with the distributed optimizer, from its
+  parameter all-gather) to the end of its optimizer (and checkpoint save).
 - `faults`: straggler (subject host), slow_link (NIC address), hang (the NIC that fell silent
   first; until the watchdog or the allotment's time limit kills the job, or the window ends),
   restart (job id; until it is back at full speed; a hang with `resume` is followed by a restart
   from its kill, with `"after_hang": true` in its params),
-  degradation (job id; to its end), slow_step (job id; one row per step).
+  degradation (job id; to its end), slow_step (job id; one row per step). `params` holds the
+  fault's size (`factor`: compute slowdown, link rate fraction or step multiple) and, for jobs with
+  traits, `step_slowdown`; a replayed trace's slow worker or slow stage is a straggler naming the
+  host(s) of the slow ranks (`replay`).
+- `noise.json` `scenario.jobs` holds each job's spec, with its traits where it has any.
 - Background endpoints (storage 10.200.x, management 10.250.x) are not in `topology.csv`; one-off
   transfers between two jobs' hosts are listed in noise.json under `cross_job_transfers`.
 """
@@ -50,6 +57,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prism_core.simulate import replay
 from prism_core.simulate.background import Background
 from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
 from prism_core.simulate.export import FORMATS, HUGE_BYTES, FlowSink
@@ -78,8 +86,10 @@ def write_scenario(
     *,
     fmt: str = "parquet",
     progress: Callable[[int, int], None] | None = None,
+    whatif_dir: str | Path | None = None,
 ) -> SimulationSummary:
-    """Simulate `scenario` into `out_dir`; the same scenario and seed give byte-identical files."""
+    """Simulate `scenario` into `out_dir`; the same scenario and seed give byte-identical files.
+    Replayed jobs read their traces from `whatif_dir` (default `replay.DEFAULT_WHATIF`)."""
     began = time.perf_counter()
     if fmt not in FORMATS:  # before any directory is made: a refused call leaves nothing behind
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -90,9 +100,11 @@ def write_scenario(
     for sub in ("flows", "truth"):
         shutil.rmtree(out / sub, ignore_errors=True)
         (out / sub).mkdir(parents=True)
-    cluster = Cluster(scenario.n_hosts, scenario.pod_hosts, scenario.n_storage)
+    four_nic = scenario.variation.four_nic_hosts(scenario.n_hosts, seed) if scenario.variation else ()
+    cluster = Cluster(scenario.n_hosts, scenario.pod_hosts, scenario.n_storage, four_nic_hosts=four_nic)
     specs = [spec for spec in scenario_jobs(scenario, seed) if spec.end_s > 0]
-    plans = [plan_job(i, spec, cluster, scenario.window_s, seed, scenario.hang_watchdog_s)
+    plans = [replay.plan_replay(i, spec, cluster, scenario.window_s, whatif_dir) if spec.replay else
+             plan_job(i, spec, cluster, scenario.window_s, seed, scenario.hang_watchdog_s)
              for i, spec in enumerate(specs)]
     background = Background(scenario, cluster, plans, seed)
     sink = FlowSink(out / "flows", fmt, scenario, cluster, seed)
@@ -154,9 +166,11 @@ def write_scenario(
 
 
 def _parameters(scenario: Scenario, plans: list[JobPlan]) -> dict:
-    # the export options and seed stream are in export.json
-    params = {k: v for k, v in asdict(scenario).items() if k not in ("jobs", "fleet", "export", "seed_stream")}
-    params["jobs"] = {p.job_id: asdict(p.spec) for p in plans}
+    """The scenario's and its jobs' settings; options left unset (None) are left out, and the
+    export options and seed stream, which export.json holds."""
+    params = {k: v for k, v in asdict(scenario).items()
+              if k not in ("jobs", "fleet", "export", "seed_stream") and v is not None}
+    params["jobs"] = {p.job_id: {k: v for k, v in asdict(p.spec).items() if v is not None} for p in plans}
     return params
 
 
@@ -184,17 +198,21 @@ def _write_truth(truth_dir: Path, plans: list[JobPlan], cluster: Cluster, scenar
             end=ts([plan.end_s]), collective=spec.collective, moe=spec.moe,
             micro_batches=spec.micro_batches, has_network=plan.has_network, restarts=plan.restarts)
 
-        # every host the job ever used, with the ranks of its slot (a replacement host takes over
-        # the ranks of the host it replaced) and the span of the attempts it served in
-        slot = {h: i for attempt in plan.hosts for i, h in enumerate(attempt.tolist())}
+        # every GPU the job ever used, with the ranks of its slot (a replacement host takes over
+        # the ranks of the host it replaced) and the span of the attempts its host served in
+        slots = {}
+        for placement in plan.placements:
+            for i, h in enumerate(placement.hosts.tolist()):
+                slots[h] = (i, placement.first_gpu[i])
         served = {h: [span for attempt, span in zip(plan.hosts, plan.attempt_spans) if h in attempt]
                   for h in hosts}
-        host = np.repeat(hosts, GPUS_PER_HOST)
-        gpu = np.tile(np.arange(GPUS_PER_HOST), len(hosts))
-        rank = np.array([slot[h] for h in host]) * GPUS_PER_HOST + gpu
-        add("job_gpus", job_id=plan.job_id, addr=cluster.addrs.take(host * GPUS_PER_HOST + gpu),
-            host=names(host), gpu=gpu, pp_stage=rank // (model.tp * model.dp),
-            dp_rank=(rank // model.tp) % model.dp, tp_rank=rank % model.tp,
+        per_host = plan.placements[0].per_host
+        host = np.repeat(hosts, per_host)
+        offset = np.tile(np.arange(per_host), len(hosts))
+        gpu = np.array([slots[h][1] for h in host], np.int64) + offset
+        tp_rank, dp_rank, stage = model.coords(np.array([slots[h][0] for h in host], np.int64) * per_host + offset)
+        add("job_gpus", job_id=plan.job_id, addr=cluster.addrs.take(cluster.gpu_nic[host * GPUS_PER_HOST + gpu]),
+            host=names(host), gpu=gpu, pp_stage=stage, dp_rank=dp_rank, tp_rank=tp_rank,
             start=ts([min(s for s, _ in served[h]) for h in host]),
             end=ts([max(e for _, e in served[h]) for h in host]))
 
