@@ -327,21 +327,30 @@ def test_pipeline_makespan_is_the_1f1b_schedule():
     assert waste.pipeline_makespan(np.full(2, f), np.full(2, b), cf, cb) == pytest.approx(3 * (f + b) + 1e-3 + 7e-3)
 
 
+
+def _template(model, hosts: np.ndarray, condition):
+    """One step's flows of `model` on whole `hosts` of a cluster of 8-NIC hosts."""
+    from prism_core.simulate.cluster import Cluster, Placement
+    from prism_core.simulate.traffic import step_template
+
+    return step_template(model, Placement.of(hosts, None, None), Cluster(int(hosts.max()) + 1).gpu_nic, condition, salt=1)
+
+
 def _pipeline_job(slow_steps: range, n_steps: int = 240, seed: int = 3):
     """A job of 2 hosts, tp=4 x pp=4, 4 micro-batches a step, as the simulator lays out its
     traffic (rail-aligned, 2 channels, launch skew, 2% step jitter); one NIC of host 1 runs at 30%
     of line rate during `slow_steps`. Returns its flows, GPUs, pairs, steps, the slow NIC's
     address and the GPU-seconds the slow NIC cost (the simulator's truth)."""
     from prism_core.simulate.model import JobModel, align
-    from prism_core.simulate.traffic import PP, Condition, step_template
+    from prism_core.simulate.traffic import PP, Condition
 
     model = JobModel(tp=4, pp=4, dp=1, micro_batches=4, channels=2, collective="ring", moe=False,
                      tied_embeddings=False, fwd_s=0.12, bwd_s=0.24, opt_s=0.1, act_bytes=int(align(32 << 20, 2)),
                      bucket_bytes=(1 << 20,), param_bytes=0, a2a_bytes=0, emb_bytes=0, ckpt_every=10_000,
                      ckpt_save_s=1.0, ckpt_bytes=0, jitter_sigma=0.02)
     hosts, slow_nic = np.array([0, 1]), 8 + 5  # host 1, rail 5: a backward hop's NIC
-    nominal = step_template(model, hosts, Condition(0), salt=1)
-    slow = step_template(model, hosts, Condition(0, slow_nic=slow_nic, slow_fraction=0.3), salt=1)
+    nominal = _template(model, hosts, Condition(0))
+    slow = _template(model, hosts, Condition(0, slow_nic=slow_nic, slow_fraction=0.3))
     assert (slow.kind == PP).all() and slow.duration > nominal.duration  # pipeline traffic only
     rng = np.random.default_rng(seed)
     jitter = rng.lognormal(0.0, model.jitter_sigma, n_steps)
@@ -420,9 +429,9 @@ def _pipeline_flows(model, hosts: np.ndarray, n_steps: int, seed: int, job: str,
     step's flows (the one the caller cuts short); `pauses` adds seconds without traffic after the
     given steps (a save). Returns flows as columns (seconds, endpoint indices), GPUs, pairs,
     steps, the endpoint address names and when the last step begins."""
-    from prism_core.simulate.traffic import Condition, step_template
+    from prism_core.simulate.traffic import Condition
 
-    template = step_template(model, hosts, condition or Condition(0), salt=1)
+    template = _template(model, hosts, condition or Condition(0))
     rng = np.random.default_rng(seed)
     jitter = rng.lognormal(0.0, model.jitter_sigma, n_steps + 1)
     duration = jitter * template.duration
