@@ -1,0 +1,138 @@
+"""The first step in view: where it started, if the view holds its start at all.
+
+A job new to Prism, or one whose view opened again after a silence, shows its first sync without
+the boundary before it. That step counts only if its start is in view: the job started in view
+(warm-up), start markers give it a usual length, the view opened during the save before it, or the
+usual lead before its sync puts the start in view. After a restart, the first step starts with the
+job's traffic after the downtime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prism_core.constants import PP
+from prism_core.timeline import boundaries as bounds
+from prism_core.timeline.params import TimelineParams
+from prism_core.timeline.phases import Phases
+from prism_core.timeline.traffic import Traffic
+from prism_core.timeline.typical import Typical
+
+
+def opening_start(
+    phases: Phases, p: int, boundary: np.ndarray, complete: np.ndarray, traffic: Traffic, typical: Typical,
+    view_from_ns: int, params: TimelineParams,
+) -> int | None:
+    """Start of the step closed by the first phase in view, if the view (from `view_from_ns`)
+    holds all of it: the job started in view (warm-up: its next step runs markedly slower than
+    usual, or its next steps speed up step by step from somewhat slower; or its own first sends
+    give it a warm-up length), the step's own start markers follow a quiet gap and give it a
+    usual length, or, when its sync is the job's first traffic in view, the usual lead before
+    it does. None if the view opened inside the step."""
+    later = np.flatnonzero(complete[p + 1 :])
+    if not len(later) or not np.isfinite(typical.period_ns):
+        return None
+    after = p + 1 + later[0]
+    period = typical.period_ns
+    next_length = boundary[after] - boundary[p]
+    saving = phases.bulk_write[p] or phases.bulk_write[after]  # a checkpoint, not a warm-up
+    lengths = np.diff(boundary[p:][complete[p:]][: params.speedup_steps + 1])
+    speeding_up = len(lengths) == params.speedup_steps and lengths[0] >= (1 + params.long_gap_share / 2) * period
+    speeding_up = speeding_up and bool(np.all(np.diff(lengths) < 0))
+    if (next_length >= params.warmup_ratio * period or speeding_up) and not saving:
+        return attempt_start(phases, p, boundary, traffic, None, typical, params)
+    step_traffic_until = _step_traffic_until(phases, p, params)
+    before = np.arange(np.searchsorted(traffic.start, step_traffic_until))
+
+    # usual and warm-up lengths are the local rhythm's: the steps that follow (a degradation
+    # later in the hour moves the hour's median)
+    following = np.diff(boundary[p:][complete[p:]][: params.rhythm_steps + 1])
+    local = float(np.median(following)) if len(following) >= params.min_rhythm_steps else period
+
+    def usual(start: int) -> bool:
+        return abs(boundary[p] - start - local) <= params.long_gap_share / 2 * local
+
+    if len(before):
+        reach = np.maximum.accumulate(traffic.end[before])
+        # the view may open right at the step's start, or the step starts after a quiet gap in view
+        quiet = traffic.start[before[1:]] - reach[:-1] >= params.quiet_gap_share * typical.gap_ns
+        after_quiet = np.r_[0, before[1:][quiet]]
+        for first in after_quiet:
+            start = _marked_start(traffic, np.arange(first, before[-1] + 1), typical, params)
+            length = boundary[p] - start
+            warming = first == 0 and params.warmup_ratio * local <= length <= 2 * params.warmup_ratio * local
+            if usual(start) or (warming and next_length > (1 + params.long_gap_share / 2) * local and not saving):
+                return start
+    # the view opened during the save that ended the step before: this one starts the job's
+    # usual tail after the save's last write
+    first_traffic = traffic.start[before[0]] if len(before) else step_traffic_until
+    saved = slice(0, np.searchsorted(traffic.bulk_writes, first_traffic, side="left"))
+    if typical.save_tail_ns is not None and saved.stop > 0:
+        start = int(traffic.bulk_write_ends[saved].max() + typical.save_tail_ns)
+        if start <= first_traffic and usual(start):
+            return start
+    if not len(before):
+        # the view opened in the compute before the sync: the step started the usual lead
+        # before it, if that lies in view by more than the lead misses by, and after the save
+        not_before = traffic.bulk_write_ends[saved].max(initial=view_from_ns)
+        start = _start_by_lead(phases, p, boundary, typical, not_before, params)
+        if start is not None and usual(start):
+            return start
+    return None
+
+
+def _start_by_lead(phases: Phases, p: int, boundary: np.ndarray, typical: Typical, not_before: int,
+                   params: TimelineParams) -> int | None:
+    """Start of the step closed by phase p from its sync alone: the usual lead per ns of sync
+    before the sync (step jitter stretches compute and sync alike). None unless it is later than
+    `not_before` by more than the lead missed the boundaries of the hour's usual steps by, when
+    the sync is not a usual one (a straggler stretches it with waiting), or when too few steps
+    show the lead's accuracy."""
+    sync = phases.close_ns[p] - phases.start_ns[p]
+    if typical.lead_per_sync is None or not bounds.usual_sync(sync, typical, params):
+        return None
+    timed = ((phases.next_ns >= 0) & ~bounds.long_gap(phases, typical, params)
+             & bounds.usual_sync(bounds.next_sync(phases), typical, params))
+    if timed.sum() < params.steps_to_learn_whole:
+        return None
+    missed = np.abs(phases.next_ns - bounds.lead(phases, typical, params) - boundary)[timed].max()
+    start = int(phases.start_ns[p] - typical.lead_per_sync * sync)
+    return start if start - missed >= not_before else None
+
+
+def attempt_start(
+    phases: Phases, p: int, boundary: np.ndarray, traffic: Traffic, since: int | None, typical: Typical,
+    params: TimelineParams,
+) -> int:
+    """Start of the first step of an attempt (after `since`, the tracker's restart, or from the
+    job's first traffic), closed by phase p: from the traffic before the phase when there is
+    some; when the sync itself is the first traffic, the step's length is extrapolated from the
+    next step's warm-up (the first step is slower still)."""
+    fresh = since is None
+    since = since if since is not None else -(1 << 62)
+    lo, hi = np.searchsorted(traffic.start, [since, _step_traffic_until(phases, p, params)])
+    if fresh and hi - lo > 1:
+        # a new job's traffic starts after its last silence of steps (before: another job's tail)
+        reach = np.maximum.accumulate(traffic.end[lo : hi - 1])
+        silent = np.flatnonzero(traffic.start[lo + 1 : hi] - reach > params.tail_silence_steps * typical.period_ns)
+        lo += silent[-1] + 1 if len(silent) else 0
+    if hi > lo:
+        return _marked_start(traffic, np.arange(lo, hi), typical, params)
+    later = float(boundary[p + 1] - boundary[p]) if p + 1 < len(boundary) else typical.period_ns
+    length = later * later / typical.period_ns if np.isfinite(typical.period_ns) else later
+    # not before the job's last traffic ahead of the downtime
+    down_since = traffic.end[:lo].max() if lo else -(1 << 62)
+    return int(max(boundary[p] - length, down_since))
+
+
+def _step_traffic_until(phases: Phases, p: int, params: TimelineParams) -> int:
+    """Where the traffic that can mark the start of the step closed by phase p ends: before its
+    sync, or, without DP, the phase itself (a pipeline step's traffic is its phase)."""
+    return int(phases.start_ns[p] - params.cluster_ns if phases.has_dp else phases.close_ns[p])
+
+
+def _marked_start(traffic: Traffic, rows: np.ndarray, typical: Typical, params: TimelineParams) -> int:
+    """Compute start of a step whose traffic begins with `rows`: from its first pipeline sends,
+    else its first traffic (ZeRO-3 gathers and MoE all-to-all come at or just after the start)."""
+    sends = traffic.first_sends(rows[traffic.kind[rows] == PP], params)
+    return sends[0] - typical.fill * sends[1] if sends is not None else traffic.cluster_start(rows, params)
