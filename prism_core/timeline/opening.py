@@ -18,6 +18,8 @@ from prism_core.timeline.phases import Phases
 from prism_core.timeline.traffic import Traffic
 from prism_core.timeline.typical import Typical
 
+FIRST_BATCH = 256  # quiet gaps tried at first for the start of the first step in view (then twice as many)
+
 
 def opening_start(
     phases: Phases, p: int, boundary: np.ndarray, complete: np.ndarray, traffic: Traffic, typical: Typical,
@@ -42,36 +44,43 @@ def opening_start(
     if (next_length >= params.warmup_ratio * period or speeding_up) and not saving:
         return attempt_start(phases, p, boundary, traffic, None, typical, params)
     step_traffic_until = _step_traffic_until(phases, p, params)
-    before = np.arange(np.searchsorted(traffic.start, step_traffic_until))
+    n_before = int(np.searchsorted(traffic.start, step_traffic_until))
 
     # usual and warm-up lengths are the local rhythm's: the steps that follow (a degradation
     # later in the hour moves the hour's median)
     following = np.diff(boundary[p:][complete[p:]][: params.rhythm_steps + 1])
     local = float(np.median(following)) if len(following) >= params.min_rhythm_steps else period
 
-    def usual(start: int) -> bool:
-        return abs(boundary[p] - start - local) <= params.long_gap_share / 2 * local
+    def usual(start: np.ndarray | int) -> np.ndarray | bool:
+        return np.abs(boundary[p] - start - local) <= params.long_gap_share / 2 * local
 
-    if len(before):
-        reach = np.maximum.accumulate(traffic.end[before])
-        # the view may open right at the step's start, or the step starts after a quiet gap in view
-        quiet = traffic.start[before[1:]] - reach[:-1] >= params.quiet_gap_share * typical.gap_ns
-        after_quiet = np.r_[0, before[1:][quiet]]
-        for first in after_quiet:
-            start = _marked_start(traffic, np.arange(first, before[-1] + 1), typical, params)
+    if n_before:
+        # the view may open right at the step's start, or the step starts after a quiet gap in view:
+        # the first of those whose marks give the step a usual length (or, from the view's start,
+        # a warm-up's), tried in batches of growing size so that an early fit ends the search
+        reach = np.maximum.accumulate(traffic.end[: n_before - 1])
+        quiet = traffic.start[1:n_before] - reach >= params.quiet_gap_share * typical.gap_ns
+        after_quiet = np.r_[0, np.flatnonzero(quiet) + 1]
+        warming_fits = next_length > (1 + params.long_gap_share / 2) * local and not saving
+        tried, size = 0, FIRST_BATCH
+        while tried < len(after_quiet):
+            first = after_quiet[tried : tried + size]
+            start = marked_starts(traffic, first, n_before, typical, params)
             length = boundary[p] - start
-            warming = first == 0 and params.warmup_ratio * local <= length <= 2 * params.warmup_ratio * local
-            if usual(start) or (warming and next_length > (1 + params.long_gap_share / 2) * local and not saving):
-                return start
+            warming = (first == 0) & (params.warmup_ratio * local <= length) & (length <= 2 * params.warmup_ratio * local)
+            fits = usual(start) | (warming & warming_fits)
+            if fits.any():
+                return int(start[np.argmax(fits)])
+            tried, size = tried + size, 2 * size
     # the view opened during the save that ended the step before: this one starts the job's
     # usual tail after the save's last write
-    first_traffic = traffic.start[before[0]] if len(before) else step_traffic_until
+    first_traffic = traffic.start[0] if n_before else step_traffic_until
     saved = slice(0, np.searchsorted(traffic.bulk_writes, first_traffic, side="left"))
     if typical.save_tail_ns is not None and saved.stop > 0:
         start = int(traffic.bulk_write_ends[saved].max() + typical.save_tail_ns)
         if start <= first_traffic and usual(start):
             return start
-    if not len(before):
+    if not n_before:
         # the view opened in the compute before the sync: the step started the usual lead
         # before it, if that lies in view by more than the lead misses by, and after the save
         not_before = traffic.bulk_write_ends[saved].max(initial=view_from_ns)
@@ -117,7 +126,7 @@ def attempt_start(
         silent = np.flatnonzero(traffic.start[lo + 1 : hi] - reach > params.tail_silence_steps * typical.period_ns)
         lo += silent[-1] + 1 if len(silent) else 0
     if hi > lo:
-        return _marked_start(traffic, np.arange(lo, hi), typical, params)
+        return int(marked_starts(traffic, np.array([lo]), hi, typical, params)[0])
     later = float(boundary[p + 1] - boundary[p]) if p + 1 < len(boundary) else typical.period_ns
     length = later * later / typical.period_ns if np.isfinite(typical.period_ns) else later
     # not before the job's last traffic ahead of the downtime
@@ -131,8 +140,14 @@ def _step_traffic_until(phases: Phases, p: int, params: TimelineParams) -> int:
     return int(phases.start_ns[p] - params.cluster_ns if phases.has_dp else phases.close_ns[p])
 
 
-def _marked_start(traffic: Traffic, rows: np.ndarray, typical: Typical, params: TimelineParams) -> int:
-    """Compute start of a step whose traffic begins with `rows`: from its first pipeline sends,
-    else its first traffic (ZeRO-3 gathers and MoE all-to-all come at or just after the start)."""
-    sends = traffic.first_sends(rows[traffic.kind[rows] == PP], params)
-    return sends[0] - typical.fill * sends[1] if sends is not None else traffic.cluster_start(rows, params)
+def marked_starts(traffic: Traffic, first: np.ndarray, until: int, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """Compute start of a step whose traffic runs from each row of `first` to row `until` (rows in
+    start order): from its first pipeline sends, else its first traffic (ZeRO-3 gathers and MoE
+    all-to-all come at or just after the start)."""
+    sends = traffic.index(PP, params)
+    send_from, which = np.unique(sends.at_or_after_rows(first), return_inverse=True)
+    send_until = np.full(len(send_from), sends.at_or_after_rows(until))
+    t1, forward, found = (values[which] for values in sends.first_sends(send_from, send_until))
+    start = t1 - typical.fill * forward
+    start[~found] = traffic.index(None, params).cluster_starts(first[~found], np.full((~found).sum(), until))
+    return start

@@ -44,9 +44,9 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     """The job's sync phases and what follows each; `gap_threshold_ns` is the previous hours'
     boundary gap, kept while fewer than `steps_to_learn` steps are in view to find it again."""
     has_dp = bool(np.any(traffic.kind == DP))
-    signal = np.flatnonzero(traffic.kind == (DP if has_dp else PP))
-    if not len(signal):
-        signal = np.arange(len(traffic.start))
+    pipeline = bool(np.any(traffic.kind == PP))
+    signal_index = traffic.index(DP if has_dp else PP if pipeline else None, params)
+    signal = signal_index.rows
     burst, b_start, b_end = bursts(traffic.start[signal], traffic.end[signal], params)
     b_bytes = np.bincount(burst, traffic.nbytes[signal], minlength=len(b_start))
     if has_dp:
@@ -63,8 +63,7 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     gaps = b_start[candidates[1:]] - b_end[candidates[:-1]]
     candidate_of_burst = np.cumsum(heavy) - 1
     on_candidate = heavy[burst]
-    pipeline_only = not has_dp and bool(np.any(traffic.kind == PP))
-    turn = _pipeline_turns(traffic, signal, burst) if pipeline_only else np.ones(len(gaps), bool)
+    turn = _pipeline_turns(traffic, signal, burst) if pipeline and not has_dp else np.ones(len(gaps), bool)
     gap_threshold_ns = boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
                                               traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params)
     between_phases = turn & (gaps >= gap_threshold_ns)
@@ -73,13 +72,12 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     first = _join_partial_phases(first, b_bytes[candidates], b_start[candidates], b_end[candidates], params)
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
-    flows, start_ns, close_ns, nbytes, after_optimizer = [], [], [], [], []
+    flows, opening_burst, close_ns, nbytes, after_optimizer = [], [], [], [], []
     gathered_every_stage = False  # of the last phase: see below
-    flow_rank = np.argsort(burst, kind="stable")  # signal rows grouped by burst
-    burst_from = np.searchsorted(burst[flow_rank], np.arange(len(b_start) + 1))
+    burst_from = np.searchsorted(burst, np.arange(len(b_start) + 1))  # signal positions of each burst
     for lo, hi in zip(first, last):
         members = candidates[lo : hi + 1]
-        rows = [signal[flow_rank[burst_from[b] : burst_from[b + 1]]] for b in members]
+        rows = [signal[burst_from[b] : burst_from[b + 1]] for b in members]
         repeated, same_flows, every_pair = _repeated_share(traffic, rows, params) if has_dp else (0.0, False, False)
         all_gather = same_flows and abs(repeated - 1.0) <= params.same_shape
         if repeated >= params.repeat_share and not all_gather:
@@ -87,51 +85,64 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
             # step's ZeRO-3 parameter gather, its first traffic, not part of this sync
             members, rows, repeated = members[:-1], rows[:-1], 0.0
         flows.append(np.concatenate(rows))
-        start_ns.append(traffic.cluster_start(rows[0], params))
+        opening_burst.append(members[0])
         close_ns.append(traffic.cluster_end(rows[-1], params))
         nbytes.append(float(b_bytes[members].sum()))
         after_optimizer.append(repeated >= params.repeat_share)
         # every stage's updated shards gathered at once: the optimizer ran, the sync is over
         gathered_every_stage = all_gather and every_pair
-    n = len(first)
-    inner_gap_ns = int(np.max(gaps[~between_phases], initial=params.merge_ns))
+    opening_burst = np.array(opening_burst, np.int64)
+    start_ns = signal_index.cluster_starts(burst_from[opening_burst], burst_from[opening_burst + 1])
     close = np.array(close_ns, np.int64)
-    closed = np.ones(n, bool)
-    if n:
+    closed = np.ones(len(first), bool)
+    if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
-    next_ns = np.full(n, -1, np.int64)
-    first_send_ns = np.full(n, -1, np.int64)
-    forward_ns = np.full(n, -1, np.int64)
-    bulk_write = np.zeros(n, bool)
-    written_until_ns = np.full(n, -1, np.int64)
-    first_write = np.r_[traffic.bulk_writes, -1][np.searchsorted(traffic.bulk_writes, close, side="right")]
-    write_delay_ns = np.where(first_write >= 0, first_write - close, -1)
-    for p in range(n):
-        # the next step's first traffic may open the next phase (pipeline-only jobs)
-        until = close[p + 1] if p + 1 < n else np.iinfo(np.int64).max
-        lo, hi = np.searchsorted(traffic.start, [traffic.end[flows[p]].max() + 1, until])
-        window = np.arange(lo, hi)
-        if not has_dp:  # other traffic after a pipeline step's last send (a tied embedding) is its own
-            window = window[traffic.kind[window] == PP]
-        if len(window):
-            next_ns[p] = traffic.cluster_start(window, params)
-            # the first sends come within a small part of a step: look no further
-            look_until = next_ns[p] + (until - close[p]) // params.first_sends_part
-            soon = window[: np.searchsorted(traffic.start[window], look_until)]
-            sends = traffic.first_sends(soon[traffic.kind[soon] == PP], params)
-            if sends is not None:
-                first_send_ns[p], forward_ns[p] = sends
-        saved_until = next_ns[p] if len(window) else until
-        # the writes after the phase and before the next traffic (bulk writes are sorted by start)
-        saving = slice(np.searchsorted(traffic.bulk_writes, close[p], side="right"),
-                       np.searchsorted(traffic.bulk_writes, saved_until, side="left"))
-        bulk_write[p] = saving.stop > saving.start
-        written_until_ns[p] = traffic.bulk_write_ends[saving].max(initial=-1)
-    return Phases(flows, np.array(start_ns, np.int64), close, np.array(nbytes),
-                  np.array([len(rows) for rows in flows], float), np.array(after_optimizer, bool),
-                  closed, next_ns, first_send_ns, forward_ns, bulk_write, write_delay_ns, written_until_ns,
-                  inner_gap_ns, has_dp,
+    return Phases(flows, start_ns, close, np.array(nbytes), np.array([len(rows) for rows in flows], float),
+                  np.array(after_optimizer, bool), closed, *_what_follows(traffic, flows, close, has_dp, params),
+                  int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, has_dp: bool,
+                  params: TimelineParams) -> tuple[np.ndarray, ...]:
+    """Per phase (its flows, its end): the next traffic after it, before the next phase ends (the
+    next step's first traffic may open the next phase), as (its start, the next step's first
+    pipeline send and forward pass, whether bulk writes came before it, the delay to the first
+    bulk write after the phase and where the writes before the next traffic ended), -1 where none."""
+    max_ns = np.iinfo(np.int64).max
+    after_phase = np.array([traffic.end[rows].max() + 1 for rows in flows], np.int64)
+    until = np.r_[close[1:], max_ns]
+    # other traffic after a pipeline step's last send (a tied embedding) is its own
+    following = traffic.index(None if has_dp else PP, params)
+    lo, hi = following.positions(after_phase), following.positions(until)
+    followed = hi > lo
+    next_ns = np.full(len(close), -1, np.int64)
+    next_ns[followed] = following.cluster_starts(lo[followed], hi[followed])
+    # the first sends come within a small part of a step: look no further
+    look_until = np.where(followed, next_ns + (until - close) // params.first_sends_part, 0)
+    sends = traffic.index(PP, params)
+    send_hi = np.minimum(sends.positions(look_until), sends.positions(until))
+    t1, forward, found = sends.first_sends(sends.positions(after_phase)[followed], send_hi[followed])
+    first_send_ns = np.full(len(close), -1, np.int64)
+    forward_ns = np.full(len(close), -1, np.int64)
+    first_send_ns[followed] = np.where(found, t1, -1)
+    forward_ns[followed] = np.where(found, forward, -1)
+    # the writes after the phase and before the next traffic (bulk writes are sorted by start)
+    write_from = np.searchsorted(traffic.bulk_writes, close, side="right")
+    write_to = np.searchsorted(traffic.bulk_writes, np.where(followed, next_ns, until), side="left")
+    first_write = np.r_[traffic.bulk_writes, -1][write_from]
+    write_delay_ns = np.where(first_write >= 0, first_write - close, -1)
+    return (next_ns, first_send_ns, forward_ns, write_to > write_from, write_delay_ns,
+            _range_max(traffic.bulk_write_ends, write_from, write_to))
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo:hi]) per range, -1 for an empty one; ranges in order and disjoint, so one
+    reduceat pass over `values`."""
+    if not len(lo) or not len(values):
+        return np.full(len(lo), -1, np.int64)
+    maxima = np.maximum.reduceat(np.r_[values, -1], np.stack([lo, hi], axis=1).ravel())[::2]
+    return np.where(hi > lo, maxima, -1)
 
 
 def _pipeline_turns(traffic: Traffic, rows: np.ndarray, burst: np.ndarray) -> np.ndarray:

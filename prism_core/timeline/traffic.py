@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, KIND_CODES, OTHER, PP
 from prism_core.timeline.params import TimelineParams
+from prism_core.timeline.rows import RowIndex
 
 SIZE_BITS = 40  # flow sizes up to 1 TB fit below a pair's code in one int64 key
 
@@ -31,6 +32,7 @@ class Traffic:
     bulk_writes: np.ndarray  # start of each large flow from the job to an address not its GPU
     bulk_write_ends: np.ndarray  # and its end, in the same order
     host_of: dict[str, str]  # address -> host, where known
+    indexes: dict = field(default_factory=dict, repr=False)  # (kind, params) -> RowIndex, built on first use
 
     COLUMNS = ("start", "end", "nbytes", "kind", "pair", "exporter")
 
@@ -112,12 +114,12 @@ class Traffic:
             "bulk_write_ends": self.bulk_write_ends[later_writes].tolist(),
         }
 
-    def cluster_start(self, rows: np.ndarray, params: TimelineParams) -> int:
-        """When the earliest of `rows` (one collective, say) started: per exporter the first start
-        within `cluster_ns` of the earliest, the median over exporters (clock skew cancels)."""
-        first = self.start[rows].min()
-        rows = rows[self.start[rows] <= first + params.cluster_ns]
-        return _median_per_group(self.start[rows], self.exporter[rows], np.minimum)
+    def index(self, kind: int | None, params: TimelineParams) -> RowIndex:
+        """The rows of `kind` (every row for None) in start order, indexed by pair and exporter."""
+        if (kind, params) not in self.indexes:
+            rows = np.arange(len(self.start)) if kind is None else np.flatnonzero(self.kind == kind)
+            self.indexes[kind, params] = RowIndex(rows, self.start, self.pair, self.exporter, params)
+        return self.indexes[kind, params]
 
     def cluster_end(self, rows: np.ndarray, params: TimelineParams) -> int:
         """When the collective of `rows` finished: each pair's last transfer ends at its earliest
@@ -132,26 +134,6 @@ class Traffic:
         np.minimum.at(ends, group[final], self.end[by_pair][final])
         latest = np.sort(ends)[-2] if len(ends) > 1 else ends[0]
         return int(np.median(ends[ends >= latest - params.cluster_ns]))
-
-    def first_sends(self, rows: np.ndarray, params: TimelineParams) -> tuple[int, int] | None:
-        """(t1, f) of a step whose pipeline traffic starts with `rows` (kind PP): the pairs that
-        send first send their first two micro-batches one forward pass f apart, the first at t1;
-        medians over those pairs (clock skew cancels in f)."""
-        if not len(rows):
-            return None
-        by_pair = rows[np.lexsort((self.start[rows], self.pair[rows]))]
-        pair, start = self.pair[by_pair], self.start[by_pair]
-        first_of_pair = np.r_[True, pair[1:] != pair[:-1]]
-        t1 = start[first_of_pair][np.cumsum(first_of_pair) - 1]
-        later = np.flatnonzero(start > t1 + params.transfer_ns)
-        later = later[np.r_[True, pair[later][1:] != pair[later][:-1]]] if len(later) else later
-        if not len(later):
-            return None
-        t1, t2 = t1[later], start[later]
-        earliest = t1.min()
-        forward = t2[np.argmin(t1)] - earliest
-        leading = t1 <= earliest + min(params.cluster_ns, forward // 2)
-        return int(np.median(t1[leading])), int(np.median(t2[leading] - t1[leading]))
 
 
 def _pair_kinds(comm_pairs: pa.Table) -> pa.Table:
@@ -211,10 +193,3 @@ def _decode_carry(carry: dict | None) -> dict:
             "exporters": list(carry["exporters"]), "bulk_writes": writes,
             # a state written before write ends were carried: their starts stand in
             "bulk_write_ends": np.asarray(carry.get("bulk_write_ends", writes), np.int64)}
-
-
-def _median_per_group(values: np.ndarray, groups: np.ndarray, reduce: np.ufunc) -> int:
-    order = np.argsort(groups, kind="stable")
-    groups, values = groups[order], values[order]
-    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-    return int(np.median(reduce.reduceat(values, starts)))
