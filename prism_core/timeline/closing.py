@@ -84,17 +84,24 @@ def hung_before_it_ended(phases: Phases, p: int, boundary: np.ndarray, complete:
     silence = params.silence_steps * typical.period_ns
     if phases.next_ns[p] < 0 or not phases.bulk_write[p] or not np.isfinite(silence):
         return False
+    done = np.flatnonzero(complete[: p + 1])[-params.steps_to_learn - 1:]
+    if len(done) < 2 or done[-1] != p:
+        return False
     lo = np.searchsorted(traffic.start, phases.next_ns[p])
-    reach = np.maximum.accumulate(traffic.end[lo:])
-    quiet = np.r_[traffic.start[lo + 1:], hour_end_ns] - reach
+    # a silence matters only if it began before the next complete phase closed (else the job went
+    # on), and flows starting after that close reach past it: the first silence is looked for before
+    later_closes = phases.close_ns[p + 1:][complete[p + 1:]]
+    until = max(lo, np.searchsorted(traffic.start, later_closes.min())) if len(later_closes) else len(traffic.start)
+    reach = np.maximum.accumulate(traffic.end[lo:until])
+    next_start = traffic.start[lo + 1 : until + 1]
+    if until == len(traffic.start):  # the last flow is followed by the hour's end
+        next_start = np.r_[next_start, hour_end_ns]
+    quiet = next_start - reach
     silent = np.flatnonzero(quiet >= silence)
     if not len(silent):
         return False  # the job went on (or the hour ended too soon to tell)
     stopped = int(reach[silent[0]])
-    if np.any(complete[p + 1:] & (phases.close_ns[p + 1:] <= stopped)):
-        return False
-    done = np.flatnonzero(complete[: p + 1])[-params.steps_to_learn - 1:]
-    if len(done) < 2 or done[-1] != p:
+    if len(later_closes) and later_closes.min() <= stopped:
         return False
     bounds = boundary[done]
     ends = np.array(traffic.pair_ends()).reshape(-1, 2)

@@ -34,7 +34,7 @@ def emit_steps(
     rows: list[dict] = []
     end, close = state.last_end_ns, state.last_close_ns
     for p in range(len(phases.close_ns)):
-        if close is not None and np.any((stopped[:, 0] >= close) & (stopped[:, 1] <= phases.start_ns[p])):
+        if close is not None and _silent_between(stopped, close, phases.start_ns[p]):
             # the job was silent for steps without a restart reported: what came before was
             # another job's tail or a stop; this phase opens the view again
             end = close = None
@@ -78,6 +78,12 @@ def emit_steps(
         end, close = int(boundary[p]), int(phases.close_ns[p])
     state.last_end_ns, state.last_close_ns = end, close
     return rows
+
+
+def _silent_between(silences: np.ndarray, since_ns: int, until_ns: int) -> bool:
+    """Whether one of `silences` ((from, to), in time order, disjoint) lies within [since_ns, until_ns]."""
+    first = np.searchsorted(silences[:, 0], since_ns)
+    return bool(first < len(silences) and silences[first, 1] <= until_ns)
 
 
 def steps_table(job_id: str, rows: list[dict], first_step: int) -> pa.Table:
