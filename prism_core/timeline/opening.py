@@ -15,6 +15,7 @@ from prism_core.constants import PP
 from prism_core.timeline import boundaries as bounds
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.phases import Phases
+from prism_core.timeline.rows import last_where
 from prism_core.timeline.traffic import Traffic
 from prism_core.timeline.typical import Typical
 
@@ -55,23 +56,10 @@ def opening_start(
         return np.abs(boundary[p] - start - local) <= params.long_gap_share / 2 * local
 
     if n_before:
-        # the view may open right at the step's start, or the step starts after a quiet gap in view:
-        # the first of those whose marks give the step a usual length (or, from the view's start,
-        # a warm-up's), tried in batches of growing size so that an early fit ends the search
-        reach = np.maximum.accumulate(traffic.end[: n_before - 1])
-        quiet = traffic.start[1:n_before] - reach >= params.quiet_gap_share * typical.gap_ns
-        after_quiet = np.r_[0, np.flatnonzero(quiet) + 1]
         warming_fits = next_length > (1 + params.long_gap_share / 2) * local and not saving
-        tried, size = 0, FIRST_BATCH
-        while tried < len(after_quiet):
-            first = after_quiet[tried : tried + size]
-            start = marked_starts(traffic, first, n_before, typical, params)
-            length = boundary[p] - start
-            warming = (first == 0) & (params.warmup_ratio * local <= length) & (length <= 2 * params.warmup_ratio * local)
-            fits = usual(start) | (warming & warming_fits)
-            if fits.any():
-                return int(start[np.argmax(fits)])
-            tried, size = tried + size, 2 * size
+        start = _start_after_quiet(traffic, n_before, typical, int(boundary[p]), local, warming_fits, params)
+        if start is not None:
+            return start
     # the view opened during the save that ended the step before: this one starts the job's
     # usual tail after the save's last write
     first_traffic = traffic.start[0] if n_before else step_traffic_until
@@ -87,6 +75,40 @@ def opening_start(
         start = _start_by_lead(phases, p, boundary, typical, not_before, params)
         if start is not None and usual(start):
             return start
+    return None
+
+
+def _start_after_quiet(traffic: Traffic, n_before: int, typical: Typical, boundary_ns: int, local: float,
+                       warming_fits: bool, params: TimelineParams) -> int | None:
+    """The start of the step ending at `boundary_ns`, marked by the traffic (of rows before
+    `n_before`) from the view's start or from a quiet gap, that gives the step a usual length
+    (`local`), or from the view's start a warm-up's (when `warming_fits`): the first such in time
+    order. The marks after a gap start no later than its first pipeline send that sends again, or
+    its first flow, by `cluster_ns`: gaps whose marks start too early for a usual length are passed
+    over unread, and of the gaps before the last such send only the first is tried (they share
+    their marks). The rest are tried in batches of growing size, so that an early fit ends the
+    search."""
+    tolerance = params.long_gap_share / 2 * local
+    # a start before this cannot be a usual one (float rounding of the medians is well within 1 us)
+    too_early = boundary_ns - local - tolerance - params.cluster_ns - 1_000
+    sends = traffic.index(PP, params)
+    anchored = sends.last_sending_before(int(sends.positions(too_early)), int(sends.at_or_after_rows(n_before)))
+    passed = int(sends.rows[anchored]) if anchored >= 0 else -1
+    quiet = traffic.quiet_before()
+    after_quiet = passed + 1 + np.flatnonzero(quiet[passed + 1 : n_before] >= params.quiet_gap_share * typical.gap_ns)
+    late = int(np.searchsorted(traffic.start, too_early))
+    shared = after_quiet[:1] if len(after_quiet) and after_quiet[0] < late else after_quiet[:0]
+    candidates = np.r_[0, shared, after_quiet[after_quiet >= late]]
+    tried, size = 0, FIRST_BATCH
+    while tried < len(candidates):
+        first = candidates[tried : tried + size]
+        start = marked_starts(traffic, first, n_before, typical, params)
+        length = boundary_ns - start
+        warming = (first == 0) & (params.warmup_ratio * local <= length) & (length <= 2 * params.warmup_ratio * local)
+        fits = (np.abs(length - local) <= tolerance) | (warming & warming_fits)
+        if fits.any():
+            return int(start[np.argmax(fits)])
+        tried, size = tried + size, 2 * size
     return None
 
 
@@ -122,9 +144,8 @@ def attempt_start(
     lo, hi = np.searchsorted(traffic.start, [since, _step_traffic_until(phases, p, params)])
     if fresh and hi - lo > 1:
         # a new job's traffic starts after its last silence of steps (before: another job's tail)
-        reach = np.maximum.accumulate(traffic.end[lo : hi - 1])
-        silent = np.flatnonzero(traffic.start[lo + 1 : hi] - reach > params.tail_silence_steps * typical.period_ns)
-        lo += silent[-1] + 1 if len(silent) else 0
+        quiet, silence = traffic.quiet_before(), params.tail_silence_steps * typical.period_ns
+        lo = max(lo, last_where(lambda rows: quiet[rows] > silence, hi))
     if hi > lo:
         return int(marked_starts(traffic, np.array([lo]), hi, typical, params)[0])
     later = float(boundary[p + 1] - boundary[p]) if p + 1 < len(boundary) else typical.period_ns

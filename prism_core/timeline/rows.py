@@ -9,6 +9,8 @@ hour without rescanning the flows after each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from prism_core.timeline.params import TimelineParams
@@ -86,6 +88,12 @@ class RowIndex:
             forward[batch] = _masked_medians(again_ns - first_ns, leading)
         return t1, forward, found
 
+    def last_sending_before(self, position: int, until: int) -> int:
+        """The last position before `position` whose pair sends again before position `until`
+        (-1 where none)."""
+        _, next_send = self._pair_index()
+        return last_where(lambda rows: next_send[rows] < until, position)
+
     def _exporter_index(self) -> _FirstOfEach:
         if self._by_exporter is None:
             self._by_exporter = _FirstOfEach(self.exporter)
@@ -120,6 +128,19 @@ class _FirstOfEach:
         key = self.keys[np.minimum(at, len(self.keys) - 1)] if len(self.keys) else wanted
         hit = (at < len(self.keys)) & (key // (self.n + 1) == codes)
         return np.where(hit, key % (self.n + 1), self.n)
+
+
+def last_where(test: Callable[[slice], np.ndarray], end: int) -> int:
+    """The last index before `end` where `test` (a vectorized predicate over a slice of indexes)
+    holds, -1 where none; looked for in blocks doubling backwards, so the cost is the distance."""
+    size = 64
+    while end > 0:
+        lo = max(0, end - size)
+        hits = np.flatnonzero(test(slice(lo, end)))
+        if len(hits):
+            return lo + int(hits[-1])
+        end, size = lo, 2 * size
+    return -1
 
 
 def _batches(n_ranges: int, n_codes: int) -> list[slice]:

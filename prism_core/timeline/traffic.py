@@ -33,6 +33,7 @@ class Traffic:
     bulk_write_ends: np.ndarray  # and its end, in the same order
     host_of: dict[str, str]  # address -> host, where known
     indexes: dict = field(default_factory=dict, repr=False)  # (kind, params) -> RowIndex, built on first use
+    _quiet_before: np.ndarray | None = field(default=None, repr=False)
 
     COLUMNS = ("start", "end", "nbytes", "kind", "pair", "exporter")
 
@@ -120,6 +121,14 @@ class Traffic:
             rows = np.arange(len(self.start)) if kind is None else np.flatnonzero(self.kind == kind)
             self.indexes[kind, params] = RowIndex(rows, self.start, self.pair, self.exporter, params)
         return self.indexes[kind, params]
+
+    def quiet_before(self) -> np.ndarray:
+        """Per row, how long the job was quiet before it: its start less the latest end of the rows
+        before it (the first row is never quiet)."""
+        if self._quiet_before is None:
+            reach = np.maximum.accumulate(self.end)
+            self._quiet_before = np.r_[np.iinfo(np.int64).min, self.start[1:] - reach[:-1]][: len(self.start)]
+        return self._quiet_before
 
     def cluster_end(self, rows: np.ndarray, params: TimelineParams) -> int:
         """When the collective of `rows` finished: each pair's last transfer ends at its earliest
