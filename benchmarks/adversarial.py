@@ -15,10 +15,12 @@ doubling (the target is at most 2.2) go to benchmarks/results/adversarial.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import time
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import pyarrow as pa
@@ -81,7 +83,8 @@ def adversarial_job(n_flows: int, seed: int, span_ns: int = HOUR_NS) -> tuple[pa
         "sampler_address": np.array(["exporter-a", "exporter-b", "exporter-c"])[rng.integers(0, 3, len(order))],
     })
     members = pa.table({
-        "job_id": [JOB_ID] * len(addrs), "addr": addrs, "host": [f"host{i // GPUS_PER_HOST}" for i in range(len(addrs))],
+        "job_id": [JOB_ID] * len(addrs), "addr": addrs,
+        "host": [f"host{i // GPUS_PER_HOST}" for i in range(len(addrs))],
         "gpu": [i % GPUS_PER_HOST for i in range(len(addrs))], "first_ns": [HOUR_START_NS] * len(addrs),
         "last_ns": [HOUR_START_NS + span_ns] * len(addrs),
     }, schema=MEMBERSHIP)
@@ -106,7 +109,7 @@ def run_size(n_flows: int, seed: int) -> dict:
 class _Stopwatch:
     """Wall and CPU (this process) seconds of a `with` block."""
 
-    def __enter__(self) -> _Stopwatch:
+    def __enter__(self) -> Self:
         self._wall, self._cpu = time.perf_counter(), time.process_time()
         return self
 
@@ -125,7 +128,7 @@ def main() -> None:
     for scale in (1, 2, 4):
         sizes.append({"scale": scale, **run_size(scale * args.base, args.seed)})
         print(json.dumps(sizes[-1]), flush=True)
-    ratios = {name: [round(b[name] / a[name], 2) for a, b in zip(sizes, sizes[1:])]
+    ratios = {name: [round(b[name] / a[name], 2) for a, b in itertools.pairwise(sizes)]
               for name in ("analyze_job_s", "analyze_job_cpu_s", "divide_steps_s", "divide_steps_cpu_s")}
     result = {"machine": {"python": platform.python_version(), "cpus": 2}, "seed": args.seed, "base_flows": args.base,
               "sizes": sizes, "ratio_per_doubling": ratios, "target_ratio": 2.2}

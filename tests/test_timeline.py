@@ -8,7 +8,7 @@ the job's first flow after each downtime.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +19,13 @@ import pytest
 
 from prism_core import timeline
 from prism_core.constants import OTHER, PP
-from prism_core.timeline import DEFAULT_PARAMS, phases, regimes, traffic
-from prism_core.timeline.closing import save_may_follow
-from prism_core.timeline.typical import Typical
 from prism_core.evaluate.steps import score
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.minutes import HOUR_NS
 from prism_core.schema import STEPS
+from prism_core.timeline import DEFAULT_PARAMS, phases, regimes, traffic
+from prism_core.timeline.closing import save_may_follow
+from prism_core.timeline.typical import Typical
 from prism_core.truth import TRUTH_TABLES
 
 SECOND = 1_000_000_000
@@ -652,7 +652,7 @@ def test_score_matches_jobs_by_addresses_and_time():
 
 def test_score_ignores_steps_the_truth_cannot_hold():
     """The simulator records only steps wholly inside its window."""
-    start = datetime.fromtimestamp(10 * 3600, tz=timezone.utc)
+    start = datetime.fromtimestamp(10 * 3600, tz=UTC)
     noise = {"scenario": {"start": start.isoformat(), "minutes": 1}}
     truth = {"steps": _steps("t1", [0, 20, 40]), "job_gpus": _gpus("t1", ["a"])}
     warehouse = {"steps": _steps("p1", [-5, 0, 20, 40, 65]), "job_gpus": _gpus("p1", ["a"])}

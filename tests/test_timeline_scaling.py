@@ -8,6 +8,7 @@ looked up. A rule that rescans the flows after every quiet gap touches the squar
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -138,8 +139,8 @@ def _job(copies: int, seed: int) -> tuple[pa.Table, pa.Table]:
                       "src_addr": pair[order, 0], "dst_addr": pair[order, 1], "bytes": nbytes[order],
                       "sampler_address": np.array(["x", "y"])[rng.integers(0, 2, len(start))]})
     kinds = ["pp"] * len(pipeline) + ["dp"] * len(collective)
-    pairs = pa.table({"src_addr": [s for s, _ in pipeline + collective], "dst_addr": [d for _, d in pipeline + collective],
-                      "kind": kinds})
+    ends = pipeline + collective
+    pairs = pa.table({"src_addr": [s for s, _ in ends], "dst_addr": [d for _, d in ends], "kind": kinds})
     return flows, pairs
 
 
@@ -158,5 +159,5 @@ def test_first_and_last_step_rules_touch_n_log_n_flow_elements(counted_rules, se
     as many flow elements, not the four times a rescan after each quiet gap would."""
     touched = [_touched(copies, seed) for copies in COPIES]
     flows = [copies * STRETCH_SENDS for copies in COPIES]
-    for (fewer, more), n in zip(zip(touched, touched[1:]), flows):
+    for (fewer, more), n in zip(itertools.pairwise(touched), flows):
         assert more <= SLACK * 2 * math.log2(2 * n) / math.log2(n) * fewer, touched

@@ -161,7 +161,8 @@ def _step_traffic_until(phases: Phases, p: int, params: TimelineParams) -> int:
     return int(phases.start_ns[p] - params.cluster_ns if phases.has_dp else phases.close_ns[p])
 
 
-def marked_starts(traffic: Traffic, first: np.ndarray, until: int, typical: Typical, params: TimelineParams) -> np.ndarray:
+def marked_starts(traffic: Traffic, first: np.ndarray, until: int, typical: Typical,
+                  params: TimelineParams) -> np.ndarray:
     """Compute start of a step whose traffic runs from each row of `first` to row `until` (rows in
     start order): from its first pipeline sends, else its first traffic (ZeRO-3 gathers and MoE
     all-to-all come at or just after the start)."""
