@@ -52,8 +52,8 @@ def opening_start(
     following = np.diff(boundary[p:][complete[p:]][: params.rhythm_steps + 1])
     local = float(np.median(following)) if len(following) >= params.min_rhythm_steps else period
 
-    def usual(start: np.ndarray | int) -> np.ndarray | bool:
-        return np.abs(boundary[p] - start - local) <= params.long_gap_share / 2 * local
+    def usual(start: int) -> bool:
+        return bool(_usual_length(boundary[p] - start, local, params))
 
     if n_before:
         warming_fits = next_length > (1 + params.long_gap_share / 2) * local and not saving
@@ -88,9 +88,8 @@ def _start_after_quiet(traffic: Traffic, n_before: int, typical: Typical, bounda
     over unread, and of the gaps before the last such send only the first is tried (they share
     their marks). The rest are tried in batches of growing size, so that an early fit ends the
     search."""
-    tolerance = params.long_gap_share / 2 * local
     # a start before this cannot be a usual one (float rounding of the medians is well within 1 us)
-    too_early = boundary_ns - local - tolerance - params.cluster_ns - 1_000
+    too_early = boundary_ns - local - params.long_gap_share / 2 * local - params.cluster_ns - 1_000
     sends = traffic.index(PP, params)
     anchored = sends.last_sending_before(int(sends.positions(too_early)), int(sends.at_or_after_rows(n_before)))
     passed = int(sends.rows[anchored]) if anchored >= 0 else -1
@@ -105,11 +104,16 @@ def _start_after_quiet(traffic: Traffic, n_before: int, typical: Typical, bounda
         start = marked_starts(traffic, first, n_before, typical, params)
         length = boundary_ns - start
         warming = (first == 0) & (params.warmup_ratio * local <= length) & (length <= 2 * params.warmup_ratio * local)
-        fits = (np.abs(length - local) <= tolerance) | (warming & warming_fits)
+        fits = _usual_length(length, local, params) | (warming & warming_fits)
         if fits.any():
             return int(start[np.argmax(fits)])
         tried, size = tried + size, 2 * size
     return None
+
+
+def _usual_length(length: np.ndarray | int, local: float, params: TimelineParams) -> np.ndarray:
+    """Whether each step length is within half the long-gap share of the local rhythm's step."""
+    return np.abs(length - local) <= params.long_gap_share / 2 * local
 
 
 def _start_by_lead(phases: Phases, p: int, boundary: np.ndarray, typical: Typical, not_before: int,

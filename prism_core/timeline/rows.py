@@ -100,8 +100,8 @@ class RowIndex:
         return self._by_exporter
 
     def _pair_index(self) -> tuple[_FirstOfEach, np.ndarray]:
-        """The per-pair index, and per row the position of its pair's next send: its next row
-        starting more than `transfer_ns` after it (len(self) where none)."""
+        """The per-pair index, and per row the position of its pair's next send: the pair's first
+        row starting more than `transfer_ns` after it (len(self) where none)."""
         if self._by_pair is None:
             self._by_pair = _FirstOfEach(self.pair)
             later = self.positions(self.start + self.params.transfer_ns, side="right")
