@@ -25,6 +25,7 @@ from prism_core.minutes import HOUR_NS
 from prism_core.schema import STEPS
 from prism_core.timeline import DEFAULT_PARAMS, phases, regimes, traffic
 from prism_core.timeline.closing import save_may_follow
+from prism_core.timeline.state import STATE_VERSION, TimelineState
 from prism_core.timeline.typical import Typical
 from prism_core.truth import TRUTH_TABLES
 
@@ -373,6 +374,17 @@ def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_sti
     typical.write_delay_ns = 4e9  # this job's saves start writing 4 s after the sync
     assert save_may_follow(59, [40], typical, 4 * SECOND, DEFAULT_PARAMS)
     assert not save_may_follow(59, [40], typical, 5 * SECOND, DEFAULT_PARAMS)
+
+
+def test_the_state_goes_through_json_unchanged_and_another_layout_is_refused():
+    flows, pairs, _ = _data_parallel_job(steps=12, save_every=5)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    state = json.loads(json.dumps(found.state))
+    assert state["version"] == STATE_VERSION and state["next_step"] == found.steps.num_rows > 0
+    assert TimelineState.load(state).dump() == state
+    with pytest.raises(ValueError, match="version"):
+        timeline.divide_steps("j", flows.slice(0, 0), pairs, {**state, "version": STATE_VERSION + 1},
+                              11 * HOUR_NS, 12 * HOUR_NS)
 
 
 def test_no_flows_no_steps():

@@ -1,8 +1,10 @@
-"""What step division hands from one hour to the next for one job."""
+"""What step division hands from one hour to the next for one job: a typed, versioned state."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+STATE_VERSION = 1  # the layout of the dumped state; a change to it takes the next number
 
 
 @dataclass
@@ -20,11 +22,12 @@ class TimelineState:
 
     @classmethod
     def load(cls, previous: dict | None) -> TimelineState:
-        state = cls(**(previous or {}))
-        state.baseline = dict(state.baseline or {})
-        return state
+        """The state `dump` wrote (None: a job new to Prism); a state of another layout is refused."""
+        if not previous:
+            return cls()
+        if previous.get("version") != STATE_VERSION:
+            raise ValueError(f"timeline state version {previous.get('version')!r}, expected {STATE_VERSION}")
+        return cls(**{name: value for name, value in previous.items() if name != "version"})
 
     def dump(self) -> dict:
-        return {"next_step": self.next_step, "attempt": self.attempt, "pending_restarts_ns": self.pending_restarts_ns,
-                "last_end_ns": self.last_end_ns, "last_close_ns": self.last_close_ns,
-                "checkpoint_steps": self.checkpoint_steps, "baseline": self.baseline, "carry": self.carry}
+        return {"version": STATE_VERSION, **asdict(self)}

@@ -197,8 +197,6 @@ def _decode_carry(carry: dict | None) -> dict:
         return {**empty, "pairs": [], "exporters": [], "bulk_writes": np.empty(0, np.int64),
                 "bulk_write_ends": np.empty(0, np.int64)}
     packed = np.frombuffer(zlib.decompress(base64.b64decode(carry["flows"])), "<i8").reshape(len(Traffic.COLUMNS), -1)
-    writes = np.asarray(carry["bulk_writes"], np.int64)
     return {**dict(zip(Traffic.COLUMNS, packed)), "pairs": list(carry["pairs"]),
-            "exporters": list(carry["exporters"]), "bulk_writes": writes,
-            # a state written before write ends were carried: their starts stand in
-            "bulk_write_ends": np.asarray(carry.get("bulk_write_ends", writes), np.int64)}
+            "exporters": list(carry["exporters"]), "bulk_writes": np.asarray(carry["bulk_writes"], np.int64),
+            "bulk_write_ends": np.asarray(carry["bulk_write_ends"], np.int64)}
