@@ -15,7 +15,7 @@ from prism_core.constants import PP
 from prism_core.timeline import boundaries as bounds
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.phases import Phases
-from prism_core.timeline.rows import last_where
+from prism_core.timeline.rows import first_where, last_where
 from prism_core.timeline.traffic import Traffic
 from prism_core.timeline.typical import Typical
 
@@ -93,11 +93,11 @@ def _start_after_quiet(traffic: Traffic, n_before: int, typical: Typical, bounda
     sends = traffic.index(PP, params)
     anchored = sends.last_sending_before(int(sends.positions(too_early)), int(sends.at_or_after_rows(n_before)))
     passed = int(sends.rows[anchored]) if anchored >= 0 else -1
-    quiet = traffic.quiet_before()
-    after_quiet = passed + 1 + np.flatnonzero(quiet[passed + 1 : n_before] >= params.quiet_gap_share * typical.gap_ns)
-    late = int(np.searchsorted(traffic.start, too_early))
-    shared = after_quiet[:1] if len(after_quiet) and after_quiet[0] < late else after_quiet[:0]
-    candidates = np.r_[0, shared, after_quiet[after_quiet >= late]]
+    quiet, quiet_enough = traffic.quiet_before(), params.quiet_gap_share * typical.gap_ns
+    late = min(int(np.searchsorted(traffic.start, too_early)), n_before)
+    shared = first_where(lambda rows: quiet[rows] >= quiet_enough, passed + 1, late)
+    late_gaps = late + np.flatnonzero(quiet[late:n_before] >= quiet_enough)
+    candidates = np.r_[np.array([0, shared] if shared < late else [0], np.int64), late_gaps]
     tried, size = 0, FIRST_BATCH
     while tried < len(candidates):
         first = candidates[tried : tried + size]

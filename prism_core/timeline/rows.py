@@ -143,6 +143,19 @@ def last_where(test: Callable[[slice], np.ndarray], end: int) -> int:
     return -1
 
 
+def first_where(test: Callable[[slice], np.ndarray], begin: int, end: int) -> int:
+    """The first index in [begin, end) where `test` holds, `end` where none; looked for in blocks
+    doubling forwards, so the cost is the distance."""
+    size = 64
+    while begin < end:
+        hi = min(end, begin + size)
+        hits = np.flatnonzero(test(slice(begin, hi)))
+        if len(hits):
+            return begin + int(hits[0])
+        begin, size = hi, 2 * size
+    return end
+
+
 def _batches(n_ranges: int, n_codes: int) -> list[slice]:
     """Slices of the ranges small enough that ranges x codes stays within MAX_GRID_CELLS."""
     size = max(1, MAX_GRID_CELLS // max(n_codes, 1))
