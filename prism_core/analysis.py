@@ -207,7 +207,7 @@ def analyze_job(
         stage = "timeline"
         steps = timeline.divide_steps(
             job_id, sent, found.comm_pairs, previous.get("timeline", {}).get(job_id),
-            hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus,
+            hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
         )
         stage = "diagnosis"
         diagnosed = diagnosis.diagnose_job(

@@ -10,6 +10,9 @@ Each stage keeps its parameters in its own frozen dataclass, next to the code th
     [recognition]
     jaccard = 0.6
 
+    [timeline]
+    optimizer_share = 0.06    # a prior: used until the job's own traffic shows it
+
 where a section is a stage and a key a field of its dataclass. An unknown section or key, or a
 value of the wrong type, is a `ConfigError` naming it, never a silently ignored line.
 """
@@ -28,6 +31,8 @@ from prism_core.parallelism import DEFAULT_PARAMS as PARALLELISM_DEFAULTS
 from prism_core.parallelism import ParallelismParams
 from prism_core.recognition import DEFAULT_PARAMS as RECOGNITION_DEFAULTS
 from prism_core.recognition import RecognitionParams
+from prism_core.timeline import DEFAULT_PARAMS as TIMELINE_DEFAULTS
+from prism_core.timeline import TimelineParams
 
 
 class ConfigError(ValueError):
@@ -38,6 +43,7 @@ class ConfigError(ValueError):
 class PrismParams:
     recognition: RecognitionParams = RECOGNITION_DEFAULTS
     parallelism: ParallelismParams = PARALLELISM_DEFAULTS
+    timeline: TimelineParams = TIMELINE_DEFAULTS
     diagnosis: DiagnosisParams = DIAGNOSIS_DEFAULTS
 
 

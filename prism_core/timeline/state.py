@@ -22,10 +22,12 @@ class TimelineState:
 
     @classmethod
     def load(cls, previous: dict | None) -> TimelineState:
-        """The state `dump` wrote (None: a job new to Prism); a state of another layout is refused."""
+        """The state `dump` wrote (None: a job new to Prism); a state of another layout is refused.
+        A state without a version is version 1 as written before states carried their version (the
+        same fields), so a warehouse written then continues."""
         if not previous:
             return cls()
-        if previous.get("version") != STATE_VERSION:
+        if previous.get("version", STATE_VERSION) != STATE_VERSION:
             raise ValueError(f"timeline state version {previous.get('version')!r}, expected {STATE_VERSION}")
         return cls(**{name: value for name, value in previous.items() if name != "version"})
 
