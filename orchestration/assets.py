@@ -171,16 +171,16 @@ def build_analysis(partitions: HourlyPartitionsDefinition):
     ) -> Iterator[MaterializeResult]:
         """Job recognition, parallelism, steps and issues, hour after hour in order."""
         hours = hours_of(context)
-        inventory = topology.load()
         rows_per_hour, errors_per_hour = {}, {}
-        for hour in hours:
-            context.log.info(f"analysis of {tables.hour_key(hour)}")
-            try:
+        try:  # no inventory, or the previous hour not analyzed yet: one message, no traceback
+            inventory = topology.load()
+            for hour in hours:
+                context.log.info(f"analysis of {tables.hour_key(hour)}")
                 rows, counters = run_analysis(warehouse.root, hour, inventory, beam.args)
-            except RunError as error:  # e.g. the previous hour not analyzed yet
-                raise Failure(str(error)) from None
-            rows_per_hour[tables.hour_key(hour)] = rows
-            errors_per_hour[tables.hour_key(hour)] = counters.get("analysis_errors", 0)
+                rows_per_hour[tables.hour_key(hour)] = rows
+                errors_per_hour[tables.hour_key(hour)] = counters.get("analysis_errors", 0)
+        except RunError as error:
+            raise Failure(str(error)) from None
         warehouse.refresh_views()
         for name in ANALYSIS_TABLES:
             metadata = row_metadata(name, rows_per_hour, hours)

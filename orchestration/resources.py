@@ -47,7 +47,8 @@ class FlowSource(ConfigurableResource):
 
 
 class TopologyFile(ConfigurableResource):
-    """The NIC inventory CSV; without one (empty path) every address is its own GPU on its own host."""
+    """The NIC inventory CSV; without one (empty path) the analysis refuses to run, as `prism run`
+    does without --topology (pipelines.run.load_topology)."""
 
     path: str = ""
 
