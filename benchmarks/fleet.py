@@ -5,7 +5,8 @@
 Generates (and caches) the scenario, then for each fraction of the flow files runs, in a fresh
 process so peak memory is its own: the Prism pipeline on the default runner (per-stage wall time,
 records per second, peak RSS), and a single-process DuckDB reference of the same ingest and
-per-minute stages. Figures go to benchmarks/results/fleet.json.
+per-minute stages, and `prism report` over the warehouse it wrote. Figures go to
+benchmarks/results/fleet.json.
 """
 
 from __future__ import annotations
@@ -134,6 +135,21 @@ def measure_reference(flows: str, threads: int | None = None) -> dict:
             "peak_rss_mb": round(peak_rss_mb())}
 
 
+REPORT_TARGET = {"wall_s": 10.0, "peak_rss_mb": 1024}  # issue #20: a fleet report in <= 10 s and <= 1 GB
+
+
+def measure_report(root: str) -> dict:
+    """`prism report` over the warehouse the pipeline just wrote: wall, CPU and peak memory."""
+    from pipelines.reports import build_report
+
+    started, started_cpu = time.perf_counter(), cpu_s()
+    with tempfile.TemporaryDirectory(prefix="prism-report-") as out:
+        build_report(root, None, None, Path(out) / "report.html")
+    figures = {"wall_s": round(time.perf_counter() - started, 2), "cpu_s": round(cpu_s() - started_cpu, 2),
+               "peak_rss_mb": round(peak_rss_mb())}
+    return figures | {"within_target": all(figures[k] <= limit for k, limit in REPORT_TARGET.items())}
+
+
 def in_subprocess(kind: str, *args: str) -> dict:
     output = subprocess.run(
         [sys.executable, "-m", "benchmarks.fleet", "--measure", kind, "--", *args],  # "--": Beam flags are arguments here
@@ -153,6 +169,9 @@ def main() -> None:
     if options.measure == "prism":
         print(json.dumps(measure_prism(*options.args[:3], beam_args=options.args[3:])))
         return
+    if options.measure == "report":
+        print(json.dumps(measure_report(options.args[0])))
+        return
     if options.measure == "reference":
         print(json.dumps(measure_reference(options.args[0], int(options.args[1]) if len(options.args) > 1 else None)))
         return
@@ -165,6 +184,7 @@ def main() -> None:
             load_before = os.getloadavg()[0]
             prism = in_subprocess("prism", str(flows), str(data / "topology.csv"),
                                   str(Path(scratch) / f"wh-{fraction}"), *options.beam_arg)
+            report = in_subprocess("report", str(Path(scratch) / f"wh-{fraction}"))
             reference = in_subprocess("reference", str(flows))
             one_thread = in_subprocess("reference", str(flows), "1")
             ingest_s = prism["stages_s"].get("ingest", prism["wall_s"])
@@ -172,7 +192,7 @@ def main() -> None:
             # Wall and CPU ratios both: the reference uses every core, the default runner one (so
             # also against DuckDB on one thread), and other users' load moves wall times more
             # than CPU times.
-            run = {"fraction": fraction, "prism": prism, "reference": reference,
+            run = {"fraction": fraction, "prism": prism, "report": report, "reference": reference,
                    "reference_1_thread": one_thread,
                    "ingest_vs_reference": round(ingest_s / reference["wall_s"], 2),
                    "ingest_vs_reference_1_thread": round(ingest_s / one_thread["wall_s"], 2),

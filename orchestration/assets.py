@@ -44,7 +44,8 @@ DESCRIPTIONS = {
                 "their first and last traffic for the job in the hour.",
     "comm_pairs": "Each job's communicating pairs, classified as dp, pp or other traffic.",
     "steps": "Training steps of each job: start, end, duration; numbers continue across hours.",
-    "issues": "Stragglers, slow links, hangs, restarts, slow steps and their wasted GPU time.",
+    "issues": "Stragglers, slow links, hangs, restarts, slow steps and their wasted GPU time; "
+              "jobs whose analysis failed (analysis_error).",
 }
 
 
@@ -171,15 +172,20 @@ def build_analysis(partitions: HourlyPartitionsDefinition):
         """Job recognition, parallelism, steps and issues, hour after hour in order."""
         hours = hours_of(context)
         inventory = topology.load()
-        rows_per_hour = {}
+        rows_per_hour, errors_per_hour = {}, {}
         for hour in hours:
             context.log.info(f"analysis of {tables.hour_key(hour)}")
             try:
-                rows_per_hour[tables.hour_key(hour)] = run_analysis(warehouse.root, hour, inventory, beam.args)
+                rows, counters = run_analysis(warehouse.root, hour, inventory, beam.args)
             except RunError as error:  # e.g. the previous hour not analyzed yet
                 raise Failure(str(error)) from None
+            rows_per_hour[tables.hour_key(hour)] = rows
+            errors_per_hour[tables.hour_key(hour)] = counters.get("analysis_errors", 0)
         warehouse.refresh_views()
         for name in ANALYSIS_TABLES:
-            yield MaterializeResult(asset_key=name, metadata=row_metadata(name, rows_per_hour, hours))
+            metadata = row_metadata(name, rows_per_hour, hours)
+            if name == "issues":  # jobs whose analysis raised: their analysis_error issues
+                metadata["analysis_errors_by_hour"] = MetadataValue.json(errors_per_hour)
+            yield MaterializeResult(asset_key=name, metadata=metadata)
 
     return analysis

@@ -1,15 +1,18 @@
 """What differs between environments: where flows arrive, the NIC inventory, the warehouse and the
-Beam runner. Environment variables select them (see `Settings.from_env` and docs/orchestration.md).
+Beam runner, as Dagster resources. In the code location their fields come from PRISM_* variables
+through `dagster.EnvVar`, resolved when a run starts (`resources_from_env`); what shapes the
+Definitions themselves (partitions, schedules, check thresholds) is `Settings`, read when the code
+location loads. See docs/orchestration.md.
 """
 
 import os
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from apache_beam.io.filesystems import FileSystems
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, EnvVar
 
 from pipelines import warehouse
 from pipelines.run import list_flow_files, load_topology
@@ -44,12 +47,12 @@ class FlowSource(ConfigurableResource):
 
 
 class TopologyFile(ConfigurableResource):
-    """The NIC inventory CSV; without one every address is its own GPU on its own host."""
+    """The NIC inventory CSV; without one (empty path) every address is its own GPU on its own host."""
 
-    path: str | None = None
+    path: str = ""
 
     def load(self) -> Topology:
-        return load_topology(self.path)
+        return load_topology(self.path or None)
 
 
 class Warehouse(ConfigurableResource):
@@ -62,17 +65,38 @@ class Warehouse(ConfigurableResource):
 
 
 class BeamOptions(ConfigurableResource):
-    """Beam pipeline options as command-line arguments. Empty: Beam's in-process FnApiRunner."""
+    """Beam pipeline options as one shell-quoted command line. Empty: Beam's in-process FnApiRunner."""
 
-    args: list[str] = []
+    command_line: str = ""
+
+    @property
+    def args(self) -> list[str]:
+        return shlex.split(self.command_line)
+
+
+def resources_from_env() -> dict[str, ConfigurableResource]:
+    """The code location's resources. A field whose variable is set reads it through
+    `dagster.EnvVar`, so a run resolves it when it starts and the UI shows where it comes from;
+    an unset one keeps its default: the demo data of `prism demo`, whose inventory goes only with
+    the demo flows. Relative paths are relative to the directory the run works in."""
+
+    def setting(variable: str, default: str) -> str:
+        return EnvVar(variable) if variable in os.environ else default
+
+    demo = "PRISM_FLOWS" not in os.environ
+    return {
+        "flow_source": FlowSource(directory=setting("PRISM_FLOWS", DEMO_FLOWS)),
+        "topology": TopologyFile(path=setting("PRISM_TOPOLOGY", DEMO_TOPOLOGY if demo else "")),
+        "warehouse": Warehouse(root=setting("PRISM_WAREHOUSE", DEFAULT_WAREHOUSE)),
+        "beam": BeamOptions(command_line=setting("PRISM_BEAM_ARGS", "")),
+    }
 
 
 @dataclass(frozen=True)
 class Settings:
-    flows: str
-    topology: str | None
-    warehouse: str
-    beam_args: tuple[str, ...] = ()
+    """What shapes the Definitions themselves, so it is known when the code location loads: the
+    partitions, the schedules' minutes and the quarantine check's threshold."""
+
     partition_start: str = DEFAULT_PARTITION_START
     # Hours after the current one that exist as partitions: simulated data can be stamped later
     # than the clock. Keep 0 in production, or the schedule targets an hour still in progress.
@@ -82,32 +106,12 @@ class Settings:
     max_quarantine_share: float = 0.02
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
-        flows = env.get("PRISM_FLOWS")
-        topology = env.get("PRISM_TOPOLOGY")
-        if flows is None:
-            flows, topology = DEMO_FLOWS, DEMO_TOPOLOGY if topology is None else topology
-        return cls(
-            flows=absolute(flows),
-            topology=absolute(topology) if topology else None,
-            warehouse=absolute(env.get("PRISM_WAREHOUSE", DEFAULT_WAREHOUSE)),
-            beam_args=tuple(shlex.split(env.get("PRISM_BEAM_ARGS", ""))),
-            partition_start=env.get("PRISM_PARTITION_START", DEFAULT_PARTITION_START),
-            partition_end_offset=int(env.get("PRISM_PARTITION_END_OFFSET", "0")),
-            schedule_minute=int(env.get("PRISM_SCHEDULE_MINUTE", "15")),
-            freshness_minute=int(env.get("PRISM_FRESHNESS_MINUTE", "45")),
-            max_quarantine_share=float(env.get("PRISM_MAX_QUARANTINE_SHARE", "0.02")),
-        )
-
-    def resources(self) -> dict[str, ConfigurableResource]:
-        return {
-            "flow_source": FlowSource(directory=self.flows),
-            "topology": TopologyFile(path=self.topology),
-            "warehouse": Warehouse(root=self.warehouse),
-            "beam": BeamOptions(args=list(self.beam_args)),
-        }
-
-
-def absolute(path: str) -> str:
-    """Local paths are made absolute (relative to the directory Dagster starts in); URLs stay."""
-    return path if "://" in path else str(Path(path).resolve())
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
+        """Each field from its variable PRISM_<FIELD> (e.g. PRISM_PARTITION_END_OFFSET), else its
+        default."""
+        values = {}
+        for field in fields(cls):
+            variable = f"PRISM_{field.name.upper()}"
+            if variable in environ:
+                values[field.name] = field.type(environ[variable])
+        return cls(**values)

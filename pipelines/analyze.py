@@ -1,9 +1,11 @@
-"""Analysis of one hour: job recognition over the hour's flow_minutes, then the flows keyed by job.
+"""Analysis of one hour: the flows keyed by job, given the hour's job recognition.
 
-Recognition runs on one small element (the hour's per-minute pair aggregates). The hour's flows
+Recognition (over the hour's small flow_minutes) runs before the pipeline, in the launching
+process, so that its failure fails the hour with a clear error (pipelines/run.py). The hour's flows
 are read as Parquet row groups, split by job with the recognition as a side input, grouped by
 job_id, and each job is analyzed on its own, so jobs spread over workers on a distributed runner.
-The split flows are staged (pipelines/staging.py): the grouping by job moves references only.
+The split flows are staged for the shuffle (pipelines/shuffle_staging.py): the grouping by job
+moves references only. The result goes to the warehouse through pipelines/sink.py.
 """
 
 from __future__ import annotations
@@ -17,18 +19,16 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipelines import warehouse
-from pipelines.staging import read_staged, stage_tables
-from prism_core import jobs
+from pipelines.shuffle_staging import read_staged, stage_tables
+from pipelines.sink import HourTables
+from prism_core.config import DEFAULT_PARAMS, PrismParams
+from prism_core.recognition import Recognition
 from prism_core.analysis import (
-    JOB_FLOW_COLUMNS, analyze_job, assemble_hour, jobs_to_analyze, open_membership, split_flows_by_job,
+    JOB_FLOW_COLUMNS, HourAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
+    split_flows_by_job,
 )
-from prism_core.topology import Topology
 
 NAMESPACE = "prism.analyze"
-
-
-def concat(parts: list[pa.Table]) -> pa.Table:
-    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
 def row_groups(path: str) -> list[tuple[str, int]]:
@@ -37,70 +37,57 @@ def row_groups(path: str) -> list[tuple[str, int]]:
         return [(path, index) for index in range(pq.ParquetFile(handle).num_row_groups)]
 
 
-class ReadRowGroups(beam.DoFn):
-    """A Parquet file -> its row groups, one Arrow table each."""
-
-    def process(self, path: str):
-        with FileSystems.open(path) as handle:
-            parquet = pq.ParquetFile(handle)
-            for index in range(parquet.num_row_groups):
-                yield parquet.read_row_group(index)
-
-
 class SplitByJob(beam.DoFn):
     """A row group of the hour's flows -> (job_id, (row group index, staged flows of the job)), by
     the spans each job holds its hosts for (prism_core.analysis.open_membership)."""
 
-    def __init__(self, staging_dir: str):
-        self.staging_dir = staging_dir
+    def __init__(self, shuffle_dir: str):
+        self.shuffle_dir = shuffle_dir
         self.unassigned = Metrics.counter(NAMESPACE, "flows_without_job")
 
     def process(self, row_group: tuple[str, int], membership: pa.Table):
         path, index = row_group
         with FileSystems.open(path) as handle:
             flows = pq.ParquetFile(handle).read_row_group(index, columns=list(JOB_FLOW_COLUMNS))
-        staged = stage_tables(self.staging_dir, split_flows_by_job(flows, membership))
+        staged = stage_tables(self.shuffle_dir, split_flows_by_job(flows, membership))
         for job_id, rows in staged:
             yield job_id, (index, rows)
         self.unassigned.inc(flows.num_rows - sum(rows.num_rows for _, rows in staged))
 
 
 class AnalyzeJob(beam.DoFn):
-    def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int):
-        self.previous = previous or {}
+    """(job_id, its staged flows) -> the job's JobAnalysis; counts the jobs whose analysis raised
+    (reported as analysis_error issues; prism_core.analysis.analyze_job)."""
+
+    def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int, params: PrismParams):
+        self.previous, self.params = previous or {}, params
         self.hour = (hour_start_ns, hour_end_ns)
+        self.errors = Metrics.counter(NAMESPACE, "analysis_errors")
 
     def process(self, element, recognition):
         job_id, pieces = element
         # In file order whatever order the runner grouped them in.
         pieces = sorted((p for p in pieces if p is not None), key=lambda piece: piece[0])
         batches = read_staged([rows for _, rows in pieces])
-        yield analyze_job(job_id, batches, recognition, self.previous, *self.hour)
+        analysis = analyze_job(job_id, batches, recognition, self.previous, *self.hour, self.params)
+        if analysis.failed_stage is not None:
+            self.errors.inc()
+        yield analysis
 
 
 class AnalyzeHour(beam.PTransform):
-    """An hour's flow_minutes and flows partitions -> one HourAnalysis element."""
+    """An hour's recognition and flows partition -> one HourAnalysis element."""
 
-    def __init__(self, minutes_path: str, flows_path: str, topology: Topology, previous: dict | None,
-                 hour_start_ns: int, hour_end_ns: int, staging_dir: str):
+    def __init__(self, recognition: Recognition, flows_path: str, previous: dict | None,
+                 hour_start_ns: int, hour_end_ns: int, shuffle_dir: str, params: PrismParams = DEFAULT_PARAMS):
         super().__init__()
-        self.paths, self.staging_dir = (minutes_path, flows_path), staging_dir
-        self.topology, self.previous = topology, previous or {}
+        self.recognition, self.flows_path, self.shuffle_dir = recognition, flows_path, shuffle_dir
+        self.params = params
+        self.previous = previous or {}
         self.hour = (hour_start_ns, hour_end_ns)
 
     def expand(self, pipeline):
-        minutes_path, flows_path = self.paths
-        recognition = (
-            pipeline
-            | "MinutesFile" >> beam.Create([minutes_path])
-            | "ReadMinutes" >> beam.ParDo(ReadRowGroups())
-            | "OneTable" >> beam.combiners.ToList()
-            | "Recognize" >> beam.Map(
-                lambda parts: jobs.recognize_hour(
-                    concat(parts), self.topology, self.previous.get("jobs"), self.hour[0]
-                )
-            )
-        )
+        recognition = pipeline | "Recognition" >> beam.Create([self.recognition])
         recognition_side = beam.pvalue.AsSingleton(recognition)
         spans = recognition | "HeldSpans" >> beam.Map(open_membership, self.hour[0])
         # Every job to analyze gets a key even without flows (None), so silent jobs are seen.
@@ -109,33 +96,28 @@ class AnalyzeHour(beam.PTransform):
         )
         job_flows = (
             pipeline
-            | "FlowsRowGroups" >> beam.Create(row_groups(flows_path))
-            | "SplitByJob" >> beam.ParDo(SplitByJob(self.staging_dir), beam.pvalue.AsSingleton(spans))
+            | "FlowsRowGroups" >> beam.Create(row_groups(self.flows_path))
+            | "SplitByJob" >> beam.ParDo(SplitByJob(self.shuffle_dir), beam.pvalue.AsSingleton(spans))
         )
         return (
             (every_job, job_flows)
             | "WithEveryJob" >> beam.Flatten()
             | "GroupByJob" >> beam.GroupByKey()
-            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour), recognition_side)
+            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour, self.params), recognition_side)
             | "AllJobs" >> beam.combiners.ToList()
             | "AssembleHour" >> beam.Map(assemble_hour, recognition_side)
         )
 
 
-class WriteAnalysis(beam.DoFn):
-    """Writes the hour's analysis tables and the state the next hour continues from."""
-
-    def __init__(self, root: str, hour: datetime):
-        self.root, self.hour = root, hour
-
-    def process(self, analysis):
-        for name, rows in analysis.tables.items():
-            warehouse.write_partition(self.root, name, self.hour, rows)
-        counts = {name: rows.num_rows for name, rows in analysis.tables.items()}
-        warehouse.write_json(warehouse.stats_path(self.root, self.hour, "analysis_counts"), counts)
-        # Written last: the next hour continues only from an hour whose tables are all in place.
-        warehouse.write_json(warehouse.stats_path(self.root, self.hour, "analysis"), analysis.state)
-        yield counts
+def analysis_tables(analysis: HourAnalysis, hour: datetime) -> HourTables:
+    """The hour's analysis tables, its row counts and, last, the state the next hour continues
+    from."""
+    counts = {name: rows.num_rows for name, rows in analysis.tables.items()}
+    return HourTables(
+        hour,
+        tables={name: [rows] for name, rows in analysis.tables.items()},
+        state={"analysis_counts": counts, "analysis": analysis.state},
+    )
 
 
 def previous_hour_state(root: str, hour: datetime) -> dict | None:

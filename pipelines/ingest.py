@@ -4,9 +4,10 @@ Elements are Arrow tables, never single records: a DoFn parses a whole file with
 and stages one table per event-time minute, and a bundle of files emits one element per minute, so
 only a few hundred small elements per hour travel through the minute windows and the hourly
 grouping (see DESIGN.md, "Elements are batches"). The flow rows are staged once, as parsed
-(pipelines/staging.py): only references to them are shuffled, a minute's merge stages just the
-order of the rows it keeps, and the hour's partition is streamed minute by minute from the parsed
-rows in that order, so memory stays bounded by one minute and one row group.
+(pipelines/shuffle_staging.py): only references to them are shuffled, a minute's merge stages just
+the order of the rows it keeps, and the sink (pipelines/sink.py) streams the hour's partition
+minute by minute from the parsed rows in that order, so memory stays bounded by one minute and
+one row group.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines import warehouse
-from pipelines.staging import StagingFile, TableRef, read_staged
+from pipelines.shuffle_staging import StagingFile, TableRef, read_staged
+from pipelines.sink import HourTables
 from prism_core.arrays import group_indices
 from prism_core.ingest import deduplicated_order, parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
@@ -52,22 +53,29 @@ class HourRange:
         return list(range(self.first_ns, self.end_ns, HOUR_NS))
 
 
+@dataclass(frozen=True)
+class StagedFlows:
+    """A minute's flows, left in the shuffle staging files until the hour's partition is written."""
+
+    parsed: list[TableRef]  # the minute's rows of each file that has some, as parsed
+    kept: TableRef  # column "row": the minute's flows (deduplicated, sorted) as rows of `parsed`
+
+    @property
+    def num_rows(self) -> int:
+        return self.kept.num_rows
+
+    def read(self) -> pa.Table:
+        """The kept rows of the parsed tables concatenated, in order."""
+        [kept] = read_staged([self.kept])
+        return pa.concat_tables(read_staged(self.parsed)).take(kept["row"])
+
+
 @dataclass
 class MinuteResult:
     minute_ns: int
-    parsed: list[TableRef]  # the minute's rows of each file that has some, as parsed
-    kept: TableRef  # column "row": the minute's flows (deduplicated, sorted) as rows of `parsed`
+    flows: StagedFlows
     aggregates: pa.Table  # FLOW_MINUTES rows of the minute
     duplicates: int
-
-    @property
-    def num_flows(self) -> int:
-        return self.kept.num_rows
-
-    def flows(self) -> pa.Table:
-        """The minute's flows: the kept rows of the parsed tables concatenated, in order."""
-        [kept] = read_staged([self.kept])
-        return pa.concat_tables(read_staged(self.parsed)).take(kept["row"])
 
 
 def quarantine_hours(parsed_start_ns: np.ndarray, file_starts_ns: np.ndarray, modified_ns: int) -> np.ndarray:
@@ -86,8 +94,8 @@ class ParseFlowFiles(beam.DoFn):
     windows) listing its tables: ~60 elements per bundle instead of one per file and minute
     (8.5 k for the fleet hour), which the runner encodes, windows and groups one by one."""
 
-    def __init__(self, hours: HourRange, staging_dir: str):
-        self.hours, self.staging_dir = hours, staging_dir
+    def __init__(self, hours: HourRange, shuffle_dir: str):
+        self.hours, self.shuffle_dir = hours, shuffle_dir
         self.rows_read = Metrics.counter(NAMESPACE, "rows_read")
         self.quarantined = Metrics.counter(NAMESPACE, "quarantined")
         self.out_of_range = Metrics.counter(NAMESPACE, "out_of_range")
@@ -95,7 +103,7 @@ class ParseFlowFiles(beam.DoFn):
         self.files_skipped = Metrics.counter(NAMESPACE, "files_skipped")
 
     def start_bundle(self):
-        self.staged = StagingFile(self.staging_dir)
+        self.staged = StagingFile(self.shuffle_dir)
         self.minutes: dict[int, list[TableRef]] = {}
 
     def finish_bundle(self):
@@ -154,13 +162,13 @@ class MergeMinute(beam.DoFn):
     copied: the writer takes them from the parsed files (staging them again cost more than
     taking them twice)."""
 
-    def __init__(self, staging_dir: str):
-        self.staging_dir = staging_dir
+    def __init__(self, shuffle_dir: str):
+        self.shuffle_dir = shuffle_dir
         self.duplicates = Metrics.counter(NAMESPACE, "duplicates")
         self.clean = Metrics.counter(NAMESPACE, "flows")
 
     def start_bundle(self):
-        self.staged = StagingFile(self.staging_dir)
+        self.staged = StagingFile(self.shuffle_dir)
 
     def finish_bundle(self):
         self.staged.close()
@@ -177,8 +185,7 @@ class MergeMinute(beam.DoFn):
         counted[kept] = True
         yield hour_ns, MinuteResult(
             minute_ns=int(minute.start.micros) * 1000,
-            parsed=parsed,
-            kept=self.staged.append(pa.table({"row": kept})),
+            flows=StagedFlows(parsed, self.staged.append(pa.table({"row": kept}))),
             aggregates=minute_aggregates(rows, counted),
             duplicates=duplicates,
         )
@@ -187,29 +194,29 @@ class MergeMinute(beam.DoFn):
 class IngestFlows(beam.PTransform):
     """Paths of flow files -> {"minutes": (hour_ns, MinuteResult), "quarantine": (hour_ns, table)},
     both in the global window, keyed by the hour they belong to. Flow rows are staged under
-    `staging_dir`, which must outlive the pipeline's run."""
+    `shuffle_dir` (pipelines/shuffle_staging.py), which must outlive the pipeline's run."""
 
-    def __init__(self, hours: HourRange, staging_dir: str):
+    def __init__(self, hours: HourRange, shuffle_dir: str):
         super().__init__()
-        self.hours, self.staging_dir = hours, staging_dir
+        self.hours, self.shuffle_dir = hours, shuffle_dir
 
     def expand(self, paths):
-        parsed = paths | "Parse" >> beam.ParDo(ParseFlowFiles(self.hours, self.staging_dir)).with_outputs(
+        parsed = paths | "Parse" >> beam.ParDo(ParseFlowFiles(self.hours, self.shuffle_dir)).with_outputs(
             QUARANTINE_TAG, main="clean"
         )
         minutes = (
             parsed.clean
             | "MinuteWindows" >> beam.WindowInto(window.FixedWindows(60))
             | "GroupMinute" >> beam.GroupByKey()
-            | "MergeMinute" >> beam.ParDo(MergeMinute(self.staging_dir))
+            | "MergeMinute" >> beam.ParDo(MergeMinute(self.shuffle_dir))
             | "BackToGlobal" >> beam.WindowInto(window.GlobalWindows())
         )
         return {"minutes": minutes, "quarantine": parsed[QUARANTINE_TAG]}
 
 
-def write_hour(root: str, hour_ns: int, minutes: list[MinuteResult], quarantine: list[pa.Table]) -> dict[str, int]:
-    """Replaces the hour's `flows`, `flow_minutes` and `quarantine` partitions (in a deterministic
-    row order); returns their row counts and the duplicates dropped."""
+def hour_tables(hour_ns: int, minutes: list[MinuteResult], quarantine: list[pa.Table]) -> HourTables:
+    """The hour's `flows`, `flow_minutes` and `quarantine` partitions (in a deterministic row
+    order), and its ingest state: their row counts and the duplicates dropped."""
     hour = datetime.fromtimestamp(hour_ns / 1e9, tz=timezone.utc)
     minutes = sorted(minutes, key=lambda result: result.minute_ns)
     aggregates = (
@@ -220,18 +227,14 @@ def write_hour(root: str, hour_ns: int, minutes: list[MinuteResult], quarantine:
         if quarantine
         else QUARANTINE.empty_table()
     )
-    write_flows(root, hour, minutes)
-    warehouse.write_partition(root, "flow_minutes", hour, aggregates)
-    warehouse.write_partition(root, "quarantine", hour, rejected)
-    return {
-        "flows": sum(m.num_flows for m in minutes),
+    counts = {
+        "flows": sum(m.flows.num_rows for m in minutes),
         "flow_minutes": aggregates.num_rows,
         "quarantine": rejected.num_rows,
         "duplicates": sum(m.duplicates for m in minutes),
     }
-
-
-def write_flows(root: str, hour: datetime, minutes: list[MinuteResult]) -> None:
-    """The hour's flows partition, streamed minute by minute (in the given order) from the staged
-    files."""
-    warehouse.write_partition_pieces(root, "flows", hour, (m.flows() for m in minutes))
+    return HourTables(
+        hour,
+        tables={"flows": [m.flows for m in minutes], "flow_minutes": [aggregates], "quarantine": [rejected]},
+        state={"ingest": counts},
+    )

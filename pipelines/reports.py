@@ -61,7 +61,7 @@ def connect(
     con.execute("SET enable_progress_bar = false")  # reports run under the CLI's own progress
     if topology is not None:
         try:
-            inventory = Topology.from_csv_bytes(Path(topology).read_bytes(), str(topology)).table
+            inventory = Topology.from_csv_bytes(Path(topology).read_bytes(), str(topology)).inventory
         except (OSError, TopologyError) as error:
             con.close()
             raise ReportError(f"inventory {topology}: {error}") from None
@@ -182,7 +182,9 @@ PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; font-size: 0.85em; margin-bottom: 2em; }}
+div.table {{ max-width: 100%; overflow-x: auto; margin-bottom: 2em; }}
+table {{ border-collapse: collapse; font-size: 0.85em; }}
+td.text {{ max-width: 32em; overflow-wrap: anywhere; }}
 th, td {{ border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: right; }}
 th {{ background: #f0f0f0; }} td.text {{ text-align: left; }}
 .headline span {{ display: inline-block; margin-right: 2.5em; }} .headline b {{ font-size: 1.4em; }}
@@ -221,6 +223,10 @@ CHART_DRAWN_JS = (
 
 
 def _chart_section(heading: str, figure: go.Figure, div_id: str) -> str:
+    # plotly's default top margin leaves an empty band under the heading; keep room only for a
+    # title or a menu
+    crowned = bool(figure.layout.title.text or figure.layout.updatemenus)
+    figure.update_layout(margin={"t": 60 if crowned else 20, "b": 50, "l": 60, "r": 20})
     chart = figure.to_html(
         full_html=False, include_plotlyjs=False, div_id=div_id, post_script=CHART_DRAWN_JS,
         config={"displaylogo": False},
@@ -270,7 +276,8 @@ def _waste_chart(waste: pa.Table) -> go.Figure:
     figure = go.Figure()
     for kind in sorted(set(by_kind["kind"].to_pylist())):
         rows = by_kind.filter(pc.equal(by_kind["kind"], kind))
-        figure.add_bar(x=_iso(rows["period"]), y=rows["wasted_gpu_h"].to_pylist(), name=kind)
+        figure.add_bar(x=_iso(rows["period"]), y=rows["wasted_gpu_h"].to_pylist(), name=kind,
+                       marker_color=ISSUE_COLOURS.get(kind, OTHER_COLOUR))
     figure.update_layout(barmode="stack", yaxis_title="GPU-hours wasted", xaxis_title="hour (UTC)")
     return figure
 
@@ -320,10 +327,14 @@ def _series_by_attempt(rows: pa.Table) -> tuple[list, list, list]:
     return x, y, step
 
 
+# One colour per issue kind and per job status in every report and chart, whatever kinds a
+# report happens to show.
 ISSUE_COLOURS = {
     "straggler": "#d62728", "slow_link": "#9467bd", "hang": "#000000", "restart": "#ff7f0e",
-    "degradation": "#8c564b", "slow_step": "#e377c2",
+    "degradation": "#8c564b", "slow_step": "#e377c2", "analysis_error": "#17becf",
 }
+STATUS_COLOURS = {"running": "#2b7bba", "ended": "#9e9e9e", "hung": "#000000"}
+OTHER_COLOUR = "#7f7f7f"
 
 
 def _issue_shapes(issues: pa.Table) -> list[dict]:
@@ -332,7 +343,7 @@ def _issue_shapes(issues: pa.Table) -> list[dict]:
     for kind, start, end in zip(issues["kind"].to_pylist(), _iso(issues["started"]), _iso(issues["ended"])):
         shapes.append({
             "type": "rect", "xref": "x", "yref": "paper", "x0": start, "x1": end, "y0": 0, "y1": 1,
-            "fillcolor": ISSUE_COLOURS.get(kind, "#7f7f7f"), "opacity": 0.15, "line": {"width": 1},
+            "fillcolor": ISSUE_COLOURS.get(kind, OTHER_COLOUR), "opacity": 0.15, "line": {"width": 1},
             "label": {"text": kind, "textposition": "top left", "font": {"size": 10}},
         })
     return shapes
@@ -348,13 +359,13 @@ def _gantt_chart(jobs: pa.Table, issues: pa.Table) -> go.Figure:
         held_ms = pc.divide(pc.subtract(rows["held_until"], rows["started"]).cast(pa.int64()), 1_000_000)
         figure.add_bar(
             y=rows["job_id"].to_pylist(), x=held_ms.to_pylist(), base=_iso(rows["started"]), orientation="h",
-            name=status, customdata=rows["n_gpus"].to_pylist(),
+            name=status, customdata=rows["n_gpus"].to_pylist(), marker_color=STATUS_COLOURS.get(status, OTHER_COLOUR),
             hovertemplate="%{y}: %{customdata} GPUs<extra>" + status + "</extra>",
         )
     alive = issues.filter(pc.is_in(issues["job_id"], value_set=jobs["job_id"]))
     figure.add_scatter(
         x=_iso(alive["started"]), y=alive["job_id"].to_pylist(), mode="markers", name="issues",
-        marker={"symbol": "x", "size": 9, "color": [ISSUE_COLOURS.get(k, "#7f7f7f") for k in alive["kind"].to_pylist()]},
+        marker={"symbol": "x", "size": 9, "color": [ISSUE_COLOURS.get(k, OTHER_COLOUR) for k in alive["kind"].to_pylist()]},
         text=alive["kind"].to_pylist(), hovertemplate="%{y}: %{text}<extra></extra>",
     )
     figure.update_layout(
@@ -398,7 +409,7 @@ def _table_section(heading: str, table: pa.Table) -> str:
         cells = "".join(_cell(value, kind) for value, kind in zip(values, kinds))
         rows.append(f"<tr>{cells}</tr>")
     body = "\n".join(rows) if rows else f'<tr><td class="text" colspan="{table.num_columns}">none</td></tr>'
-    return f"<h2>{html.escape(heading)}</h2>\n<table><tr>{header}</tr>\n{body}</table>"
+    return f'<h2>{html.escape(heading)}</h2>\n<div class="table"><table><tr>{header}</tr>\n{body}</table></div>'
 
 
 def _cell_kind(data_type: pa.DataType) -> str:

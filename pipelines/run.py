@@ -7,6 +7,7 @@ and step numbers of the one before it.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,20 +15,37 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import apache_beam as beam
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.runners.runner import PipelineResult
 
-from pipelines import warehouse
-from pipelines.analyze import AnalyzeHour, WriteAnalysis, previous_hour_state
-from pipelines.staging import staging_area
-from pipelines.ingest import NAMESPACE, HourRange, IngestFlows, write_hour
+from pipelines import analyze, ingest, warehouse
+from pipelines.analyze import AnalyzeHour, analysis_tables, previous_hour_state
+from pipelines.ingest import HourRange, IngestFlows, hour_tables
+from pipelines.shuffle_staging import shuffle_staging_area
+from pipelines.sink import WriteTables
+from prism_core.analysis import RecognitionError, recognize
+from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.ingest import parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS
-from prism_core.topology import Topology, TopologyError
+from prism_core.topology import Topology, TopologyError, first_few
+
+log = logging.getLogger(__name__)
+
+NO_INVENTORY = (
+    "no NIC inventory: pass --topology FILE (a CSV of addr,host,gpu[,leaf,pod]), or --no-topology to "
+    "take every address for its own host, which splits each multi-host job by rail and makes its issues unreliable"
+)
+WITHOUT_INVENTORY = (
+    "no NIC inventory (--no-topology): every address was taken for its own GPU on its own host, so a job "
+    "spanning hosts is reported once per rail, and its parallelism and issues are not reliable"
+)
 
 
 class RunError(RuntimeError):
@@ -37,8 +55,10 @@ class RunError(RuntimeError):
 @dataclass
 class RunSummary:
     hours: list[datetime]
-    counters: dict[str, int] = field(default_factory=dict)  # rows_read, flows, quarantined, ...
+    # Beam counters: rows_read, flows, quarantined, ... of ingest; analysis_errors, ... of analysis
+    counters: dict[str, int] = field(default_factory=dict)
     per_hour: dict[str, dict[str, int]] = field(default_factory=dict)  # hour key -> table rows
+    warnings: list[str] = field(default_factory=list)  # what the operator must know about the results
 
 
 def list_flow_files(flows_dir: str) -> list[str]:
@@ -92,15 +112,10 @@ def pipeline_options(beam_args: Sequence[str] = ()) -> tuple[PipelineOptions, ob
     return options, runner
 
 
-class WriteIngestHour(beam.DoFn):
-    def __init__(self, root: str):
-        self.root = root
-
-    def process(self, element):
-        hour_ns, grouped = element
-        counts = write_hour(self.root, hour_ns, list(grouped["minutes"]), list(grouped["quarantine"]))
-        hour = datetime.fromtimestamp(hour_ns / 1e9, tz=timezone.utc)
-        warehouse.write_json(warehouse.stats_path(self.root, hour, "ingest"), counts)
+def counters(result: PipelineResult, namespace: str) -> dict[str, int]:
+    """The committed values of a finished pipeline's counters in `namespace`, by name."""
+    found = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
+    return {counter.key.metric.name: counter.committed for counter in found}
 
 
 def run_ingest(
@@ -111,28 +126,27 @@ def run_ingest(
         raise RunError(f"no flow files in {flows_dir!r}")
     span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
     options, runner = pipeline_options(beam_args)
-    with staging_area(root) as staging_dir:
+    with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
         ingested = (
             pipeline
             | "Files" >> beam.Create(paths)
             | "Spread" >> beam.Reshuffle()
-            | "Ingest" >> IngestFlows(span, staging_dir)
+            | "Ingest" >> IngestFlows(span, shuffle_dir)
         )
         every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()])
         (
             {"hour": every_hour, "minutes": ingested["minutes"], "quarantine": ingested["quarantine"]}
             | "ByHour" >> beam.CoGroupByKey()
-            | "Write" >> beam.ParDo(WriteIngestHour(str(root)))
+            | "HourTables" >> beam.MapTuple(
+                lambda hour_ns, grouped: hour_tables(hour_ns, list(grouped["minutes"]), list(grouped["quarantine"]))
+            )
+            | "Write" >> WriteTables(str(root))
         )
         result = pipeline.run()
         result.wait_until_finish()
-    counters = {
-        c.key.metric.name: c.committed
-        for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
-    }
     per_hour = {warehouse.hour_key(h): warehouse.read_stats(root, h, "ingest") for h in hours}
-    return RunSummary(hours=hours, counters=counters, per_hour=per_hour)
+    return RunSummary(hours=hours, counters=counters(result, ingest.NAMESPACE), per_hour=per_hour)
 
 
 def run_hours(
@@ -142,21 +156,29 @@ def run_hours(
     end: datetime,
     *,
     topology_path: str | None = None,
+    no_topology: bool = False,
     beam_args: Sequence[str] = (),
     on_stage: Callable[[str], None] = lambda stage: None,
+    params: PrismParams = DEFAULT_PARAMS,
 ) -> RunSummary:
+    """Without `topology_path` the run is refused unless `no_topology` asks for it. `params`: the
+    inference's thresholds (prism_core.config; `prism run --config FILE`)."""
     hours = warehouse.hours_between(start, end)
     if not hours:
         raise RunError(f"empty hour range: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}")
+    topology = load_topology(topology_path, no_topology=no_topology)
     Path(root).mkdir(parents=True, exist_ok=True)
-    topology = load_topology(topology_path)
     on_stage("checking the input")
     require_flows_in(flows_dir, hours)
     on_stage("ingest")
     summary = run_ingest(flows_dir, root, hours, beam_args)
+    summary.warnings = inventory_warnings(topology, root, hours)
     for hour in hours:
         on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
-        summary.per_hour[warehouse.hour_key(hour)].update(run_analysis(root, hour, topology, beam_args))
+        rows, analysis_counters = run_analysis(root, hour, topology, beam_args, params)
+        summary.per_hour[warehouse.hour_key(hour)].update(rows)
+        for name, value in analysis_counters.items():
+            summary.counters[name] = summary.counters.get(name, 0) + value
     on_stage("warehouse")
     warehouse.refresh_database(root)
     return summary
@@ -186,44 +208,90 @@ def require_previous_hour_analyzed(root: str, hour: datetime) -> None:
         )
 
 
-def load_topology(path: str | None) -> Topology:
+def load_topology(path: str | None, *, no_topology: bool = False) -> Topology:
+    """The inventory at `path`; without one, a refusal unless `no_topology` (every address its own
+    host). Rows the inventory could not use are logged."""
     if path is None:
+        if not no_topology:
+            raise RunError(NO_INVENTORY)
         return Topology.empty()
+    if no_topology:
+        raise RunError("--topology and --no-topology exclude each other")
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             payload = handle.read()
     except (OSError, IOError) as error:
         raise RunError(f"cannot read topology file {path!r}: {error}") from None
     try:
-        return Topology.from_csv_bytes(payload, path)
+        topology = Topology.from_csv_bytes(payload, path)
     except TopologyError as error:
         raise RunError(str(error)) from None
+    if topology.topology_problems:
+        log.warning("%s: %s", path, skipped_rows(topology))
+    return topology
 
 
-def run_analysis(root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = ()) -> dict[str, int]:
+def skipped_rows(topology: Topology) -> str:
+    problems = list(topology.topology_problems)
+    return f"{len(problems)} inventory row{'s' if len(problems) > 1 else ''} skipped ({first_few(problems)})"
+
+
+def inventory_warnings(topology: Topology, root: str, hours: list[datetime]) -> list[str]:
+    """What the run summary says about the inventory: none used, rows it skipped (logged when it
+    was loaded), and the addresses of the ingested hours it does not list at all."""
+    if not topology.from_inventory:
+        log.warning(WITHOUT_INVENTORY)
+        return [WITHOUT_INVENTORY]
+    warnings = [skipped_rows(topology)] if topology.topology_problems else []
+    paths = [warehouse.partition_dir(root, "flow_minutes", hour) / warehouse.DATA_FILE for hour in hours]
+    minutes = pa.concat_tables(pq.read_table(path, columns=["src_addr", "dst_addr"]) for path in paths)
+    unlisted = topology.unlisted(pa.chunked_array(minutes["src_addr"].chunks + minutes["dst_addr"].chunks, pa.string()))
+    if len(unlisted):
+        warnings.append(
+            f"{len(unlisted)} addresses in the flows are not in the inventory and were analyzed as non-GPU "
+            f"endpoints (jobs on a GPU host it lacks are not found): {first_few(unlisted.to_pylist())}"
+        )
+        log.warning(warnings[-1])
+    return warnings
+
+
+def run_analysis(
+    root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = (),
+    params: PrismParams = DEFAULT_PARAMS,
+) -> tuple[dict[str, int], dict[str, int]]:
     """Job analysis of one hour, continuing from the previous hour's state; the hour's ingest
-    partitions must exist. Returns the rows written per table."""
+    partitions must exist. Returns the rows written per table and the analysis counters
+    (`analysis_errors`: jobs whose analysis raised, each written as an analysis_error issue).
+    A failed job recognition fails the hour before anything is written."""
     paths = [warehouse.partition_dir(root, t, hour) / warehouse.DATA_FILE for t in ("flow_minutes", "flows")]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise RunError(f"hour {hour:%Y-%m-%d %H}:00 has not been ingested: {', '.join(missing)} missing")
     require_previous_hour_analyzed(root, hour)
+    hour_ns = int(hour.timestamp()) * 10**9
+    previous = previous_hour_state(root, hour)
+    try:
+        flow_minutes = warehouse.read_partition(root, "flow_minutes", hour)
+        recognition = recognize(flow_minutes, topology, previous or {}, hour_ns, params)
+    except RecognitionError as error:
+        raise RunError(f"hour {warehouse.hour_key(hour)} not analyzed, nothing written: {error}") from None
     # The inventory this analysis used, for the capacity reports; none without one.
     if topology.from_inventory:
-        warehouse.write_topology(root, topology.table)
+        warehouse.write_topology(root, topology.inventory)
     else:
         warehouse.topology_path(root).unlink(missing_ok=True)
-    hour_ns = int(hour.timestamp()) * 10**9
     options, runner = pipeline_options(beam_args)
-    with staging_area(root) as staging_dir:
+    with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
         (
             pipeline
-            | "Analyze" >> AnalyzeHour(
-                str(paths[0]), str(paths[1]), topology, previous_hour_state(root, hour), hour_ns,
-                hour_ns + HOUR_NS, staging_dir,
-            )
-            | "Write" >> beam.ParDo(WriteAnalysis(str(root), hour))
+            | "Analyze" >> AnalyzeHour(recognition, str(paths[1]), previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir,
+                                       params)
+            | "HourTables" >> beam.Map(analysis_tables, hour)
+            | "Write" >> WriteTables(str(root))
         )
-        pipeline.run().wait_until_finish()
-    return warehouse.read_stats(root, hour, "analysis_counts")
+        result = pipeline.run()
+        result.wait_until_finish()
+    # A counter never incremented is not reported: no failed job is a count of 0, not a gap.
+    analysis_counters = {"analysis_errors": 0, **counters(result, analyze.NAMESPACE)}
+    return warehouse.read_stats(root, hour, "analysis_counts"), analysis_counters

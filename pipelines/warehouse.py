@@ -25,6 +25,9 @@ from prism_core.schema import TABLES
 DATA_FILE = "data.parquet"
 DATABASE_FILE = "prism.duckdb"
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+# The catalog holds only views, so it is written in the oldest storage format that stores them:
+# the DuckDB CLIs and clients analysts already have (1.1 and later) open it, not only this one.
+CLIENT_STORAGE_VERSION = "v1.1.0"
 
 
 def hour_floor(instant: datetime) -> datetime:
@@ -134,6 +137,13 @@ def write_topology(root: str | Path, inventory: pa.Table) -> None:
     _replace_atomically(topology_path(root), lambda path: pq.write_table(inventory, path))
 
 
+def client_columns(schema: pa.Schema) -> str:
+    """`*` with every timestamp column cast to TIMESTAMPTZ: the column types of the catalog's views
+    and tables are stored with it, and clients before DuckDB 2.0 know no TIMESTAMPTZ_NS."""
+    times = [f'CAST("{f.name}" AS TIMESTAMPTZ) AS "{f.name}"' for f in schema if pa.types.is_timestamp(f.type)]
+    return f"* REPLACE ({', '.join(times)})" if times else "*"
+
+
 def views_sql(root: str | Path) -> str:
     """The DDL of sql/views.sql for this warehouse; tables with no partition yet get an empty
     table of the right columns instead of a view, since DuckDB cannot bind a glob of no files."""
@@ -142,7 +152,10 @@ def views_sql(root: str | Path) -> str:
     template = (SQL_DIR / "views.sql").read_text()
     for name in TABLES:
         if any((root / name).glob(f"*/*/{DATA_FILE}")):
-            statements.append(template.replace("@TABLE@", name).replace("@WAREHOUSE@", str(root)))
+            statements.append(template.replace("@TABLE@", name).replace("@WAREHOUSE@", str(root))
+                              .replace("@COLUMNS@", client_columns(TABLES[name])))
+    if any((root / "jobs").glob(f"*/*/{DATA_FILE}")):
+        statements.append((SQL_DIR / "job_latest.sql").read_text())
     if topology_path(root).exists():
         statements.append((SQL_DIR / "topology.sql").read_text().replace("@WAREHOUSE@", str(root)))
     return "\n".join(statements)
@@ -155,12 +168,14 @@ def refresh_database(root: str | Path) -> Path:
 
     def build(path: Path) -> None:
         path.unlink(missing_ok=True)
-        with duckdb.connect(str(path)) as con:
+        with duckdb.connect(str(path), config={"storage_compatibility_version": CLIENT_STORAGE_VERSION}) as con:
             con.execute(views_sql(root))
             for name, schema in TABLES.items():
                 if not any((root / name).glob(f"*/*/{DATA_FILE}")):
                     placeholder = schema.empty_table()  # noqa: F841 - read by DuckDB's replacement scan
-                    con.execute(f"CREATE TABLE {name} AS SELECT * FROM placeholder")
+                    # the partition columns too, so queries read an empty table as they read a view
+                    con.execute(f"CREATE TABLE {name} AS SELECT {client_columns(schema)}, "
+                                "NULL::DATE AS date, NULL::INTEGER AS hour FROM placeholder")
 
     _replace_atomically(final, build)
     return final

@@ -1,12 +1,17 @@
 """The per-hour analysis: recognize jobs, then analyze each job's flows on their own.
 
-The pipeline runs these pieces as separate Beam steps (recognition over the hour's small
+The pipeline runs these pieces as separate steps (recognition over the hour's small
 `flow_minutes`, then the flows keyed by job); `analyze_hour` runs them in one process for tests
-and for small inputs, and both paths share every function here.
+and for small inputs, and both paths share every function here. One job's trouble never costs the
+hour: a job whose analysis raises is reported as an `analysis_error` issue and the other jobs go
+on (`analyze_job`); only a failed recognition fails the hour (`RecognitionError`).
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,14 +19,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core import diagnosis, jobs, parallelism, timeline
+from prism_core import diagnosis, parallelism, timeline
 from prism_core.arrays import group_indices
+from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import MINUTE_NS
-from prism_core.schema import COMM_PAIRS, FLOWS, JOB_GPUS, TABLES
+from prism_core.recognition import Recognition, recognize_hour
+from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, TABLES
 from prism_core.topology import Topology
 
+logger = logging.getLogger(__name__)
+
 ANALYSIS_TABLES = ("jobs", "job_gpus", "comm_pairs", "steps", "issues")
+# The per-job states an hour hands to the next, by stage.
+JOB_STAGE_STATES = ("timeline", "diagnosis")
 # Reads from storage at least this large into a job's GPUs are kept for the job's diagnosis
 # (checkpoint shards are read back in chunks as large as the writes).
 BULK_READ_BYTES = CHECKPOINT_FLOW_BYTES
@@ -37,12 +48,27 @@ class JobAnalysis:
     tables: dict[str, pa.Table]  # job_gpus, comm_pairs, steps, issues of this job
     degrees: dict[str, int]  # dp, pp, tp
     state: dict
+    failed_stage: str | None = None  # the stage that raised, when the analysis failed
+
+
+class RecognitionError(RuntimeError):
+    """Job recognition failed: without it no job of the hour can be analyzed."""
 
 
 @dataclass
 class HourAnalysis:
     tables: dict[str, pa.Table]  # ANALYSIS_TABLES
     state: dict
+
+
+def recognize(flow_minutes: pa.Table, topology: Topology, previous: dict, hour_start_ns: int,
+              params: PrismParams = DEFAULT_PARAMS) -> Recognition:
+    """The hour's jobs (prism_core.recognition.recognize_hour); any failure is a RecognitionError that
+    says what went wrong, for the operator."""
+    try:
+        return recognize_hour(flow_minutes, topology, previous.get("jobs"), hour_start_ns, params=params.recognition)
+    except Exception as error:
+        raise RecognitionError(f"job recognition failed: {type(error).__name__}: {error}") from error
 
 
 def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[str, pa.Table]]:
@@ -98,7 +124,7 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
         yield job_ids[code].as_py(), job_flows.take(kept[rows])
 
 
-def open_membership(recognition: jobs.Recognition, hour_start_ns: int) -> pa.Table:
+def open_membership(recognition: Recognition, hour_start_ns: int) -> pa.Table:
     """The membership with the spans a job holds its hosts for, not just the span of its traffic:
     a job running when the hour began (known from earlier hours, or heard in the hour's first
     minute) holds its hosts from the hour's start, and a job still running at the hour's end holds
@@ -135,7 +161,7 @@ def open_membership(recognition: jobs.Recognition, hour_start_ns: int) -> pa.Tab
     return membership.drop_columns(["held_at_end", "held_at_start"])
 
 
-def jobs_to_analyze(recognition: jobs.Recognition, previous: dict) -> list[str]:
+def jobs_to_analyze(recognition: Recognition, previous: dict) -> list[str]:
     """Every job recognized this hour, and every silent job the previous hour left something
     open for: a last step to close (timeline state) or an ongoing issue."""
     recognized = set(recognition.jobs["job_id"].to_pylist())
@@ -149,33 +175,49 @@ def _open_issue_jobs(state: dict) -> set[str]:
 def analyze_job(
     job_id: str,
     batches: list[pa.Table],
-    recognition: jobs.Recognition,
+    recognition: Recognition,
     previous: dict,
     hour_start_ns: int,
     hour_end_ns: int,
+    params: PrismParams = DEFAULT_PARAMS,
 ) -> JobAnalysis:
     """Parallelism, steps and issues of one job over one hour (its flows may be empty: a job
-    that fell silent still has an ongoing hang to account for)."""
-    flows = pa.concat_tables(batches) if batches else FLOWS.empty_table().select(JOB_FLOW_COLUMNS)
-    members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
-    events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
-    restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
+    that fell silent still has an ongoing hang to account for). If a stage raises, the job's
+    analysis is `failed_job`'s instead, and the hour goes on for every other job."""
+    # A stage may update the state it is handed in place, so it gets a copy: the previous hour's
+    # states stay as they were for a failed job to carry on and for a retried bundle to start from.
+    before = previous
+    previous = {name: {job_id: copy.deepcopy(before[name][job_id])}
+                for name in JOB_STAGE_STATES if job_id in before.get(name, {})}
+    stage = "input"
+    try:
+        flows = pa.concat_tables(batches) if batches else FLOWS.empty_table().select(JOB_FLOW_COLUMNS)
+        members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
+        events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
+        restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
 
-    # the stages before diagnosis read what members sent, not the reads into them
-    sent = flows.filter(pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
-    found = (
-        parallelism.identify_parallelism(job_id, sent, members)
-        if members.num_rows
-        else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None)
-    )
-    steps = timeline.divide_steps(
-        job_id, sent, found.comm_pairs, previous.get("timeline", {}).get(job_id),
-        hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus,
-    )
-    diagnosed = diagnosis.diagnose_job(
-        job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
-        previous.get("diagnosis", {}).get(job_id), hour_start_ns, hour_end_ns, recognition.membership,
-    )
+        # the stages before diagnosis read what members sent, not the reads into them
+        sent = flows.filter(pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
+        stage = "parallelism"
+        found = (
+            parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism)
+            if members.num_rows
+            else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None)
+        )
+        stage = "timeline"
+        steps = timeline.divide_steps(
+            job_id, sent, found.comm_pairs, previous.get("timeline", {}).get(job_id),
+            hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
+        )
+        stage = "diagnosis"
+        diagnosed = diagnosis.diagnose_job(
+            job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
+            previous.get("diagnosis", {}).get(job_id), hour_start_ns, hour_end_ns, recognition.membership,
+            params=params.diagnosis,
+        )
+    except Exception as error:
+        logger.warning("analysis of job %s failed in %s", job_id, stage, exc_info=True)
+        return failed_job(job_id, stage, error, before, hour_start_ns, hour_end_ns)
     return JobAnalysis(
         job_id,
         tables={"job_gpus": found.job_gpus, "comm_pairs": found.comm_pairs,
@@ -185,11 +227,51 @@ def analyze_job(
     )
 
 
-def assemble_hour(analyses: list[JobAnalysis], recognition: jobs.Recognition) -> HourAnalysis:
+def failed_job(job_id: str, stage: str, error: Exception, previous: dict, hour_start_ns: int,
+               hour_end_ns: int) -> JobAnalysis:
+    """The analysis of a job whose `stage` raised `error`: one `analysis_error` issue over the
+    hour that names the stage and the exception (no severity, no waste), no rows in the job's
+    other tables, and the stage states the job had before the hour, so the next hour continues
+    its step numbers and open issues."""
+    evidence = {"stage": stage, "exception": type(error).__name__, "message": str(error)}
+    issue = pa.table({
+        "issue_id": [diagnosis.issue_id(job_id, "analysis_error", job_id, hour_start_ns)],
+        "job_id": [job_id],
+        "kind": ["analysis_error"],
+        "subject": [job_id],
+        "start": pa.array([hour_start_ns], pa.int64()).cast(ISSUES.field("start").type),
+        "end": pa.array([hour_end_ns], pa.int64()).cast(ISSUES.field("end").type),
+        "severity": pa.nulls(1, pa.string()),
+        "confidence": pa.nulls(1, pa.float64()),
+        "wasted_gpu_s": [0.0],
+        "evidence": [json.dumps(evidence, sort_keys=True)],
+    }, schema=ISSUES)
+    empty = {name: TABLES[name].empty_table() for name in ANALYSIS_TABLES[1:-1]}
+    return JobAnalysis(
+        job_id,
+        tables={**empty, "issues": issue},
+        degrees={"dp": None, "pp": None, "tp": None},
+        state={name: previous.get(name, {}).get(job_id) for name in JOB_STAGE_STATES},
+        failed_stage=stage,
+    )
+
+
+def job_status(recognized: str, hung: bool) -> str:
+    """The job's status at the hour's end (schema.JOB_STATUSES): recognition tells running from
+    ended by its traffic; a job the diagnosis holds in an open hang is hung, whatever its silence
+    made recognition conclude."""
+    return "hung" if hung else recognized
+
+
+def assemble_hour(analyses: list[JobAnalysis], recognition: Recognition) -> HourAnalysis:
     """The hour's tables from every job's analysis, and the state the next hour starts from."""
     analyses = sorted(analyses, key=lambda a: a.job_id)
     degrees = {a.job_id: a.degrees for a in analyses}
+    hung = {a.job_id for a in analyses if diagnosis.is_hung(a.state["diagnosis"])}
     job_table = recognition.jobs
+    statuses = [job_status(status, job_id in hung)
+                for job_id, status in zip(job_table["job_id"].to_pylist(), job_table["status"].to_pylist())]
+    job_table = job_table.set_column(job_table.schema.get_field_index("status"), "status", pa.array(statuses, pa.string()))
     for name in ("dp", "pp", "tp"):
         values = pa.array([degrees.get(j, {}).get(name) for j in job_table["job_id"].to_pylist()], pa.int32())
         job_table = job_table.set_column(job_table.schema.get_field_index(name), name, values)
@@ -201,25 +283,26 @@ def assemble_hour(analyses: list[JobAnalysis], recognition: jobs.Recognition) ->
     # Stage states go on for the jobs the tracker still follows (running, or stopped recently
     # enough to restart) and those with an issue still open; the rest were closed this hour.
     state = {"jobs": recognition.state}
-    for stage in ("timeline", "diagnosis"):
+    for stage in JOB_STAGE_STATES:
         state[stage] = {a.job_id: a.state[stage] for a in analyses if a.state[stage] is not None}
     followed = {job["job_id"] for job in recognition.state.get("jobs", [])} | _open_issue_jobs(state)
-    for stage in ("timeline", "diagnosis"):
+    for stage in JOB_STAGE_STATES:
         state[stage] = {job_id: s for job_id, s in sorted(state[stage].items()) if job_id in followed}
     return HourAnalysis(tables=tables, state=state)
 
 
 def analyze_hour(
-    flows: pa.Table, flow_minutes: pa.Table, topology: Topology, previous: dict | None, hour_start_ns: int
+    flows: pa.Table, flow_minutes: pa.Table, topology: Topology, previous: dict | None, hour_start_ns: int,
+    params: PrismParams = DEFAULT_PARAMS,
 ) -> HourAnalysis:
     """The whole analysis of one hour in one process (what the Beam pipeline distributes)."""
     previous = previous or {}
-    recognition = jobs.recognize_hour(flow_minutes, topology, previous.get("jobs"), hour_start_ns)
+    recognition = recognize(flow_minutes, topology, previous, hour_start_ns, params)
     hour_end_ns = hour_start_ns + 60 * MINUTE_NS
     flows_of = dict(split_flows_by_job(flows, open_membership(recognition, hour_start_ns)))
     analyses = [
         analyze_job(job_id, [flows_of[job_id]] if job_id in flows_of else [], recognition, previous,
-                    hour_start_ns, hour_end_ns)
+                    hour_start_ns, hour_end_ns, params)
         for job_id in jobs_to_analyze(recognition, previous)
     ]
     return assemble_hour(analyses, recognition)

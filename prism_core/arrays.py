@@ -3,12 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import fields
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 RADIX_SPAN = 1 << 16  # numpy sorts 16-bit integers stably with a radix sort, in linear time
+MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+
+
+class Columns:
+    """Base of a dataclass of equal-length numpy columns; `dtypes` are the fields' types, in order."""
+
+    dtypes: ClassVar[tuple]
+
+    def __len__(self) -> int:
+        return len(getattr(self, fields(self)[0].name))
+
+    def take(self, index: np.ndarray):
+        return type(self)(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @classmethod
+    def concat(cls, parts: list):
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+    @classmethod
+    def empty(cls):
+        return cls(*(np.empty(0, t) for t in cls.dtypes))
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
@@ -33,6 +56,19 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct[order], rank[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
+def combination_ids(*columns: np.ndarray) -> np.ndarray:
+    """An id per row, the same for rows equal in every column; ids count up in the order of
+    `np.lexsort(columns)` (last column first)."""
+    order = np.lexsort(columns)
+    changes = np.zeros(len(order), bool)
+    for column in columns:
+        ordered = column[order]
+        changes[1:] |= ordered[1:] != ordered[:-1]
+    ids = np.empty(len(order), np.int64)
+    ids[order] = np.cumsum(changes)
+    return ids
+
+
 def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
     """(key, row indices) for each distinct key, in key order; rows keep their order."""
     order = stable_order(keys)
@@ -41,22 +77,24 @@ def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
 
 
 def time_segments(
-    key: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int
+    key: np.ndarray, start: np.ndarray, end: np.ndarray, gap: int | np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Split each key's [start, end] intervals into segments of overlapping intervals, bridging
-    pauses up to `gap`. Returns the segment of every interval, and the key, first start and last
-    end of every segment; segments are numbered in (key, first start) order."""
+    pauses up to `gap` (one for all, or the pause each interval may follow). Returns the segment
+    of every interval, and the key, first start and last end of every segment; segments are
+    numbered in (key, first start) order."""
     order = np.lexsort((start, key))
     key_sorted, start, end = key[order], start[order], end[order]
+    gap = np.broadcast_to(gap, order.shape)[order]
     # Running max of ends within each key: offset every key by more than the widest time span.
     base = start.min()
-    width = int(max(end.max(), start.max()) - base) + gap + 1
+    width = int(max(end.max(), start.max()) - base) + gap.max().item() + 1
     dense_key = np.r_[0, np.cumsum(key_sorted[1:] != key_sorted[:-1])]
     if (int(dense_key[-1]) + 1) * width >= np.iinfo(np.int64).max:
         raise OverflowError(f"too many keys ({int(dense_key[-1]) + 1}) for intervals this long to segment")
     offset = dense_key.astype(np.int64) * width
     reach = np.maximum.accumulate(offset + (end - base))
-    opens = np.r_[True, (dense_key[1:] != dense_key[:-1]) | (offset[1:] + start[1:] - base > reach[:-1] + gap)]
+    opens = np.r_[True, (dense_key[1:] != dense_key[:-1]) | (offset[1:] + start[1:] - base > reach[:-1] + gap[1:])]
     segment_sorted = np.cumsum(opens) - 1
     segment = np.empty_like(segment_sorted)
     segment[order] = segment_sorted
@@ -64,3 +102,94 @@ def time_segments(
     last_of_segment = np.r_[first_of_segment[1:] - 1, len(opens) - 1]
     last_end = reach[last_of_segment] - offset[last_of_segment] + base
     return segment, key_sorted[opens], start[first_of_segment], last_end
+
+
+def combined_key(*columns: np.ndarray) -> np.ndarray:
+    """One int64 per row identifying the combination of integer columns (each at least -1, the
+    code of an unknown), in the lexicographic order of the columns."""
+    key = np.zeros(len(columns[0]), np.int64)
+    for column in columns:
+        column = np.asarray(column, np.int64)
+        key = key * (int(column.max(initial=0)) + 2) + column + 1
+    return key
+
+
+def _group_starts(sorted_key: np.ndarray) -> np.ndarray:
+    """Index of the first row of each group of a sorted key array (none when it is empty)."""
+    return np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if len(sorted_key) else np.zeros(0, np.int64)
+
+
+def group_first_index(sorted_key: np.ndarray) -> np.ndarray:
+    """For a sorted key array: the index of each row's group's first row."""
+    starts = _group_starts(sorted_key)
+    return np.repeat(starts, np.diff(np.r_[starts, len(sorted_key)]))
+
+
+def group_reduce(key: np.ndarray, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """ufunc.reduce of `values` over each key group, broadcast back to the rows."""
+    if not len(key):
+        return np.empty(0, values.dtype)
+    order = stable_order(key)
+    starts = _group_starts(key[order])
+    reduced = ufunc.reduceat(values[order], starts)
+    out = np.empty(len(key), reduced.dtype)
+    out[order] = np.repeat(reduced, np.diff(np.r_[starts, len(key)]))
+    return out
+
+
+def group_mode(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Most frequent value of each key group (the smallest on ties), broadcast back to the rows;
+    values are non-negative integers."""
+    if not len(key):
+        return np.empty(0, values.dtype)
+    radix = int(values.max(initial=0)) + 1
+    pairs, counts = np.unique(key * radix + values, return_counts=True)
+    pair_key, pair_value = np.divmod(pairs, radix)
+    order = np.lexsort((-counts, pair_key))
+    first = order[np.r_[True, pair_key[order][1:] != pair_key[order][:-1]]]
+    return pair_value[first][np.searchsorted(pair_key[first], key)]
+
+
+def group_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Median of `values` over each key group, broadcast back to the rows."""
+    if not len(key):
+        return np.empty(0)
+    # sorted by value, then stably by key: what lexsort does, ~20% faster on a million rows
+    by_value = np.argsort(values, kind="stable")
+    order = by_value[stable_order(key[by_value])]
+    sorted_key, sorted_values = key[order], values[order]
+    starts = _group_starts(sorted_key)
+    counts = np.diff(np.r_[starts, len(key)])
+    median = (sorted_values[starts + (counts - 1) // 2] + sorted_values[starts + counts // 2]) / 2
+    out = np.empty(len(key))
+    out[order] = np.repeat(median, counts)
+    return out
+
+
+def rolling_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray, half: int) -> np.ndarray:
+    """Median of the valid values within `half` positions and the same segment; positions with no
+    such neighbour take the median of their segment's valid values (or of all valid values)."""
+    n = len(values)
+    index = np.arange(n)[:, None] + np.arange(-half, half + 1)[None, :]
+    inside = (index >= 0) & (index < n)
+    index = np.clip(index, 0, n - 1)
+    usable = inside & valid[index] & (segment[index] == segment[:, None])
+    window = np.sort(np.where(usable, values[index], np.inf), axis=1)
+    count = usable.sum(axis=1)
+    rows = np.arange(n)
+    lo, hi = np.maximum((count - 1) // 2, 0), np.maximum(count // 2, 0)
+    median = (window[rows, lo] + window[rows, hi]) / 2
+    return np.where(count > 0, median, segment_median(values, valid, segment))
+
+
+def segment_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Median of the valid values of each position's segment (of all valid values when its
+    segment has none; of all values when none is valid)."""
+    if not len(values):
+        return np.zeros(0)
+    medians = np.full(len(values), np.median(values[valid]) if valid.any() else np.median(values))
+    for s in np.unique(segment):
+        mine = valid & (segment == s)
+        if mine.any():
+            medians[segment == s] = np.median(values[mine])
+    return medians

@@ -43,21 +43,35 @@ from prism_core.arrays import stable_order, unique_inverse
 from prism_core.constants import DP, OTHER, PP
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
-GPUS_PER_HOST = 8
 
-# Flows of the two directions of a host pair that come this close count as in flight together
-# (exporter clocks disagree by a few milliseconds).
-IN_FLIGHT_SLACK_NS = 15_000_000
-# Share of a group's flows without reverse traffic in flight above which it is a pipeline: at
-# least the first warm-up forward of every step, 1 / micro-batches.
-PIPELINE_ASYMMETRY = 0.04
-# A PP group's reverse group (same size, other direction) has about as many flows.
-BALANCE = 2.0
-# Sizes on one directed host pair that, sorted, are each within SIZE_STEP of the next and whose flow
-# counts agree within FAMILY_SPREAD form a family; MOE_FAMILY of them make an all-to-all.
-SIZE_STEP = 2.0
-FAMILY_SPREAD = 1.5
-MOE_FAMILY = 4
+@dataclass(frozen=True)
+class ParallelismParams:
+    """Every number parallelism is inferred with. A *threshold* is policy: a line Prism has to
+    draw somewhere. A *prior* is a property of a job, assumed for every job until it can be
+    learned from the job's own traffic. An *assumption* is a property of the fleet taken as given."""
+
+    # assumption, GPUs: every host has this many GPUs, one rail-aligned NIC each (the stage and
+    # rank layout and the checkpoint writers' slots are counted in them)
+    gpus_per_host: int = 8
+    # threshold, ns: flows of the two directions of a host pair this close count as in flight
+    # together (exporter clocks disagree by a few milliseconds)
+    in_flight_slack_ns: int = 15_000_000
+    # prior, share of flows: a pipeline's group has at least this share without reverse traffic in
+    # flight, the first warm-up forward of every step, 1 / micro-batches (up to 25 micro-batches)
+    pipeline_asymmetry: float = 0.04
+    # threshold, ratio of flow counts: a PP group's reverse group (same size, other direction) has
+    # about as many flows, within this factor
+    balance: float = 2.0
+    # prior, ratio of sizes: an all-to-all's sizes on one directed host pair (the router's load per
+    # peer) are, sorted, each within this factor of the next
+    size_step: float = 2.0
+    # prior, ratio of flow counts: an all-to-all's sizes come up about as often, within this factor
+    family_spread: float = 1.5
+    # threshold, sizes: a family of this many sizes or more on one directed host pair is an all-to-all
+    moe_family: int = 4
+
+
+DEFAULT_PARAMS = ParallelismParams()
 
 
 @dataclass
@@ -69,7 +83,9 @@ class Parallelism:
     tp: int | None
 
 
-def identify_parallelism(job_id: str, job_flows: pa.Table, members: pa.Table) -> Parallelism:
+def identify_parallelism(
+    job_id: str, job_flows: pa.Table, members: pa.Table, *, params: ParallelismParams = DEFAULT_PARAMS
+) -> Parallelism:
     """Pairs, stages and degrees of one job from the flows its members sent (an hour of them), and
     its GPUs with the span of their traffic for the job this hour (the membership's).
     Flows a member sent outside its membership interval belong to another job and are ignored."""
@@ -86,10 +102,11 @@ def identify_parallelism(job_id: str, job_flows: pa.Table, members: pa.Table) ->
     if internal.num_rows == 0:  # nothing between members this hour: stages and degrees unknown
         return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), None, None, None)
     flows = _InternalFlows.of(internal, gpus)
-    groups = _group_flows(flows)
-    all_to_all = _is_all_to_all(groups)
-    pipeline = _is_pipeline(groups) & ~all_to_all
-    layout = _Layout.infer(gpus, flows, job_flows.filter(pa.array(~inside)), groups, pipeline, all_to_all)
+    groups = _group_flows(flows, params)
+    all_to_all = _is_all_to_all(groups, params)
+    pipeline = _is_pipeline(groups, params) & ~all_to_all
+    external = job_flows.filter(pa.array(~inside))
+    layout = _Layout.infer(gpus, flows, external, groups, pipeline, all_to_all, params.gpus_per_host)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
     kind[inside] = group_kind[groups.of_flow]
@@ -175,13 +192,15 @@ class _Groups:
     answered: np.ndarray  # per internal flow: reverse-direction traffic in flight with it
 
 
-def _group_flows(flows: _InternalFlows) -> _Groups:
+def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     n_hosts = flows.n_hosts
     sizes, size_code = unique_inverse(flows.size)
     n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
     group_keys, of_flow = unique_inverse(direction * n_sizes + size_code)
-    answered = reverse_in_flight(direction, flows.dst_host * n_hosts + flows.src_host, flows.start, flows.end)
+    answered = reverse_in_flight(
+        direction, flows.dst_host * n_hosts + flows.src_host, flows.start, flows.end, params.in_flight_slack_ns
+    )
     pair, size_of_group = np.divmod(group_keys, n_sizes)
     src_of_group, dst_of_group = np.divmod(pair, n_hosts)
     reverse_keys = (dst_of_group * n_hosts + src_of_group) * n_sizes + size_of_group
@@ -198,38 +217,41 @@ def _group_flows(flows: _InternalFlows) -> _Groups:
     )
 
 
-def reverse_in_flight(direction: np.ndarray, reverse: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """For every flow: does a flow of the reverse direction overlap it (within the slack)?
+def reverse_in_flight(
+    direction: np.ndarray, reverse: np.ndarray, start: np.ndarray, end: np.ndarray,
+    slack_ns: int = DEFAULT_PARAMS.in_flight_slack_ns,
+) -> np.ndarray:
+    """For every flow: does a flow of the reverse direction overlap it (within `slack_ns`)?
 
     All flows sorted by (direction, start) with times offset per direction, so one running
     maximum of ends serves every direction: a query only looks at its reverse direction's block.
     Flows usually come in start order: then ordering by direction alone (linear time) is that."""
-    base = int(start.min()) - IN_FLIGHT_SLACK_NS - 1
-    width = int(end.max()) - base + 2 * IN_FLIGHT_SLACK_NS + 1
+    base = int(start.min()) - slack_ns - 1
+    width = int(end.max()) - base + 2 * slack_ns + 1
     starts = direction * width + (start - base)
     in_start_order = bool(np.all(start[1:] >= start[:-1]))
     order = stable_order(direction) if in_start_order else np.argsort(starts, kind="stable")
     starts = starts[order]
     reach = np.maximum.accumulate(direction[order] * width + (end[order] - base))
     query_offset = reverse * width
-    query = query_offset + (end - base) + IN_FLIGHT_SLACK_NS
+    query = query_offset + (end - base) + slack_ns
     query_order = stable_order(reverse)  # queries by block keep the search cache-friendly
     last = np.empty(len(query), np.int64)
     last[query_order] = np.searchsorted(starts, query[query_order], side="right") - 1
     found = last >= 0
-    return found & (reach[np.maximum(last, 0)] >= query_offset + (start - base) - IN_FLIGHT_SLACK_NS)
+    return found & (reach[np.maximum(last, 0)] >= query_offset + (start - base) - slack_ns)
 
 
-def _is_pipeline(groups: _Groups) -> np.ndarray:
+def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
-    balanced = (reverse_flows * BALANCE >= groups.flows) & (groups.flows * BALANCE >= reverse_flows)
-    return balanced & (groups.unmatched >= PIPELINE_ASYMMETRY * groups.flows)
+    balanced = (reverse_flows * params.balance >= groups.flows) & (groups.flows * params.balance >= reverse_flows)
+    return balanced & (groups.unmatched >= params.pipeline_asymmetry * groups.flows)
 
 
-def _is_all_to_all(groups: _Groups) -> np.ndarray:
-    """Groups in a family of MOE_FAMILY or more sizes on one directed host pair: sizes that, sorted,
-    lie within SIZE_STEP of the next (draws around one volume per peer), with flow counts that agree
-    within FAMILY_SPREAD (every size comes up about as often). That is the MoE all-to-all: a pipeline
+def _is_all_to_all(groups: _Groups, params: ParallelismParams) -> np.ndarray:
+    """Groups in a family of `moe_family` or more sizes on one directed host pair: sizes that,
+    sorted, lie within `size_step` of the next (draws around one volume per peer), with flow counts
+    that agree within `family_spread` (every size comes up about as often). That is the MoE all-to-all: a pipeline
     repeats one activation size, gradient buckets bring a full size and a tail, ZeRO adds the
     parameter gather, and the DP sync that shares the pair keeps sizes far from the family's."""
     n_groups = len(groups.flows)
@@ -237,16 +259,16 @@ def _is_all_to_all(groups: _Groups) -> np.ndarray:
     order = np.lexsort((groups.size, direction))
     size, pair = groups.size[order], direction[order]
     new_run = np.ones(n_groups, bool)
-    new_run[1:] = (pair[1:] != pair[:-1]) | (size[1:] > SIZE_STEP * size[:-1])
+    new_run[1:] = (pair[1:] != pair[:-1]) | (size[1:] > params.size_step * size[:-1])
     run = np.empty(n_groups, np.int64)
     run[order] = np.cumsum(new_run) - 1
     log_flows = np.log(groups.flows)
-    spread = np.log(FAMILY_SPREAD)
+    spread = np.log(params.family_spread)
     width = log_flows.max() - log_flows.min() + 4 * spread
     position = run * width + (log_flows - log_flows.min())
     ordered = np.sort(position)
     family = np.searchsorted(ordered, position + spread, side="right") - np.searchsorted(ordered, position - spread)
-    return family >= MOE_FAMILY
+    return family >= params.moe_family
 
 
 @dataclass
@@ -263,7 +285,8 @@ class _Layout:
 
     @classmethod
     def infer(
-        cls, gpus: pa.Table, flows: _InternalFlows, external: pa.Table, groups: _Groups, pipeline: np.ndarray, all_to_all: np.ndarray
+        cls, gpus: pa.Table, flows: _InternalFlows, external: pa.Table, groups: _Groups, pipeline: np.ndarray,
+        all_to_all: np.ndarray, gpus_per_host: int,
     ) -> _Layout:
         host_code = gpus["host_code"].to_numpy()
         gpu = gpus["gpu"].to_numpy().astype(np.int64)
@@ -272,24 +295,24 @@ class _Layout:
         n_levels = int(level.max()) + 1
         on_forward = pipeline[groups.of_flow] & (level[flows.dst_host] == level[flows.src_host] + 1)
         forward_rails = len(np.unique(flows.rail[on_forward]))
-        if 0 < forward_rails < GPUS_PER_HOST:
+        if 0 < forward_rails < gpus_per_host:
             # Stages smaller than a host: a forward send reaches the first GPUs of the next host.
             stage_size = forward_rails
-            pp = GPUS_PER_HOST * n_active // stage_size
+            pp = gpus_per_host * n_active // stage_size
         else:
             pp = n_levels
-            stage_size = GPUS_PER_HOST * n_active // pp
+            stage_size = gpus_per_host * n_active // pp
         collective = ~pipeline & ~all_to_all & (level[groups.src_host] == level[groups.dst_host])
-        writers = _checkpoint_writers(external, gpus, level)
-        tp = _tensor_parallel(flows, groups, collective, stage_size, writers, pp)
+        writers = _checkpoint_writers(external, gpus, level, gpus_per_host)
+        tp = _tensor_parallel(flows, groups, collective, stage_size, writers, pp, gpus_per_host)
         dp = max(stage_size // tp, 1)
-        stages_per_host = max(GPUS_PER_HOST // stage_size, 1)
-        if stage_size < GPUS_PER_HOST:
+        stages_per_host = max(gpus_per_host // stage_size, 1)
+        if stage_size < gpus_per_host:
             pp_stage = level[host_code] * stages_per_host + gpu // stage_size
             rank_in_stage = gpu % stage_size
         else:
             pp_stage = level[host_code]
-            rank_in_stage = _slot_in_stage(host_code, level) * GPUS_PER_HOST + gpu
+            rank_in_stage = _slot_in_stage(host_code, level) * gpus_per_host + gpu
         return cls(
             dp=dp,
             pp=pp,
@@ -376,7 +399,7 @@ def _chain_levels(low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, n
     return level
 
 
-def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray) -> int:
+def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, gpus_per_host: int) -> int:
     """How many GPUs write the checkpoint: the largest flow size that several member NICs each send
     to a non-member more than once (shards go out in equal chunks; log writes never repeat a size).
     Counted per (stage level, GPU index), so a host replaced in a restart counts once."""
@@ -388,7 +411,7 @@ def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray) -
         return 0
     sizes, writers_of = np.unique(per_nic["bytes"].to_numpy(), return_inverse=True)
     row = pc.index_in(per_nic["src_addr"], value_set=gpus["addr"]).to_numpy()
-    slot = level[gpus["host_code"].to_numpy()[row]] * GPUS_PER_HOST + gpus["gpu"].to_numpy()[row]
+    slot = level[gpus["host_code"].to_numpy()[row]] * gpus_per_host + gpus["gpu"].to_numpy()[row]
     distinct = np.unique(np.stack([writers_of.ravel(), slot], axis=1), axis=0)
     writers = np.bincount(distinct[:, 0], minlength=len(sizes))
     best = np.lexsort((sizes, writers))[-1]  # most writers, then the largest size
@@ -396,7 +419,8 @@ def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray) -
 
 
 def _tensor_parallel(
-    flows: _InternalFlows, groups: _Groups, collective: np.ndarray, stage_size: int, writers: int, pp: int
+    flows: _InternalFlows, groups: _Groups, collective: np.ndarray, stage_size: int, writers: int, pp: int,
+    gpus_per_host: int,
 ) -> int:
     """tp, from the first of these clues that the traffic offers:
     1. the checkpoint: DP rank 0 of every (stage, TP rank) writes its shard, so tp * pp GPUs write;
@@ -409,7 +433,7 @@ def _tensor_parallel(
     if writers and writers % pp == 0 and writers // pp in fits:
         return writers // pp
     chosen = collective[groups.of_flow] & (flows.src_host != flows.dst_host)
-    if stage_size <= GPUS_PER_HOST or not chosen.any():
+    if stage_size <= gpus_per_host or not chosen.any():
         return fits[0]
     keys = np.unique(np.stack([flows.src_host[chosen], flows.dst_host[chosen], flows.rail[chosen]], axis=1), axis=0)
     _, rails_per_pair = np.unique(keys[:, :2], axis=0, return_counts=True)

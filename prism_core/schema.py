@@ -85,11 +85,16 @@ JOBS = pa.schema(
         ("dp", pa.int32()),
         ("pp", pa.int32()),
         ("tp", pa.int32()),
-        ("status", pa.string()),  # running | ended | hung
+        ("status", pa.string()),  # JOB_STATUSES
         ("restarts", pa.int32()),
         ("hosts", pa.list_(pa.string())),
     ]
 )
+
+# A job's status at the end of an hour, decided in one place (prism_core.analysis.job_status) and
+# read as is by every report: running (its GPUs talk), hung (silent in a hang that still holds its
+# GPUs), ended (stopped; a restart may still resume it under the same id).
+JOB_STATUSES = ("running", "hung", "ended")
 
 JOB_GPUS = pa.schema(
     [
@@ -133,7 +138,7 @@ STEPS = pa.schema(
     ]
 )
 
-ISSUE_KINDS = ("slow_step", "straggler", "slow_link", "hang", "degradation", "restart")
+ISSUE_KINDS = ("slow_step", "straggler", "slow_link", "hang", "degradation", "restart", "analysis_error")
 
 ISSUES = pa.schema(
     [

@@ -7,19 +7,19 @@ from dataclasses import replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core import jobs
 from prism_core.analysis import analyze_hour, open_membership, split_flows_by_job
 from prism_core.minutes import HOUR_NS
+from prism_core.recognition import MEMBERSHIP, Recognition
 from prism_core.simulate import write_scenario
 from prism_core.simulate.scenarios import SCENARIOS, FaultSpec, JobSpec
-from test_jobs import scenario_flows
+from test_recognition import scenario_flows
 
 HOUR = 10 * HOUR_NS
 SECOND = 1_000_000_000
 
 
 def _recognition(job_rows: list[tuple[str, int, str, str]], spans: list[tuple[str, str, int, int]],
-                 gpus_per_host: int = 1) -> jobs.Recognition:
+                 gpus_per_host: int = 1) -> Recognition:
     """Jobs (id, first seen, status, host) and their members' traffic spans (job, host, first, last);
     a host's GPUs are addressed "<host>" (GPU 0), "<host>.1", ..."""
     spans = [(j, h if g == 0 else f"{h}.{g}", f, l, h) for j, h, f, l in spans for g in range(gpus_per_host)]
@@ -34,8 +34,8 @@ def _recognition(job_rows: list[tuple[str, int, str, str]], spans: list[tuple[st
         "host": [h for _, _, _, _, h in spans], "gpu": pa.array([0] * len(spans), pa.int32()),
         "first_ns": pa.array([f for _, _, f, _, _ in spans], pa.int64()),
         "last_ns": pa.array([l for _, _, _, l, _ in spans], pa.int64()),
-    }).cast(jobs.MEMBERSHIP)
-    return jobs.Recognition(jobs=job_table, membership=membership, events=pa.table({}), state={})
+    }).cast(MEMBERSHIP)
+    return Recognition(jobs=job_table, membership=membership, events=pa.table({}), state={})
 
 
 def test_a_job_holds_its_hosts_from_the_hour_start_if_it_ran_then_and_to_the_end_if_it_still_runs():

@@ -3,7 +3,18 @@
 import numpy as np
 import pytest
 
-from prism_core.arrays import group_indices, stable_order, unique_inverse
+from prism_core.arrays import (
+    combined_key,
+    group_first_index,
+    group_indices,
+    group_median,
+    group_mode,
+    group_reduce,
+    rolling_median,
+    segment_median,
+    stable_order,
+    unique_inverse,
+)
 
 
 @pytest.mark.parametrize("low, high", [(0, 5), (-40_000, 20_000), (-3, 70_000), (0, 10**15)])
@@ -38,3 +49,46 @@ def test_unique_inverse_of_nothing():
 def test_group_indices_keeps_row_order_within_a_key():
     groups = list(group_indices(np.array([3, 1, 3, 2, 1])))
     assert [(key, rows.tolist()) for key, rows in groups] == [(1, [1, 4]), (2, [3]), (3, [0, 2])]
+
+
+def test_combined_key_tells_combinations_apart_and_keeps_their_order():
+    step = np.array([0, 0, 1, 1, 2, 0])
+    stage = np.array([-1, 3, -1, 0, 3, -1])  # -1: unknown
+    key = combined_key(step, stage)
+    assert key[0] == key[5] and len(np.unique(key)) == 5
+    assert np.array_equal(np.argsort(key, kind="stable"), np.lexsort((stage, step)))
+
+
+def test_group_reductions_give_each_row_its_groups_value():
+    key = np.array([5, 2, 5, 9, 2, 5])
+    values = np.array([4.0, 1.0, 8.0, 7.0, 3.0, 6.0])
+    assert group_reduce(key, values, np.maximum).tolist() == [8.0, 3.0, 8.0, 7.0, 3.0, 8.0]
+    assert group_reduce(key, np.ones(6, np.int64), np.add).tolist() == [3, 2, 3, 1, 2, 3]
+    assert group_median(key, values).tolist() == [6.0, 2.0, 6.0, 7.0, 2.0, 6.0]  # 2: mean of the middle two
+    # the most frequent value, the smallest on a tie
+    assert group_mode(np.array([1, 1, 1, 4, 4]), np.array([3, 2, 3, 7, 5])).tolist() == [3, 3, 3, 5, 5]
+    assert group_first_index(np.array([2, 2, 5, 7, 7, 7])).tolist() == [0, 0, 2, 3, 3, 3]
+
+
+def test_rolling_median_stays_in_its_segment_and_skips_invalid_values():
+    values = np.array([1.0, 2.0, 100.0, 3.0, 10.0, 20.0, 30.0])
+    valid = np.array([True, True, False, True, True, True, True])
+    segment = np.array([0, 0, 0, 0, 1, 1, 1])
+    rolled = rolling_median(values, valid, segment, 1)
+    # position 2 (invalid itself) sees 2 and 3; position 3 sees 3 only (its right neighbour is
+    # in the next segment)
+    assert rolled.tolist() == [1.5, 1.5, 2.5, 3.0, 15.0, 20.0, 25.0]
+    # a segment without a valid value takes the median of all valid values
+    assert segment_median(values, valid & (segment == 1), segment).tolist() == [20.0] * 7
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float64])
+def test_group_helpers_on_no_rows_return_no_rows(dtype):
+    """A filter that leaves no row must not fail the hour (issue #18)."""
+    key, values, none = np.zeros(0, np.int64), np.zeros(0, dtype), np.zeros(0, bool)
+    assert len(combined_key(key, key)) == 0 and len(group_first_index(key)) == 0
+    assert group_reduce(key, values, np.maximum).dtype == dtype and len(group_reduce(key, values, np.add)) == 0
+    assert len(group_median(key, values)) == 0
+    assert len(group_mode(key, key)) == 0
+    assert len(rolling_median(values.astype(float), none, key, 3)) == 0
+    assert len(segment_median(values.astype(float), none, key)) == 0

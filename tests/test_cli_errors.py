@@ -15,7 +15,7 @@ def run(*args):
 
 
 def test_missing_flow_directory(tmp_path):
-    result = run("run", "--flows", str(tmp_path / "nope"), "--warehouse", str(tmp_path / "wh"),
+    result = run("run", "--flows", str(tmp_path / "nope"), "--warehouse", str(tmp_path / "wh"), "--no-topology",
                  "--start", "2026-11-22T05:00", "--end", "2026-11-22T06:00")
     assert result.exit_code == 2
     assert "does not exist" in result.output
@@ -32,7 +32,7 @@ def test_unreadable_topology(scenario_dir, tmp_path):
 
 def test_empty_hour(scenario_dir, tmp_path):
     result = run("run", "--flows", str(scenario_dir("tiny") / "flows"), "--warehouse", str(tmp_path / "wh"),
-                 "--start", "2020-01-01T00:00", "--end", "2020-01-01T01:00")
+                 "--no-topology", "--start", "2020-01-01T00:00", "--end", "2020-01-01T01:00")
     assert result.exit_code == 2
     assert "no valid flow records" in result.output
     assert not (tmp_path / "wh" / "flows").exists()  # refused before anything was written

@@ -6,7 +6,6 @@ of three hours from the CLI, a re-run of the middle hour. It must end up identic
 ordered run of the pipeline without Dagster.
 """
 
-import json
 import os
 import shutil
 import subprocess
@@ -25,7 +24,10 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 from orchestration.assets import ANALYSIS_TABLES, INGEST_TABLES
 from orchestration.checks import due_hour
 from orchestration.definitions import build_definitions
-from orchestration.resources import DEMO_FLOWS, DEMO_TOPOLOGY, FlowSource, Settings
+from orchestration.resources import (
+    DEFAULT_WAREHOUSE, DEMO_FLOWS, DEMO_TOPOLOGY, BeamOptions, FlowSource, Settings, TopologyFile, Warehouse,
+    resources_from_env,
+)
 from pipelines import warehouse
 from pipelines.run import infer_range, run_hours
 from prism_core.schema import TABLES
@@ -47,15 +49,16 @@ def make_home(path: Path) -> Path:
     return path
 
 
-def settings_for(tiny: Path, root: Path, hours: list[datetime], **changes) -> Settings:
-    defaults = {
-        "flows": str(tiny / "flows"),
-        "topology": str(tiny / "topology.csv"),
-        "warehouse": str(root),
-        "partition_start": warehouse.hour_key(hours[0]),
-        "partition_end_offset": hour_offset(hours[-1]),
+def definitions_for(tiny: Path, root: Path, hours: list[datetime], flows: Path | None = None, **settings):
+    """The code location over `hours` of the tiny scenario, with its resources set per test."""
+    resources = {
+        "flow_source": FlowSource(directory=str(flows or tiny / "flows")),
+        "topology": TopologyFile(path=str(tiny / "topology.csv")),
+        "warehouse": Warehouse(root=str(root)),
+        "beam": BeamOptions(),
     }
-    return Settings(**{**defaults, **changes})
+    partitions = {"partition_start": warehouse.hour_key(hours[0]), "partition_end_offset": hour_offset(hours[-1])}
+    return build_definitions(Settings(**{**partitions, **settings}), resources)
 
 
 def run_job(defs, instance, job: str, **kwargs):
@@ -101,31 +104,31 @@ def orchestrated(tiny, hours, tmp_path_factory):
     hour again, all on one instance; records what each step returned."""
     base = tmp_path_factory.mktemp("orchestrated")
     home, root = make_home(base / "dagster_home"), base / "warehouse"
-    settings = settings_for(tiny, root, hours)
-    defs = build_definitions(settings)
+    defs = definitions_for(tiny, root, hours)
     instance = DagsterInstance.local_temp(str(home))
     keys = [warehouse.hour_key(hour) for hour in hours]
 
     first_hour = run_job(defs, instance, "prism_hourly", partition_key=keys[0])
 
-    range_tags = {ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]}
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
-        "PRISM_FLOWS": settings.flows,
-        "PRISM_TOPOLOGY": settings.topology,
-        "PRISM_WAREHOUSE": settings.warehouse,
-        "PRISM_PARTITION_START": settings.partition_start,
-        "PRISM_PARTITION_END_OFFSET": str(settings.partition_end_offset),
+        "PRISM_FLOWS": str(tiny / "flows"),
+        "PRISM_TOPOLOGY": str(tiny / "topology.csv"),
+        "PRISM_WAREHOUSE": str(root),
+        "PRISM_PARTITION_START": keys[0],
+        "PRISM_PARTITION_END_OFFSET": str(hour_offset(hours[-1])),
     }
     started = time.monotonic()
-    backfill = subprocess.run(
-        ["dagster", "job", "execute", "-m", "orchestration.definitions", "-j", "prism_hourly",
-         "--tags", json.dumps(range_tags)],
+    backfill = subprocess.run(  # as docs/orchestration.md gives it; dg finds the project in pyproject.toml
+        ["dg", "launch", "--job", "prism_hourly", "--partition-range", f"{keys[0]}...{keys[-1]}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     backfill_seconds = time.monotonic() - started
     assert backfill.returncode == 0, backfill.stderr[-3000:]
+    # The noise issue #20 removed: Beam's GCP import warning and Dagster's advice to use dg.
+    output = backfill.stdout + backfill.stderr
+    assert "apitools not found" not in output and "SupersessionWarning" not in output, output[-3000:]
 
     middle_again = run_job(defs, instance, "prism_hourly", partition_key=keys[1])
     yield {
@@ -213,8 +216,7 @@ def copied_warehouse(orchestrated, tmp_path) -> Path:
 
 
 def test_checks_pass_on_good_data_and_fail_on_a_broken_partition(orchestrated, copied_warehouse, tiny, hours, tmp_path):
-    settings = settings_for(tiny, copied_warehouse, hours)
-    defs = build_definitions(settings)
+    defs = definitions_for(tiny, copied_warehouse, hours)
     with DagsterInstance.local_temp(str(make_home(tmp_path / "home"))) as instance:
         good = run_job(defs, instance, "prism_checks")
         assert len(check_results(good)) == len(TABLES) + 4 and failed_checks(good) == {}
@@ -244,7 +246,7 @@ def test_checks_pass_on_good_data_and_fail_on_a_broken_partition(orchestrated, c
 
 def test_analysis_does_not_start_over_after_an_unanalyzed_hour(copied_warehouse, tiny, hours, tmp_path):
     warehouse.stats_path(copied_warehouse, hours[1], "analysis").unlink()
-    defs = build_definitions(settings_for(tiny, copied_warehouse, hours))
+    defs = definitions_for(tiny, copied_warehouse, hours)
     before = warehouse.read_partition(copied_warehouse, "jobs", hours[2])
     with DagsterInstance.local_temp(str(make_home(tmp_path / "home"))) as instance:
         result = run_job(defs, instance, "prism_hourly", partition_key=warehouse.hour_key(hours[2]),
@@ -293,7 +295,7 @@ def test_late_file_reruns_its_hour_and_the_analyzed_hours_after(orchestrated, co
         return counts["flows"] + counts["quarantine"] + counts["duplicates"]
 
     before = rows_in(hours[1])
-    rerun = build_definitions(settings_for(tiny, copied_warehouse, hours, flows=str(flows_dir)))
+    rerun = definitions_for(tiny, copied_warehouse, hours, flows=flows_dir)
     with DagsterInstance.local_temp(str(make_home(tmp_path / "home"))) as fresh:
         result = run_job(rerun, fresh, "prism_hourly", tags=request.tags)
         assert result.success
@@ -303,7 +305,7 @@ def test_late_file_reruns_its_hour_and_the_analyzed_hours_after(orchestrated, co
 
 
 def test_schedule_runs_the_hour_that_closed_after_the_delay(tiny, hours, tmp_path):
-    defs = build_definitions(settings_for(tiny, tmp_path, hours, schedule_minute=20))
+    defs = definitions_for(tiny, tmp_path, hours, schedule_minute=20)
     schedule = defs.resolve_schedule_def("prism_hourly_schedule")
     assert schedule.cron_schedule == "20 * * * *"
     tick = hours[1] + timedelta(minutes=20)
@@ -319,7 +321,7 @@ def test_freshness_wants_the_hour_that_closed_before_the_deadline(tiny, hours, t
     assert due_hour(datetime(2026, 11, 22, 11, 44, tzinfo=timezone.utc), 45) == datetime(2026, 11, 22, 9, tzinfo=timezone.utc)
     assert due_hour(datetime(2026, 11, 22, 11, 45, tzinfo=timezone.utc), 45) == datetime(2026, 11, 22, 10, tzinfo=timezone.utc)
     due = due_hour(datetime.now(timezone.utc), 45)
-    defs = build_definitions(settings_for(tiny, tmp_path, [due], freshness_minute=45))
+    defs = definitions_for(tiny, tmp_path, [due], freshness_minute=45)
     due = warehouse.hour_key(due)
     with DagsterInstance.local_temp(str(make_home(tmp_path / "home"))) as instance:
         stale = check_results(run_job(defs, instance, "prism_freshness"))
@@ -330,17 +332,41 @@ def test_freshness_wants_the_hour_that_closed_before_the_deadline(tiny, hours, t
     assert {name for (name, _), passed in partly.items() if passed} == set(INGEST_TABLES)
 
 
-def test_settings_come_from_the_environment():
-    demo = Settings.from_env({})
-    assert (demo.flows, demo.topology) == (str(Path(DEMO_FLOWS).resolve()), str(Path(DEMO_TOPOLOGY).resolve()))
-    assert demo.beam_args == () and demo.partition_end_offset == 0
-    production = Settings.from_env({
-        "PRISM_FLOWS": "gs://flows/cluster-a",
-        "PRISM_WAREHOUSE": "/data/prism",
-        "PRISM_BEAM_ARGS": "--runner=FlinkRunner --flink_master=flink:8081 --environment_type=LOOPBACK",
-        "PRISM_SCHEDULE_MINUTE": "20",
-    })
-    assert production.flows == "gs://flows/cluster-a" and production.topology is None
-    assert production.beam_args == ("--runner=FlinkRunner", "--flink_master=flink:8081", "--environment_type=LOOPBACK")
-    assert production.schedule_minute == 20
-    assert build_definitions(production).resolve_schedule_def("prism_hourly_schedule").cron_schedule == "20 * * * *"
+def test_partitions_and_schedules_come_from_the_environment_when_the_code_location_loads():
+    assert Settings.from_env({}) == Settings()
+    production = Settings.from_env({"PRISM_SCHEDULE_MINUTE": "20", "PRISM_PARTITION_END_OFFSET": "12",
+                                    "PRISM_MAX_QUARANTINE_SHARE": "0.05"})
+    assert (production.schedule_minute, production.partition_end_offset, production.max_quarantine_share) == (20, 12, 0.05)
+    defs = build_definitions(production, resources_from_env())
+    assert defs.resolve_schedule_def("prism_hourly_schedule").cron_schedule == "20 * * * *"
+
+
+VARIABLES = ("PRISM_FLOWS", "PRISM_TOPOLOGY", "PRISM_WAREHOUSE", "PRISM_BEAM_ARGS")
+
+
+def test_resources_default_to_the_demo_data_without_variables(monkeypatch):
+    for variable in VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    demo = resources_from_env()
+    assert (demo["flow_source"].directory, demo["topology"].path) == (DEMO_FLOWS, DEMO_TOPOLOGY)
+    assert demo["warehouse"].root == DEFAULT_WAREHOUSE and demo["beam"].args == []
+    monkeypatch.setenv("PRISM_FLOWS", "gs://flows/cluster-a")
+    production = resources_from_env()
+    assert production["flow_source"].directory.env_var_name == "PRISM_FLOWS"
+    assert production["topology"].path == ""  # the demo inventory goes only with the demo flows
+
+
+def test_resources_resolve_their_variables_when_a_run_starts(orchestrated, copied_warehouse, tiny, hours, tmp_path,
+                                                              monkeypatch):
+    """The code location loads with one warehouse in PRISM_WAREHOUSE; a run started after it
+    changed checks the warehouse it names then."""
+    for variable in VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("PRISM_WAREHOUSE", str(tmp_path / "not-this-one"))
+    defs = build_definitions(Settings(warehouse.hour_key(hours[0]), hour_offset(hours[-1])), resources_from_env())
+    monkeypatch.setenv("PRISM_WAREHOUSE", str(copied_warehouse))
+    with DagsterInstance.local_temp(str(make_home(tmp_path / "home"))) as instance:
+        result = run_job(defs, instance, "prism_checks")
+    assert result.success and failed_checks(result) == {}
+    labels = {e.metadata["hours"].value for e in result.get_asset_check_evaluations() if "hours" in e.metadata}
+    assert labels == {f"{orchestrated['keys'][0]} to {orchestrated['keys'][-1]} (3)"}

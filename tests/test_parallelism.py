@@ -1,5 +1,7 @@
 """Parallelism identification (prism_core.parallelism): pair kinds, stages, dp/pp/tp."""
 
+from dataclasses import replace
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,7 +15,7 @@ from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
 from prism_core.simulate.scenarios import FaultSpec, JobSpec
 from prism_core.simulate.schedule import plan_job
 from prism_core.simulate.traffic import KIND_NAMES
-from test_jobs import HOUR0, recognize_hours, scenario_flows
+from test_recognition import HOUR0, recognize_hours, scenario_flows
 
 SECONDS = 150.0
 
@@ -135,6 +137,17 @@ def test_moe_all_to_all_with_a_straggler_is_not_a_pipeline():
     assert pairs_of(found, "pp") == set()
     assert pairs_of(found, "dp") == truth["dp"]
     assert pairs_of(found, "other") >= truth["other"]
+
+
+def test_a_pipeline_asymmetry_above_every_groups_finds_no_pipeline():
+    # a pipeline's groups have warm-up and cool-down flows without reverse traffic in flight, but
+    # never only those
+    spec = SHAPES["ring, tied embeddings"]
+    flows, members, truth = simulated_job(spec)
+    strict = replace(parallelism.DEFAULT_PARAMS, pipeline_asymmetry=1.01)
+    found = parallelism.identify_parallelism("job", flows, members, params=strict)
+    assert truth["pp"] and pairs_of(found, "pp") == set()
+    assert (found.pp, found.dp * found.tp) == (1, spec.dp * spec.tp * spec.pp)
 
 
 # --- on simulated scenarios -----------------------------------------------------------------------

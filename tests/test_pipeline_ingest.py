@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines import ingest, warehouse
-from pipelines.staging import STAGING_DIR, StagingFile, read_staged, stage_tables
-from pipelines.ingest import HourRange, IngestFlows, MinuteResult
+from pipelines import warehouse
+from pipelines.ingest import HourRange, IngestFlows, StagedFlows
+from pipelines.shuffle_staging import SHUFFLE_STAGING_DIR, StagingFile, read_staged, stage_tables
 from pipelines.run import infer_range, run_ingest
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_of
-from prism_core.schema import FLOW_MINUTES, FLOWS, conform
+from prism_core.schema import FLOWS, conform
 
 HOUR0 = datetime(2026, 11, 22, 5, tzinfo=timezone.utc)
 T0 = int(HOUR0.timestamp()) * 10**9
@@ -68,7 +68,7 @@ def test_ingest_transform_windows_and_dedupes(tmp_path):
             | IngestFlows(span, str(tmp_path / "staging"))
         )
         minute_rows = out["minutes"] | beam.Map(
-            lambda kv: (kv[0], kv[1].minute_ns, kv[1].num_flows, kv[1].duplicates)
+            lambda kv: (kv[0], kv[1].minute_ns, kv[1].flows.num_rows, kv[1].duplicates)
         )
         assert_that(
             minute_rows,
@@ -125,7 +125,7 @@ def test_parquet_files_outside_the_hours_are_skipped_unread(tmp_path):
 def test_run_leaves_no_staged_files(tmp_path):
     write_inputs(tmp_path / "in")
     run_ingest(str(tmp_path / "in"), str(tmp_path / "wh"), [HOUR0])
-    assert list((tmp_path / "wh" / STAGING_DIR).iterdir()) == []
+    assert list((tmp_path / "wh" / SHUFFLE_STAGING_DIR).iterdir()) == []
 
 
 def flows_table(rows: list[dict]) -> pa.Table:
@@ -133,35 +133,18 @@ def flows_table(rows: list[dict]) -> pa.Table:
     return conform(table.append_column("minute", minute_of(table["time_flow_start_ns"])), FLOWS)
 
 
-def staged_minute(directory, minute_ns: int, parsed: list[pa.Table], kept: list[int]) -> MinuteResult:
+def staged_flows(directory, parsed: list[pa.Table], kept: list[int]) -> StagedFlows:
     [(_, kept_ref)] = stage_tables(directory, [(0, pa.table({"row": np.array(kept, np.int64)}))])
-    refs = [ref for _, ref in stage_tables(directory, enumerate(parsed))]
-    return MinuteResult(minute_ns, refs, kept_ref, FLOW_MINUTES.empty_table(), 0)
+    return StagedFlows([ref for _, ref in stage_tables(directory, enumerate(parsed))], kept_ref)
 
 
 def test_a_minute_s_flows_are_its_kept_rows_of_the_parsed_tables_in_order(tmp_path):
     first = flows_table([flow(T0 + i, size=100 + i) for i in range(3)])
     second = flows_table([flow(T0 + i, size=200 + i) for i in range(2)])
-    minute = staged_minute(str(tmp_path), T0, [first, second], kept=[3, 0, 4, 2])
-    assert minute.flows()["bytes"].to_pylist() == [200, 100, 201, 102]
-    assert minute.flows().schema == FLOWS
-
-
-def test_flows_partition_is_streamed_into_whole_row_groups(tmp_path, monkeypatch):
-    monkeypatch.setattr(warehouse, "ROW_GROUP_ROWS", 4)
-    minutes = [flows_table([flow(T0 + m * MINUTE_NS + i) for i in range(3)]) for m in range(3)]
-    staged = [
-        staged_minute(str(tmp_path), T0 + m * MINUTE_NS, [table], kept=[0, 1, 2])
-        for m, table in enumerate(minutes)
-    ]
-    ingest.write_flows(str(tmp_path / "wh"), HOUR0, staged)
-    written = pq.ParquetFile(warehouse.partition_dir(tmp_path / "wh", "flows", HOUR0) / warehouse.DATA_FILE)
-    assert [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)] == [4, 4, 1]
-    assert written.read().equals(pa.concat_tables(minutes).combine_chunks())
-
-    ingest.write_flows(str(tmp_path / "empty"), HOUR0, [])  # still one (empty) row group
-    empty = pq.ParquetFile(warehouse.partition_dir(tmp_path / "empty", "flows", HOUR0) / warehouse.DATA_FILE)
-    assert (empty.num_row_groups, empty.metadata.num_rows) == (1, 0)
+    minute = staged_flows(str(tmp_path), [first, second], kept=[3, 0, 4, 2])
+    assert minute.num_rows == 4
+    assert minute.read()["bytes"].to_pylist() == [200, 100, 201, 102]
+    assert minute.read().schema == FLOWS
 
 
 def test_staged_tables_read_back_whatever_their_chunks(tmp_path):

@@ -83,7 +83,7 @@ def test_report_of_a_warehouse_without_analysis_still_draws(tiny, tmp_path):
         shutil.copytree(tiny.root / table, root / table)
     warehouse.refresh_database(root)
     out = reports.build_report(root, None, None, tmp_path / "report.html", topology=tiny.topology)
-    jobs_table = out.read_text().split("<h2>Jobs</h2>\n<table>")[1].split("</table>")[0]
+    jobs_table = out.read_text().split("<h2>Jobs</h2>\n<div class=\"table\"><table>")[1].split("</table>")[0]
     assert jobs_table.endswith(">none</td></tr>")
     drawn, expected, errors = charts_drawn(rendered_dom(out, tmp_path / "profile"))
     assert (drawn, expected, errors) == (4, 4, "")

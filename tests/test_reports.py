@@ -71,9 +71,12 @@ def overlap(a0: int, a1: int, b0: int, b1: int) -> float:
     return max(0, min(a1, b1) - max(a0, b0)) / 1e9
 
 
-def report_hours(small) -> list[int]:
+def report_hours(small) -> dict[int, tuple[int, int]]:
+    """Hour -> the part of it the default report range covers: the minutes that have flows."""
     starts = small.flows["time_flow_start_ns"].to_numpy()
-    return list(range(starts.min() // HOUR_NS * HOUR_NS, starts.max() // HOUR_NS * HOUR_NS + 1, HOUR_NS))
+    first, end = starts.min() // MINUTE_NS * MINUTE_NS, starts.max() // MINUTE_NS * MINUTE_NS + MINUTE_NS
+    hours = range(first // HOUR_NS * HOUR_NS, (end - 1) // HOUR_NS * HOUR_NS + 1, HOUR_NS)
+    return {hour: (max(hour, first), min(hour + HOUR_NS, end)) for hour in hours}
 
 
 # --- fleet capacity -----------------------------------------------------------------------------
@@ -102,12 +105,14 @@ def test_fleet_capacity_per_hour_and_pod_matches_truth(small, con):
             outside[(m // HOUR_NS * HOUR_NS, addr)] += 60
 
     expected = {}
-    for hour in report_hours(small):
+    hours = report_hours(small)
+    for hour, (lo, hi) in hours.items():
+        covered_s = (hi - lo) / 1e9
         for pod in sorted(set(pod_of.values())):
             addrs = [a for a, p in pod_of.items() if p == pod]
-            busy = {a: min(3600.0, sum(overlap(*lives[j], hour, hour + HOUR_NS) for j in members[a])) for a in addrs}
-            traffic = sum(min(outside[(hour, a)], 3600 - busy[a]) for a in addrs)
-            expected[(hour, pod)] = (len(addrs), sum(busy.values()) / 3600, traffic / 3600)
+            busy = {a: min(covered_s, sum(overlap(*lives[j], lo, hi) for j in members[a])) for a in addrs}
+            traffic = sum(min(outside[(hour, a)], covered_s - busy[a]) for a in addrs)
+            expected[(hour, pod)] = (len(addrs), sum(busy.values()) / covered_s, traffic / covered_s)
 
     table = reports.run_report(con, "fleet_capacity")
     got = {(r["hour"], r["pod"]): r for r in _pylist(table)}
@@ -121,11 +126,12 @@ def test_fleet_capacity_per_hour_and_pod_matches_truth(small, con):
     assert sum(v[1] for v in expected.values()) > 100  # the jobs hold a real share of the fleet
     assert sum(v[2] for v in expected.values()) > 0  # one-host jobs' checkpoint writes, transfers
 
-    hours = report_hours(small)
     fleet_total = got[(None, "(all)")]
     assert fleet_total["hours"] == len(hours)
     assert fleet_total["inventory_gpus"] == len(inventory)
-    mean_busy = sum(v[1] for v in expected.values()) / len(hours)
+    # over the range, each hour weighs by the time it covers: a few minutes of an edge hour count little
+    covered = {hour: (hi - lo) / 1e9 for hour, (lo, hi) in hours.items()}
+    mean_busy = sum(v[1] * covered[h] for (h, pod), v in expected.items()) / sum(covered.values())
     assert fleet_total["busy_gpus"] == pytest.approx(mean_busy, abs=1e-6)
     assert fleet_total["busy_share"] == pytest.approx(mean_busy / len(inventory), abs=1e-9)
 

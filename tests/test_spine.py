@@ -90,17 +90,3 @@ def test_beam_analysis_equals_the_in_process_one(scenario_dir, tmp_path):
         for name, table in expected.tables.items():
             assert warehouse.read_partition(root, name, hour).equals(table), (hour, name)
         assert json.loads(json.dumps(expected.state)) == warehouse.read_stats(root, hour, "analysis")
-
-
-def test_pooled_shares_add_their_counts_and_other_figures_give_their_range():
-    """Scenarios pool by their counts, not by averaging their shares: 9/10 and 1/2 are 10/12."""
-    from prism_core.evaluate.figures import Figure, pool
-
-    def scored(exact: Figure, error: float) -> dict:
-        return {"steps": {"job_hours_exact_count": exact.as_dict(),
-                          "boundary_error_share": Figure(error, 0.003, at_most=True).as_dict()}}
-
-    pooled = pool([scored(Figure.share(9, 10, 0.99), 0.001), scored(Figure.share(1, 2, 0.99), 0.004)])["steps"]
-    assert pooled["job_hours_exact_count"] == {"value": 10 / 12, "count": 10, "of": 12, "target": 0.99, "ok": False}
-    assert pooled["boundary_error_share"] == {"min": 0.001, "max": 0.004, "target": 0.003, "ok": False}
-    assert Figure.share(0, 0, 0.95, empty=None).value is None  # no such fault: nothing to score

@@ -8,7 +8,7 @@ the job's first flow after each downtime.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +18,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from prism_core import timeline
+from prism_core.constants import OTHER, PP
 from prism_core.evaluate.steps import score
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.minutes import HOUR_NS
 from prism_core.schema import STEPS
+from prism_core.timeline import DEFAULT_PARAMS, phases, regimes, traffic
+from prism_core.timeline.closing import save_may_follow
+from prism_core.timeline.state import STATE_VERSION, TimelineState
+from prism_core.timeline.typical import Typical
 from prism_core.truth import TRUTH_TABLES
 
 SECOND = 1_000_000_000
@@ -357,18 +362,32 @@ def test_a_save_ends_its_usual_tail_after_its_last_write_however_short_the_next_
 
 
 def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():
-    typical = timeline._Typical(period_ns=10e9, gap_ns=9e9, phase_bytes=1.0, phase_flows=1.0, fill=1,
+    typical = Typical(period_ns=10e9, gap_ns=9e9, phase_bytes=1.0, phase_flows=1.0, fill=1,
                                 close_to_end_ns=None, lead_ns=None, lead_per_sync=None, sync_ns=None,
                                 forward_ns=None, write_delay_ns=None, save_ns=None, save_tail_ns=None)
     # saves every 20 steps: only step 60 may save, however long the quiet
-    assert timeline._save_may_follow(60, [0, 20, 40], typical, 9 * SECOND)
-    assert not timeline._save_may_follow(59, [0, 20, 40], typical, 1)
+    assert save_may_follow(60, [0, 20, 40], typical, 9 * SECOND, DEFAULT_PARAMS)
+    assert not save_may_follow(59, [0, 20, 40], typical, 1, DEFAULT_PARAMS)
     # no cadence yet: a save may start while the quiet is short
-    assert timeline._save_may_follow(59, [20, 40], typical, 2 * SECOND)
-    assert not timeline._save_may_follow(59, [20, 40], typical, 3 * SECOND)
+    assert save_may_follow(59, [20, 40], typical, 2 * SECOND, DEFAULT_PARAMS)
+    assert not save_may_follow(59, [20, 40], typical, 3 * SECOND, DEFAULT_PARAMS)
     typical.write_delay_ns = 4e9  # this job's saves start writing 4 s after the sync
-    assert timeline._save_may_follow(59, [40], typical, 4 * SECOND)
-    assert not timeline._save_may_follow(59, [40], typical, 5 * SECOND)
+    assert save_may_follow(59, [40], typical, 4 * SECOND, DEFAULT_PARAMS)
+    assert not save_may_follow(59, [40], typical, 5 * SECOND, DEFAULT_PARAMS)
+
+
+def test_the_state_goes_through_json_unchanged_and_another_layout_is_refused():
+    flows, pairs, _ = _data_parallel_job(steps=12, save_every=5)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    state = json.loads(json.dumps(found.state))
+    assert state["version"] == STATE_VERSION and state["next_step"] == found.steps.num_rows > 0
+    assert TimelineState.load(state).dump() == state
+    # a warehouse written before states carried their version continues
+    unversioned = {name: value for name, value in state.items() if name != "version"}
+    assert TimelineState.load(unversioned).dump() == state
+    with pytest.raises(ValueError, match="version"):
+        timeline.divide_steps("j", flows.slice(0, 0), pairs, {**state, "version": STATE_VERSION + 1},
+                              11 * HOUR_NS, 12 * HOUR_NS)
 
 
 def test_no_flows_no_steps():
@@ -391,17 +410,18 @@ def _times(spacings: np.ndarray) -> np.ndarray:
 def test_upper_class_needs_a_clear_separation():
     rng = np.random.default_rng(1)
     light, heavy = rng.normal(10.0, 0.1, 40), rng.normal(12.0, 0.1, 10)
-    assert np.array_equal(timeline._upper_class(np.r_[light, heavy]), np.r_[np.zeros(40, bool), np.ones(10, bool)])
+    heavy_only = np.r_[np.zeros(40, bool), np.ones(10, bool)]
+    assert np.array_equal(phases.upper_class(np.r_[light, heavy], DEFAULT_PARAMS), heavy_only)
     # stages syncing one at a time or two at once differ by less: all are syncs
-    assert timeline._upper_class(np.r_[light, light + np.log(2.0)]).all()
+    assert phases.upper_class(np.r_[light, light + np.log(2.0)], DEFAULT_PARAMS).all()
 
 
 def test_irregularity_tells_one_gap_per_step_from_interleaved_gaps():
     rng = np.random.default_rng(2)
     steps = rng.normal(5.0, 0.1, 200)
-    assert timeline._irregularity(_times(steps * 1e9)) < 0.03
+    assert regimes.irregularity(_times(steps * 1e9)) < 0.03
     alternating = np.tile([0.7, 4.3], 100)  # two kinds of gap, both regular on their own
-    assert timeline._irregularity(_times(alternating * 1e9)) > 0.5
+    assert regimes.irregularity(_times(alternating * 1e9)) > 0.5
 
 
 def _gap_pattern(rng: np.random.Generator, per_step: list[float], steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -409,6 +429,12 @@ def _gap_pattern(rng: np.random.Generator, per_step: list[float], steps: int) ->
     gaps = np.tile(per_step, steps) * rng.lognormal(0.0, 0.02, steps * len(per_step))
     at = _times(np.r_[0.0, gaps[:-1]] * 1e9 + 0.1e9)  # a 0.1 s burst before each gap
     return (gaps * 1e9).astype(np.int64), at
+
+
+def _boundary_gap_threshold(gaps: np.ndarray, at: np.ndarray, candidate: np.ndarray, writes: np.ndarray) -> float:
+    """The boundary gap of a job new to Prism whose every gap may separate steps."""
+    return regimes.boundary_gap_threshold(gaps, at, candidate, writes, None, np.ones(len(gaps), bool),
+                                          DEFAULT_PARAMS.steps_to_learn, DEFAULT_PARAMS)
 
 
 @pytest.mark.parametrize("per_step,boundary", [
@@ -420,7 +446,7 @@ def test_boundary_gap_threshold_finds_the_gap_that_recurs_once_per_step(per_step
     rng = np.random.default_rng(3)
     gaps, at = _gap_pattern(rng, per_step, 100)
     candidate = np.repeat(np.arange(len(gaps) + 1), 4)  # 4 flows per burst
-    threshold = timeline._boundary_gap_threshold(gaps, at, candidate, np.empty(0, np.int64), None)
+    threshold = _boundary_gap_threshold(gaps, at, candidate, np.empty(0, np.int64))
     kept = gaps >= threshold
     assert kept.sum() == 100
     assert np.allclose(gaps[kept] / 1e9, boundary, rtol=0.1)
@@ -432,7 +458,7 @@ def test_regime_cuts_of_many_gaps_include_the_one_per_step():
     rng = np.random.default_rng(5)
     gaps, _ = _gap_pattern(rng, [0.25] * 199 + [0.36], 100)
     log_gaps = np.log10(gaps)
-    kept = [int(np.sum(log_gaps >= cut)) for cut in timeline._regime_cuts(log_gaps)]
+    kept = [int(np.sum(log_gaps >= cut)) for cut in regimes._regime_cuts(log_gaps, DEFAULT_PARAMS)]
     assert len(gaps) in kept and 100 in kept
     assert len(kept) < 20  # a few regimes, not a grid of cuts
 
@@ -443,7 +469,7 @@ def test_checkpoint_gaps_alone_do_not_make_steps():
     gaps, at = _gap_pattern(rng, per_step, 10)
     writes = at[29::30] + 2 * SECOND
     candidate = np.repeat(np.arange(len(gaps) + 1), 4)
-    threshold = timeline._boundary_gap_threshold(gaps, at, candidate, writes, None)
+    threshold = _boundary_gap_threshold(gaps, at, candidate, writes)
     assert np.sum(gaps >= threshold) == len(gaps)
 
 
@@ -453,16 +479,17 @@ def test_short_phases_join_until_they_weigh_a_phase_but_not_across_a_silence():
     start = np.array([0.0, 10.0, 20.0, 30.0, 32.0, 34.0, 36.0, 40.0, 50.0, 60.0, 200.0]) * SECOND
     end = start + 0.5 * SECOND
     first = np.arange(len(nbytes))
-    joined = timeline._join_partial_phases(first, nbytes, start.astype(np.int64), end.astype(np.int64))
+    joined = phases._join_partial_phases(first, nbytes, start.astype(np.int64), end.astype(np.int64),
+                                         DEFAULT_PARAMS)
     assert joined.tolist() == [0, 1, 2, 3, 7, 8, 9, 10]
 
 
 def test_other_sizes_on_pipeline_pairs_are_not_pipeline_sends():
-    kind = np.full(7, timeline.PP)
+    kind = np.full(7, PP)
     pair = np.array([0, 0, 0, 1, 1, 1, 0])
     nbytes = np.array([3, 3, 3, 5, 5, 5, 40]) << 20  # the 40 MiB flow: a tied embedding all-reduce
-    marked = timeline._activations_only(kind, pair, nbytes)
-    assert marked.tolist() == [timeline.PP] * 6 + [timeline.OTHER]
+    marked = traffic._activations_only(kind, pair, nbytes)
+    assert marked.tolist() == [PP] * 6 + [OTHER]
 
 
 def _two_stage_pipeline(paces: list[float], micro_batches: int = 16, forward_ns: int = 60_000_000,
@@ -640,7 +667,7 @@ def test_score_matches_jobs_by_addresses_and_time():
 
 def test_score_ignores_steps_the_truth_cannot_hold():
     """The simulator records only steps wholly inside its window."""
-    start = datetime.fromtimestamp(10 * 3600, tz=timezone.utc)
+    start = datetime.fromtimestamp(10 * 3600, tz=UTC)
     noise = {"scenario": {"start": start.isoformat(), "minutes": 1}}
     truth = {"steps": _steps("t1", [0, 20, 40]), "job_gpus": _gpus("t1", ["a"])}
     warehouse = {"steps": _steps("p1", [-5, 0, 20, 40, 65]), "job_gpus": _gpus("p1", ["a"])}

@@ -97,3 +97,22 @@ def test_writer_killed_mid_write_leaves_previous_partition(tmp_path):
         os.utime(leftover, (hour_ago, hour_ago))
     warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(2, "next"))
     assert sorted(p.name for p in directory.iterdir()) == ["data.parquet"]
+
+
+def test_job_latest_has_one_row_per_job_as_of_its_latest_hour(tmp_path):
+    """A job seen in two hours: one job_latest row with the second hour's status, the first
+    hour's first_seen and hours_seen 2."""
+    from prism_core.schema import JOBS
+
+    def row(hour: int, status: str) -> dict:
+        start = datetime(2026, 11, 22, hour, 5, tzinfo=timezone.utc)
+        return {"job_id": "job-a", "first_seen": start, "last_seen": start, "n_gpus": 16, "n_hosts": 2,
+                "dp": 2, "pp": 1, "tp": 8, "status": status, "restarts": 0, "hosts": ["h1", "h2"]}
+
+    for hour, status in ((9, "running"), (10, "ended")):
+        when = datetime(2026, 11, 22, hour, tzinfo=timezone.utc)
+        warehouse.write_partition(tmp_path, "jobs", when, pa.Table.from_pylist([row(hour, status)], JOBS))
+    warehouse.refresh_database(tmp_path)
+    with warehouse.connect(tmp_path) as con:
+        rows = con.execute("SELECT job_id, status, hour(first_seen), hours_seen FROM job_latest").fetchall()
+    assert rows == [("job-a", "ended", 9, 2)]

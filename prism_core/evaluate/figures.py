@@ -14,9 +14,10 @@ class Figure:
     of: int | None = None
 
     @classmethod
-    def share(cls, count: int, of: int, target: float | None = None, empty: float | None = 1.0) -> Figure:
+    def share(cls, count: int, of: int, target: float | None = None, empty: float | None = 1.0,
+              at_most: bool = False) -> Figure:
         """count / of; `empty` when there is nothing to score (1.0: no misses possible)."""
-        return cls(ratio(count, of, empty), target, count=int(count), of=int(of))
+        return cls(ratio(count, of, empty), target, at_most, count=int(count), of=int(of))
 
     @property
     def ok(self) -> bool | None:
@@ -26,7 +27,7 @@ class Figure:
 
     def as_dict(self) -> dict:
         shares = {"count": self.count, "of": self.of} if self.count is not None else {}
-        return {"value": self.value, "target": self.target, "ok": self.ok, **shares}
+        return {"value": self.value, "target": self.target, "ok": self.ok, **shares, **_bound(self.at_most)}
 
 
 def ratio(numerator: float, denominator: float, empty: float | None) -> float | None:
@@ -43,14 +44,20 @@ def pool(scored: list[dict[str, dict[str, dict]]]) -> dict[str, dict[str, dict]]
         for metric, first in scored[0][stage].items():
             each = [s[stage][metric] for s in scored]
             oks = [f["ok"] for f in each if f["ok"] is not None]
+            at_most = first.get("at_most", False)
             if all("count" in f for f in each):
                 count, of = sum(f["count"] for f in each), sum(f["of"] for f in each)
-                figure = Figure.share(count, of, first["target"], empty=None).as_dict()
+                figure = Figure.share(count, of, first["target"], empty=None, at_most=at_most).as_dict()
             else:
                 values = [f["value"] for f in each if f["value"] is not None]
                 figure = {"min": min(values, default=None), "max": max(values, default=None),
-                          "target": first["target"], "ok": all(oks) if oks else None}
+                          "target": first["target"], "ok": all(oks) if oks else None, **_bound(at_most)}
                 if first["target"] is None and all(isinstance(v, int) for v in values):
                     figure["total"] = sum(values)  # a count: steps, faults, jobs
             pooled.setdefault(stage, {})[metric] = figure
     return pooled
+
+
+def _bound(at_most: bool) -> dict:
+    """The mark of an upper-bound target, which pooling needs to judge a pooled share again."""
+    return {"at_most": True} if at_most else {}

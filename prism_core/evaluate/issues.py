@@ -2,13 +2,15 @@
 
 Issue rows are first merged by `issue_id` (an issue crossing hours has one row per hour, each with
 that hour's waste). A Prism job is associated with every truth job whose address set it resembles
-(Jaccard >= 0.5 over `job_gpus`); hosts are reused, so an issue then matches a truth fault of an
-associated job when the kinds are equal, the times overlap (within `TIME_SLACK_NS`) and, for
-`slow_link` and `hang`, the subject names one of the fault's addresses. A straggler is detected
-whatever host it names, and a hang named after the whole job (its GPUs stopped together, so the
-data cannot single one out) is detected without a subject: `straggler_top1` and `hang_localized`
-say whether they named the right host or address. Each issue is given to the fault it overlaps
-most, and a fault's estimated waste is the sum over its issues.
+(Jaccard >= 0.5 over `job_gpus`); hosts are reused, so an issue can match a truth fault of an
+associated job when the kinds are equal, the times overlap (within `TIME_SLACK_NS`) and the subject
+is the fault's: a straggler names its host, a slow link its address (alone or as one end of a
+link), and a hang its address or the whole job (its GPUs stopped together, so the data cannot
+single one out: `hang_localized` says how often the address was named). Issues and faults are then
+paired one to one, the most pairs and then the most overlap: an issue on a fault that another
+issue matched is false, as is one on a clean or spurious job. `straggler_top1` is the share of the
+stragglers some straggler issue overlapped that were named right. Recall is also given by fault
+size against the diagnosis thresholds (`sensitivity`).
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from scipy.optimize import linear_sum_assignment
 
-from prism_core.evaluate.figures import Figure, ratio
-from prism_core.schema import ISSUE_KINDS
+from prism_core.evaluate import sensitivity
+from prism_core.evaluate.figures import Figure
+from prism_core.truth import TRUTH_FAULT_KINDS
 
 HOUR_NS = 3_600_000_000_000
 MIN_JACCARD = 0.5
 TIME_SLACK_NS = 30_000_000_000
-ADDRESS_SUBJECT_KINDS = ("slow_link", "hang")
+SUBJECT_KINDS = ("straggler", "slow_link", "hang")  # the truth names a host or an address
 WASTE_TOLERANCE = 0.10
 PERCEPTIBLE_SHARE = 0.01
 
@@ -32,30 +36,34 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
     faults = truth["faults"]
     issues = merged_issues(warehouse["issues"])
     associated = associate_jobs(truth["job_gpus"], warehouse["job_gpus"])
-    fault_of_issue = match(faults, issues, associated)
+    overlap, subject_right = candidates(faults, issues, associated)
+    fault_of_issue = one_to_one(np.where(subject_right, overlap, 0))
 
     fault_kind = np.asarray(faults["kind"].to_pylist(), dtype=object)
     detected = np.zeros(faults.num_rows, bool)
     detected[fault_of_issue[fault_of_issue >= 0]] = True
     figures: dict[str, Figure] = {}
-    for kind in ISSUE_KINDS:
+    for kind in TRUTH_FAULT_KINDS:
         of_kind = fault_kind == kind
         figures[f"recall_{kind}"] = Figure.share(detected[of_kind].sum(), of_kind.sum(), 0.95, empty=None)
-    figures["precision"] = Figure.share((fault_of_issue >= 0).sum(), issues.num_rows, 0.90)
-    figures["false_issues_per_clean_job_hour"] = Figure(
-        _false_per_clean_job_hour(truth, issues, associated, fault_of_issue), 1.0, at_most=True)
+    figures["recall"] = Figure.share(detected.sum(), faults.num_rows, 0.90, empty=None)  # every kind
+    matched = fault_of_issue >= 0
+    figures["precision"] = Figure.share(matched.sum(), issues.num_rows, 0.90)
+    # false issues that would match a fault another issue matched: one fault reported twice
+    claimed = (overlap > 0) & subject_right & detected
+    figures["duplicate_issues"] = Figure(int((~matched & claimed.any(axis=1)).sum()))
+    false_on_clean, clean_job_hours = _false_on_clean_jobs(truth, issues, associated)
+    figures["false_issues_per_clean_job_hour"] = Figure.share(false_on_clean, clean_job_hours, 1.0, empty=0.0,
+                                                              at_most=True)
 
-    subjects = np.asarray(issues["subject"].to_pylist(), dtype=object)
-    truth_subjects = np.asarray(faults["subject"].to_pylist(), dtype=object)
-    stragglers = np.flatnonzero(fault_kind == "straggler")
-    right = [any(subjects[fault_of_issue == f] == truth_subjects[f]) for f in stragglers if detected[f]]
-    figures["straggler_top1"] = Figure.share(sum(right), len(right), 0.97)
-    hangs = np.flatnonzero(fault_kind == "hang")
-    named = [any(truth_subjects[f] in _addresses(s) for s in subjects[fault_of_issue == f]) for f in hangs if detected[f]]
-    figures["hang_localized"] = Figure.share(sum(named), len(named))
+    overlapped_stragglers = (fault_kind == "straggler") & (overlap > 0).any(axis=0)
+    figures["straggler_top1"] = Figure.share(detected[overlapped_stragglers].sum(), overlapped_stragglers.sum(), 0.97)
+    hang_issues = matched & (fault_kind[np.maximum(fault_of_issue, 0)] == "hang")
+    named = pc.not_equal(issues["subject"], issues["job_id"]).to_numpy(zero_copy_only=False)
+    figures["hang_localized"] = Figure.share((hang_issues & named).sum(), hang_issues.sum())
 
-    estimated = np.bincount(fault_of_issue[fault_of_issue >= 0], minlength=faults.num_rows,
-                            weights=issues["wasted_gpu_s"].to_numpy()[fault_of_issue >= 0])
+    estimated = np.zeros(faults.num_rows)
+    estimated[fault_of_issue[matched]] = issues["wasted_gpu_s"].to_numpy()[matched]
     true_waste = faults["wasted_gpu_s"].to_numpy()
     errors = np.abs(estimated - true_waste)[detected] / np.maximum(true_waste[detected], 1e-9)
     figures["waste_within_10pct"] = Figure.share((errors <= WASTE_TOLERANCE).sum(), len(errors), 0.95)
@@ -63,9 +71,11 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
                                            at_most=True)
     # Step times jitter by 1-3%, so a fault that cost less than 1% of the GPU time its job held
     # meanwhile is below what they resolve; the share over the faults above that, for reference.
-    perceptible = (true_waste >= PERCEPTIBLE_SHARE * _held_gpu_s(truth, faults))[detected]
+    held = _held_gpu_s(truth, faults)
+    perceptible = (true_waste >= PERCEPTIBLE_SHARE * held)[detected]
     figures["waste_within_10pct_perceptible"] = Figure.share((errors[perceptible] <= WASTE_TOLERANCE).sum(),
                                                              perceptible.sum())
+    figures |= _recall_by_size(faults, fault_kind, detected, held)
     figures["faults"] = Figure(faults.num_rows)
     figures["issues"] = Figure(issues.num_rows)
     return figures
@@ -102,24 +112,70 @@ def _sizes(job_addrs: pa.Table) -> dict[str, int]:
 
 
 def match(faults: pa.Table, issues: pa.Table, associated: set[tuple[str, str]]) -> np.ndarray:
-    """Index of the truth fault each issue matches (-1: none); the largest time overlap wins."""
-    matched = np.full(issues.num_rows, -1)
-    fault_rows = list(zip(faults["job_id"].to_pylist(), faults["kind"].to_pylist(), faults["subject"].to_pylist(),
-                          faults["start"].cast(pa.int64()).to_pylist(), faults["end"].cast(pa.int64()).to_pylist()))
-    issue_rows = zip(issues["job_id"].to_pylist(), issues["kind"].to_pylist(), issues["subject"].to_pylist(),
-                     issues["start"].cast(pa.int64()).to_pylist(), issues["end"].cast(pa.int64()).to_pylist())
-    for i, (job, kind, subject, start, end) in enumerate(issue_rows):
-        best = 0
-        for f, (f_job, f_kind, f_subject, f_start, f_end) in enumerate(fault_rows):
-            if f_kind != kind or (f_job, job) not in associated:
-                continue
-            overlap = min(end, f_end) + TIME_SLACK_NS - max(start, f_start)
-            if overlap <= 0 or (kind in ADDRESS_SUBJECT_KINDS and subject != job
-                                and not _addresses(subject) & _addresses(f_subject)):
-                continue
-            if overlap > best:
-                best, matched[i] = overlap, f
-    return matched
+    """Index of the truth fault each issue matches (-1: none), one to one."""
+    overlap, subject_right = candidates(faults, issues, associated)
+    return one_to_one(np.where(subject_right, overlap, 0))
+
+
+def candidates(faults: pa.Table, issues: pa.Table, associated: set[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+    """(issues x faults) how long each issue overlaps each fault of its kind on an associated job
+    (ns, plus the slack; 0 where they cannot match), and whether the issue names the fault's subject."""
+    if not issues.num_rows or not faults.num_rows:
+        return np.zeros((issues.num_rows, faults.num_rows)), np.zeros((issues.num_rows, faults.num_rows), bool)
+    issue_kind = np.asarray(issues["kind"].to_pylist(), dtype=object)
+    fault_kind = np.asarray(faults["kind"].to_pylist(), dtype=object)
+    issue_start, issue_end, fault_start, fault_end = (
+        table[c].cast(pa.int64()).to_numpy() for table in (issues, faults) for c in ("start", "end"))
+    overlap = np.minimum(issue_end[:, None], fault_end) + TIME_SLACK_NS - np.maximum(issue_start[:, None], fault_start)
+    possible = (issue_kind[:, None] == fault_kind) & _associated(issues["job_id"], faults["job_id"], associated)
+    overlap = np.where(possible & (overlap > 0), overlap, 0)
+
+    whole_job = pc.equal(issues["subject"], issues["job_id"]).to_numpy(zero_copy_only=False)
+    subject_right = (~np.isin(fault_kind, SUBJECT_KINDS)
+                     | _names(issues["subject"], faults["subject"])
+                     | (whole_job[:, None] & (fault_kind == "hang")))
+    return overlap, subject_right
+
+
+def one_to_one(overlap: np.ndarray) -> np.ndarray:
+    """Index of the fault each issue is paired with (-1: none) by `overlap` (issues x faults, 0:
+    no pair): the most pairs, then the most overlap in all."""
+    paired = np.full(overlap.shape[0], -1)
+    rows, cols = np.flatnonzero(overlap.any(axis=1)), np.flatnonzero(overlap.any(axis=0))
+    if not len(rows):
+        return paired
+    within = overlap[np.ix_(rows, cols)]
+    # Each pair outweighs all the overlap of any matching, so no pair is given up for overlap.
+    pair_weight = min(within.shape) + 1
+    weight = np.where(within > 0, pair_weight + within / within.max(), 0)
+    issue, fault = linear_sum_assignment(weight, maximize=True)
+    kept = weight[issue, fault] > 0
+    paired[rows[issue[kept]]] = cols[fault[kept]]
+    return paired
+
+
+def _associated(issue_jobs: pa.ChunkedArray, fault_jobs: pa.ChunkedArray, associated: set[tuple[str, str]]) -> np.ndarray:
+    """(issues x faults) whether the issue's Prism job is associated with the fault's truth job."""
+    truth_ids, prism_ids = sorted({t for t, _ in associated}), sorted({p for _, p in associated})
+    # one row and column more, all False, for the jobs associated with none (code -1)
+    linked = np.zeros((len(prism_ids) + 1, len(truth_ids) + 1), bool)
+    rows, cols = {p: i for i, p in enumerate(prism_ids)}, {t: i for i, t in enumerate(truth_ids)}
+    for truth_id, prism_id in associated:
+        linked[rows[prism_id], cols[truth_id]] = True
+    issue_code, fault_code = (pc.fill_null(pc.index_in(jobs, value_set=pa.array(ids, pa.string())), -1).to_numpy()
+                              for jobs, ids in ((issue_jobs, prism_ids), (fault_jobs, truth_ids)))
+    return linked[issue_code[:, None], fault_code]
+
+
+def _names(issue_subjects: pa.ChunkedArray, fault_subjects: pa.ChunkedArray) -> np.ndarray:
+    """(issues x faults) whether the issue's subject ("a", "a->b" or "a,b,c") names the fault's."""
+    named = pc.split_pattern(pc.replace_substring(issue_subjects, "->", ","), ",")
+    parts = pa.table({"issue": pc.list_parent_indices(named), "name": pc.list_flatten(named)})
+    faults = pa.table({"fault": pa.array(np.arange(len(fault_subjects))), "name": fault_subjects})
+    both = parts.join(faults, "name", join_type="inner")
+    out = np.zeros((len(issue_subjects), len(fault_subjects)), bool)
+    out[both["issue"].to_numpy(), both["fault"].to_numpy()] = True
+    return out
 
 
 def _held_gpu_s(truth: dict[str, pa.Table], faults: pa.Table) -> np.ndarray:
@@ -129,21 +185,26 @@ def _held_gpu_s(truth: dict[str, pa.Table], faults: pa.Table) -> np.ndarray:
     return np.array([gpus[job] for job in faults["job_id"].to_pylist()]) * seconds
 
 
-def _addresses(subject: str) -> set[str]:
-    """Addresses a subject names: "a", "a->b" or "a,b,c"."""
-    return set(subject.replace("->", ",").split(","))
+def _recall_by_size(faults: pa.Table, fault_kind: np.ndarray, detected: np.ndarray, held: np.ndarray) -> dict[str, Figure]:
+    """recall_<kind>_<bucket> for each sized kind, and how many sized faults the truth gives no size."""
+    bucket = sensitivity.bucket_of(sensitivity.relative_sizes(faults, held))
+    figures = {}
+    for kind in sensitivity.SIZED_KINDS:
+        for name in sensitivity.BUCKETS:
+            in_bucket = (fault_kind == kind) & (bucket == name)
+            figures[f"recall_{kind}_{name}"] = Figure.share(detected[in_bucket].sum(), in_bucket.sum(), empty=None)
+    figures["faults_without_size"] = Figure(int((np.isin(fault_kind, sensitivity.SIZED_KINDS) & (bucket == "")).sum()))
+    return figures
 
 
-def _false_per_clean_job_hour(truth, issues: pa.Table, associated, fault_of_issue: np.ndarray) -> float:
-    """Issues on Prism jobs associated only with fault-free truth jobs, per hour such a job ran."""
+def _false_on_clean_jobs(truth, issues: pa.Table, associated) -> tuple[int, int]:
+    """Issues on Prism jobs associated with no faulty truth job (a clean job's, or a spurious
+    one's: none of them can match a fault), and the hours fault-free truth jobs ran."""
     faulty = set(truth["faults"]["job_id"].to_pylist())
     clean_truth = set(truth["jobs"]["job_id"].to_pylist()) - faulty
-    by_prism: dict[str, set[str]] = {}
-    for truth_id, prism_id in associated:
-        by_prism.setdefault(prism_id, set()).add(truth_id)
-    clean_prism = {p for p, ts in by_prism.items() if ts <= clean_truth}
-    on_clean = pc.is_in(issues["job_id"], value_set=pa.array(sorted(clean_prism), pa.string())).to_numpy(zero_copy_only=False)
+    on_faulty = sorted({prism_id for truth_id, prism_id in associated if truth_id in faulty})
+    on_clean = pc.invert(pc.is_in(issues["job_id"], value_set=pa.array(on_faulty, pa.string())))
     steps = truth["steps"].filter(pc.is_in(truth["steps"]["job_id"], value_set=pa.array(sorted(clean_truth), pa.string())))
     hours = pc.divide(steps["start"].cast(pa.int64()), HOUR_NS)
     job_hours = pa.table({"job_id": steps["job_id"], "hour": hours}).group_by(["job_id", "hour"]).aggregate([]).num_rows
-    return ratio(int((on_clean & (fault_of_issue < 0)).sum()), job_hours, empty=0.0)
+    return int(pc.sum(on_clean).as_py() or 0), job_hours

@@ -7,6 +7,13 @@ in a job is its truth `job_gpus` `start`..`end`, and in a Prism job its `job_gpu
 `last_seen` over all hours; truth or warehouses without address spans fall back to the jobs' lives.
 A Prism job's address set is the union of its `job_gpus` addresses over all hours; its life spans
 its `jobs` rows over all hours.
+
+A truth job is matched exactly by a Prism job holding the same addresses over the same time: every
+address's first and last moment in both within `SPAN_TOLERANCE_NS` (the jobs' lives, where either
+side has no address spans), so two jobs run one after the other on the same hosts and merged into
+one are not an exact match of either. Every association beyond one a side counts: a truth job
+associated with several Prism jobs was split, a Prism job associated with several truth jobs merged
+them, and a Prism job associated with none is spurious.
 """
 
 from __future__ import annotations
@@ -22,7 +29,11 @@ from prism_core.evaluate.figures import Figure
 # hosts may share its last minute. A span shorter than twice that needs only half of it in common
 # (a 13 s job is one).
 LIFE_OVERLAP_NS = 60_000_000_000
+# Prism sees an address from its first flow to its last, a few seconds of compute from the truth's
+# step boundaries; recognition works a minute at a time.
+SPAN_TOLERANCE_NS = 60_000_000_000
 DEGREES = ("dp", "pp", "tp")
+AGREED = (*DEGREES, "n_gpus")  # per-job figures every hour of a Prism job must agree on
 
 
 def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dict) -> dict[str, Figure]:
@@ -32,16 +43,20 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
 
     true_size = _lookup(links["true_id"], true_jobs["job_id"], true_jobs["n_addrs"])
     prism_size = _lookup(links["prism_id"], prism_jobs["job_id"], prism_jobs["n_addrs"])
-    shared = links["shared"].to_numpy()
-    exact_ids = pc.unique(links["true_id"].filter(pa.array((shared == true_size) & (shared == prism_size))))
+    same_spans = links["same_spans"].to_numpy()
+    exact_ids = pc.unique(links["true_id"].filter(pa.array((same_spans == true_size) & (same_spans == prism_size))))
     split = _count_repeated(links["true_id"])
     merged = _count_repeated(links["prism_id"])
+    spurious = prism_jobs.num_rows - len(pc.unique(links["prism_id"]))
     best = _best_matches(links)
 
     n_true = true_jobs.num_rows
     figures = {
         "jobs_matched_exactly": Figure.share(len(exact_ids), n_true, 0.99),
         "jobs_split_or_merged": Figure(split + merged, 0, at_most=True),
+        "jobs_split": Figure(split),
+        "jobs_merged": Figure(merged),
+        "spurious_jobs": Figure.share(spurious, prism_jobs.num_rows, 0.0, empty=0.0, at_most=True),
         "true_jobs": Figure(n_true),
         "prism_jobs": Figure(prism_jobs.num_rows),
     }
@@ -49,13 +64,14 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
         right, found, recalled, true = _pair_counts(truth["pairs"], warehouse["comm_pairs"], true_jobs, best, kind)
         figures[f"{kind}_pair_precision"] = Figure.share(right, found, target)
         figures[f"{kind}_pair_recall"] = Figure.share(recalled, true, target)
-    figures["degrees_exact"] = Figure.share(_degrees_exact(true_jobs, prism_jobs, best), n_true, 0.95)
+    figures["gpus_exact"] = Figure.share(_agreed_exact(true_jobs, prism_jobs, best, ("n_gpus",)), n_true, 0.99)
+    figures["degrees_exact"] = Figure.share(_agreed_exact(true_jobs, prism_jobs, best, DEGREES), n_true, 0.95)
     return figures
 
 
 def _true_jobs(truth: dict[str, pa.Table]) -> pa.Table:
     """Truth jobs whose traffic reaches the network, with their address count and life."""
-    jobs = truth["jobs"].filter(pc.field("has_network")).select(["job_id", "start", "end", *DEGREES])
+    jobs = truth["jobs"].filter(pc.field("has_network")).select(["job_id", "start", "end", *AGREED])
     counts = truth["job_gpus"].group_by("job_id", use_threads=False).aggregate([("addr", "count_distinct")])
     jobs = jobs.join(counts, "job_id", join_type="left outer")
     return pa.table(
@@ -64,23 +80,23 @@ def _true_jobs(truth: dict[str, pa.Table]) -> pa.Table:
             "n_addrs": pc.fill_null(jobs["addr_count_distinct"], 0),
             "start": jobs["start"].cast(pa.int64()),
             "end": jobs["end"].cast(pa.int64()),
-            **{d: jobs[d] for d in DEGREES},
+            **{d: jobs[d] for d in AGREED},
         }
     ).sort_by("job_id")
 
 
 def _prism_jobs(warehouse: dict[str, pa.Table]) -> pa.Table:
     """Prism jobs over all hours: address count from job_gpus, life from the jobs rows, and each
-    degree when every hour that inferred it agrees (null otherwise)."""
+    degree and the GPU count when every hour that inferred it agrees (null otherwise)."""
     by_job = warehouse["jobs"].group_by("job_id", use_threads=False).aggregate(
         [("first_seen", "min"), ("last_seen", "max")]
-        + [(d, agg) for d in DEGREES for agg in ("min", "max")]
+        + [(d, agg) for d in AGREED for agg in ("min", "max")]
     )
     counts = warehouse["job_gpus"].group_by("job_id", use_threads=False).aggregate([("addr", "count_distinct")])
     by_job = by_job.join(counts, "job_id", join_type="left outer")
     agreed = {
         d: pc.if_else(pc.equal(by_job[f"{d}_min"], by_job[f"{d}_max"]), by_job[f"{d}_min"], None)
-        for d in DEGREES
+        for d in AGREED
     }
     return pa.table(
         {
@@ -94,8 +110,9 @@ def _prism_jobs(warehouse: dict[str, pa.Table]) -> pa.Table:
 
 
 def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table, prism_jobs: pa.Table) -> pa.Table:
-    """true_id, prism_id, shared (addresses held by both at once), together_ns (time both alive)
-    for every pair of jobs sharing addresses while both hold them."""
+    """true_id, prism_id, shared (addresses held by both at once), same_spans (of those, held over
+    the same time: all or none of them by the jobs' lives where either side has no address spans),
+    together_ns (time both alive) for every pair of jobs sharing addresses while both hold them."""
     true_spans = _address_spans(true_gpus, true_jobs, "start", "end")
     prism_spans = _address_spans(prism_gpus, prism_jobs, "first_seen", "last_seen")
     joined = true_spans.join(prism_spans, "addr", left_suffix="_true", right_suffix="_prism", join_type="inner")
@@ -105,8 +122,9 @@ def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table,
     held_together = np.minimum(end_true, end_prism) - np.maximum(start_true, start_prism)
     shorter_span = np.minimum(end_true - start_true, end_prism - start_prism)
     overlapping = held_together > np.minimum(LIFE_OVERLAP_NS, shorter_span / 2)
+    joined = joined.append_column("same_span", pa.array(_same_time(start_true, end_true, start_prism, end_prism)))
     shared = joined.filter(pa.array(overlapping)).group_by(["job_id_true", "job_id_prism"], use_threads=False)
-    shared = shared.aggregate([("addr", "count")])
+    shared = shared.aggregate([("addr", "count"), ("same_span", "sum")])
     links = pa.table(
         {"true_id": shared["job_id_true"], "prism_id": shared["job_id_prism"], "shared": shared["addr_count"]}
     )
@@ -117,9 +135,21 @@ def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table,
     together = np.minimum(true_end, prism_end) - np.maximum(true_start, prism_start)
     # Truth jobs without network traffic are absent from true_jobs (their lookups are -1).
     known = (true_start >= 0) & (prism_start >= 0)
-    links = links.append_column("together_ns", pa.array(together))
+    # A job whose addresses' spans are not told on both sides is held to its life: a Prism job
+    # that does not say when each address joined is not judged on the truth's host replacements.
+    spans_on_both_sides = {"start", "end"} <= set(true_gpus.column_names) and {
+        "first_seen", "last_seen"} <= set(prism_gpus.column_names)
+    lives_agree = _same_time(true_start, true_end, prism_start, prism_end)
+    same_spans = shared["same_span_sum"].to_numpy() if spans_on_both_sides else np.where(
+        lives_agree, links["shared"].to_numpy(), 0)
+    links = links.append_column("same_spans", pa.array(same_spans)).append_column("together_ns", pa.array(together))
     order = [("true_id", "ascending"), ("shared", "descending"), ("together_ns", "descending"), ("prism_id", "ascending")]
     return links.filter(pa.array(known)).sort_by(order)
+
+
+def _same_time(start_a: np.ndarray, end_a: np.ndarray, start_b: np.ndarray, end_b: np.ndarray) -> np.ndarray:
+    """Whether each pair of spans begins and ends within SPAN_TOLERANCE_NS of each other."""
+    return (np.abs(start_a - start_b) <= SPAN_TOLERANCE_NS) & (np.abs(end_a - end_b) <= SPAN_TOLERANCE_NS)
 
 
 def _address_spans(gpus: pa.Table, jobs: pa.Table, start: str, end: str) -> pa.Table:
@@ -186,11 +216,12 @@ def _pair_counts(
     return right, prism_kind.num_rows, hits.num_rows, truth_kind.num_rows
 
 
-def _degrees_exact(true_jobs: pa.Table, prism_jobs: pa.Table, best: pa.Table) -> int:
+def _agreed_exact(true_jobs: pa.Table, prism_jobs: pa.Table, best: pa.Table, columns: tuple[str, ...]) -> int:
+    """Truth jobs whose best Prism match agrees on every one of `columns`."""
     matched = true_jobs.join(best, "job_id", right_keys="true_id", join_type="inner")
-    inferred = prism_jobs.select(["job_id", *DEGREES]).rename_columns(["prism_id", *(f"{d}_prism" for d in DEGREES)])
+    inferred = prism_jobs.select(["job_id", *columns]).rename_columns(["prism_id", *(f"{d}_prism" for d in columns)])
     both = matched.join(inferred, "prism_id", join_type="inner")
     same = np.ones(both.num_rows, bool)
-    for d in DEGREES:
+    for d in columns:
         same &= pc.fill_null(pc.equal(both[d], both[f"{d}_prism"]), False).to_numpy(zero_copy_only=False)
     return int(same.sum())

@@ -11,7 +11,8 @@ job), `background` (non-job traffic), `export` (exporters, noise, files), `write
 loop and the truth tables).
 """
 
+from prism_core.simulate.export import FORMATS
 from prism_core.simulate.scenarios import SCENARIOS, FaultSpec, JobSpec, Scenario
 from prism_core.simulate.writer import SimulationSummary, write_scenario
 
-__all__ = ["SCENARIOS", "FaultSpec", "JobSpec", "Scenario", "SimulationSummary", "write_scenario"]
+__all__ = ["FORMATS", "SCENARIOS", "FaultSpec", "JobSpec", "Scenario", "SimulationSummary", "write_scenario"]

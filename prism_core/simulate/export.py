@@ -1,9 +1,12 @@
 """From simulated flows to the files flow collectors leave behind, with their imperfections.
 
 Each leaf switch exports the flows entering the fabric through it (the source NIC's leaf; the
-destination's for flows from servers outside the GPU fabric). Its records are written one file per
-`file_minutes` (`flows/<YYYY-MM-DDTHH-MM>_<leaf>.<ext>`), streamed a minute at a time. What makes
-them imperfect, all counted in `NoiseCounts`:
+destination's for flows from servers outside the GPU fabric); what each exporter makes of the
+transfers it sees (flow caches, sFlow, clocks, header bytes, loss, second agents) is in
+`exporters`. Its records are written one file per `file_minutes`
+(`flows/<YYYY-MM-DDTHH-MM>_<exporter>.<ext>`), streamed a minute at a time. The base noise, on
+top of that and counted in `NoiseCounts` (a second agent's copy of a record also sent counts as a
+duplicate):
 
 - clock skew: every exporter's start/end timestamps are off by a fixed few milliseconds
   (`time_received_ns` is the collector's clock and is not skewed);
@@ -29,6 +32,7 @@ import pyarrow.parquet as pq
 
 from prism_core.schema import FLOWS
 from prism_core.simulate.cluster import Cluster
+from prism_core.simulate.exporters import ExportLayer, Records
 from prism_core.simulate.scenarios import Scenario
 from prism_core.simulate.traffic import TCP, UDP, FlowBatch
 
@@ -41,9 +45,9 @@ MALFORMED_KINDS = {
     "jsonl": ("missing_field", "negative_bytes", "zero_bytes", "huge_bytes", "end_before_start",
               "bad_addr", "mixed_family", "wrong_type", "broken_json"),
 }
+FORMATS = ("parquet", "jsonl", "jsonl.gz")  # what the flow files can be written as
 HUGE_BYTES = 10**15
 BAD_ADDRS = ("10.0.0.256", "gpu-node-17", "", "10.1.2", "fe80::zz", "10.1.2.3.4")
-PAYLOAD = {UDP: 4096, TCP: 1448}  # bytes per packet: RoCE MTU, TCP MSS
 PROTO_NAMES = {UDP: "UDP", TCP: "TCP"}  # goflow2 prints the protocol by name
 JSON_FIELDS = ("time_received_ns", "sampling_rate", "sampler_address", "time_flow_start_ns",
                "time_flow_end_ns", "bytes", "packets", "src_addr", "dst_addr", "proto", "src_port",
@@ -66,15 +70,9 @@ class FlowSink:
     """Writes each minute's flows to per-exporter files (Parquet or goflow2 JSON lines)."""
 
     def __init__(self, flows_dir: Path, fmt: str, scenario: Scenario, cluster: Cluster, seed: int):
-        if fmt not in ("parquet", "jsonl", "jsonl.gz"):
-            raise ValueError(f"unknown format {fmt!r}")
         self.dir, self.fmt, self.scenario, self.cluster, self.seed = flows_dir, fmt, scenario, cluster, seed
         self.kinds = MALFORMED_KINDS["parquet" if fmt == "parquet" else "jsonl"]
-        rng = np.random.default_rng([seed, 0xE4])
-        n = cluster.n_leaves
-        self.skew_ns = np.round(rng.normal(0, scenario.clock_skew_ms * 1e6, n)).astype(np.int64)
-        self.sampling = np.ones(n, np.int64)
-        self.sampling[rng.choice(n, min(scenario.sampled_leaves, n), replace=False)] = scenario.sampling_rate
+        self.layer = ExportLayer(scenario, cluster, seed)
         self.counts = NoiseCounts(malformed={k: 0 for k in self.kinds})
         self.bucket = None
         self.valid: dict[int, list[pa.Table]] = {}
@@ -85,8 +83,9 @@ class FlowSink:
 
     @property
     def exporters(self) -> dict:
-        """Per exporter: clock skew and sampling rate (for noise.json)."""
-        return {name: {"clock_skew_ns": int(self.skew_ns[i]), "sampling_rate": int(self.sampling[i])}
+        """Per leaf: clock skew and sampling rate (for noise.json)."""
+        layer = self.layer
+        return {name: {"clock_skew_ns": int(layer.offset_ns[i]), "sampling_rate": int(layer.sampling[i])}
                 for i, name in enumerate(self.cluster.leaf_names)}
 
     def write(self, minute: int, flows: FlowBatch) -> None:
@@ -98,15 +97,28 @@ class FlowSink:
             self.bucket = bucket
             self._route(self.late)
             self.late = []
-        if not len(flows):
+        self._export(*self.layer.observe(flows, 60.0 * (minute + 1), np.random.default_rng([self.seed, minute, 0xE5])),
+                     np.random.default_rng([self.seed, minute, 0xE4]))
+
+    def close(self) -> None:
+        end = self.scenario.minutes
+        self._export(*self.layer.flush(np.random.default_rng([self.seed, end, 0xE5])),
+                     np.random.default_rng([self.seed, end, 0xE4]))
+        self._route(self.late)
+        self.late = []
+        self._close_bucket()
+
+    def _export(self, records: Records, redundant: int, rng: np.random.Generator) -> None:
+        """Writes the records an exporter sent, with the base noise's duplicates and malformed rows;
+        `redundant` of them are second agents' copies of records also sent."""
+        if not len(records):
             return
-        rng = np.random.default_rng([self.seed, minute, 0xE4])
-        records = self._records(flows, rng)
+        records = self._table(records, rng)
         n = records.num_rows
-        self.counts.records += n
+        self.counts.records += n - redundant
         dup = np.sort(rng.choice(n, rng.binomial(n, self.scenario.duplicate_rate), replace=False))
         late = rng.random(len(dup)) < LATE_DUPLICATE_SHARE
-        self.counts.duplicates += len(dup)
+        self.counts.duplicates += len(dup) + redundant
         self.late.append(records.take(dup[late]))
         bad = rng.choice(n, rng.binomial(n, self.scenario.malformed_rate), replace=False)
         for row in records.take(np.sort(bad)).to_pylist():
@@ -115,39 +127,27 @@ class FlowSink:
             self.bad.setdefault(row["_exporter"], []).append(_corrupt(row, kind, rng))
         self._route([records, records.take(dup[~late])])
 
-    def close(self) -> None:
-        self._route(self.late)
-        self.late = []
-        self._close_bucket()
-
-    def _records(self, flows: FlowBatch, rng: np.random.Generator) -> pa.Table:
-        cluster = self.cluster
-        leaf = cluster.endpoint_leaf
-        exporter = np.where(leaf[flows.src] >= 0, leaf[flows.src], leaf[flows.dst])
-        sampling = self.sampling[exporter]
-        origin = self.scenario.start_ns
-        start_ns = origin + np.round(flows.start * 1e9).astype(np.int64)
-        end_ns = origin + np.round(flows.end * 1e9).astype(np.int64)
-        received = end_ns + np.round(rng.uniform(*EXPORT_DELAY_S, len(flows)) * 1e9).astype(np.int64)
-        payload = np.where(flows.proto == UDP, PAYLOAD[UDP], PAYLOAD[TCP])
-        packets = -(-flows.nbytes // payload)
-        skewed_start = start_ns + self.skew_ns[exporter]
+    def _table(self, records: Records, rng: np.random.Generator) -> pa.Table:
+        layer, origin = self.layer, self.scenario.start_ns
+        delay_ns = np.round(rng.uniform(*EXPORT_DELAY_S, len(records)) * 1e9).astype(np.int64)
+        received = np.round(records.end * 1e9).astype(np.int64) + delay_ns
+        start = origin + layer.reported_ns(records.exporter, records.start)
         return pa.table(
             {
-                "time_flow_start_ns": skewed_start,
-                "time_flow_end_ns": end_ns + self.skew_ns[exporter],
-                "src_addr": cluster.addrs.take(flows.src),
-                "dst_addr": cluster.addrs.take(flows.dst),
-                "bytes": np.maximum(flows.nbytes // sampling, 1),
-                "packets": np.maximum(-(-packets // sampling), 1),
-                "src_port": flows.src_port,
-                "dst_port": flows.dst_port,
-                "proto": flows.proto,
-                "sampler_address": cluster.leaf_addrs.take(exporter),
-                "time_received_ns": received,
-                "sampling_rate": sampling,
-                "_exporter": exporter.astype(np.int32),
-                "_order": skewed_start,
+                "time_flow_start_ns": start,
+                "time_flow_end_ns": origin + layer.reported_ns(records.exporter, records.end),
+                "src_addr": self.cluster.addrs.take(records.src),
+                "dst_addr": self.cluster.addrs.take(records.dst),
+                "bytes": records.nbytes,
+                "packets": records.packets,
+                "src_port": records.src_port,
+                "dst_port": records.dst_port,
+                "proto": records.proto,
+                "sampler_address": layer.addresses.take(records.exporter),
+                "time_received_ns": origin + received,
+                "sampling_rate": records.rate,
+                "_exporter": records.exporter,
+                "_order": start,
             },
             schema=BUFFER,
         )
@@ -190,7 +190,7 @@ class FlowSink:
 
     def _open(self, exporter: int):
         start = datetime.fromtimestamp(self.bucket * self.scenario.file_minutes * 60, timezone.utc)
-        path = self.dir / f"{start:%Y-%m-%dT%H-%M}_{self.cluster.leaf_names[exporter]}.{self.fmt}"
+        path = self.dir / f"{start:%Y-%m-%dT%H-%M}_{self.layer.names[exporter]}.{self.fmt}"
         self.counts.files += 1
         if self.fmt == "parquet":
             return pq.ParquetWriter(path, FLOW_FILE, compression="zstd")

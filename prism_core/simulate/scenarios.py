@@ -2,9 +2,11 @@
 
 `tiny` and `small` are written out job by job so that every shape and fault the scorers need is
 present; `fleet` draws its job mix from the seed (Acme-like: many one-host jobs, a few very large
-ones); `sealed` draws a smaller mix from its own streams with every `variation` dimension drawn per
-job (the evaluation set no rule is tuned on); `replay-*` replay real traces (`replay`). Times are seconds relative to the scenario start; a negative job start means the job was
-already running when the scenario began.
+ones); `realistic` runs small's jobs through exporters as they are (`ExportOptions`); `sealed`
+draws a smaller mix from its own streams with every `variation` dimension drawn per job (the
+evaluation set no rule is tuned on); `replay-*` replay real traces (`replay`). Times are seconds
+relative to the scenario start; a negative job start means the job was already running when the
+scenario began.
 """
 
 from __future__ import annotations
@@ -100,6 +102,24 @@ class FleetMix:
 
 
 @dataclass(frozen=True)
+class ExportOptions:
+    """How the exporters report flows beyond the scenario's base noise. Every option is off by
+    default; a share is the chance that an exporter has the property, and a range is what each
+    exporter draws its own value from (timeouts log-uniformly, sFlow rates as powers of two)."""
+
+    flow_cache: float = 0.0  # NetFlow / IPFIX 5-tuple flow cache: transfers merge into records
+    idle_timeout_s: tuple[float, float] = (0.01, 15.0)
+    active_timeout_s: tuple[float, float] = (1.0, 60.0)
+    milliseconds: float = 0.0  # NetFlow v9 clocks: start and end truncated to the millisecond
+    sflow: float = 0.0  # sFlow agents (no flow cache): 1-in-N packet samples, no start or end
+    sflow_rate: tuple[int, int] = (1024, 8192)
+    loss: tuple[float, float] = (0.0, 0.0)  # share of records lost on the way (UDP export)
+    double_export: float = 0.0  # leaves that also export what they deliver, from a second agent
+    drift_ppm: float = 0.0  # standard deviation of an exporter's clock drift
+    header_bytes: bool = False  # bytes count per-packet headers (L2 or L3, per exporter)
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     start: datetime
@@ -120,6 +140,8 @@ class Scenario:
     # A hung collective holds the job's GPUs until the NCCL watchdog kills it (PyTorch's default
     # timeout: 10 minutes), or the scheduler's time limit ends the allotment first.
     hang_watchdog_s: float = 600.0
+    export: ExportOptions = ExportOptions()
+    seed_stream: int = 0  # another stream gives a seed other draws than the scenario it copies
     variation: Variation | None = None  # with `fleet`: draw the mix and each job's traits (`variation`)
 
     @property
@@ -217,6 +239,18 @@ FLEET = Scenario(
     ),
 )
 
+# small's jobs on small's cluster, seen through exporters as they are: each leaf draws its own
+# flow cache or sFlow sampling (binomial, instead of base noise's exact division), clock, header
+# accounting and loss; some export twice
+REALISTIC = replace(
+    SMALL,
+    name="realistic",
+    seed_stream=1,
+    sampled_leaves=0,
+    export=ExportOptions(flow_cache=0.7, milliseconds=0.6, sflow=0.2, loss=(0.001, 0.05),
+                         double_export=0.3, drift_ppm=20.0, header_bytes=True),
+)
+
 # the sealed evaluation hour: no inference rule is tuned on it
 SEALED = Scenario(
     name="sealed", start=_at("11:00"), minutes=60, n_hosts=96, n_storage=16, drained=(47, 95),
@@ -254,7 +288,7 @@ REPLAY_MIX = Scenario(
 )
 
 SCENARIOS: dict[str, Scenario] = {
-    s.name: s for s in (TINY, SMALL, FLEET, SEALED, REPLAY_AR, REPLAY_ST, REPLAY_MIX)
+    s.name: s for s in (TINY, SMALL, FLEET, REALISTIC, SEALED, REPLAY_AR, REPLAY_ST, REPLAY_MIX)
 }
 
 

@@ -19,11 +19,12 @@ does not hold A's GPU j. One record per transfer per queue pair (NCCL channel).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
 
+from prism_core.arrays import Columns
 from prism_core.simulate.cluster import GPUS_PER_HOST, Placement
 from prism_core.simulate.model import NIC_RATE, NVLINK_RATE, JobModel, align, interleaved_one_f_one_b, one_f_one_b
 
@@ -38,7 +39,7 @@ SLOW_RING_SLACK = 0.1  # in a collective throttled by one slow link, other links
 
 
 @dataclass
-class FlowBatch:
+class FlowBatch(Columns):
     """Flow records as columns; times in seconds from the scenario start, endpoints as indices."""
 
     start: np.ndarray  # float64
@@ -50,22 +51,7 @@ class FlowBatch:
     dst_port: np.ndarray  # int32
     proto: np.ndarray  # int16
 
-    def __len__(self) -> int:
-        return len(self.start)
-
-    def take(self, index: np.ndarray) -> FlowBatch:
-        return FlowBatch(*(getattr(self, f.name)[index] for f in fields(self)))
-
-    @staticmethod
-    def concat(batches: list[FlowBatch]) -> FlowBatch:
-        return FlowBatch(
-            *(np.concatenate([getattr(b, f.name) for b in batches]) for f in fields(FlowBatch))
-        )
-
-    @staticmethod
-    def empty() -> FlowBatch:
-        dtypes = (float, float, np.int32, np.int32, np.int64, np.int32, np.int32, np.int16)
-        return FlowBatch(*(np.empty(0, t) for t in dtypes))
+    dtypes = (float, float, np.int32, np.int32, np.int64, np.int32, np.int32, np.int16)
 
 
 def roce_port(src, dst, qp, salt: int):

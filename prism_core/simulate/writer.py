@@ -6,6 +6,7 @@ Output layout under `out_dir` (`flows/` and `truth/` are replaced on every run):
     topology.csv                                             GPU NIC inventory: addr,host,gpu,leaf,pod
     truth/{jobs,job_gpus,pairs,steps,faults}.parquet         prism_core.truth.TRUTH_TABLES
     truth/noise.json                                         noise counts, exporters, background, parameters
+    truth/export.json                                        export options, what each exporter did
 
 Memory stays bounded by one minute of flows plus the export buffers, whatever the scenario length.
 
@@ -59,7 +60,7 @@ import pyarrow.parquet as pq
 from prism_core.simulate import replay
 from prism_core.simulate.background import Background
 from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
-from prism_core.simulate.export import HUGE_BYTES, FlowSink
+from prism_core.simulate.export import FORMATS, HUGE_BYTES, FlowSink
 from prism_core.simulate.schedule import JobPlan, plan_job
 from prism_core.simulate.scenarios import SCENARIOS, Scenario, scenario_jobs
 from prism_core.simulate.traffic import KIND_NAMES, FlowBatch
@@ -74,6 +75,7 @@ class SimulationSummary:
     files: int  # flow files
     bytes_written: int  # size of the flow files
     jobs: int
+    single_host_jobs: int  # their traffic stays on NVLink: invisible to flow logs
     seconds: float
 
 
@@ -89,8 +91,11 @@ def write_scenario(
     """Simulate `scenario` into `out_dir`; the same scenario and seed give byte-identical files.
     Replayed jobs read their traces from `whatif_dir` (default `replay.DEFAULT_WHATIF`)."""
     began = time.perf_counter()
+    if fmt not in FORMATS:  # before any directory is made: a refused call leaves nothing behind
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(scenario, str):
         scenario = SCENARIOS[scenario]
+    given_seed, seed = seed, seed + (scenario.seed_stream << 32)
     out = Path(out_dir)
     for sub in ("flows", "truth"):
         shutil.rmtree(out / sub, ignore_errors=True)
@@ -129,7 +134,7 @@ def write_scenario(
         writer.writerows(zip(*(topology[c].to_pylist() for c in topology.column_names)))
     counts = sink.counts
     noise = {
-        "seed": seed,
+        "seed": given_seed,
         "format": fmt,
         "rows_written": counts.records + counts.duplicates + sum(counts.malformed.values()),
         "records": counts.records,
@@ -146,6 +151,8 @@ def write_scenario(
         "scenario": _parameters(scenario, plans),
     }
     (out / "truth" / "noise.json").write_text(json.dumps(noise, indent=1, sort_keys=True, default=str))
+    export = {"seed_stream": scenario.seed_stream, **sink.layer.describe()}
+    (out / "truth" / "export.json").write_text(json.dumps(export, indent=1, sort_keys=True))
     return SimulationSummary(
         records=counts.records,
         malformed=sum(counts.malformed.values()),
@@ -153,13 +160,16 @@ def write_scenario(
         files=counts.files,
         bytes_written=counts.bytes_written,
         jobs=len(plans),
+        single_host_jobs=sum(p.spec.n_hosts == 1 for p in plans),
         seconds=time.perf_counter() - began,
     )
 
 
 def _parameters(scenario: Scenario, plans: list[JobPlan]) -> dict:
-    """The scenario's and its jobs' settings; options left unset (None) are left out."""
-    params = {k: v for k, v in asdict(scenario).items() if k not in ("jobs", "fleet") and v is not None}
+    """The scenario's and its jobs' settings; options left unset (None) are left out, and the
+    export options and seed stream, which export.json holds."""
+    params = {k: v for k, v in asdict(scenario).items()
+              if k not in ("jobs", "fleet", "export", "seed_stream") and v is not None}
     params["jobs"] = {p.job_id: {k: v for k, v in asdict(p.spec).items() if v is not None} for p in plans}
     return params
 

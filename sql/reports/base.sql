@@ -13,25 +13,34 @@
 -- Inside the reports times are naive UTC TIMESTAMPs, so hour and day boundaries do not depend on
 -- the session's TimeZone setting; results give instants back as TIMESTAMPTZ.
 
--- The report range, [range_start, range_end): from the variables, else the hours that have
--- flow_minutes partitions (read only when a variable is unset).
+-- The report range, [range_start, range_end): from the variables, else the minutes that have
+-- flow_minutes (read only when a variable is unset), so that an hour the data covers for a few
+-- minutes does not count as an hour of idle GPUs.
 CREATE OR REPLACE TEMP VIEW report_range AS
 WITH stored AS (
     SELECT
-        min(date + to_hours(hour)) AS first_hour,
-        max(date + to_hours(hour + 1)) AS end_hour
+        min(timezone('UTC', minute)) AS first_minute,
+        max(timezone('UTC', minute)) + INTERVAL 1 MINUTE AS end_minute
     FROM flow_minutes
     WHERE getvariable('report_start') IS NULL OR getvariable('report_end') IS NULL
 )
 SELECT
-    coalesce(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ), first_hour) AS range_start,
-    coalesce(timezone('UTC', getvariable('report_end')::TIMESTAMPTZ), end_hour) AS range_end
+    coalesce(timezone('UTC', getvariable('report_start')::TIMESTAMPTZ), first_minute) AS range_start,
+    coalesce(timezone('UTC', getvariable('report_end')::TIMESTAMPTZ), end_minute) AS range_end
 FROM stored;
 
--- Every hour of the range.
+-- Every hour of the range, with the part of it the range covers: [covered_from, covered_until),
+-- covered_s seconds (3600 but at the range's edges).
 CREATE OR REPLACE TEMP VIEW report_hours AS
-SELECT unnest(range(date_trunc('hour', range_start), range_end, INTERVAL 1 HOUR)) AS hour
-FROM report_range;
+SELECT
+    hour,
+    greatest(hour, range_start) AS covered_from,
+    least(hour + INTERVAL 1 HOUR, range_end) AS covered_until,
+    epoch(least(hour + INTERVAL 1 HOUR, range_end) - greatest(hour, range_start)) AS covered_s
+FROM (
+    SELECT unnest(range(date_trunc('hour', range_start), range_end, INTERVAL 1 HOUR)) AS hour, range_start, range_end
+    FROM report_range
+);
 
 -- True for the partitions (date, hour) that can hold rows of the report range. It only uses the
 -- variables, so DuckDB skips the other partitions without opening them (the end is exclusive:
@@ -76,12 +85,12 @@ WITH lives AS (
         job_id,
         timezone('UTC', min(first_seen)) AS started,
         timezone('UTC', max(last_seen)) AS ended,
-        arg_max(status, last_seen) AS status,
+        arg_max(status, date + to_hours(hour)) AS status,  -- as of the job's latest hour
         max(n_gpus) AS n_gpus,
         max(n_hosts) AS n_hosts,
-        arg_max(dp, last_seen) FILTER (WHERE dp IS NOT NULL) AS dp,
-        arg_max(pp, last_seen) FILTER (WHERE pp IS NOT NULL) AS pp,
-        arg_max(tp, last_seen) FILTER (WHERE tp IS NOT NULL) AS tp,
+        arg_max(dp, date + to_hours(hour)) FILTER (WHERE dp IS NOT NULL) AS dp,
+        arg_max(pp, date + to_hours(hour)) FILTER (WHERE pp IS NOT NULL) AS pp,
+        arg_max(tp, date + to_hours(hour)) FILTER (WHERE tp IS NOT NULL) AS tp,
         coalesce(max(restarts), 0) AS restarts
     FROM jobs
     GROUP BY job_id

@@ -2,20 +2,21 @@
 -- recognized jobs (from first traffic to last, or to the end of a hang), how many sent or received traffic while in no recognized job, and how many
 -- had no traffic at all (idle, or in a job the network cannot see: a single-host job keeps its
 -- traffic on NVLink).
--- Figures are averages over the hour (GPU-hours per hour). Rows with pod '(all)' add up the pods;
--- rows with a NULL hour average over the whole range (idle_share there is the fleet's idle share).
+-- Figures are averages over the part of the hour the report range covers (GPU-hours per hour).
+-- Rows with pod '(all)' add up the pods; rows with a NULL hour average over the whole range,
+-- weighting each hour by the time it covers (idle_share there is the fleet's idle share).
 -- Needs base.sql; parameters: report_start, report_end.
 WITH job_busy AS (  -- seconds each GPU spent in recognized jobs, per hour
     SELECT
         h.hour,
         m.addr,
         least(
-            sum(epoch(least(j.held_until, h.hour + INTERVAL 1 HOUR) - greatest(j.started, h.hour))),
-            3600
+            sum(epoch(least(j.held_until, h.covered_until) - greatest(j.started, h.covered_from))),
+            any_value(h.covered_s)
         ) AS busy_s
     FROM jobs_in_range AS j
     JOIN job_members AS m USING (job_id)
-    JOIN report_hours AS h ON j.started < h.hour + INTERVAL 1 HOUR AND j.held_until > h.hour
+    JOIN report_hours AS h ON j.started < h.covered_until AND j.held_until > h.covered_from
     GROUP BY h.hour, m.addr
 ),
 active_minutes AS (  -- minutes in which a GPU NIC sent or received a flow
@@ -42,8 +43,9 @@ per_gpu AS (
     SELECT
         h.hour,
         i.pod,
+        h.covered_s,
         coalesce(b.busy_s, 0) AS busy_s,
-        least(coalesce(t.traffic_s, 0), 3600 - coalesce(b.busy_s, 0)) AS traffic_s
+        least(coalesce(t.traffic_s, 0), h.covered_s - coalesce(b.busy_s, 0)) AS traffic_s
     FROM report_hours AS h
     CROSS JOIN inventory AS i
     LEFT JOIN job_busy AS b ON b.hour = h.hour AND b.addr = i.addr
@@ -55,8 +57,9 @@ totals AS (
         CASE WHEN grouping(pod) = 1 THEN '(all)' ELSE pod END AS pod,
         count(DISTINCT hour) AS hours,
         count(*) / count(DISTINCT hour) AS inventory_gpus,
-        sum(busy_s) / 3600 / count(DISTINCT hour) AS busy_gpus,
-        sum(traffic_s) / 3600 / count(DISTINCT hour) AS traffic_only_gpus
+        -- GPU-seconds over the covered seconds of the range (each hour holds every GPU once)
+        sum(busy_s) / (sum(covered_s) / (count(*) / count(DISTINCT hour))) AS busy_gpus,
+        sum(traffic_s) / (sum(covered_s) / (count(*) / count(DISTINCT hour))) AS traffic_only_gpus
     FROM per_gpu
     GROUP BY GROUPING SETS ((hour, pod), (hour), (pod), ())
 )

@@ -20,19 +20,22 @@ host_gpus AS (
     FROM job_members
     GROUP BY job_id, host
 ),
-dp_sends AS (  -- DP flows in the range, by job and sending host
-    SELECT p.job_id, p.host, make_timestamp_ns(f.time_flow_start_ns) AS sent
+dp_sends AS (  -- DP flows in the range, by job and sending host, with their 10 s bucket
+    SELECT p.job_id, p.host, make_timestamp_ns(f.time_flow_start_ns) AS sent,
+        f.time_flow_start_ns // 10_000_000_000 AS bucket
     FROM range_flows AS f
     JOIN dp_pairs AS p USING (src_addr, dst_addr)
 ),
-synced_steps AS (
-    SELECT job_id, step, sync_started, ended FROM range_steps WHERE sync_started IS NOT NULL
+synced_steps AS (  -- a row per 10 s bucket the step's sync spans, so sends join by equality
+    SELECT job_id, step, sync_started, ended,
+        unnest(range(epoch_ns(sync_started) // 10_000_000_000, epoch_ns(ended) // 10_000_000_000 + 1)) AS bucket
+    FROM range_steps WHERE sync_started IS NOT NULL
 ),
 arrivals AS (  -- when each host joined each step's sync
     SELECT s.job_id, s.step, d.host, min(d.sent) AS arrived
     FROM dp_sends AS d
-    ASOF JOIN synced_steps AS s ON d.job_id = s.job_id AND d.sent >= s.sync_started
-    WHERE d.sent <= s.ended
+    JOIN synced_steps AS s USING (job_id, bucket)
+    WHERE d.sent BETWEEN s.sync_started AND s.ended
     GROUP BY s.job_id, s.step, d.host
 ),
 groups AS (

@@ -1,7 +1,8 @@
-"""Job recognition and tracking (prism_core.jobs) and the job-stage scorer (prism_core.evaluate.jobs)."""
+"""Job recognition and tracking (prism_core.recognition); the job-stage scorer is tested in test_evaluate_jobs."""
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,11 +11,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from prism_core import jobs
 from prism_core.analysis import split_flows_by_job
 from prism_core.evaluate import jobs as job_scores
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates, minute_of
+from prism_core.recognition import (
+    DEFAULT_PARAMS, STATE_VERSION, Recognition, RecognitionState, recognize_hour, recognize_minute,
+)
 from prism_core.schema import FLOW_MINUTES, FLOWS, TS, conform
 from prism_core.topology import Topology
 
@@ -31,14 +34,14 @@ def scenario_flows(scenario: Path) -> tuple[pa.Table, pa.Table, Topology, dict[s
     return flows, minute_aggregates(flows), topology, truth
 
 
-def recognize_hours(flow_minutes: pa.Table, topology: Topology) -> list[tuple[int, jobs.Recognition]]:
+def recognize_hours(flow_minutes: pa.Table, topology: Topology) -> list[tuple[int, Recognition]]:
     """(hour start, recognition) for every hour of `flow_minutes` in order, each continuing the
     JSON state of the one before."""
     minute = flow_minutes["minute"].cast(pa.int64()).to_numpy()
     state, found = None, []
     for hour in np.unique(minute // HOUR_NS * HOUR_NS).tolist():
         part = flow_minutes.filter(pa.array((minute >= hour) & (minute < hour + HOUR_NS)))
-        recognition = jobs.recognize_hour(part, topology, state, hour)
+        recognition = recognize_hour(part, topology, state, hour)
         state = json.loads(json.dumps(recognition.state))
         found.append((hour, recognition))
     return found
@@ -90,7 +93,7 @@ def job_rows(recognition) -> dict[str, dict]:
 def test_rail_components_merge_into_whole_hosts():
     topology = inventory(4)
     rows = ring([0, 1], [0], 4 << 20, rails=range(4)) + ring([2, 3], [0], 8 << 20, rails=[0])
-    found = jobs.recognize_minute(table(rows), topology)
+    found = recognize_minute(table(rows), topology)
     assert hosts_of(found) == [["10.0.0", "10.0.1"], ["10.0.2", "10.0.3"]]
     # all NICs of the hosts, also the rails that stayed silent
     assert sorted(len(addrs) for addrs in found) == [16, 16]
@@ -103,7 +106,7 @@ def test_weak_edges_and_storage_do_not_glue_jobs():
     rows.append(pair_row(at, "10.0.1.3", "10.0.2.3", 1_234_567, 1, at + 5 * SECOND, at + 6 * SECOND))  # one-off copy
     for a in ("10.0.1.0", "10.0.2.0"):  # checkpoint writes to a storage server, repeated sizes
         rows.append(pair_row(at, a, "10.200.0.1", 64 << 20, 4, at + SECOND, at + 9 * SECOND))
-    found = jobs.recognize_minute(table(rows), topology)
+    found = recognize_minute(table(rows), topology)
     assert hosts_of(found) == [["10.0.0", "10.0.1"], ["10.0.2", "10.0.3"]]
     assert not any("10.200.0.1" in addrs for addrs in found)
 
@@ -112,8 +115,17 @@ def test_jaccard_threshold_decides_the_rail_merge():
     # rail 0 over hosts 0-2 and rail 1 over hosts 2-4: one shared host of five, Jaccard 0.2
     topology = inventory(5)
     rows = ring([0, 1, 2], [0], 4 << 20, rails=[0]) + ring([2, 3, 4], [0], 4 << 20, rails=[1])
-    assert len(jobs.recognize_minute(table(rows), topology, jaccard=0.5)) == 2
-    assert len(jobs.recognize_minute(table(rows), topology, jaccard=0.2)) == 1
+    assert len(recognize_minute(table(rows), topology)) == 2
+    assert len(recognize_minute(table(rows), topology, params=replace(DEFAULT_PARAMS, jaccard=0.2))) == 1
+
+
+def test_a_jaccard_threshold_above_the_rails_similarity_keeps_them_apart():
+    # rail 0 over hosts 0-3 and rail 1 over hosts 1-4: three shared hosts of five, Jaccard 0.6
+    topology = inventory(5)
+    rows = ring([0, 1, 2, 3], [0], 4 << 20, rails=[0]) + ring([1, 2, 3, 4], [0], 4 << 20, rails=[1])
+    assert hosts_of(recognize_minute(table(rows), topology)) == [[f"10.0.{h}" for h in range(5)]]
+    apart = recognize_minute(table(rows), topology, params=replace(DEFAULT_PARAMS, jaccard=0.7))
+    assert hosts_of(apart) == [[f"10.0.{h}" for h in range(4)], [f"10.0.{h}" for h in range(1, 5)]]
 
 
 def pipeline_job(minutes, parts_size=4 << 20, **span):
@@ -128,12 +140,12 @@ def pipeline_job(minutes, parts_size=4 << 20, **span):
 
 def test_parts_of_a_job_busy_on_its_hosts_at_the_same_time_are_the_job():
     topology = inventory(8)
-    found = jobs.recognize_minute(table(pipeline_job([0])), topology)
+    found = recognize_minute(table(pipeline_job([0])), topology)
     assert hosts_of(found) == [[f"10.0.{h}" for h in range(8)]]
     # parts busy only after the whole stopped on their hosts may be another job's
     rows = ring(list(range(8)), [0], 96 << 20, rails=[0], flows=4, last_s=20)
     rows += ring([0, 4], [0], 6 << 20, rails=range(4, 8), first_s=30)
-    assert len(jobs.recognize_minute(table(rows), topology)) == 2
+    assert len(recognize_minute(table(rows), topology)) == 2
     # partly shared hosts are not enough: see test_jaccard_threshold_decides_the_rail_merge
 
 
@@ -142,7 +154,7 @@ def test_a_job_whose_last_minute_shows_new_sizes_on_its_parts_stays_one_job():
     # size never the top one before) while the collective runs on the whole
     topology = inventory(8)
     rows = pipeline_job(range(10)) + pipeline_job([10], parts_size=64 << 20, last_s=2)
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
     (job,) = job_rows(found).values()
     assert job["n_hosts"] == 8 and job["status"] == "ended"
     assert found.jobs["last_seen"].cast(pa.int64()).to_pylist() == [HOUR0 + 10 * MINUTE_NS + 2 * SECOND]
@@ -160,7 +172,7 @@ def test_a_jobs_last_sync_without_repeated_sizes_still_belongs_to_it():
     rows += [pair_row(at, "10.0.0.0", "10.0.1.0", 3 << 20, 1, at + 14 * SECOND, at + 15 * SECOND)]
     rows += ring([2, 3], range(6), 8 << 20)
     rows += [pair_row(at, "10.0.1.3", "10.0.2.3", 5 << 20, 1, at + 13 * SECOND, at + 14 * SECOND)]
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
     assert sorted(found.jobs["hosts"].to_pylist()) == [["host00", "host01"], ["host02", "host03"]]
     by_host = {r["host"]: r["last_ns"] for r in found.membership.to_pylist()}
     assert by_host["host00"] == by_host["host01"] == at + 11 * SECOND
@@ -169,7 +181,7 @@ def test_a_jobs_last_sync_without_repeated_sizes_still_belongs_to_it():
 
 def test_without_inventory_every_address_is_its_own_host():
     rows = ring([0, 1, 2], [0], 4 << 20, rails=[0, 1])
-    found = jobs.recognize_minute(table(rows), Topology.empty())
+    found = recognize_minute(table(rows), Topology.empty())
     assert sorted(sorted(a) for a in found) == [["10.0.0.0", "10.0.1.0", "10.0.2.0"], ["10.0.0.1", "10.0.1.1", "10.0.2.1"]]
 
 
@@ -184,7 +196,7 @@ def test_job_keeps_its_id_across_hours_and_reruns():
     (job_id,) = job_rows(second)
     assert job_rows(second)[job_id]["status"] == "running"
     assert job_rows(second)[job_id]["restarts"] == 0
-    again = jobs.recognize_hour(table([r for r in rows if r["minute"] >= HOUR0 + HOUR_NS]), topology,
+    again = recognize_hour(table([r for r in rows if r["minute"] >= HOUR0 + HOUR_NS]), topology,
                                 json.loads(json.dumps(first.state)), HOUR0 + HOUR_NS)
     for name in ("jobs", "membership", "events"):
         assert getattr(again, name).equals(getattr(second, name))
@@ -195,13 +207,25 @@ def test_restart_on_the_same_hosts_keeps_the_id():
     topology = inventory(2)
     minutes = [m for m in range(60) if not 20 <= m < 25]  # five silent minutes
     rows = ring([0, 1], minutes, 4 << 20) + ring([0, 1], minutes, 96 << 20, flows=4)
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
     (job,) = job_rows(found).values()
     assert job["restarts"] == 1 and job["status"] == "running"
     restart = found.events.filter(pc.equal(found.events["kind"], "restart")).to_pylist()
     assert len(restart) == 1
     assert restart[0]["at_ns"] == HOUR0 + 25 * MINUTE_NS + SECOND
     assert json.loads(restart[0]["detail"])["gap_s"] == pytest.approx(5 * 60 + 2)
+
+
+def test_a_restart_window_shorter_than_the_silence_makes_the_resumed_traffic_a_new_job():
+    topology = inventory(2)
+    minutes = [m for m in range(60) if not 20 <= m < 25]  # five silent minutes
+    rows = ring([0, 1], minutes, 4 << 20) + ring([0, 1], minutes, 96 << 20, flows=4)
+    impatient = replace(DEFAULT_PARAMS, restart_window_ns=4 * MINUTE_NS)
+    found = recognize_hour(table(rows), topology, None, HOUR0, params=impatient)
+    columns = ("first_seen", "last_seen", "restarts")
+    lives = sorted(zip(*(found.jobs[name].cast(pa.int64()).to_pylist() for name in columns)))
+    assert lives == [(HOUR0 + SECOND, HOUR0 + 19 * MINUTE_NS + 59 * SECOND, 0),
+                     (HOUR0 + 25 * MINUTE_NS + SECOND, HOUR0 + 59 * MINUTE_NS + 59 * SECOND, 0)]
 
 
 def test_a_checkpoint_save_longer_than_a_restart_gap_is_no_restart():
@@ -214,18 +238,18 @@ def test_a_checkpoint_save_longer_than_a_restart_gap_is_no_restart():
         at = HOUR0 + minute * MINUTE_NS
         first = at + (59 if minute == 3 else 0) * SECOND
         rows += [pair_row(at, f"10.0.{h}.0", "10.200.0.1", 1 << 30, 4, first, at + 60 * SECOND - 1) for h in (0, 1)]
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
     (job,) = job_rows(found).values()
     assert job["restarts"] == 0
     # without the writes, the same silence is a stop and the traffic after it a restart
-    quiet = jobs.recognize_hour(table([r for r in rows if r["dst_addr"] != "10.200.0.1"]), topology, None, HOUR0)
+    quiet = recognize_hour(table([r for r in rows if r["dst_addr"] != "10.200.0.1"]), topology, None, HOUR0)
     assert [j["restarts"] for j in job_rows(quiet).values()] == [1]
 
 
 def test_restart_with_a_replaced_host():
     topology = inventory(4)
     rows = ring([0, 1, 2], range(20), 4 << 20) + ring([0, 1, 3], range(24, 60), 4 << 20)
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
     (job,) = job_rows(found).values()
     assert job["restarts"] == 1 and job["hosts"] == ["host00", "host01", "host03"]
     replaced = found.events.filter(pc.equal(found.events["kind"], "host_replaced")).to_pylist()
@@ -242,7 +266,7 @@ def test_new_job_on_hosts_another_just_left():
     rows = ring([0, 1], range(20), 4 << 20) + ring([0, 1], range(20), 96 << 20, flows=4)
     rows += ring([0, 1], [20], 4 << 20, last_s=10) + ring([0, 1], [20], 96 << 20, flows=4, last_s=10)
     rows += ring([0, 1], range(21, 40), 6 << 20) + ring([0, 1], range(21, 40), 200 << 20, flows=4)
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
     assert len(job_rows(found)) == 2
     statuses = sorted(r["status"] for r in job_rows(found).values())
     assert statuses == ["ended", "ended"]
@@ -271,7 +295,7 @@ def hosts_changing_hands(shared_size: int) -> list[dict]:
     return rows
 
 
-def changed_hands(found: jobs.Recognition) -> tuple[str, str, dict, dict, dict]:
+def changed_hands(found: Recognition) -> tuple[str, str, dict, dict, dict]:
     """(old id, new id, first_seen and last_seen by id, membership spans by (id, host))."""
     by_size = dict(zip(found.jobs["n_hosts"].to_pylist(), found.jobs["job_id"].to_pylist()))
     first_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["first_seen"].cast(pa.int64()).to_pylist()))
@@ -282,7 +306,7 @@ def changed_hands(found: jobs.Recognition) -> tuple[str, str, dict, dict, dict]:
 
 def test_a_job_taking_hosts_within_the_minute_another_ends_gets_its_traffic_from_then():
     # the shared rows carry the new job's size: the new job begins right after the old one's end
-    found = jobs.recognize_hour(table(hosts_changing_hands(NEW_SIZES[1])), inventory(4), None, HOUR0)
+    found = recognize_hour(table(hosts_changing_hands(NEW_SIZES[1])), inventory(4), None, HOUR0)
     at = HOUR0 + 20 * MINUTE_NS
     old_end, new_start = at + 7 * SECOND, at + 7 * SECOND + 1
     old_id, new_id, first_seen, last_seen, spans = changed_hands(found)
@@ -305,7 +329,7 @@ def test_a_job_taking_hosts_within_the_minute_another_ends_gets_its_traffic_from
 def test_a_pair_row_both_jobs_share_labelled_by_the_old_jobs_size_does_not_stretch_it():
     # The shared rows carry the old job's activation size and end with the new job's traffic:
     # the old job still ends with its other rows, and the new one begins with its own.
-    found = jobs.recognize_hour(table(hosts_changing_hands(OLD_SIZES[0])), inventory(4), None, HOUR0)
+    found = recognize_hour(table(hosts_changing_hands(OLD_SIZES[0])), inventory(4), None, HOUR0)
     at = HOUR0 + 20 * MINUTE_NS
     old_id, new_id, first_seen, last_seen, spans = changed_hands(found)
     assert last_seen[old_id] == at + 7 * SECOND and first_seen[new_id] == at + 14 * SECOND
@@ -334,14 +358,14 @@ def test_a_job_taking_hosts_where_both_jobs_share_a_size_starts_with_its_own_pai
     rows += [r for r in ring(list(range(6)), [20], old_size, last_s=7) if r["src_addr"][:7] not in ("10.0.0.", "10.0.2.")]
     rows += all_to_all([20], 1) + all_to_all(range(21, 40), 1)
     rows += [r for pair in ([0, 2], [1, 3]) for r in ring(pair, [20], activation, first_s=14) + ring(pair, range(21, 40), activation)]
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
 
     by_size = dict(zip(found.jobs["n_hosts"].to_pylist(), found.jobs["job_id"].to_pylist()))
     old_id, new_id = by_size[6], by_size[4]
     first_seen = dict(zip(found.jobs["job_id"].to_pylist(), found.jobs["first_seen"].cast(pa.int64()).to_pylist()))
     # it begins with its own pairs' traffic, or with the all-to-all on the shared pairs in the
     # moments before (its first collective reaches its pairs within them)
-    begins = at + 14 * SECOND - jobs.SEGMENT_GAP_NS
+    begins = at + 14 * SECOND - DEFAULT_PARAMS.handover_lead_in_ns
     assert first_seen[new_id] == begins
     spans = {(r["job_id"], r["host"]): (r["first_ns"], r["last_ns"]) for r in found.membership.to_pylist()}
     assert spans[old_id, "host00"][1] == begins - 1  # the old job holds it until then
@@ -369,7 +393,7 @@ def test_a_job_with_other_sizes_on_the_hosts_a_job_left_seconds_before_in_the_mi
     rows = ring_flows([0, 1], 0, old_end_s, OLD_SIZES) + ring_flows([0, 1], new_start_s, 40 * 60, NEW_SIZES)
     raw = pa.Table.from_pylist(rows)
     flows = conform(raw.append_column("minute", minute_of(raw["time_flow_start_ns"])), FLOWS)
-    found = jobs.recognize_hour(minute_aggregates(flows), inventory(2), None, HOUR0)
+    found = recognize_hour(minute_aggregates(flows), inventory(2), None, HOUR0)
 
     assert found.jobs.num_rows == 2
     first_seen = found.jobs["first_seen"].cast(pa.int64()).to_pylist()
@@ -387,7 +411,7 @@ def test_a_new_job_on_part_of_the_hosts_a_short_job_left_is_another_job():
     # 20 s later a job with other sizes starts on two of its hosts
     rows = ring([0, 1, 2, 3], [0], 4 << 20) + ring([0, 1, 2, 3], [1], 4 << 20, last_s=50)
     rows += ring([0, 1], [2], 6 << 20, first_s=10) + ring([0, 1], range(3, 10), 6 << 20)
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
     assert sorted(r["n_hosts"] for r in job_rows(found).values()) == [2, 4]
 
 
@@ -395,7 +419,7 @@ def test_same_hosts_after_a_pause_with_other_sizes_is_a_new_job():
     topology = inventory(2)
     rows = ring([0, 1], range(10), 4 << 20) + ring([0, 1], range(10), 96 << 20, flows=4)
     rows += ring([0, 1], range(15, 30), 4 << 20) + ring([0, 1], range(15, 30), 300 << 20, flows=4)
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
     assert len(job_rows(found)) == 2
     assert all(r["restarts"] == 0 for r in job_rows(found).values())
 
@@ -409,7 +433,7 @@ def parts_then_whole(hosts_a, hosts_b, minutes, size=4 << 20, bucket=96 << 20):
 
 def test_a_job_first_seen_in_parts_is_one_job():
     topology = inventory(4)
-    found = jobs.recognize_hour(table(parts_then_whole([0, 2], [1, 3], list(range(5, 30)))), topology, None, HOUR0)
+    found = recognize_hour(table(parts_then_whole([0, 2], [1, 3], list(range(5, 30)))), topology, None, HOUR0)
     (job,) = job_rows(found).values()
     assert job["n_hosts"] == 4
     assert found.events["kind"].to_pylist() == ["start", "end"]
@@ -420,19 +444,19 @@ def test_a_restart_seen_in_parts_resumes_the_job():
     topology = inventory(4)
     rows = ring([0, 1, 2, 3], range(10), 4 << 20) + ring([0, 1, 2, 3], range(10), 96 << 20, flows=4)
     rows += parts_then_whole([0, 2], [1, 3], list(range(14, 30)))
-    found = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
     (job,) = job_rows(found).values()
     assert job["restarts"] == 1 and job["n_hosts"] == 4
 
 
 def test_a_running_job_whose_hosts_another_takes_next_hour_ends_there():
     topology = inventory(2)
-    first = jobs.recognize_hour(table(ring([0, 1], range(30, 60), 4 << 20, last_s=30)), topology, None, HOUR0)
+    first = recognize_hour(table(ring([0, 1], range(30, 60), 4 << 20, last_s=30)), topology, None, HOUR0)
     (old_id,) = job_rows(first)
     assert job_rows(first)[old_id]["status"] == "running"  # silent only 30 s at the hour's end
     later = [{**row, "minute": row["minute"] + HOUR_NS, "first_start_ns": row["first_start_ns"] + HOUR_NS,
               "last_end_ns": row["last_end_ns"] + HOUR_NS} for row in ring([0, 1], range(5, 20), 9 << 20)]
-    second = jobs.recognize_hour(table(later), topology, json.loads(json.dumps(first.state)), HOUR0 + HOUR_NS)
+    second = recognize_hour(table(later), topology, json.loads(json.dumps(first.state)), HOUR0 + HOUR_NS)
     assert job_rows(second)[old_id]["status"] == "ended"
     assert len(job_rows(second)) == 2
     ends = second.events.filter(pc.equal(second.events["kind"], "end"))["job_id"].to_pylist()
@@ -442,19 +466,48 @@ def test_a_running_job_whose_hosts_another_takes_next_hour_ends_there():
 def test_a_job_seen_until_the_hour_end_closes_in_the_next_hour():
     topology = inventory(2)
     rows = ring([0, 1], range(60), 4 << 20)
-    first = jobs.recognize_hour(table(rows), topology, None, HOUR0)
+    first = recognize_hour(table(rows), topology, None, HOUR0)
     empty = FLOW_MINUTES.empty_table()
-    second = jobs.recognize_hour(empty, topology, json.loads(json.dumps(first.state)), HOUR0 + HOUR_NS)
+    second = recognize_hour(empty, topology, json.loads(json.dumps(first.state)), HOUR0 + HOUR_NS)
     (job,) = job_rows(second).values()
     assert job["status"] == "ended"
     assert second.events["kind"].to_pylist() == ["end"]
     assert second.state["jobs"] == []  # silent for longer than a restart could be
 
 
+# --- the state handed to the next hour -------------------------------------------------------------
+
+
+def test_state_round_trips_through_json():
+    # host02-host03 stopped 20 minutes before the hour's end (carried: it may still restart),
+    # host00-host01 runs to the end
+    topology = inventory(4)
+    rows = ring([2, 3], range(10, 40), 6 << 20) + ring([0, 1], range(50, 60), 4 << 20)
+    rows += ring([0, 1], range(50, 60), 96 << 20, flows=4)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    state = RecognitionState.load(json.loads(json.dumps(found.state)))
+    assert state.dump() == found.state
+    assert RecognitionState.load(state.dump()) == state
+    stopped, running = state.tracks  # in creation order
+    assert (stopped.hosts, stopped.status, stopped.reported_end) == (("host02", "host03"), "ended", True)
+    assert stopped.last_end_ns == HOUR0 + 39 * MINUTE_NS + 59 * SECOND
+    assert (running.hosts, running.status, running.restarts) == (("host00", "host01"), "running", 0)
+    # (size, flows, minutes): 8 rails both ways, 12 and 4 flows per row, over 10 minutes
+    assert running.signature == ((4 << 20, 16 * 12 * 10, 10), (96 << 20, 16 * 4 * 10, 10))
+    assert RecognitionState.load(None) == RecognitionState.load({}) == RecognitionState()
+
+
+def test_a_state_of_another_version_is_refused():
+    found = recognize_hour(table(ring([0, 1], range(50, 60), 4 << 20)), inventory(2), None, HOUR0)
+    older = {**found.state, "version": STATE_VERSION - 1}
+    with pytest.raises(ValueError, match=f"version {STATE_VERSION - 1}, this Prism reads version {STATE_VERSION}"):
+        recognize_hour(FLOW_MINUTES.empty_table(), inventory(2), older, HOUR0 + HOUR_NS)
+
+
 # --- on simulated scenarios -----------------------------------------------------------------------
 
 
-def membership_warehouse(recognitions: list[tuple[int, jobs.Recognition]]) -> dict[str, pa.Table]:
+def membership_warehouse(recognitions: list[tuple[int, Recognition]]) -> dict[str, pa.Table]:
     """The warehouse tables the scorer needs, with job_gpus taken from the membership."""
     return {
         "jobs": pa.concat_tables([r.jobs for _, r in recognitions]),
@@ -495,140 +548,11 @@ def test_fleet_minute_recognition_time(scenario_dir):
     minute = flow_minutes["minute"].cast(pa.int64()).to_numpy()
     busiest = np.bincount(np.unique(minute, return_inverse=True)[1]).argmax()
     one = flow_minutes.filter(pa.array(minute == np.unique(minute)[busiest]))
-    jobs.recognize_minute(one, topology)  # warm-up
+    recognize_minute(one, topology)  # warm-up
     began = time.perf_counter()
-    found = jobs.recognize_minute(one, topology)
+    found = recognize_minute(one, topology)
     assert time.perf_counter() - began < 1.0
     assert len(found) >= 10
     figures = job_scores.score(truth, membership_warehouse(recognize_hours(flow_minutes, topology)), {})
     assert figures["jobs_matched_exactly"].value >= 0.99
     assert figures["jobs_split_or_merged"].value == 0
-
-
-# --- the scorer -----------------------------------------------------------------------------------
-
-
-def truth_and_warehouse():
-    """Two true jobs on two hosts each; the warehouse found both, the first across two hours."""
-    def ts(values):
-        return pa.array([HOUR0 + v * SECOND for v in values], TS)
-
-    addrs = {"sim-a": ["10.0.0.0", "10.0.1.0"], "sim-b": ["10.0.2.0", "10.0.3.0"]}
-    truth = {
-        "jobs": pa.table({"job_id": ["sim-a", "sim-b"], "start": ts([0, 0]), "end": ts([7000, 3000]),
-                          "has_network": [True, True], "dp": [2, 1], "pp": [1, 2], "tp": [1, 1]}),
-        "job_gpus": pa.table({"job_id": ["sim-a"] * 2 + ["sim-b"] * 2, "addr": addrs["sim-a"] + addrs["sim-b"]}),
-        "pairs": pa.table({"job_id": ["sim-a", "sim-a", "sim-b", "sim-b"],
-                           "src_addr": ["10.0.0.0", "10.0.1.0", "10.0.2.0", "10.0.3.0"],
-                           "dst_addr": ["10.0.1.0", "10.0.0.0", "10.0.3.0", "10.0.2.0"],
-                           "kind": ["dp", "dp", "pp", "pp"]}),
-    }
-    warehouse = {
-        "jobs": pa.table({"job_id": ["job-a", "job-a", "job-b"], "first_seen": ts([0, 0, 0]),
-                          "last_seen": ts([3599, 7000, 3000]), "dp": pa.array([2, 2, 1], pa.int32()),
-                          "pp": pa.array([1, 1, 2], pa.int32()), "tp": pa.array([1, 1, 1], pa.int32())}),
-        "job_gpus": pa.table({"job_id": ["job-a"] * 2 + ["job-b"] * 2, "addr": addrs["sim-a"] + addrs["sim-b"]}),
-        "comm_pairs": truth["pairs"].set_column(0, "job_id", pa.array(["job-a", "job-a", "job-b", "job-b"])),
-    }
-    return truth, warehouse
-
-
-def test_scorer_on_a_perfect_warehouse():
-    truth, warehouse = truth_and_warehouse()
-    figures = job_scores.score(truth, warehouse, {})
-    assert all(f.ok for f in figures.values() if f.target is not None)
-    assert figures["degrees_exact"].value == 1.0
-
-
-def test_scorer_counts_splits_wrong_pairs_and_degrees():
-    truth, warehouse = truth_and_warehouse()
-    # job-a's second hour came out under another id; one DP pair was called PP; job-b's pp is wrong
-    warehouse["jobs"] = pa.table(
-        {"job_id": ["job-a", "job-a2", "job-b"],
-         "first_seen": pa.array([HOUR0, HOUR0 + 3600 * SECOND, HOUR0], TS),
-         "last_seen": pa.array([HOUR0 + 3599 * SECOND, HOUR0 + 7000 * SECOND, HOUR0 + 3000 * SECOND], TS),
-         "dp": pa.array([2, 2, 1], pa.int32()), "pp": pa.array([1, 1, 1], pa.int32()), "tp": pa.array([1, 1, 1], pa.int32())}
-    )
-    warehouse["job_gpus"] = pa.concat_tables(
-        [warehouse["job_gpus"], pa.table({"job_id": ["job-a2"] * 2, "addr": ["10.0.0.0", "10.0.1.0"]})]
-    )
-    kinds = warehouse["comm_pairs"]["kind"].to_pylist()
-    warehouse["comm_pairs"] = warehouse["comm_pairs"].set_column(3, "kind", pa.array(["pp"] + kinds[1:]))
-    figures = job_scores.score(truth, warehouse, {})
-    assert figures["jobs_split_or_merged"].value == 1
-    assert figures["jobs_matched_exactly"].value == 1.0  # each true job has an exact match
-    assert figures["pp_pair_precision"].value == pytest.approx(2 / 3)
-    assert figures["pp_pair_recall"].value == 1.0
-    assert figures["dp_pair_recall"].value == 0.5
-    assert figures["dp_pair_precision"].value == 1.0
-    assert figures["degrees_exact"].value == 0.5
-
-
-def test_scorer_matches_a_job_that_lived_less_than_the_usual_overlap():
-    """A 13 s job recognized exactly is matched although lives must usually share a minute."""
-    truth, warehouse = truth_and_warehouse()
-    truth["jobs"] = truth["jobs"].set_column(2, "end", pa.array([HOUR0 + 7000 * SECOND, HOUR0 + 13 * SECOND], TS))
-    last_seen = warehouse["jobs"].schema.get_field_index("last_seen")
-    warehouse["jobs"] = warehouse["jobs"].set_column(
-        last_seen, "last_seen", pa.array([HOUR0 + 3599 * SECOND, HOUR0 + 7000 * SECOND, HOUR0 + 13 * SECOND], TS))
-    figures = job_scores.score(truth, warehouse, {})
-    assert figures["jobs_matched_exactly"].value == 1.0
-    assert figures["pp_pair_recall"].value == 1.0
-
-
-def test_scorer_does_not_link_jobs_through_a_host_reused_later():
-    """sim-a ends at 1000 s; sim-c restarts at 4000 s with sim-a's old host 10.0.1.0 replacing
-    10.0.3.0. Both jobs are alive together, but never hold that host at the same time."""
-    def ts(values):
-        return pa.array([HOUR0 + v * SECOND for v in values], TS)
-
-    addrs = ["10.0.0.0", "10.0.1.0", "10.0.2.0", "10.0.3.0", "10.0.1.0"]
-    spans = {"start": ts([0, 0, 0, 0, 4000]), "end": ts([1000, 1000, 7000, 4000, 7000])}
-    degrees = {d: pa.array([1, 1], pa.int32()) for d in ("dp", "pp", "tp")}
-    no_pairs = pa.table({c: pa.array([], pa.string()) for c in ("job_id", "src_addr", "dst_addr", "kind")})
-    truth = {
-        "jobs": pa.table({"job_id": ["sim-a", "sim-c"], "start": ts([0, 0]), "end": ts([1000, 7000]),
-                          "has_network": [True, True], **degrees}),
-        "job_gpus": pa.table({"job_id": ["sim-a"] * 2 + ["sim-c"] * 3, "addr": addrs, **spans}),
-        "pairs": no_pairs,
-    }
-    warehouse = {
-        "jobs": pa.table({"job_id": ["job-a", "job-c"], "first_seen": ts([0, 0]), "last_seen": ts([1000, 7000]),
-                          **degrees}),
-        "job_gpus": pa.table({"job_id": ["job-a"] * 2 + ["job-c"] * 3, "addr": addrs,
-                              "first_seen": spans["start"], "last_seen": spans["end"]}),
-        "comm_pairs": no_pairs,
-    }
-    figures = job_scores.score(truth, warehouse, {})
-    assert figures["jobs_split_or_merged"].value == 0
-    assert figures["jobs_matched_exactly"].value == 1.0
-    # tables without address spans fall back to the jobs' lives, which overlap: a split and a merge each way
-    truth["job_gpus"] = truth["job_gpus"].drop_columns(["start", "end"])
-    warehouse["job_gpus"] = warehouse["job_gpus"].drop_columns(["first_seen", "last_seen"])
-    assert job_scores.score(truth, warehouse, {})["jobs_split_or_merged"].value == 4
-
-
-def test_a_pair_two_truth_jobs_share_is_right_once_in_the_prism_job_they_both_match():
-    """Two truth jobs run one after the other on the same two GPUs with the same DP pair and Prism
-    merges them: its one pair is right once (precision 1, not 2), and each truth job found it."""
-    def ts(values):
-        return pa.array([HOUR0 + v * SECOND for v in values], TS)
-
-    degrees = {d: pa.array([1, 1], pa.int32()) for d in ("dp", "pp", "tp")}
-    pair = {"src_addr": ["10.0.0.0"], "dst_addr": ["10.0.1.0"], "kind": ["dp"]}
-    truth = {
-        "jobs": pa.table({"job_id": ["sim-a", "sim-b"], "start": ts([0, 2000]), "end": ts([1900, 3500]),
-                          "has_network": [True, True], **degrees}),
-        "job_gpus": pa.table({"job_id": ["sim-a", "sim-a", "sim-b", "sim-b"], "addr": ["10.0.0.0", "10.0.1.0"] * 2}),
-        "pairs": pa.table({"job_id": ["sim-a", "sim-b"], **{k: v * 2 for k, v in pair.items()}}),
-    }
-    warehouse = {
-        "jobs": pa.table({"job_id": ["job-ab"], "first_seen": ts([0]), "last_seen": ts([3500]),
-                          **{d: pa.array([1], pa.int32()) for d in ("dp", "pp", "tp")}}),
-        "job_gpus": pa.table({"job_id": ["job-ab"] * 2, "addr": ["10.0.0.0", "10.0.1.0"]}),
-        "comm_pairs": pa.table({"job_id": ["job-ab"], **pair}),
-    }
-    figures = job_scores.score(truth, warehouse, {})
-    assert figures["jobs_split_or_merged"].value == 1
-    assert figures["dp_pair_precision"].value == 1.0
-    assert figures["dp_pair_recall"].value == 1.0

@@ -1,11 +1,13 @@
-"""How big Arrow tables cross a shuffle: by reference to a staged Arrow IPC file, not by value.
+"""Shuffle staging: how big Arrow tables cross a shuffle, by reference to a staged Arrow IPC file.
 
 Pickling millions of flow rows into a `GroupByKey` costs more than the work around it: the runner
 copies the bytes several times and the in-process runner keeps every shuffled PCollection in memory.
-So a step writes its output tables to an uncompressed Arrow IPC file under the run's staging
-directory (`<warehouse>/_staging/<run id>/`, on the warehouse's filesystem, which every worker
-shares) and passes on `TableRef`s of a few dozen bytes; the next step memory-maps the file and
-reads its rows without a copy. The directory lives as long as the run.
+So a step writes its output tables to an uncompressed Arrow IPC file under the run's shuffle
+staging directory (`<warehouse>/_shuffle_staging/<run id>/`, on the warehouse's filesystem, which
+every worker shares) and passes on `TableRef`s of a few dozen bytes; the next step memory-maps the
+file and reads its rows without a copy. These files are intermediate data of one run, never part
+of the warehouse (pipelines/sink.py writes that): the directory is removed when the run ends,
+whether it succeeded or failed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pyarrow as pa
 
 from pipelines.warehouse import ABANDONED_AFTER_S
 
-STAGING_DIR = "_staging"
+SHUFFLE_STAGING_DIR = "_shuffle_staging"
 WRITE_BUFFER_BYTES = 1 << 20
 Key = TypeVar("Key")
 
@@ -40,10 +42,10 @@ class TableRef:
 
 
 @contextmanager
-def staging_area(root: str | Path) -> Iterator[str]:
-    """A new directory for one run's staged tables, removed when the run ends. Directories left
-    by runs killed more than an hour ago are removed first; younger ones may be running."""
-    base = Path(root) / STAGING_DIR
+def shuffle_staging_area(root: str | Path) -> Iterator[str]:
+    """A new directory for one run's staged tables, removed when the run ends or fails. Directories
+    left by runs killed more than an hour ago are removed first; younger ones may be running."""
+    base = Path(root) / SHUFFLE_STAGING_DIR
     if base.is_dir():
         for leftover in base.iterdir():
             try:

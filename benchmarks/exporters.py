@@ -1,0 +1,126 @@
+"""Exporters as they are: Prism's figures when the flows come through real exporters' habits.
+
+    python -m benchmarks.exporters [--alone-seeds 0] [--realistic-seeds 0-2]
+
+Each export perturbation alone (one `ExportOptions` field on, on every exporter, with its values
+drawn per exporter as the `realistic` family draws them) on small's jobs, the same hour without
+any (`none`), and the `realistic` family over a few seeds: each is simulated into a temporary
+directory (not benchmarks/.cache: that cache is keyed by the simulator's code), run through the
+whole pipeline on the default runner and scored. A run that fails records its error. Figures go
+to benchmarks/results/exporters.json (per run, and pooled per perturbation) and a table is
+printed: the baseline that work on the inference is measured against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prism_core.simulate.scenarios import REALISTIC, SMALL, ExportOptions, Scenario
+
+RESULTS = Path(__file__).resolve().parent / "results" / "exporters.json"
+ALONE = {
+    "none": ExportOptions(),
+    "flow_cache": ExportOptions(flow_cache=1.0),
+    "milliseconds": ExportOptions(milliseconds=1.0),
+    "sflow": ExportOptions(sflow=1.0),
+    "loss": ExportOptions(loss=REALISTIC.export.loss),
+    "double_export": ExportOptions(double_export=1.0),
+    "clock_drift": ExportOptions(drift_ppm=REALISTIC.export.drift_ppm),
+    "header_bytes": ExportOptions(header_bytes=True),
+}
+# (column, stage, metric): shares of `prism evaluate`
+COLUMNS = (
+    ("jobs exact", "jobs", "jobs_matched_exactly"),
+    ("PP P", "jobs", "pp_pair_precision"),
+    ("PP R", "jobs", "pp_pair_recall"),
+    ("DP P", "jobs", "dp_pair_precision"),
+    ("DP R", "jobs", "dp_pair_recall"),
+    ("steps 1%", "steps", "steps_within_1pct"),
+    ("exact counts", "steps", "job_hours_exact_count"),
+    ("issues P", "issues", "precision"),
+    ("issues R", "issues", "recall"),
+    ("records kept", "ingest", "records_kept"),
+    ("dups dropped", "ingest", "duplicates_dropped"),
+)
+
+
+def run_one(scenario: Scenario, seed: int) -> dict:
+    """Simulate, run and score one hour; {"figures", "export", "seconds"} or {"error", ...}."""
+    from pipelines.evaluation import evaluate_warehouse
+    from pipelines.run import infer_range, run_hours
+    from prism_core.simulate import write_scenario
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"prism-exporters-{scenario.name}-{seed}-") as work:
+        data, root = Path(work) / "data", Path(work) / "warehouse"
+        summary = write_scenario(scenario, data, seed)
+        export = json.loads((data / "truth" / "export.json").read_text())["counts"]
+        result = {"records": summary.records, "duplicates": summary.duplicates, "export": export}
+        try:
+            first, end = infer_range(str(data / "flows"))
+            run_hours(str(data / "flows"), str(root), first, end, topology_path=str(data / "topology.csv"))
+            result["figures"] = evaluate_warehouse(data / "truth", root)
+        except Exception as error:  # a benchmark row, not a stop: the other runs still tell
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            result["error"] = f"{type(error).__name__}: {error} ({Path(frame.filename).name}:{frame.lineno})"
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    print(f"{scenario.name} seed {seed}: {result.get('error', 'scored')} in {result['seconds']:.0f} s", flush=True)
+    return result
+
+
+def table(results: dict[str, dict]) -> str:
+    """One line per perturbation: its pooled figures, or its runs' errors."""
+    lines = [" | ".join(["perturbation", "runs", *(c for c, _, _ in COLUMNS)])]
+    lines.append(" | ".join(["---"] * (len(COLUMNS) + 2)))
+    for name, result in results.items():
+        pooled, runs = result.get("pooled"), result["runs"]
+        cells = [name, str(len(runs))]
+        if pooled is None:
+            errors = sorted({r["error"] for r in runs.values()})
+            lines.append(" | ".join(cells + ["failed: " + "; ".join(errors)]))
+            continue
+        for _, stage, metric in COLUMNS:
+            value = pooled[stage][metric].get("value")
+            cells.append("n/a" if value is None else f"{value:.3f}")
+        failed = sum("error" in r for r in runs.values())
+        lines.append(" | ".join(cells) + (f" ({failed} failed)" if failed else ""))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from benchmarks.accuracy import seeds
+    from prism_core.evaluate.figures import pool
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--alone-seeds", default="0")
+    parser.add_argument("--realistic-seeds", default="0-2")
+    args = parser.parse_args()
+    plan = [(name, replace(SMALL, name=f"small-{name}", export=options), seeds(args.alone_seeds))
+            for name, options in ALONE.items()]
+    plan.append(("realistic", REALISTIC, seeds(args.realistic_seeds)))
+    results: dict[str, dict] = {}
+    for name, scenario, seed_list in plan:
+        runs = {str(seed): run_one(scenario, seed) for seed in seed_list}
+        scored = [r["figures"] for r in runs.values() if "figures" in r]
+        results[name] = {"options": asdict(scenario.export), "runs": runs,
+                         "pooled": pool(scored) if scored else None}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
+        "results": results,
+    }, indent=1, sort_keys=True) + "\n")
+    print(table(results))
+    print(f"figures in {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Degradation: a persistent rise of the job's step-time level (a BOCD segment change in
+baseline.py of at least `degradation_min_shift`, holding `degradation_min_steps`). It stays open
+across hours under one issue id until the level falls back, each hour charging its own steps'
+excess over the level before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from prism_core import waste
+
+from .baseline import Baseline
+from .issues import Issue, confidence
+from .job_hour import JobHour, StepMasks
+from .params import DiagnosisParams
+from .state import LevelState, OpenDegradation
+
+
+def degradation_issues(job: JobHour, fit: Baseline, masks: StepMasks, slow: np.ndarray, previous: LevelState,
+                       params: DiagnosisParams) -> tuple[list[Issue], LevelState]:
+    """The degradations of the hour (one continuing from the previous hour included), and the
+    level state to carry on."""
+    clean = fit.clean
+    level = previous.level_s
+    if level is None and clean.any():
+        first_segment = fit.segment == fit.segment[clean][0]
+        level = float(np.median(job.duration[clean & first_segment]))
+    opened, first = previous.open_degradation, 0  # the open degradation, from this step of the hour
+    issues = []
+    changes = np.flatnonzero(np.diff(np.r_[fit.segment_before, fit.segment]))  # a change may open the hour
+    for cp in changes:
+        segment_steps = clean & (fit.segment == fit.segment[cp])
+        new_level = float(np.median(job.duration[segment_steps]))
+        risen = new_level / level - 1 >= params.degradation_min_shift
+        if opened and not risen:
+            issues += _degradation(job, fit, masks, slow, opened, first, cp, params)
+            opened = None
+        elif not opened and risen:
+            opened, first = OpenDegradation(issue_id=None, start_ns=job.ns(job.step_start[cp]), baseline_s=level), cp
+        elif not opened:
+            level = new_level
+    still_open = None
+    if opened:
+        last = _degradation(job, fit, masks, slow, opened, first, job.n_steps, params)
+        issues += last
+        still_open = replace(opened, issue_id=last[0].issue_id) if last else opened
+    return issues, LevelState(recent_s=fit.recent_s, level_s=level, open_degradation=still_open)
+
+
+def _degradation(job: JobHour, fit: Baseline, masks: StepMasks, slow: np.ndarray, opened: OpenDegradation,
+                 first: int, stop: int, params: DiagnosisParams) -> list[Issue]:
+    """The issue of degradation `opened` over steps [first, stop) of the hour (none when empty):
+    the measured steps' excess over the level before it stands for all its steps."""
+    steps = np.arange(first, stop)
+    if not len(steps):
+        return []
+    measured = steps[~(masks.checkpoint[steps] | masks.warmup[steps] | slow[steps] | masks.windowed[steps])]
+    baseline = opened.baseline_s
+    n_gpus = job.gpus_active(job.step_start[first], job.step_end[stop - 1])
+    cost = waste.window_excess_gpu_s(job.duration[measured], baseline, len(steps), n_gpus)
+    share = float(np.median(job.duration[measured])) / baseline - 1 if len(measured) else 0.0
+    evidence = {"baseline_s": baseline, "level_s": baseline * (1 + share), "steps": len(steps),
+                "measured_steps": len(measured), "continued": opened.issue_id is not None}
+    return [Issue.of(job.job_id, "degradation", job.job_id, opened.start_ns, job.ns(job.step_end[stop - 1]),
+                     share=share, confidence=confidence(share / params.degradation_min_shift), wasted_gpu_s=cost,
+                     evidence=evidence, params=params)]

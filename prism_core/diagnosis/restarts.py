@@ -1,0 +1,173 @@
+"""Restarts: the attempt number goes up, or the job falls silent between two steps for longer than
+any step takes. The first `warmup_steps` steps of an attempt (and of a job first seen) are warm-up:
+slow by nature, charged to the restart. A job that resumes after a silence as long as the
+collective watchdog's timeout was hung, killed and restarted: the restart then costs its downtime
+from the kill, the hang the work lost since the checkpoint. A restart seen only from its
+checkpoint load (hangs.checkpoint_load) is reported to the end of the data and continued by the
+resumed steps next hour, under the same issue id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from prism_core import waste
+from prism_core.constants import NS_PER_S as NS
+
+from . import hangs
+from .checkpoints import Checkpoints
+from .issues import Issue
+from .job_hour import JobHour
+from .params import DiagnosisParams
+from .state import Progress, Resumed, Stop
+
+
+@dataclass(frozen=True, eq=False)
+class Resumes:
+    steps: np.ndarray  # indices of the steps that resume the job after a restart
+    warmup: np.ndarray  # per step: warm-up after a restart or the job's first step
+    first_step_ns: int | None  # the job's first step (its first traffic): its work starts here
+
+
+def find_resumes(job: JobHour, progress: Progress, params: DiagnosisParams) -> Resumes:
+    if not job.n_steps:
+        return Resumes(np.zeros(0, np.int64), np.zeros(0, bool), progress.first_step_ns)
+    previous_attempt = np.r_[progress.last_attempt, job.attempt[:-1]]
+    last_end = job.seconds(progress.last_step_end_ns) if progress.last_step_end_ns is not None else np.nan
+    silence = job.step_start - np.r_[last_end, job.step_end[:-1]]
+    gap_limit = max(params.restart_gap_s, params.restart_gap_steps * float(np.median(job.duration)))
+    resumes = np.flatnonzero((job.attempt > previous_attempt) | (silence > gap_limit))
+    warmup = np.zeros(job.n_steps, bool)
+    first_step_ns = progress.first_step_ns
+    for first in resumes.tolist() + ([0] if first_step_ns is None else []):
+        warmup[first:first + params.warmup_steps] = True
+    if first_step_ns is None:  # the work starts with the job's first traffic
+        first_traffic = job.start.min() if len(job.start) else job.step_start[0]
+        first_step_ns = job.ns(max(job.step_start[0], first_traffic))
+    return Resumes(resumes, warmup, first_step_ns)
+
+
+def restart_issues(job: JobHour, resumes: Resumes, progress: Progress, stop: Stop | None, checkpoints: Checkpoints,
+                   baseline: np.ndarray, level_s: float | None, params: DiagnosisParams
+                   ) -> tuple[list[Issue], Stop | None]:
+    """A restart per resume (and a hang before it, when the job was killed by the watchdog and no
+    earlier hour reported the hang). `progress` and `stop` are the previous hour's: a resume at
+    the hour's first step failed when that stop happened. Returns the stop, marked as a hang when
+    one was reported from it."""
+    issues = []
+    for i in resumes.steps.tolist():
+        previous_end = job.step_end[i - 1] if i else (
+            job.seconds(progress.last_step_end_ns) if progress.last_step_end_ns is not None else job.step_start[i])
+        partial = (job.start >= previous_end) & (job.start < job.step_start[i] - params.boundary_slack_s)
+        failed = float(job.end[partial].max()) if partial.any() else previous_end
+        hosts_before = job.host_names_active(failed - params.active_window_s, failed)
+        checkpoint_ns = checkpoints.before(job, failed)
+        seen_loading = None  # the restart as its checkpoint load showed it in an earlier hour
+        stop_before = stop if i == 0 else None
+        if stop_before:
+            failed = job.seconds(stop_before.at_ns)
+            hosts_before = list(stop_before.hosts)
+            checkpoint_ns = stop_before.checkpoint_ns
+            seen_loading = stop_before.resumed
+        resume = job.step_start[i]
+        killed, hang, hung = _killed_after_hang(job, stop_before, i, failed, resume, checkpoints, level_s, params)
+        issues += hang
+        if stop_before:
+            stop = hung
+        # after a hang, the work lost since the checkpoint is the hang's: the restart costs the
+        # downtime from the kill on
+        restart_from_ns = job.ns(killed) if killed is not None else checkpoint_ns
+        start_ns = restart_from_ns if killed is not None else job.ns(failed)
+        charged_from_ns = restart_from_ns
+        if seen_loading:  # the same issue: charge what the earlier hour did not
+            start_ns = seen_loading.start_ns
+            charged_from_ns = max(restart_from_ns, seen_loading.charged_until_ns)
+        warm = np.arange(i, min(i + params.warmup_steps, job.n_steps))
+        warm = warm[job.attempt[warm] == job.attempt[i]]
+        n_gpus = job.gpus_active(resume, job.step_end[warm[-1]])
+        cost = waste.restart_gpu_s(n_gpus, charged_from_ns, job.ns(resume), job.duration[warm], baseline[warm])
+        evidence = _evidence(job, failed, resume, killed is not None, checkpoint_ns, int(job.attempt[i]),
+                             float(np.sum(job.duration[warm] - baseline[warm])), hosts_before,
+                             job.host_names_active(resume, job.step_end[warm[-1]]), job.ns(resume), params)
+        issues.append(Issue.of(job.job_id, "restart", job.job_id, start_ns, job.ns(resume), share=1.0,
+                               confidence=params.restart_confidence, wasted_gpu_s=cost, evidence=evidence,
+                               params=params))
+    return issues, stop
+
+
+def _killed_after_hang(job: JobHour, stop: Stop | None, i: int, failed: float, resume: float,
+                       checkpoints: Checkpoints, level_s: float | None, params: DiagnosisParams
+                       ) -> tuple[float | None, list[Issue], Stop | None]:
+    """When the job that resumes at step `i` was killed, if it had hung (None: it crashed); the hang
+    issue when it is reported here, and `stop` (the previous hour's, for the hour's first step)
+    marked as a reported hang. A hang reported in an earlier hour says so; otherwise a silence as
+    long as the collective watchdog's timeout does (a crashed job is relaunched sooner). The
+    watchdog killed the job `hang_watchdog_s` after it hung, unless it resumed sooner."""
+    reported = bool(stop and stop.hang)
+    if not reported and (resume - failed < params.hang_watchdog_s or (i == 0 and not stop)):
+        return None, [], stop
+    hung = stop or hangs.describe_stop(job, checkpoints, level_s, params, before=resume - params.boundary_slack_s)
+    killed = min(job.seconds(hung.at_ns) + params.hang_watchdog_s, resume)
+    if reported:
+        return killed, [], stop
+    hang, hung = hangs.hang_issue(job, hung, killed, "killed_by_watchdog" if killed < resume else "resumed",
+                                  checkpoints, params)
+    return killed, [hang], hung if stop else None
+
+
+def load_restart_issue(job: JobHour, stop: Stop, load: tuple[float, float], checkpoints: Checkpoints,
+                       last_attempt: int, params: DiagnosisParams) -> tuple[Issue, Stop]:
+    """A restart seen from its checkpoint `load` alone (no resumed step in view): from the kill
+    (after a hang) or the failure to the end of the data seen, costing the job's GPUs over the
+    downtime seen (and, after a failure, the work lost since the checkpoint). The stop remembers
+    it, so that the resumed steps next hour continue the same issue and charge only their part."""
+    load_start, load_end = load
+    failed = job.seconds(stop.at_ns)
+    checkpoint_ns = stop.checkpoint_ns or checkpoints.before(job, failed)
+    if stop.hang:
+        start_ns = restart_from_ns = job.ns(min(failed + params.hang_watchdog_s, load_start))
+    else:
+        start_ns, restart_from_ns = job.ns(failed), checkpoint_ns
+    until_ns = job.ns(max(job.data_end, load_end))
+    evidence = {
+        **_evidence(job, failed, load_start, stop.hang, checkpoint_ns, last_attempt + 1, 0.0, [], [], until_ns, params),
+        "recognized_from": "checkpoint_load",
+        "checkpoint_load_s": load_end - load_start,
+        "warmup_steps_seen": 0,
+    }
+    cost = waste.idle_gpu_s(stop.n_gpus, restart_from_ns, until_ns)
+    issue = Issue.of(job.job_id, "restart", job.job_id, start_ns, until_ns, share=1.0,
+                     confidence=params.load_restart_confidence, wasted_gpu_s=cost, evidence=evidence, params=params)
+    return issue, replace(stop, resumed=Resumed(start_ns=start_ns, charged_until_ns=until_ns))
+
+
+def _evidence(job: JobHour, failed: float, resumed: float, after_hang: bool, checkpoint_ns: int, attempt: int,
+              warmup_excess_s: float, hosts_before: list[str], hosts_after: list[str], until_ns: int,
+              params: DiagnosisParams) -> dict:
+    """A restart's evidence: when the job failed and resumed (seconds), and what changed."""
+    return {
+        "failed_at_ns": job.ns(failed),
+        "gap_s": resumed - failed,
+        "after_hang": after_hang,
+        "lost_since_checkpoint_s": (job.ns(failed) - checkpoint_ns) / NS,
+        "warmup_excess_s": warmup_excess_s,
+        "attempt": attempt,
+        "hosts_replaced": sorted(set(hosts_before) - set(hosts_after)),
+        "hosts_added": sorted(set(hosts_after) - set(hosts_before)),
+        "recognized_events": job.event_kinds(job.ns(failed), until_ns, params.event_window_s),
+    }
+
+
+def next_progress(job: JobHour, progress: Progress, first_step_ns: int | None) -> Progress:
+    """How far the job got by the hour's end."""
+    if not job.n_steps:
+        return progress
+    return Progress(
+        steps_seen=progress.steps_seen + job.n_steps,
+        last_attempt=int(job.attempt[-1]),
+        last_step_end_ns=job.ns(job.step_end[-1]),
+        first_step_ns=first_step_ns,
+        n_gpus=job.gpus_active(job.step_start[-1], job.step_end[-1]),
+    )

@@ -1,0 +1,126 @@
+"""Stragglers (per step, Holmes): peers that wait look normal, the one they wait for is late.
+
+Each DP/PP flow is compared with the same flow (same kind, size, order) of the hosts of the same
+pipeline stage in the same step; a host alone in its stage is compared with its own timing in the
+other steps, as a share of the step (a flow whose stage peers' flows were left out is not
+compared: its share moves with the job's pace). The host that sends the earliest late flow of a
+step is that step's culprit; a host that is the culprit of enough nearby steps is a straggler.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prism_core.arrays import MAD_TO_SIGMA, combined_key, group_first_index, group_median, group_mode, group_reduce
+from prism_core.constants import PP
+
+from .baseline import Baseline
+from .issues import Issue
+from .job_hour import JobHour, StepMasks
+from .params import DiagnosisParams
+from .state import OpenWindow
+from .windows import Window, excess, find_windows, measure, position, still_open, window_issue
+
+
+def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams) -> tuple[np.ndarray, np.ndarray]:
+    """Per step (but the `excluded` ones and those split across hours): the host that sent the
+    earliest late DP/PP flow (-1 when none), and how late that flow was (seconds, or share of the
+    step for a host alone in its stage)."""
+    culprit = np.full(job.n_steps, -1)
+    lateness = np.zeros(job.n_steps)
+    sel = (job.step >= 0) & (job.kind <= PP)
+    sel &= ~(excluded | job.split)[np.maximum(job.step, 0)]
+    if not sel.any():
+        return culprit, lateness
+    host = job.host_of_addr[job.src[sel]]
+    # a transfer class: kind, size and direction along the pipeline (forward or backward)
+    direction = np.sign(job.stage_of_host[job.host_of_addr[job.dst[sel]]] - job.stage_of_host[host]) + 1
+    size = np.unique(job.nbytes[sel], return_inverse=True)[1]
+    kind = combined_key(job.kind[sel], size, direction)
+    step, start = job.step[sel], job.start[sel]
+    order = np.lexsort((start, host, kind, step))
+    step, kind, start, host = step[order], kind[order], start[order], host[order]
+    # The n-th flow of a host is compared with the n-th flow of its peers. So a host that sent
+    # an unusual number of flows in a step (a lost record, a flow across the step boundary)
+    # is left out of that step, and classes whose count varies from step to step (MoE
+    # all-to-all sizes) are left out altogether.
+    sender_group = combined_key(step, kind, host)
+    sent = group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
+    class_of_host = combined_key(kind, host)
+    usual = sent == group_mode(class_of_host, sent)
+    regular = group_reduce(class_of_host, usual / sent, np.add) / group_reduce(class_of_host, 1.0 / sent, np.add)
+    kept = usual & (regular >= params.regular_share)
+    step, kind, start, host, sender_group = (a[kept] for a in (step, kind, start, host, sender_group))
+    if not len(step):
+        return culprit, lateness
+    ordinal = np.arange(len(step)) - group_first_index(sender_group)
+    stage = job.stage_of_host[host]
+    peers = combined_key(step, kind, stage, ordinal)
+    peer_first = group_reduce(peers, start, np.minimum)
+    peer_hosts = group_reduce(peers, np.ones(len(step)), np.add)
+    # against its stage peers in the same step (seconds), or alone against its own rhythm. A
+    # flow whose stage peers' flows were left out has no reference in that step: as a share of
+    # the step, its own rhythm moves with any change of the job's pace (a degradation), which
+    # only a host alone in its stage has to live with.
+    alone = np.bincount(job.stage_of_host + 1)[stage + 1] < 2  # hosts in the stage
+    compared = alone | (peer_hosts >= 2)
+    step, kind, start, host, ordinal, peer_first, alone = (
+        a[compared] for a in (step, kind, start, host, ordinal, peer_first, alone))
+    position_in_step = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
+    structure = combined_key(kind, host, ordinal)
+    # median and MAD: robust while a straggler makes up to half of the steps late
+    usual = group_median(structure, position_in_step)
+    noise = MAD_TO_SIGMA * group_median(structure, np.abs(position_in_step - usual))
+    seen = group_reduce(structure, np.ones(len(step)), np.add)
+    excess_s = position_in_step - usual
+    late = (excess_s > np.where(alone, params.late_min_share, params.late_min_s))
+    late &= (excess_s > params.late_sigmas * noise) & (seen >= params.late_min_samples)
+    if not late.any():
+        return culprit, lateness
+    late_idx = np.flatnonzero(late)
+    earliest = late_idx[np.lexsort((start[late_idx], step[late_idx]))]
+    first = np.r_[True, step[earliest][1:] != step[earliest][:-1]]
+    chosen = earliest[first]
+    culprit[step[chosen]] = host[chosen]
+    lateness[step[chosen]] = excess_s[chosen]
+    return culprit, lateness
+
+
+def straggler_windows(job: JobHour, excluded: np.ndarray, previous: OpenWindow | None,
+                      params: DiagnosisParams) -> list[Window]:
+    """The stragglers' windows, from the steps not `excluded` (slow links make their receivers
+    late too)."""
+    culprit, lateness = straggler_steps(job, excluded, params)
+    carried = position(job.hosts, previous.name) if previous else -1
+    return find_windows(job, culprit, lateness, carried, params)
+
+
+def straggler_issues(job: JobHour, windows: list[Window], previous: OpenWindow | None, masks: StepMasks,
+                     slow: np.ndarray, fit: Baseline, params: DiagnosisParams
+                     ) -> tuple[list[Issue], OpenWindow | None]:
+    """An issue per straggler window that slowed the steps, and the window still open at the
+    hour's end. A straggler's cost is the whole steps' excess over the job's pace."""
+    issues, open_window = [], None
+    for window in windows:
+        name = str(job.hosts[window.code])
+        span = measure(job, window, name, previous, masks, slow, fit)
+        cost, share = excess(window, span, job.duration, span.measured, span.baseline)
+        noticeable = params.straggler_min_sigmas * fit.sigma / np.sqrt(max(len(span.measured), 1))
+        if not span.continued and share <= noticeable:
+            continue  # late, but nobody waited long enough to slow the steps: no straggler
+        evidence = {"late_steps": len(window.run), "window_steps": len(window.steps),
+                    "median_lateness": float(np.median(window.scores)),
+                    "alone_in_stage": bool(np.sum(job.stage_of_host == job.stage_of_host[window.code]) < 2),
+                    "runner_up": _runner_up(job, windows, window)}
+        issues.append(window_issue(job, "straggler", name, window, span, share=share,
+                                   margin=len(window.run) / params.window_min_steps, cost=cost, evidence=evidence,
+                                   params=params))
+        if still_open(job, window, params):
+            open_window = OpenWindow(name=name, start_ns=span.start_ns, baseline_s=span.base, sync_baseline_s=None)
+    return issues, open_window
+
+
+def _runner_up(job: JobHour, windows: list[Window], window: Window) -> str | None:
+    """The host of the first other straggler window that shares steps with `window`."""
+    others = [w.code for w in windows if w.code != window.code and np.isin(w.run, window.steps).any()]
+    return str(job.hosts[others[0]]) if others else None

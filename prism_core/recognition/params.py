@@ -1,0 +1,61 @@
+"""Every number job recognition decides with, in one frozen dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prism_core.constants import NS_PER_S
+from prism_core.minutes import MINUTE_NS, PAIR_PAUSE_NS
+
+
+@dataclass(frozen=True)
+class RecognitionParams:
+    """Thresholds and priors of recognition and tracking. A *threshold* is policy: a line Prism
+    has to draw somewhere. A *prior* is a property of a job, assumed for every job until it can
+    be learned from the job's own traffic. Checkpoint saves are told by the size every stage
+    shares, `prism_core.constants.CHECKPOINT_FLOW_BYTES`."""
+
+    # threshold, share of the union of two host sets: components of one minute whose host sets
+    # are at least this similar (Jaccard) are one job, one component per rail over the same hosts.
+    jaccard: float = 0.5
+    # threshold, ns: pauses up to this long inside one NIC's traffic of a minute are bridged; longer
+    # ones separate a job that stopped from one that started on the same hosts within the minute.
+    # The silence that splits a pair's flow_minutes rows (minutes.PAIR_PAUSE_NS), so both agree.
+    segment_gap_ns: int = PAIR_PAUSE_NS
+    # threshold, flows: a row is job traffic when its top flow size repeats this often in the
+    # minute; activations and gradient buckets repeat every micro-batch and step, one-off
+    # background transfers do not.
+    min_repeated_flows: int = 2
+    # threshold, share of the smaller host set: a minute's job continues a running job sharing
+    # this much of it.
+    track_overlap: float = 0.5
+    # threshold, ns: traffic on a job's hosts continues the job without comparing flow sizes only
+    # within this much silence and on exactly the job's hosts: a new job can start on all or part
+    # of the hosts another left seconds before.
+    resume_check_ns: int = 10 * NS_PER_S
+    # prior, ns: how long a job may show its parts apart (pipelines before its first DP sync joins
+    # them); tracks begun this recently may still be parts of one job not yet seen whole.
+    young_ns: int = 3 * MINUTE_NS
+    # threshold, ns: silence longer than this between a job's flows is a stop; resuming after it
+    # is a restart.
+    restart_gap_ns: int = 60 * NS_PER_S
+    # threshold, ns: a stopped job that resumes within this long on its hosts is restarted; a
+    # stopped job is carried to the next hour for as long.
+    restart_window_ns: int = 30 * MINUTE_NS
+    # threshold, hosts: a restart may replace this many of the job's hosts (a failed node swapped).
+    replaced_hosts: int = 1
+    # threshold, share of bytes: a resumed job is the stopped one when this share of its repeated
+    # bytes is in flow sizes the stopped job also used.
+    signature_match: float = 0.5
+    # threshold, sizes: flow sizes kept per job as its signature, most flows first.
+    signature_sizes: int = 32
+    # threshold, minutes: a job is known by the sizes seen in this many minutes or more, once
+    # there are any; a minute where one job ends and the next starts on the same pairs mixes both.
+    established_minutes: int = 2
+    # prior, ns: a new job's first collective reaches all its host pairs within this long, so on
+    # a hand-over within a minute its traffic on pairs both jobs used starts this much before its
+    # first traffic on pairs of its own.
+    handover_lead_in_ns: int = PAIR_PAUSE_NS
+
+
+DEFAULT_PARAMS = RecognitionParams()

@@ -1,0 +1,106 @@
+"""What recognition returns for an hour: its jobs, membership and events tables, and the state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from prism_core.recognition.vocabulary import HostVocabulary
+from prism_core.schema import JOBS, TS, conform
+
+if TYPE_CHECKING:  # the tracker, in track.py, closes an hour with these functions
+    from prism_core.recognition.track import Track
+
+MEMBERSHIP = pa.schema(
+    [
+        ("job_id", pa.string()),
+        ("addr", pa.string()),
+        ("host", pa.string()),
+        ("gpu", pa.int32()),
+        ("first_ns", pa.int64()),
+        ("last_ns", pa.int64()),
+    ]
+)
+
+EVENTS = pa.schema(
+    [
+        ("job_id", pa.string()),
+        ("kind", pa.string()),  # start | end | restart | host_replaced
+        ("at_ns", pa.int64()),
+        ("detail", pa.string()),  # JSON: hosts (start), gap_s (restart), removed/added hosts
+    ]
+)
+
+# (job id, kind, at_ns, detail) of one EVENTS row
+Event = tuple[str, str, int, str]
+# (track index, first_ns, last_ns, host codes): a track's hosts and span in one minute
+Presence = tuple[int, int, int, np.ndarray]
+
+
+@dataclass
+class Recognition:
+    jobs: pa.Table  # JOBS columns (dp/pp/tp null: parallelism fills them)
+    membership: pa.Table  # MEMBERSHIP: which addresses belonged to which job when, this hour
+    events: pa.Table  # EVENTS: start | end | restart | host_replaced
+    state: dict  # JSON-serializable (`RecognitionState.dump`), handed to the next hour
+
+
+def jobs_table(tracks: list[Track], vocabulary: HostVocabulary) -> pa.Table:
+    """One JOBS row per track, by job id."""
+    if not tracks:
+        return JOBS.empty_table()
+    table = pa.Table.from_pylist([
+        {
+            "job_id": track.job_id,
+            "first_seen": track.first_seen_ns,
+            "last_seen": track.last_end_ns,
+            "n_gpus": vocabulary.nics(track.hosts).num_rows,
+            "n_hosts": len(track.hosts),
+            "status": track.status,
+            "restarts": track.restarts,
+            "hosts": vocabulary.name_list(track.hosts),
+        }
+        for track in tracks
+    ])
+    for name in ("first_seen", "last_seen"):
+        table = table.set_column(table.column_names.index(name), name, table[name].cast(pa.int64()).cast(TS))
+    return conform(table, JOBS).sort_by("job_id")
+
+
+def membership_table(presence: list[Presence], job_ids: list[str], vocabulary: HostVocabulary) -> pa.Table:
+    """MEMBERSHIP rows: every NIC of every host a track was present on, with the first and last
+    moment over its minutes there. `job_ids`: of every track index."""
+    if not presence:
+        return MEMBERSHIP.empty_table()
+    track_of = np.concatenate([np.full(len(h), t) for t, _, _, h in presence])
+    hosts = np.concatenate([h for _, _, _, h in presence])
+    first = np.concatenate([np.full(len(h), f) for _, f, _, h in presence])
+    last = np.concatenate([np.full(len(h), l) for _, _, l, h in presence])
+    keys, position = np.unique(np.stack([track_of, hosts], axis=1), axis=0, return_inverse=True)
+    position = position.ravel()
+    first_ns = np.full(len(keys), np.iinfo(np.int64).max)
+    last_ns = np.full(len(keys), np.iinfo(np.int64).min)
+    np.minimum.at(first_ns, position, first)
+    np.maximum.at(last_ns, position, last)
+    host_names = np.array(vocabulary.names, dtype=object)[keys[:, 1]]
+    per_host = pa.table(
+        {
+            "job_id": pa.array([job_ids[t] for t in keys[:, 0].tolist()], pa.string()),
+            "host": pa.array(host_names, pa.string()),
+            "first_ns": first_ns,
+            "last_ns": last_ns,
+        }
+    )
+    nics = vocabulary.nics(np.unique(keys[:, 1]))
+    joined = per_host.join(nics, "host", join_type="inner")
+    return conform(joined, MEMBERSHIP).sort_by([("job_id", "ascending"), ("host", "ascending"), ("gpu", "ascending")])
+
+
+def events_table(events: list[Event]) -> pa.Table:
+    if not events:
+        return EVENTS.empty_table()
+    job_id, kind, at_ns, detail = zip(*events)
+    return pa.table({"job_id": job_id, "kind": kind, "at_ns": at_ns, "detail": detail}, schema=EVENTS)

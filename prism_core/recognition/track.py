@@ -1,0 +1,382 @@
+"""Tracking: each minute's observed jobs linked to the jobs already known, across minutes, hours
+and restarts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from prism_core.minutes import MINUTE_NS
+from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job
+from prism_core.recognition.observe import Observations
+from prism_core.recognition.params import RecognitionParams
+from prism_core.recognition.state import CarriedTrack, RecognitionState
+from prism_core.recognition.tables import Event, Presence
+from prism_core.recognition.vocabulary import HostVocabulary
+
+
+def _no_int64() -> np.ndarray:
+    return np.zeros(0, np.int64)
+
+
+@dataclass
+class Track:
+    """One job as tracking knows it."""
+
+    job_id: str
+    hosts: np.ndarray  # sorted host codes
+    first_seen_ns: int
+    last_end_ns: int
+    restarts: int = 0
+    status: str = "running"
+    # signature: the repeated flow sizes, their flows and the minutes they were seen in
+    sizes: np.ndarray = field(default_factory=_no_int64)
+    size_flows: np.ndarray = field(default_factory=_no_int64)
+    size_minutes: np.ndarray = field(default_factory=_no_int64)
+    seen_this_hour: bool = False
+    born_this_hour: bool = False
+    running_at_load: bool = False  # handed over running by the previous hour: owes a row this hour
+    merged_into: int = -1  # the track that absorbed this one: one job first seen in parts
+    reported_end: bool = False  # an `end` event was already emitted for the current stop
+    # its observations in the latest minute it was seen this hour, and that minute's presence entry
+    last_observations: np.ndarray = field(default_factory=_no_int64)
+    last_presence: int = -1
+
+    @classmethod
+    def from_state(cls, carried: CarriedTrack, vocabulary: HostVocabulary) -> Track:
+        signature = np.array(carried.signature, np.int64).reshape(-1, 3)
+        return cls(
+            job_id=carried.job_id,
+            hosts=np.sort(vocabulary.encode(list(carried.hosts))),
+            first_seen_ns=carried.first_seen_ns,
+            last_end_ns=carried.last_end_ns,
+            restarts=carried.restarts,
+            status=carried.status,
+            sizes=signature[:, 0],
+            size_flows=signature[:, 1],
+            size_minutes=signature[:, 2],
+            reported_end=carried.reported_end,
+            running_at_load=carried.status == "running",
+        )
+
+    def to_state(self, vocabulary: HostVocabulary) -> CarriedTrack:
+        signature = np.stack([self.sizes, self.size_flows, self.size_minutes], axis=1).tolist()
+        return CarriedTrack(
+            job_id=self.job_id,
+            hosts=tuple(vocabulary.name_list(self.hosts)),
+            first_seen_ns=int(self.first_seen_ns),
+            last_end_ns=int(self.last_end_ns),
+            restarts=self.restarts,
+            status=self.status,
+            reported_end=self.reported_end,
+            signature=tuple(map(tuple, signature)),
+        )
+
+    def young(self, minute_ns: int, params: RecognitionParams) -> bool:
+        """Begun this hour recently enough, at minute `minute_ns`, to be a part of a job not yet seen whole."""
+        return self.born_this_hour and minute_ns - self.first_seen_ns < params.young_ns
+
+    def known_sizes(self, params: RecognitionParams) -> np.ndarray:
+        """The flow sizes the job is known by: those seen in enough minutes, if any."""
+        established = self.sizes[self.size_minutes >= params.established_minutes]
+        return established if len(established) else self.sizes
+
+    def signature_share(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> float:
+        """Share of the observed repeated bytes in flow sizes the job is known by. Weighing by
+        bytes lets the gradient buckets (sized by the model and its sharding) outweigh activation
+        sizes, which many models share."""
+        moved = sizes.astype(np.float64) * flows
+        total = moved.sum()
+        known = self.known_sizes(params)
+        if total == 0 or len(known) == 0:
+            return 1.0  # nothing to compare: trust the hosts
+        return float(moved[np.isin(sizes, known)].sum() / total)
+
+    def add_sizes(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> None:
+        """Count a minute's repeated flow `sizes` (with their `flows`) into the signature, keeping
+        the sizes with the most flows."""
+        all_sizes = np.concatenate([self.sizes, sizes])
+        distinct, position = np.unique(all_sizes, return_inverse=True)
+        totals = np.bincount(position, weights=np.concatenate([self.size_flows, flows])).astype(np.int64)
+        minutes = np.concatenate([self.size_minutes, np.zeros(len(sizes), np.int64)])
+        minutes = np.bincount(position, weights=minutes).astype(np.int64) + np.isin(distinct, sizes)
+        keep = np.argsort(-totals, kind="stable")[: params.signature_sizes]
+        self.sizes, self.size_flows, self.size_minutes = distinct[keep], totals[keep], minutes[keep]
+
+
+def job_id(minute_ns: int, host_names: list[str]) -> str:
+    """Deterministic (first minute + hosts), so re-running an hour from the same state gives the same ids."""
+    digest = hashlib.sha1(f"{minute_ns}|{','.join(host_names)}".encode()).hexdigest()
+    return f"job-{digest[:12]}"
+
+
+class HostOwners:
+    """The track owning each host code, -1 for none. Jobs own whole hosts, so every host has at
+    most one owning track, which makes overlaps a bincount."""
+
+    def __init__(self, tracks: list[Track], n_hosts: int):
+        self.owner = np.full(n_hosts, -1, np.int64)
+        for index, track in enumerate(tracks):
+            self.owner[track.hosts] = index
+
+    def cover(self, n_hosts: int) -> None:
+        """Make room for hosts coded since (they have no owner)."""
+        if len(self.owner) < n_hosts:
+            self.owner = np.r_[self.owner, np.full(n_hosts - len(self.owner), -1)]
+
+    def of(self, hosts: np.ndarray | int) -> np.ndarray:
+        return self.owner[hosts]
+
+    def best(self, hosts: np.ndarray) -> tuple[int | None, int]:
+        """The track owning most of `hosts` (the earlier on ties) and how many it owns."""
+        owners = self.owner[hosts]
+        owners = owners[owners >= 0]
+        if len(owners) == 0:
+            return None, 0
+        shared_by_track = np.bincount(owners)
+        best = int(np.argmax(shared_by_track))
+        return best, int(shared_by_track[best])
+
+    def give(self, hosts: np.ndarray, index: int) -> None:
+        self.owner[hosts] = index
+
+    def release(self, index: int, hosts: np.ndarray) -> None:
+        """Those of `hosts` that track `index` owns have no owner any more."""
+        self.owner[hosts[self.owner[hosts] == index]] = -1
+
+    def relabel(self, part: int, survivor: int) -> None:
+        self.owner[self.owner == part] = survivor
+
+    def owning(self) -> set[int]:
+        """The tracks that own a host."""
+        return set(np.unique(self.owner[self.owner >= 0]).tolist())
+
+
+class CheckpointSaves:
+    """The hour's checkpoint writes, (host code, first start, last end) by first start (see
+    `observe.saves`), applied to the jobs minute by minute."""
+
+    def __init__(self, saves: np.ndarray):
+        self.saves = saves
+        self.applied = 0
+
+    def keep_busy(self, minute_ns: int, owners: HostOwners, tracks: list[Track], params: RecognitionParams) -> None:
+        """A job that writes a checkpoint from its hosts is busy until the save ends: its last
+        traffic moves to the end of each save begun by the end of minute `minute_ns` while the job
+        was running (a host's writes long after its job stopped are another's), so that traffic
+        after the save does not read as a restart."""
+        upto = int(np.searchsorted(self.saves[:, 1], minute_ns + MINUTE_NS, side="left"))
+        for host, first_ns, last_ns in self.saves[self.applied:upto].tolist():
+            index = int(owners.of(host))
+            if index >= 0 and first_ns - tracks[index].last_end_ns < params.restart_gap_ns:
+                tracks[index].last_end_ns = max(tracks[index].last_end_ns, last_ns)
+        self.applied = max(self.applied, upto)
+
+
+class Tracker:
+    """Links each minute's observed jobs to tracks; collects membership and events."""
+
+    def __init__(self, tracks: list[Track], vocabulary: HostVocabulary, saves: np.ndarray, params: RecognitionParams):
+        self.tracks = tracks
+        self.vocabulary = vocabulary
+        self.params = params
+        self.saves = CheckpointSaves(saves)
+        self.owners = HostOwners(tracks, len(vocabulary.names))
+        self.events: list[Event] = []
+        self.presence: list[Presence] = []  # per job-minute, for membership
+
+    def observe_minute(self, obs: Observations, rows: np.ndarray) -> None:
+        self.owners.cover(len(self.vocabulary.names))
+        self.saves.keep_busy(int(obs.minute_ns[rows[0]]), self.owners, self.tracks, self.params)
+        # last traffic of every track before this minute (tracks started in it: their own)
+        self.last_end = np.array([t.last_end_ns for t in self.tracks], np.int64)
+        claimed: dict[int, list[int]] = {}  # track -> observations it absorbs this minute
+        resuming: dict[int, list[int]] = {}  # stopped track -> observations on its hosts
+        for k in rows.tolist():
+            best, shared = self.owners.best(obs.hosts(k))
+            if best is not None and self._stopped(best, obs, k):
+                resuming.setdefault(best, []).append(k)
+            else:
+                self._place(obs, k, best, shared, claimed)
+        for best, ks in resuming.items():
+            if self._resumes(obs, ks, best):
+                for k in ks:
+                    self._claim(claimed, best, obs, k)
+            else:  # another job: its observations are placed like any other
+                for k in ks:
+                    self._place(obs, k, *self.owners.best(obs.hosts(k)), claimed)
+        by_survivor: dict[int, list[int]] = {}
+        for index, ks in claimed.items():
+            while self.tracks[index].merged_into >= 0:
+                index = self.tracks[index].merged_into
+            by_survivor.setdefault(index, []).extend(ks)
+        for index, ks in by_survivor.items():
+            talked = obs.hosts_of(ks)
+            seen = talked[self.owners.of(talked) == index]
+            if len(seen):
+                self._advance(index, seen, obs, np.array(ks))
+            else:  # a job later this minute took every host it talked on: it stopped in the minute
+                stopped_on = np.intersect1d(talked, self.tracks[index].hosts)
+                if len(stopped_on):
+                    self._advance(index, stopped_on, obs, np.array(ks), superseded=True)
+
+    def _stopped(self, index: int, obs: Observations, k: int) -> bool:
+        return int(obs.first_ns[k]) - self.last_end[index] >= self.params.restart_gap_ns
+
+    def _place(self, obs: Observations, k: int, best: int | None, shared: int, claimed: dict) -> None:
+        """Observation `k` continues the running track owning most of its hosts, or starts a job."""
+        if best is not None and self._stopped(best, obs, k):
+            self._supersede(best, obs.hosts(k))
+            best = None
+        index = None if best is None else self._continue(obs, k, best, shared)
+        if index is None:
+            # `best` ended just now: this new job took its hosts, maybe within its last minute
+            took_over = best is not None and self.tracks[best].status == "ended"
+            index = self._start(obs, k, self._hand_over(best, obs, k) if took_over else None)
+        self._claim(claimed, index, obs, k)
+
+    def _claim(self, claimed: dict, index: int, obs: Observations, k: int) -> None:
+        """Give observation `k`'s hosts to track `index`, except hosts of another running job,
+        which stay with it whatever glued them to this component."""
+        hosts = obs.hosts(k)
+        owners = self.owners.of(hosts)
+        others = (owners >= 0) & (owners != index)
+        running = np.zeros(len(hosts), bool)
+        running[others] = obs.first_ns[k] - self.last_end[owners[others]] < self.params.restart_gap_ns
+        self.owners.give(hosts[~running], index)
+        claimed.setdefault(index, []).append(k)
+
+    def _start(self, obs: Observations, k: int, handover: Handover | None = None) -> int:
+        """A new job from observation `k`; after a `handover`, it began on the hosts it took at
+        the time the hand-over says, in an earlier minute whose traffic went to the job it replaced."""
+        hosts = obs.hosts(k)
+        names = self.vocabulary.name_list(hosts)
+        first_ns = int(obs.first_ns[k]) if handover is None else handover.start_ns
+        track = Track(job_id(int(obs.minute_ns[k]), names), hosts, first_ns, int(obs.last_ns[k]), born_this_hour=True)
+        self.tracks.append(track)
+        self.last_end = np.r_[self.last_end, track.last_end_ns]
+        self.events.append((track.job_id, "start", first_ns, json.dumps({"hosts": names})))
+        if handover is not None:
+            self.presence.append((len(self.tracks) - 1, first_ns, first_ns, handover.hosts))
+        return len(self.tracks) - 1
+
+    def _hand_over(self, old: int, obs: Observations, k: int) -> Handover | None:
+        """Split the latest minute of track `old` where observation `k`'s new job took its hosts
+        (see `decisions.hand_over`): the old job keeps the hosts until then."""
+        track = self.tracks[old]
+        handover = hand_over(track, obs, k, self.params)
+        if handover is None:
+            return None
+        # min: an earlier hand-over of other hosts from this minute may have ended it sooner
+        track.last_end_ns = min(track.last_end_ns, handover.old_end_ns)
+        _, minute_first_ns, _, minute_hosts = self.presence[track.last_presence]
+        kept = np.setdiff1d(minute_hosts, handover.hosts)
+        self.presence[track.last_presence] = (old, minute_first_ns, track.last_end_ns, kept)
+        self.presence.append((old, minute_first_ns, handover.old_until_ns, handover.hosts))
+        return handover
+
+    def _continue(self, obs: Observations, k: int, best: int, shared: int) -> int | None:
+        """The running track observation `k` continues, or None for a new job on its hosts."""
+        track, hosts = self.tracks[best], obs.hosts(k)
+        gap = int(obs.first_ns[k]) - int(self.last_end[best])
+        if not same_job(track, hosts, shared, gap, int(obs.minute_ns[k]), *obs.signature(k), self.params):
+            self._supersede(best, hosts)
+            return None
+        if shared < self.params.track_overlap * min(len(hosts), len(track.hosts)):
+            return None
+        return self._merge_young_fragments(obs, k, best)
+
+    def _merge_young_fragments(self, obs: Observations, k: int, best: int) -> int:
+        """A component spanning several running tracks that all began minutes ago this hour is one
+        job whose first minutes showed its parts apart (pipelines before the first DP sync): the
+        parts merge into the oldest."""
+        owners = np.unique(self.owners.of(obs.hosts(k)))
+        owners = owners[owners >= 0]
+        owners = owners[obs.first_ns[k] - self.last_end[owners] < self.params.restart_gap_ns]
+        minute_ns = int(obs.minute_ns[k])
+        if len(owners) < 2 or not all(self.tracks[i].young(minute_ns, self.params) for i in owners.tolist()):
+            return best
+        survivor = int(min(owners, key=lambda i: (self.tracks[i].first_seen_ns, i)))
+        for part in owners.tolist():
+            if part != survivor:
+                self._absorb(survivor, part)
+        return survivor
+
+    def _absorb(self, survivor: int, part: int) -> None:
+        keeper, merged = self.tracks[survivor], self.tracks[part]
+        keeper.hosts = np.union1d(keeper.hosts, merged.hosts)
+        self.owners.relabel(part, survivor)
+        self.presence = [(survivor if t == part else t, f, l, h) for t, f, l, h in self.presence]
+        self.events = [e for e in self.events if e[0] != merged.job_id]
+        keeper.first_seen_ns = min(keeper.first_seen_ns, merged.first_seen_ns)
+        merged.merged_into = survivor
+
+    def _resumes(self, obs: Observations, ks: list[int], best: int) -> bool:
+        """Do observations `ks`, together, resume stopped track `best` (see `decisions.resumes`)?
+        Judged on all of the minute's observations on its hosts: a job resuming with slow warm-up
+        steps may show its pipelines apart. If so it restarts; if not, it will not resume on them."""
+        track, seen = self.tracks[best], obs.hosts_of(ks)
+        resumed_ns = int(obs.first_ns[ks].min())
+        gap = resumed_ns - int(self.last_end[best])
+        if not resumes(track, seen, gap, *obs.signatures(ks), self.params):
+            self._supersede(best, seen)
+            return False
+        track.restarts += 1
+        detail = {"stopped_ns": track.last_end_ns, "gap_s": gap / 1e9}
+        self.events.append((track.job_id, "restart", resumed_ns, json.dumps(detail)))
+        track.reported_end = False
+        return True
+
+    def _supersede(self, index: int, hosts: np.ndarray) -> None:
+        """Another job took `hosts`: the track stopped and will not resume on them."""
+        self.tracks[index].status = "ended"
+        self.owners.release(index, hosts)
+
+    def _advance(
+        self, index: int, seen: np.ndarray, obs: Observations, ks: np.ndarray, superseded: bool = False
+    ) -> None:
+        """Track `index` talked on hosts `seen` in observations `ks` of this minute; `superseded`:
+        before another job took them, so it keeps its hosts and its stop."""
+        track = self.tracks[index]
+        added = np.setdiff1d(seen, track.hosts)
+        if len(added):
+            # New hosts: the ones not heard from this minute were replaced (or the job grew).
+            removed = np.setdiff1d(track.hosts, seen)
+            if len(removed):
+                detail = {"removed": self.vocabulary.name_list(removed), "added": self.vocabulary.name_list(added)}
+                self.events.append((track.job_id, "host_replaced", int(obs.first_ns[ks].min()), json.dumps(detail)))
+                self.owners.release(index, removed)
+            track.hosts = seen
+        first_ns, last_ns = int(obs.first_ns[ks].min()), int(obs.last_ns[ks].max())
+        track.last_end_ns = max(track.last_end_ns, last_ns)
+        track.status = "ended" if superseded else "running"
+        track.seen_this_hour = True
+        track.add_sizes(*obs.signatures(ks), self.params)
+        track.last_observations, track.last_presence = ks, len(self.presence)
+        self.presence.append((index, first_ns, last_ns, seen if superseded else track.hosts))
+
+    def end_hour(self, hour_end_ns: int) -> list[Track]:
+        """The tracks the hour reports (seen this hour, or running when it began), each ended if
+        silent for a restart gap at the hour's end."""
+        reported = [t for t in self.tracks if t.merged_into < 0 and (t.seen_this_hour or t.running_at_load)]
+        for track in reported:
+            if hour_end_ns - track.last_end_ns >= self.params.restart_gap_ns:
+                track.status = "ended"
+            if track.status == "ended" and not track.reported_end:
+                self.events.append((track.job_id, "end", track.last_end_ns, "{}"))
+                track.reported_end = True
+        return reported
+
+    def carried(self, hour_end_ns: int) -> RecognitionState:
+        """Tracks the next hour may continue: running, or stopped recently on hosts no other job
+        took (in creation order, so a newer job's hosts win when the state is loaded)."""
+        owning = self.owners.owning()
+        return RecognitionState(tuple(
+            track.to_state(self.vocabulary)
+            for index, track in enumerate(self.tracks)
+            if index in owning
+            and (track.status == "running" or hour_end_ns - track.last_end_ns <= self.params.restart_window_ns)
+        ))

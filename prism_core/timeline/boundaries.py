@@ -1,0 +1,114 @@
+"""Where each step ends, from two marks around the gap after its sync phase.
+
+A, from the closing sync: its end plus the optimizer (none when the phase ends with the all-gather
+after the optimizer). B, from the next step's start: its first pipeline sends less the forward
+passes before them, else its first traffic. A gap much longer than usual is a checkpoint save (bulk
+writes out of the job) or a stall.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from prism_core.timeline.params import TimelineParams
+from prism_core.timeline.phases import Phases
+
+if TYPE_CHECKING:  # typical.py learns the timings from these rules
+    from prism_core.timeline.typical import Typical
+
+
+def complete(phases: Phases, phase_bytes: float, phase_flows: float, params: TimelineParams) -> np.ndarray:
+    """Phases that carry a usual phase's bytes in a usual phase's flows (a ZeRO-3 parameter
+    gather alone moves as many bytes as a reduce-scatter, in fewer flows)."""
+    share = params.complete_share
+    return (phases.nbytes >= share * phase_bytes) & (phases.nflows >= share * phase_flows)
+
+
+def checkpoints(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """Phases followed by a checkpoint save: a long gap with bulk writes out of the job."""
+    return long_gap(phases, typical, params) & phases.bulk_write
+
+
+def long_gap(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """Whether the gap after each phase is longer than usual (a checkpoint or a stall), at the
+    pace of the step (a warm-up or degraded step runs slower; its first sends show by how much)."""
+    pace = np.where(phases.forward_ns > 0, phases.forward_ns / (typical.forward_ns or np.inf), 1.0)
+    pace = np.where(np.isfinite(pace) & (pace > 0), pace, 1.0)
+    expected = typical.gap_ns * pace + params.long_gap_share * typical.period_ns
+    return (phases.next_ns >= 0) & (phases.next_ns - phases.close_ns > expected)
+
+
+def next_start(phases: Phases, typical: Typical) -> np.ndarray:
+    """B: the next step's compute start from its first pipeline sends, else its first traffic."""
+    from_sends = phases.first_send_ns - typical.fill * phases.forward_ns
+    return np.where(phases.first_send_ns >= 0, from_sends, phases.next_ns)
+
+
+def lead(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """Compute of the next step before its first traffic: scaled by the next sync's length when
+    that is a usual one (step jitter stretches both alike), the usual lead otherwise (a straggler
+    stretches the sync with waiting, not the compute)."""
+    if typical.lead_ns is None:
+        return np.zeros(len(phases.close_ns), np.int64)
+    sync = next_sync(phases)
+    scaled = (typical.lead_per_sync or 0.0) * sync
+    return np.where(usual_sync(sync, typical, params), scaled, typical.lead_ns).astype(np.int64)
+
+
+def usual_sync(sync_ns: np.ndarray, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """Whether each sync phase lasts about the usual sync (a straggler stretches it with waiting)."""
+    return np.abs(sync_ns / (typical.sync_ns or np.inf) - 1.0) <= params.long_gap_share
+
+
+def next_sync(phases: Phases) -> np.ndarray:
+    """Length of the sync phase after each phase (-1 for the last)."""
+    return np.r_[phases.close_ns[1:] - phases.start_ns[1:], -1]
+
+
+def after_sync(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """A: the end of each phase plus the optimizer."""
+    return phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.close_to_end(params)).astype(np.int64)
+
+
+def saved_until(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """Where a save after each phase ended: B (from the next step's first traffic where no
+    pipeline sends)."""
+    by_traffic = phases.next_ns - lead(phases, typical, params)
+    return np.where(phases.first_send_ns >= 0, next_start(phases, typical), by_traffic)
+
+
+def boundaries(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """End of the step each phase closes. A normal gap: B from pipeline sends, else the earlier
+    of A and B (the next step's first traffic may come well after its start). A long gap with
+    bulk writes: a checkpoint, B, except that B beyond A plus the job's usual save holds a stall
+    before the next step after the save (the boundary is A plus the usual save), and that B from
+    first traffic less a usual lead (no pipeline sends) within that margin of the usual save is
+    noisier than the save is (the lead varies with the step's compute); without pipeline sends,
+    once the job's saves show their usual tail and it is shorter than the lead, the boundary is
+    the save's last write plus that tail. A long gap without: a stall before the next step, A.
+    Nothing after the phase: A."""
+    after = after_sync(phases, typical, params)
+    start = next_start(phases, typical)
+    followed = phases.next_ns >= 0
+    # pipeline sends time the next step's start; other first traffic may come later than it
+    earlier = np.where(followed, np.minimum(after, start), after)
+    normal_end = np.where(phases.first_send_ns >= 0, start, earlier)
+    stalled_or_saved = long_gap(phases, typical, params)
+    save = np.maximum(saved_until(phases, typical, params) - after, 0)
+    if typical.save_ns is not None:
+        margin = params.long_gap_share * typical.period_ns
+        stalled = save > typical.save_ns + margin
+        noisy = (phases.first_send_ns < 0) & (save >= typical.save_ns - margin)
+        save = np.where(stalled | noisy, typical.save_ns, save)
+    if typical.save_tail_ns is not None:
+        # without pipeline sends, the end of the save's writes plus the usual tail marks the next
+        # step's start more sharply than its first traffic less an estimated lead, when that lead
+        # is the longer (both vary in proportion: a sync-only job's first traffic comes at the
+        # step's end, ZeRO-3 gathers and MoE all-to-all at its start)
+        by_writes = (phases.first_send_ns < 0) & (phases.written_until_ns >= 0) & (
+            lead(phases, typical, params) > typical.save_tail_ns)
+        save = np.where(by_writes, phases.written_until_ns + typical.save_tail_ns - after, save)
+    checkpoint = checkpoints(phases, typical, params)
+    return np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))

@@ -1,0 +1,87 @@
+"""Every threshold and prior of step division, in one frozen dataclass.
+
+A *threshold* is policy: where Prism draws a line. A *prior* is a property of the job, assumed only
+until the job's own traffic shows it (each names the learned timing that replaces it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TimelineParams:
+    # --- thresholds: grouping flows into activities and collectives -------------------------------
+    # ns; flows closer than this are one activity (launch jitter, exporter clock skew)
+    merge_ns: int = 1_000_000
+    # ns; one collective's flows start within this of each other across exporters
+    cluster_ns: int = 15_000_000
+    # ns; a pair's flows starting within this of each other are one transfer (its channels)
+    transfer_ns: int = 2_000_000
+
+    # --- thresholds: finding the sync phases ------------------------------------------------------
+    # ratio; gradient syncs weigh this many times other DP bursts (bytes x flows / pairs^2)
+    heavy_separation: float = 2.5
+    # share; boundary gaps deviate at most this much (mean, relative) from their local median spacing
+    max_irregularity: float = 0.15
+    # share; the irregularity a class of one gap would have to beat (few gaps look regular by luck)
+    small_sample_penalty: float = 0.2
+    # ratio; no step carries more than this many times the sync flows of its neighbours
+    max_unit_excess: float = 2.0
+    # share; a cut may keep gaps that are mostly checkpoint saves only below this share of them
+    max_saving_share: float = 0.5
+    # ratio; a cut keeping every gap sits this far below the shortest
+    cut_ratio: float = 1.05
+    # log10 spread of the lengths of one regime of gaps (BOCD's prior, ~12%)
+    regime_spread: float = 0.05
+    # count; BOCD segments at most this many quantiles of the gap lengths (its cost grows with them)
+    regime_points: int = 1000
+    # share; a last burst with this much of its bytes on pairs the phase used repeats them
+    repeat_share: float = 0.5
+    # share; an all-gather of the updated shards repeats the reduce-scatter's bytes and flows this closely
+    same_shape: float = 0.1
+    # divisor; the next step's first sends are looked for in this part of the gap to the next phase's end
+    first_sends_part: int = 4
+
+    # --- thresholds: steps and their boundaries ---------------------------------------------------
+    # share of a step; an inter-step gap this much above usual is a checkpoint or a stall
+    long_gap_share: float = 0.1
+    # share; a sync phase with fewer bytes or flows than this share of usual was cut short
+    complete_share: float = 0.9
+    # share; the same for a phase after which the job falls silent (a hang or failure cut it)
+    last_complete_share: float = 0.97
+    # ratio; a job whose next step is this much slower than usual started in view (warm-up)
+    warmup_ratio: float = 1.15
+    # steps; a first step is judged against the median of this many steps after it (the local rhythm)
+    rhythm_steps: int = 5
+    # steps; fewer than this after the first step: the usual period stands in for the rhythm
+    min_rhythm_steps: int = 3
+    # steps; a warm-up shows as this many steps in a row each faster than the one before
+    speedup_steps: int = 3
+    # share of the usual gap; a quiet this long before a step's first traffic can open it
+    quiet_gap_share: float = 0.8
+    # steps without traffic after a sync: the job stopped after it
+    silence_steps: float = 4.0
+    # steps without traffic before a new job's traffic: what came before was another job's tail
+    tail_silence_steps: float = 2.0
+
+    # --- thresholds: what is learned, and what is carried between hours ---------------------------
+    # count; the job's usual timings are learned from this many steps in view, else the previous hours'
+    steps_to_learn: int = 8
+    # count; the same for a job seen whole (silent for longer than it ran in view: no more will come)
+    steps_to_learn_whole: int = 4
+    # count; the usual save is a median over this many checkpoints (one may be a stall with bulk traffic)
+    saves_to_learn: int = 3
+    # ns; flows carried to the next hour reach back at most this far before the hour's end
+    max_carry_ns: int = 600_000_000_000
+
+    # --- priors: properties of the job, used until its traffic shows them -------------------------
+    # share of a step the optimizer takes after the sync (the simulator's generating value), until
+    # pipeline sends show the job's own (Typical.close_to_end_ns)
+    optimizer_share: float = 0.04
+    # share of a step after the sync within which a checkpoint save starts writing, until the job's
+    # own saves show how long theirs took (Typical.write_delay_ns)
+    save_start_share: float = 0.25
+
+
+DEFAULT_PARAMS = TimelineParams()

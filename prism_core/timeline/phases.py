@@ -1,0 +1,253 @@
+"""Sync phases: the heavy DP bursts (or pipeline sends) that close each step, and what follows each.
+
+DP flows that overlap form bursts; gradient syncs are the heavy ones, and the quiet gaps between
+them that separate steps (prism_core.timeline.regimes) group them into phases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from prism_core.constants import DP, PP
+from prism_core.parallelism import reverse_in_flight, warm_up_votes
+from prism_core.timeline.params import TimelineParams
+from prism_core.timeline.regimes import boundary_gap_threshold
+from prism_core.timeline.traffic import Traffic
+
+
+@dataclass
+class Phases:
+    """Sync phases in time order, each closing a step (if complete), and what follows each."""
+
+    flows: list[np.ndarray]  # traffic rows of each phase's heavy bursts
+    start_ns: np.ndarray  # the phase's first burst starts
+    close_ns: np.ndarray  # its last burst ends
+    nbytes: np.ndarray
+    nflows: np.ndarray
+    after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
+    closed: np.ndarray  # bool: nothing later can still join the phase
+    next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
+    first_send_ns: np.ndarray  # the next step's first pipeline sends (-1: none)
+    forward_ns: np.ndarray  # and one forward pass between them
+    bulk_write: np.ndarray  # bool: bulk writes between the phase and the next traffic
+    write_delay_ns: np.ndarray  # end of the phase -> the first bulk write after it (-1: none in view)
+    written_until_ns: np.ndarray  # end of the last bulk write after the phase, before the next traffic (-1: none)
+    inner_gap_ns: int  # the longest quiet between bursts of one phase (at least merge_ns)
+    has_dp: bool
+    gap_threshold_ns: float | None
+
+
+def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | None, steps_to_learn: int,
+                params: TimelineParams) -> Phases:
+    """The job's sync phases and what follows each; `gap_threshold_ns` is the previous hours'
+    boundary gap, kept while fewer than `steps_to_learn` steps are in view to find it again."""
+    has_dp = bool(np.any(traffic.kind == DP))
+    pipeline = bool(np.any(traffic.kind == PP))
+    signal_index = traffic.index(DP if has_dp else PP if pipeline else None, params)
+    signal = signal_index.rows
+    burst, b_start, b_end = bursts(traffic.start[signal], traffic.end[signal], params)
+    b_bytes = np.bincount(burst, traffic.nbytes[signal], minlength=len(b_start))
+    if has_dp:
+        # bytes and flows per pair: a sync of several stages at once weighs as one stage's sync
+        b_flows = np.bincount(burst, minlength=len(b_start))
+        burst_pair = np.sort(burst * len(traffic.pairs) + traffic.pair[signal])
+        distinct = burst_pair[np.r_[True, burst_pair[1:] != burst_pair[:-1]]]
+        b_pairs = np.bincount(distinct // len(traffic.pairs), minlength=len(b_start))
+        heavy = upper_class(np.log(np.maximum(b_bytes, 1.0) * b_flows / b_pairs.astype(float) ** 2), params)
+    else:
+        heavy = np.ones(len(b_start), bool)
+    candidates = np.flatnonzero(heavy)
+
+    gaps = b_start[candidates[1:]] - b_end[candidates[:-1]]
+    candidate_of_burst = np.cumsum(heavy) - 1
+    on_candidate = heavy[burst]
+    turn = _pipeline_turns(traffic, signal, burst) if pipeline and not has_dp else np.ones(len(gaps), bool)
+    gap_threshold_ns = boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
+                                              traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params)
+    between_phases = turn & (gaps >= gap_threshold_ns)
+    # phase p holds candidates[first[p]:first[p + 1]]
+    first = np.r_[0, np.flatnonzero(between_phases) + 1] if len(candidates) else np.empty(0, int)
+    first = _join_partial_phases(first, b_bytes[candidates], b_start[candidates], b_end[candidates], params)
+    last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
+
+    flows, opening_burst, close_ns, nbytes, after_optimizer = [], [], [], [], []
+    gathered_every_stage = False  # of the last phase: see below
+    burst_from = np.searchsorted(burst, np.arange(len(b_start) + 1))  # signal positions of each burst
+    for lo, hi in zip(first, last):
+        members = candidates[lo : hi + 1]
+        rows = [signal[burst_from[b] : burst_from[b + 1]] for b in members]
+        repeated, same_flows, every_pair = _repeated_share(traffic, rows, params) if has_dp else (0.0, False, False)
+        all_gather = same_flows and abs(repeated - 1.0) <= params.same_shape
+        if repeated >= params.repeat_share and not all_gather:
+            # a different collective on the same pairs right after the optimizer: the next
+            # step's ZeRO-3 parameter gather, its first traffic, not part of this sync
+            members, rows, repeated = members[:-1], rows[:-1], 0.0
+        flows.append(np.concatenate(rows))
+        opening_burst.append(members[0])
+        close_ns.append(traffic.cluster_end(rows[-1], params))
+        nbytes.append(float(b_bytes[members].sum()))
+        after_optimizer.append(repeated >= params.repeat_share)
+        # every stage's updated shards gathered at once: the optimizer ran, the sync is over
+        gathered_every_stage = all_gather and every_pair
+    opening_burst = np.array(opening_burst, np.int64)
+    start_ns = signal_index.cluster_starts(burst_from[opening_burst], burst_from[opening_burst + 1])
+    close = np.array(close_ns, np.int64)
+    closed = np.ones(len(first), bool)
+    if len(first):
+        closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
+    return Phases(flows, start_ns, close, np.array(nbytes), np.array([len(rows) for rows in flows], float),
+                  np.array(after_optimizer, bool), closed, *_what_follows(traffic, flows, close, has_dp, params),
+                  int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
+                  float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, has_dp: bool,
+                  params: TimelineParams) -> tuple[np.ndarray, ...]:
+    """Per phase (its flows, its end): the next traffic after it, before the next phase ends (the
+    next step's first traffic may open the next phase), as (its start, the next step's first
+    pipeline send and forward pass, whether bulk writes came before it, the delay to the first
+    bulk write after the phase and where the writes before the next traffic ended), -1 where none."""
+    max_ns = np.iinfo(np.int64).max
+    after_phase = np.array([traffic.end[rows].max() + 1 for rows in flows], np.int64)
+    until = np.r_[close[1:], max_ns]
+    # other traffic after a pipeline step's last send (a tied embedding) is its own
+    following = traffic.index(None if has_dp else PP, params)
+    lo, hi = following.positions(after_phase), following.positions(until)
+    followed = hi > lo
+    next_ns = np.full(len(close), -1, np.int64)
+    next_ns[followed] = following.cluster_starts(lo[followed], hi[followed])
+    # the first sends come within a small part of a step: look no further
+    look_until = np.where(followed, next_ns + (until - close) // params.first_sends_part, 0)
+    sends = traffic.index(PP, params)
+    send_hi = np.minimum(sends.positions(look_until), sends.positions(until))
+    t1, forward, found = sends.first_sends(sends.positions(after_phase)[followed], send_hi[followed])
+    first_send_ns = np.full(len(close), -1, np.int64)
+    forward_ns = np.full(len(close), -1, np.int64)
+    first_send_ns[followed] = np.where(found, t1, -1)
+    forward_ns[followed] = np.where(found, forward, -1)
+    # the writes after the phase and before the next traffic (bulk writes are sorted by start)
+    write_from = np.searchsorted(traffic.bulk_writes, close, side="right")
+    write_to = np.searchsorted(traffic.bulk_writes, np.where(followed, next_ns, until), side="left")
+    first_write = np.r_[traffic.bulk_writes, -1][write_from]
+    write_delay_ns = np.where(first_write >= 0, first_write - close, -1)
+    return (next_ns, first_send_ns, forward_ns, write_to > write_from, write_delay_ns,
+            _range_max(traffic.bulk_write_ends, write_from, write_to))
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo:hi]) per range, -1 for an empty one; ranges in order and disjoint, so one
+    reduceat pass over `values`."""
+    if not len(lo) or not len(values):
+        return np.full(len(lo), -1, np.int64)
+    maxima = np.maximum.reduceat(np.r_[values, -1], np.stack([lo, hi], axis=1).ravel())[::2]
+    return np.where(hi > lo, maxima, -1)
+
+
+def _pipeline_turns(traffic: Traffic, rows: np.ndarray, burst: np.ndarray) -> np.ndarray:
+    """Per gap between consecutive bursts of the pipeline sends `rows` (burst of each): whether it
+    turns from backward to forward sends, as a step gap does. A step opens with warm-up forwards
+    before any gradient comes back and closes with cool-down backwards after the last forward; in
+    between, both directions of a stage link are in flight together. So a step gap follows lone
+    backward sends and precedes lone forward sends, while a slow step's micro-batch gaps (a
+    warm-up step's can outlast usual step gaps) do not. A link joins two hosts (where the hosts
+    are known): a stage boundary inside a host may send forward and backward through different
+    NICs. A direction's lone sends come right before exchanges (warm-up) or right after them
+    (cool-down); of a link's two directions, the one with more warm-up-like sends is forward (the
+    first backward, before the exchanges, looks like warm-up too). A link without exchanges of its
+    own (the first stage's, when there are no more micro-batches than stages) is timed against the
+    exchanges of every link. Every gap when no lone sends show a direction."""
+    n_gaps = int(burst[-1]) if len(burst) else 0
+    hosts = [[traffic.host_of.get(addr, addr) for addr in ends] for ends in traffic.pair_ends()]
+    links = [f"{src}>{dst}" if src != dst else name for (src, dst), name in zip(hosts, traffic.pairs)]
+    names, direction_of_pair = np.unique(np.array(links, dtype=object), return_inverse=True)
+    index = {name: i for i, name in enumerate(names)}
+    none = len(names)
+    reverse_of = np.array([index.get(">".join(name.split(">")[::-1]), none) for name in names] + [none], np.int64)
+    direction, start, end = direction_of_pair[traffic.pair[rows]], traffic.start[rows], traffic.end[rows]
+    reverse = reverse_of[direction]
+    answered = reverse_in_flight(direction, reverse, start, end)
+    lead = np.zeros(len(rows))  # > 0 on forward directions
+    for link in (np.minimum(direction, reverse), np.zeros_like(direction)):
+        score = np.bincount(direction, warm_up_votes(link, start, answered), minlength=none + 1)
+        lead = np.where(lead == 0, score[direction] - score[reverse], lead)
+    if not np.any(lead):
+        return np.ones(n_gaps, bool)
+    flows = np.bincount(burst)
+    lone_forward = np.bincount(burst, ~answered & (lead > 0)) == flows
+    lone_backward = np.bincount(burst, ~answered & (lead < 0)) == flows
+    return lone_backward[:-1] & lone_forward[1:]
+
+
+def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarray, end: np.ndarray,
+                         params: TimelineParams) -> np.ndarray:
+    """Consecutive phases short of a usual phase's bytes join while that brings them closer to
+    it: a warm-up step runs slower, and its pauses between micro-batches can look like step gaps.
+    A silence longer than a usual step keeps them apart (a failure: the cut phase stays short and
+    ends no step)."""
+    if len(first) < 2:
+        return first
+    bounds = np.r_[first, len(nbytes)]
+    cumulative = np.r_[0.0, np.cumsum(nbytes)]
+    phase_bytes = cumulative[bounds[1:]] - cumulative[bounds[:-1]]
+    usual = np.median(phase_bytes)
+    phase_end = end[bounds[1:] - 1]
+    complete_ends = phase_end[phase_bytes >= params.complete_share * usual]
+    # fewer than two complete phases: no usual step, so no silence is known to part them
+    step = float(np.median(np.diff(complete_ends))) if len(complete_ends) > 1 else np.inf
+    joined, carried = [], np.inf
+    for p in range(len(first)):
+        short = phase_bytes[p] < params.complete_share * usual
+        closer = abs(carried + phase_bytes[p] - usual) < abs(carried - usual)
+        if not (short and closer) or start[first[p]] - phase_end[p - 1] > step:
+            joined.append(first[p])
+            carried = 0.0
+        carried += phase_bytes[p]
+    return np.array(joined, first.dtype)
+
+
+def _repeated_share(traffic: Traffic, burst_rows: list[np.ndarray], params: TimelineParams) -> tuple[float, bool, bool]:
+    """(bytes the phase's earlier bursts moved on the pairs of its last burst per byte of that
+    burst, whether they did so in as many flows, whether those were all of the earlier bytes).
+    About (1, True) when the last burst repeats a collective on the same pairs bucket for bucket
+    (the all-gather of the updated shards after the optimizer, ZeRO-1/2), and all of them when it
+    gathers every stage's shards at once; near 0 when pipeline stages sync one after another on
+    their own pairs; a ZeRO-3 parameter gather moves the whole shard at once, in fewer flows."""
+    if len(burst_rows) < 2:
+        return 0.0, False, False
+    last, earlier = burst_rows[-1], np.concatenate(burst_rows[:-1])
+    repeated = np.isin(traffic.pair[earlier], traffic.pair[last])
+    repeated_bytes = traffic.nbytes[earlier][repeated].sum()
+    share = repeated_bytes / traffic.nbytes[last].sum()
+    every_pair = repeated_bytes >= (1.0 - params.same_shape) * traffic.nbytes[earlier].sum()
+    return float(share), abs(repeated.sum() / len(last) - 1.0) <= params.same_shape, bool(every_pair)
+
+
+def bursts(start: np.ndarray, end: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flows (sorted by start) that overlap or nearly touch form one burst: (burst of each flow,
+    burst starts, burst ends)."""
+    if not len(start):
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+    reach = np.maximum.accumulate(end)
+    opens = np.r_[True, start[1:] > reach[:-1] + params.merge_ns]
+    burst = np.cumsum(opens) - 1
+    first = np.flatnonzero(opens)
+    return burst, start[first], np.maximum.reduceat(end, first)
+
+
+def upper_class(weight: np.ndarray, params: TimelineParams) -> np.ndarray:
+    """The upper of two classes of `weight` (log scale) by Otsu's split, when the two class means
+    are at least log(heavy_separation) apart; otherwise every element."""
+    n = len(weight)
+    if n < 2:
+        return np.ones(n, bool)
+    ordered = np.sort(weight)
+    below = np.arange(1, n)
+    sum_below = np.cumsum(ordered)[:-1]
+    mean_below = sum_below / below
+    mean_above = (ordered.sum() - sum_below) / (n - below)
+    split = int(np.argmax(below * (n - below) * (mean_above - mean_below) ** 2))
+    if mean_above[split] - mean_below[split] < np.log(params.heavy_separation):
+        return np.ones(n, bool)
+    return weight >= ordered[split + 1]

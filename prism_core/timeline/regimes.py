@@ -1,0 +1,97 @@
+"""The boundary gap: the shortest quiet between sync bursts that still separates two steps.
+
+The gap lengths fall into a few regimes (stages syncing one after another, the optimizer pause,
+the compute between steps, checkpoints, a pipeline's micro-batch cadence); BOCD over the sorted
+lengths finds where they change regime, and the cut whose longer gaps recur most regularly in time
+separates the steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prism_core.bocd import NormalGammaPrior, bocd
+from prism_core.timeline.params import TimelineParams
+
+
+def boundary_gap_threshold(
+    gaps: np.ndarray, at: np.ndarray, flow_candidate: np.ndarray, bulk_writes: np.ndarray, previous: float | None,
+    eligible: np.ndarray, steps_to_learn: int, params: TimelineParams,
+) -> float:
+    """The shortest gap between two candidate bursts that still separates two steps.
+
+    Each regime cut (`_regime_cuts`) keeps the gaps above it, and marks steps when those gaps recur
+    regularly in time, no unit between two of them carries much more traffic than its neighbours
+    (as a regime boundary in the middle of the hour would), and they are not mostly checkpoint
+    saves. Of those, the most regular wins (a finer cut adds the micro-batch cadence, whose warm-up
+    and cool-down break the rhythm once per step), small classes handicapped as their regularity
+    may be luck (the micro-batches of a warm-up step alone). Only `eligible` gaps can separate
+    steps. Without such a cut, the previous hour's."""
+    fallback = previous if previous is not None else (float(gaps[eligible].min()) if eligible.any() else np.inf)
+    if np.sum(eligible & (gaps >= fallback)) < steps_to_learn:
+        return fallback
+    log_gaps = np.log10(np.maximum(gaps, 1))
+    cuts = _regime_cuts(log_gaps[eligible], params)
+    best, best_score, seen = fallback, np.inf, set()
+    for cut in cuts:
+        kept = np.flatnonzero(eligible & (log_gaps >= cut))
+        if len(kept) in seen:
+            continue
+        seen.add(len(kept))
+        irregularity_of_kept = irregularity(at[kept])
+        # few gaps can look regular by chance: rank by an upper bound, ~1/sqrt(n) wide
+        score = irregularity_of_kept + params.small_sample_penalty / np.sqrt(len(kept))
+        if irregularity_of_kept > params.max_irregularity or score >= best_score:
+            continue
+        if _unit_excess(kept, flow_candidate) > params.max_unit_excess:
+            continue
+        saving = np.searchsorted(bulk_writes, at[kept] + gaps[kept]) > np.searchsorted(bulk_writes, at[kept])
+        if np.mean(saving) < params.max_saving_share:
+            shortest_kept = float(gaps[kept].min())
+            dropped = gaps[eligible & (gaps < shortest_kept)].astype(float)
+            # halfway (in log) to the longest gap left inside steps
+            best = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / params.cut_ratio
+            best_score = score
+    return best
+
+
+def _regime_cuts(log_gaps: np.ndarray, params: TimelineParams) -> np.ndarray:
+    """The lengths (log10) where the gap lengths change regime, and the shortest (a cut that
+    keeps every gap): BOCD's MAP segmentation of the sorted lengths (of `regime_points` quantiles
+    of them, for speed), each change moved to the widest spacing of all the sorted lengths
+    around it."""
+    ordered = np.sort(log_gaps)
+    points = min(len(ordered), params.regime_points)
+    picks = np.unique(np.linspace(0, len(ordered) - 1, points).round().astype(np.int64))
+    sample = ordered[picks]
+    prior = NormalGammaPrior(mu=float(np.median(sample)), kappa=0.01, alpha=1.0, beta=params.regime_spread**2)
+    changes = bocd(sample, prior=prior).changepoints
+    spacing = np.diff(ordered)
+    around = zip(picks[np.maximum(changes - 1, 0)], picks[np.minimum(changes + 1, len(picks) - 1)])
+    return np.r_[ordered[0], [ordered[lo + 1 + np.argmax(spacing[lo:hi])] for lo, hi in around]]
+
+
+def _unit_excess(boundary_gaps: np.ndarray, flow_candidate: np.ndarray) -> float:
+    """The most flows any unit between boundary gaps carries against the median of its 8
+    neighbours (units cut by the window carry fewer, never more)."""
+    unit = np.searchsorted(boundary_gaps, flow_candidate)  # gap i separates candidates i and i + 1
+    flows = np.bincount(unit, minlength=len(boundary_gaps) + 1).astype(float)
+    if len(flows) < 3:
+        return np.inf
+    return float(np.max(flows / np.maximum(_neighbour_median(flows), 1.0)))
+
+
+def irregularity(times: np.ndarray) -> float:
+    """Mean deviation of the spacing of `times` from the median of its 8 neighbours, each capped
+    at 1: near 0 for one event per step, high when two kinds of gaps interleave (an even number
+    of neighbours keeps an alternating pattern from matching itself)."""
+    spacing = np.diff(times).astype(float)
+    if len(spacing) < 3:
+        return np.inf
+    return float(np.mean(np.minimum(np.abs(spacing / _neighbour_median(spacing) - 1.0), 1.0)))
+
+
+def _neighbour_median(values: np.ndarray) -> np.ndarray:
+    """Per element, the median of the 4 values on either side (reflected at the ends)."""
+    window = np.lib.stride_tricks.sliding_window_view(np.pad(values, 4, mode="reflect"), 9)
+    return np.median(np.delete(window, 4, axis=1), axis=1)

@@ -1,0 +1,172 @@
+"""The job's flows of one kind in start order, indexed so that timing rules run over many ranges at once.
+
+A rule such as "when did the collective that opens these flows start" or "where are a step's first
+pipeline sends" reads, per pair or per exporter, the first flow at or after the start of a range.
+Looking those up in per-pair and per-exporter orderings costs O(K log n) per range (K pairs or
+exporters) instead of a pass over the range's flows, so a rule can ask about every quiet gap of an
+hour without rescanning the flows after each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from prism_core.timeline.params import TimelineParams
+
+MAX_GRID_CELLS = 1 << 22  # ranges x pairs (or exporters) looked up at once: bounds the memory of a batch
+
+
+class RowIndex:
+    """Rows of the job's traffic (one kind, or all) in start order; positions index into `rows`."""
+
+    def __init__(self, rows: np.ndarray, start: np.ndarray, pair: np.ndarray, exporter: np.ndarray,
+                 params: TimelineParams):
+        self.rows = rows
+        self.start = start[rows]
+        self.pair = pair[rows]
+        self.exporter = exporter[rows]
+        self.params = params
+        self._by_pair: _FirstOfEach | None = None
+        self._by_exporter: _FirstOfEach | None = None
+        self._next_send: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def positions(self, times: np.ndarray | int, side: str = "left") -> np.ndarray:
+        """Position of the first row starting at or after each of `times` (`side` as in searchsorted)."""
+        return np.searchsorted(self.start, times, side=side)
+
+    def at_or_after_rows(self, rows: np.ndarray | int) -> np.ndarray:
+        """Position of the first of these rows at or after each traffic row number of `rows`."""
+        return np.searchsorted(self.rows, rows)
+
+    def cluster_starts(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """When the collective opening each range of rows [lo, hi) (non-empty) started: per exporter
+        the first start within `cluster_ns` of the range's first, the median over exporters (clock
+        skew cancels)."""
+        if not len(lo):
+            return np.empty(0, np.int64)
+        by_exporter = self._exporter_index()
+        window_end = np.minimum(hi, self.positions(self.start[lo] + self.params.cluster_ns, side="right"))
+        starts = np.empty(len(lo), np.int64)
+        for batch in _batches(len(lo), len(by_exporter.codes)):
+            first = by_exporter.first_at_or_after(lo[batch, None])
+            seen = first < window_end[batch, None]
+            starts[batch] = _masked_medians(self.start[np.where(seen, first, 0)], seen)
+        return starts
+
+    def first_sends(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(t1, f, found) of steps whose pipeline traffic (rows of kind PP) starts with each range
+        [lo, hi): the pairs that send first send their first two micro-batches one forward pass f
+        apart, the first at t1; medians over those pairs (clock skew cancels in f). A pair counts if
+        it sends again in the range after its first transfer (`transfer_ns`: its channels); found is
+        False for a range where none does."""
+        t1 = np.zeros(len(lo), np.int64)
+        forward = np.zeros(len(lo), np.int64)
+        found = np.zeros(len(lo), bool)
+        if not len(self):
+            return t1, forward, found
+        by_pair, next_send = self._pair_index()
+        for batch in _batches(len(lo), len(by_pair.codes)):
+            first = by_pair.first_at_or_after(lo[batch, None])
+            again = next_send[np.minimum(first, len(self) - 1)]
+            sends = (first < hi[batch, None]) & (again < hi[batch, None])
+            first_ns = np.where(sends, self.start[np.where(sends, first, 0)], np.iinfo(np.int64).max)
+            again_ns = np.where(sends, self.start[np.where(sends, again, 0)], 0)
+            found[batch] = sends.any(axis=1)
+            earliest = np.where(found[batch], first_ns.min(axis=1), 0)
+            # the forward pass of the earliest pair (the lowest pair index of those tied) bounds
+            # which other pairs lead with it
+            leader = np.argmin(first_ns, axis=1)
+            leader_forward = again_ns[np.arange(len(leader)), leader] - earliest
+            reach = earliest + np.minimum(self.params.cluster_ns, leader_forward // 2)
+            leading = sends & (first_ns <= reach[:, None])
+            t1[batch] = _masked_medians(first_ns, leading)
+            forward[batch] = _masked_medians(again_ns - first_ns, leading)
+        return t1, forward, found
+
+    def last_sending_before(self, position: int, until: int) -> int:
+        """The last position before `position` whose pair sends again before position `until`
+        (-1 where none)."""
+        _, next_send = self._pair_index()
+        return last_where(lambda rows: next_send[rows] < until, position)
+
+    def _exporter_index(self) -> _FirstOfEach:
+        if self._by_exporter is None:
+            self._by_exporter = _FirstOfEach(self.exporter)
+        return self._by_exporter
+
+    def _pair_index(self) -> tuple[_FirstOfEach, np.ndarray]:
+        """The per-pair index, and per row the position of its pair's next send: the pair's first
+        row starting more than `transfer_ns` after it (len(self) where none)."""
+        if self._by_pair is None:
+            self._by_pair = _FirstOfEach(self.pair)
+            later = self.positions(self.start + self.params.transfer_ns, side="right")
+            self._next_send = self._by_pair.first_at_or_after(later, self.pair)
+        return self._by_pair, self._next_send
+
+
+class _FirstOfEach:
+    """For small-integer codes over positions 0..n-1: the first position at or after a given one
+    holding a code (n where none), by binary search over (code, position) keys."""
+
+    def __init__(self, codes: np.ndarray):
+        self.n = len(codes)
+        self.codes = np.unique(codes)
+        order = np.argsort(codes, kind="stable")
+        self.keys = codes[order].astype(np.int64) * (self.n + 1) + order
+
+    def first_at_or_after(self, positions: np.ndarray, codes: np.ndarray | None = None) -> np.ndarray:
+        """Per position, the first at or after it holding `codes` (elementwise, broadcast); by
+        default every code present, along a last axis."""
+        codes = self.codes if codes is None else codes
+        wanted = codes * (self.n + 1) + positions
+        at = np.searchsorted(self.keys, wanted)
+        key = self.keys[np.minimum(at, len(self.keys) - 1)] if len(self.keys) else wanted
+        hit = (at < len(self.keys)) & (key // (self.n + 1) == codes)
+        return np.where(hit, key % (self.n + 1), self.n)
+
+
+def last_where(test: Callable[[slice], np.ndarray], end: int) -> int:
+    """The last index before `end` where `test` (a vectorized predicate over a slice of indexes)
+    holds, -1 where none; looked for in blocks doubling backwards, so the cost is the distance."""
+    size = 64
+    while end > 0:
+        lo = max(0, end - size)
+        hits = np.flatnonzero(test(slice(lo, end)))
+        if len(hits):
+            return lo + int(hits[-1])
+        end, size = lo, 2 * size
+    return -1
+
+
+def first_where(test: Callable[[slice], np.ndarray], begin: int, end: int) -> int:
+    """The first index in [begin, end) where `test` holds, `end` where none; looked for in blocks
+    doubling forwards, so the cost is the distance."""
+    size = 64
+    while begin < end:
+        hi = min(end, begin + size)
+        hits = np.flatnonzero(test(slice(begin, hi)))
+        if len(hits):
+            return begin + int(hits[0])
+        begin, size = hi, 2 * size
+    return end
+
+
+def _batches(n_ranges: int, n_codes: int) -> list[slice]:
+    """Slices of the ranges small enough that ranges x codes stays within MAX_GRID_CELLS."""
+    size = max(1, MAX_GRID_CELLS // max(n_codes, 1))
+    return [slice(lo, min(lo + size, n_ranges)) for lo in range(0, n_ranges, size)]
+
+
+def _masked_medians(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per row, int(np.median(values[row][mask[row]])) (0 for an empty row), computed the same way:
+    the mean, in float64, of the middle one or two values."""
+    ordered = np.sort(np.where(mask, values.astype(np.float64), np.nan), axis=1)  # NaN sort last
+    count = mask.sum(axis=1)
+    row = np.arange(len(values))
+    low, high = ordered[row, np.maximum(count - 1, 0) // 2], ordered[row, count // 2 - (count == 0)]
+    return np.where(count > 0, (low + high) / 2, 0.0).astype(np.int64)

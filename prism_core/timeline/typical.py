@@ -1,0 +1,145 @@
+"""The job's usual timings: learned from this hour's normal steps, else carried from previous hours."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from prism_core.timeline import boundaries as bounds
+from prism_core.timeline.params import TimelineParams
+from prism_core.timeline.phases import Phases
+from prism_core.timeline.traffic import Traffic
+
+
+@dataclass
+class Typical:
+    """The job's usual timings: from this hour's normal steps, else from the previous hours."""
+
+    period_ns: float
+    gap_ns: float  # end of a sync phase -> the next step's first traffic
+    phase_bytes: float
+    phase_flows: float
+    fill: int  # forward passes before the first visible pipeline send (stages on one host hide)
+    close_to_end_ns: float | None  # end of a sync phase -> end of the step, where measured
+    lead_ns: float | None  # start of a step -> its first traffic
+    lead_per_sync: float | None  # the same per ns of the step's sync phase (both scale with jitter)
+    sync_ns: float | None  # length of a sync phase
+    forward_ns: float | None  # one forward pass between the first pipeline sends of a step
+    write_delay_ns: float | None  # longest seen from a sync's end to its checkpoint's first write
+    save_ns: float | None  # a checkpoint's save: A -> the next step's start
+    save_tail_ns: float | None  # a save's last write ends -> the next step's start
+
+    @property
+    def known(self) -> bool:
+        """Whether the usual period and gap are known: steps can be told only then."""
+        return bool(np.isfinite(self.period_ns) and np.isfinite(self.gap_ns))
+
+    def close_to_end(self, params: TimelineParams) -> float:
+        """End of a sync phase -> end of its step: measured, else the prior optimizer share."""
+        if self.close_to_end_ns is not None:
+            return self.close_to_end_ns
+        return params.optimizer_share * self.period_ns if np.isfinite(self.period_ns) else 0.0
+
+    def as_baseline(self, gap_threshold_ns: float | None) -> dict:
+        return {"period_ns": self.period_ns, "gap_ns": self.gap_ns, "phase_bytes": self.phase_bytes,
+                "phase_flows": self.phase_flows,
+                "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
+                "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
+                "write_delay_ns": self.write_delay_ns, "save_ns": self.save_ns, "save_tail_ns": self.save_tail_ns,
+                "gap_threshold_ns": gap_threshold_ns}
+
+
+def steps_to_learn(traffic: Traffic, hour_end_ns: int, params: TimelineParams) -> int:
+    """How many steps in view the job's timings are learned from: `steps_to_learn`, or
+    `steps_to_learn_whole` when the job has been silent for longer than it ran in view (a short
+    job that ended: waiting for more steps would leave its steps out for good)."""
+    if not len(traffic.start):
+        return params.steps_to_learn
+    last = int(traffic.end.max())
+    whole = hour_end_ns - last > last - int(traffic.start.min())
+    return params.steps_to_learn_whole if whole else params.steps_to_learn
+
+
+def typical(phases: Phases, baseline: dict, learn_from: int, params: TimelineParams) -> Typical:
+    """The job's usual timings: each a median over this hour's normal steps when `learn_from` of
+    them or more show it, else the baseline's (the previous hours')."""
+    def median(values: np.ndarray, name: str) -> float | None:
+        return float(np.median(values)) if len(values) >= learn_from else baseline.get(name)
+
+    phase_bytes = median(phases.nbytes, "phase_bytes") or 0.0
+    phase_flows = median(phases.nflows, "phase_flows") or 0.0
+    complete = bounds.complete(phases, phase_bytes, phase_flows, params)
+    period = median(np.diff(phases.close_ns[complete]), "period_ns")
+    followed = complete & (phases.next_ns >= 0)
+    gap = median((phases.next_ns - phases.close_ns)[followed], "gap_ns")
+    usual = Typical(period or np.inf, gap or np.inf, phase_bytes, phase_flows, baseline.get("fill", 1),
+                    baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
+                    baseline.get("sync_ns"), baseline.get("forward_ns"), baseline.get("write_delay_ns"),
+                    baseline.get("save_ns"), baseline.get("save_tail_ns"))
+    if period is None or gap is None:
+        return usual
+    usual.forward_ns = median(phases.forward_ns[followed & (phases.forward_ns > 0)], "forward_ns")
+    normal = followed & ~bounds.long_gap(phases, usual, params)
+    sends = normal & (phases.first_send_ns >= 0)
+    if not phases.has_dp and sends.sum() >= learn_from:
+        # stages sharing a host hide the first sends of a step
+        usual.fill = max(1, int(np.round(np.median(_fill_passes(phases, period, params)[sends]))))
+    start = bounds.next_start(phases, usual)
+    usual.close_to_end_ns = median((start - phases.close_ns)[sends], "close_to_end_ns")
+    timed = normal & (bounds.next_sync(phases) > 0)
+    lead = phases.next_ns - bounds.boundaries(phases, usual, params)
+    usual.lead_ns = median(lead[normal], "lead_ns")
+    usual.lead_per_sync = median((lead / bounds.next_sync(phases))[timed], "lead_per_sync")
+    usual.sync_ns = median((phases.close_ns - phases.start_ns)[complete], "sync_ns")
+    saving = bounds.checkpoints(phases, usual, params)
+    if np.any(saving):
+        usual.write_delay_ns = float(max(phases.write_delay_ns[saving].max(), usual.write_delay_ns or 0.0))
+    if saving.sum() >= params.saves_to_learn:
+        saved_until = bounds.saved_until(phases, usual, params)
+        usual.save_ns = float(np.median((saved_until - bounds.after_sync(phases, usual, params))[saving]))
+        usual.save_tail_ns = float(np.median((saved_until - phases.written_until_ns)[saving]))
+    return usual
+
+
+def _fill_passes(phases: Phases, period_ns: float, params: TimelineParams) -> np.ndarray:
+    """Forward passes before each phase's next first pipeline send, unrounded: without DP the
+    phase ends with the last visible gradient send, and the gap after it holds k backward passes
+    (b = 2 f), the optimizer, and k forward passes before the first send."""
+    unexplained = phases.first_send_ns - phases.close_ns - params.optimizer_share * period_ns
+    return unexplained / (3 * phases.forward_ns)
+
+
+def last_step_timings(phases: Phases, traffic: Traffic, params: TimelineParams) -> dict:
+    """The usual timings of a job seen whole from its last step alone, when too few steps are in
+    view to learn them (and no previous hour knew them): the step closed by the last phase ran
+    from the end of the step before it, closed by the phase before (one the view cut into still
+    closes its step), so the two phases give its period, the gap before its first traffic, and
+    with pipeline sends its first forward passes and the optimizer's tail after the step before's
+    last send. That tail (stage 0's last backward pass and the optimizer) is compute: it is scaled
+    to the last step's pace by the spacing of each step's last two sends (a jittered step stretches
+    its micro-batches alike). Without pipeline sends the tail stays the prior optimizer share of the
+    period. A usual phase carries the larger bytes of the two (the view may cut the first, the
+    job's end the last). Empty without two phases, the first followed by the next step's traffic,
+    or with a checkpoint save between them (the gap would hold the save, not the optimizer's tail)."""
+    if len(phases.close_ns) < 2 or phases.next_ns[-2] < 0 or phases.bulk_write[-2]:
+        return {}
+    before_close, period = int(phases.close_ns[-2]), int(phases.close_ns[-1] - phases.close_ns[-2])
+    timings = {"period_ns": period, "gap_ns": int(phases.next_ns[-2]) - before_close,
+               "phase_bytes": float(phases.nbytes[-2:].max()), "phase_flows": float(phases.nflows[-2:].max())}
+    if phases.first_send_ns[-2] >= 0:
+        forward = int(phases.forward_ns[-2])
+        fill = 1 if phases.has_dp else max(1, int(np.round(_fill_passes(phases, period, params)[-2])))
+        tail = int(phases.first_send_ns[-2]) - fill * forward - before_close
+        spacings = [_last_send_spacing(traffic, phases.flows[p], params) for p in (-2, -1)]
+        pace = spacings[1] / spacings[0] if all(spacings) else 1.0
+        timings |= {"forward_ns": forward, "fill": fill, "close_to_end_ns": tail * pace}
+    return timings
+
+
+def _last_send_spacing(traffic: Traffic, rows: np.ndarray, params: TimelineParams) -> int | None:
+    """Between the starts of the last two sends of `rows` (flows starting within `cluster_ns` of
+    each other are one send, across channels and exporters); None with fewer than two."""
+    starts = np.sort(traffic.start[rows])
+    sends = starts[np.r_[True, np.diff(starts) > params.cluster_ns]]
+    return int(sends[-1] - sends[-2]) if len(sends) > 1 else None

@@ -1,0 +1,106 @@
+"""The walk over a job's sync phases in time order, emitting the steps they close."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from prism_core.schema import STEPS
+from prism_core.timeline import boundaries as bounds
+from prism_core.timeline.closing import ends_step, hung_before_it_ended, next_step_began, save_may_follow, silences
+from prism_core.timeline.opening import attempt_start, opening_start
+from prism_core.timeline.params import TimelineParams
+from prism_core.timeline.phases import Phases
+from prism_core.timeline.state import TimelineState
+from prism_core.timeline.traffic import Traffic
+from prism_core.timeline.typical import Typical
+
+
+def emit_steps(
+    phases: Phases, typical: Typical, traffic: Traffic, state: TimelineState, restarts: np.ndarray,
+    hour_start_ns: int, hour_end_ns: int, params: TimelineParams,
+) -> list[dict]:
+    """Walk the phases in time order and emit the steps they close (none until the job's usual
+    timings are known: too few steps in view so far, they wait in the carry); the state follows
+    the last emitted step."""
+    if not typical.known:
+        return []
+    boundary = bounds.boundaries(phases, typical, params)
+    complete = bounds.complete(phases, typical.phase_bytes, typical.phase_flows, params)
+    saved = bounds.checkpoints(phases, typical, params)
+    silence = params.silence_steps * typical.period_ns
+    usual_gap = ~bounds.long_gap(phases, typical, params)
+    stopped = silences(traffic, silence, state.last_close_ns)
+    rows: list[dict] = []
+    end, close = state.last_end_ns, state.last_close_ns
+    for p in range(len(phases.close_ns)):
+        if close is not None and _silent_between(stopped, close, phases.start_ns[p]):
+            # the job was silent for steps without a restart reported: what came before was
+            # another job's tail or a stop; this phase opens the view again
+            end = close = None
+        followed = phases.next_ns[p] >= 0
+        quiet = hour_end_ns - phases.close_ns[p]
+        # the last phase is over once quiet longer than inside any phase, or once the next step
+        # began; its step, once no save can follow it (the saving is the step's)
+        over = (phases.closed[p] or (phases.has_dp and quiet > phases.inner_gap_ns)
+                or next_step_began(phases, p, typical, params))
+        unsaved = phases.has_dp and not phases.bulk_write[p] and not save_may_follow(
+            state.next_step + len(rows), state.checkpoint_steps, typical, quiet, params)
+        decided = over and (followed or quiet >= silence or unsaved)
+        if not decided or boundary[p] >= hour_end_ns:
+            break
+        if not ends_step(phases, p, typical, restarts, complete, traffic, params) or (
+                end is not None
+                and hung_before_it_ended(phases, p, boundary, complete, traffic, typical, hour_end_ns, params)):
+            if end is None and followed and usual_gap[p]:
+                # the view opened inside this phase's step; the next step follows as usual
+                end, close = int(boundary[p]), int(phases.close_ns[p])
+            continue
+        after = close if close is not None else -(1 << 62)
+        restarted = restarts[(restarts > after) & (restarts <= phases.close_ns[p])]
+        start = end
+        if len(restarted):
+            start = attempt_start(phases, p, boundary, traffic, int(restarted[-1]), typical, params)
+            state.checkpoint_steps = []  # a restarted job may save on another cadence
+        elif end is None:
+            start = opening_start(phases, p, boundary, complete, traffic, typical, hour_start_ns, params)
+            if start is None:  # the view opened inside this step: its end is only a reference
+                end, close = int(boundary[p]), int(phases.close_ns[p])
+                continue
+        attempt = state.attempt + int(np.sum(restarts <= phases.close_ns[p]))
+        sync = phases.has_dp
+        rows.append({"start": int(min(start, boundary[p] - 1)), "end": int(boundary[p]),
+                     "sync_start": int(phases.start_ns[p]) if sync else None,
+                     "sync_s": (phases.close_ns[p] - phases.start_ns[p]) / 1e9 if sync else None,
+                     "attempt": attempt})
+        if saved[p]:
+            state.checkpoint_steps = [*state.checkpoint_steps[-2:], state.next_step + len(rows) - 1]
+        end, close = int(boundary[p]), int(phases.close_ns[p])
+    state.last_end_ns, state.last_close_ns = end, close
+    return rows
+
+
+def _silent_between(silences: np.ndarray, since_ns: int, until_ns: int) -> bool:
+    """Whether one of `silences` ((from, to), in time order, disjoint) lies within [since_ns, until_ns]."""
+    first = np.searchsorted(silences[:, 0], since_ns)
+    return bool(first < len(silences) and silences[first, 1] <= until_ns)
+
+
+def steps_table(job_id: str, rows: list[dict], first_step: int) -> pa.Table:
+    """The emitted steps as rows of prism_core.schema.STEPS, numbered from `first_step`."""
+    n = len(rows)
+    start = np.array([r["start"] for r in rows], np.int64)
+    end = np.array([r["end"] for r in rows], np.int64)
+    return pa.table(
+        {
+            "job_id": pa.array([job_id] * n, pa.string()),
+            "step": pa.array(np.arange(first_step, first_step + n), pa.int64()),
+            "start": pa.array(start, pa.int64()).cast(STEPS.field("start").type),
+            "end": pa.array(end, pa.int64()).cast(STEPS.field("end").type),
+            "duration_s": pa.array((end - start) / 1e9, pa.float64()),
+            "sync_start": pa.array([r["sync_start"] for r in rows], pa.int64()).cast(STEPS.field("sync_start").type),
+            "sync_s": pa.array([r["sync_s"] for r in rows], pa.float64()),
+            "attempt": pa.array([r["attempt"] for r in rows], pa.int32()),
+        },
+        schema=STEPS,
+    )

@@ -1,0 +1,388 @@
+"""Each diagnosis detector alone, on a small hand-made JobHour (arrays built directly)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from prism_core.constants import DP, UNCLASSIFIED
+from prism_core.constants import NS_PER_S as NS
+from prism_core.diagnosis import DEFAULT_PARAMS as PARAMS
+from prism_core.diagnosis import (
+    checkpoints,
+    degradation,
+    diagnose_job,
+    hangs,
+    restarts,
+    slow_links,
+    slow_steps,
+    stragglers,
+)
+from prism_core.diagnosis.baseline import Baseline, fit_baseline
+from prism_core.diagnosis.issues import Issue, issues_table
+from prism_core.diagnosis.job_hour import JobHour, StepMasks
+from prism_core.diagnosis.state import CheckpointState, DiagnosisState, HangState, LevelState, Progress
+from prism_core.diagnosis.windows import span_mask
+from prism_core.recognition import EVENTS, MEMBERSHIP
+from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, STEPS, conform
+
+ORIGIN_NS = 1_795_338_000 * NS  # the hour's start
+FIRST_STEP_NS = ORIGIN_NS + NS  # the job's first step, 1 s into the hour (make_hour)
+BULK = 64 << 20  # bytes: a transfer large enough to measure throughput, and a checkpoint write
+
+
+def make_hour(durations=(), hosts: int = 4, flows: dict | None = None, writes: dict | None = None,
+              step_start: np.ndarray | None = None, **fields) -> JobHour:
+    """A job of `hosts` hosts with one GPU each (address 10.0.<host>.1, stage 0, dp rank = host),
+    steps of `durations` seconds, back to back from 1 s into the hour unless `step_start` says
+    when, numbered from 0, and the given flows between members ({start, end, src, dst, nbytes[,
+    kind]}: arrays, kind DP by default) and writes to storage ({start, end, src, nbytes});
+    `fields` replace any other column."""
+    durations = np.asarray(durations, float)
+    if step_start is None:
+        step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] if len(durations) else np.zeros(0)
+    step_end = step_start + durations
+    flows = {name: np.asarray(column) for name, column in (flows or {}).items()}
+    start = flows.get("start", np.zeros(0))
+    order = np.argsort(start, kind="stable")
+    step = np.searchsorted(step_start, start[order], side="right") - 1
+    step = np.where((step >= 0) & (start[order] < step_end[np.maximum(step, 0)] if len(step_end) else False), step, -1)
+    writes = {name: np.asarray(column) for name, column in (writes or {}).items()}
+    n_writes = len(writes.get("start", ()))
+    columns = dict(
+        job_id="job-x", origin_ns=ORIGIN_NS, hour_end=3600.0, data_end=3600.0,
+        addrs=np.array([f"10.0.{h}.1" for h in range(hosts)]), host_of_addr=np.arange(hosts),
+        hosts=np.array([f"gpu{h}" for h in range(hosts)]), gpus_of_host=np.ones(hosts, np.int64),
+        stage_of_host=np.zeros(hosts, np.int64), stage_of_addr=np.zeros(hosts, np.int64),
+        replica_of_addr=np.arange(hosts),
+        start=start[order], end=flows.get("end", np.zeros(0))[order], src=flows.get("src", np.zeros(0, int))[order],
+        dst=flows.get("dst", np.zeros(0, int))[order], nbytes=flows.get("nbytes", np.zeros(0, int))[order],
+        kind=flows.get("kind", np.full(len(start), DP, np.int8))[order], step=step,
+        write_start=writes.get("start", np.zeros(0)), write_end=writes.get("end", np.zeros(0)),
+        write_src=writes.get("src", np.zeros(0, int)), write_dst=np.full(n_writes, "10.200.0.1"),
+        write_bytes=writes.get("nbytes", np.zeros(0, int)), write_to_storage=np.ones(n_writes, bool),
+        read_start=np.zeros(0), read_end=np.zeros(0), read_dst=np.zeros(0, int), read_bytes=np.zeros(0, int),
+        step_start=step_start, step_end=step_end, duration=durations, sync_s=np.full(len(durations), np.nan),
+        number=np.arange(len(durations)), attempt=np.zeros(len(durations), np.int64),
+        event_ns=np.zeros(0, np.int64), event_kind=np.zeros(0, str),
+        other_host=np.zeros(0, str), other_first=np.zeros(0), other_last=np.zeros(0),
+    )
+    return JobHour(**{**columns, **fields})
+
+
+def ring_flows(step_start: np.ndarray, hosts: int, seconds: np.ndarray, phase_s: float = 0.1) -> dict:
+    """One BULK transfer a step (starting at `step_start`) from each host to the next (a ring),
+    `phase_s` into the step, lasting `seconds[step, sender]`."""
+    step, src = np.divmod(np.arange(len(step_start) * hosts), hosts)
+    start = step_start[step] + phase_s
+    return {"start": start, "end": start + seconds[step, src], "src": src, "dst": (src + 1) % hosts,
+            "nbytes": np.full(len(src), BULK)}
+
+
+def no_masks(n: int) -> StepMasks:
+    return StepMasks(warmup=np.zeros(n, bool), checkpoint=np.zeros(n, bool), windowed=np.zeros(n, bool))
+
+
+def find_checkpoints(job: JobHour) -> tuple[checkpoints.Checkpoints, CheckpointState]:
+    """The checkpoints of a job first seen this hour, without warm-up."""
+    return checkpoints.find_checkpoints(job, np.zeros(job.n_steps, bool), CheckpointState(), FIRST_STEP_NS, PARAMS)
+
+
+def fit_without_writes(job: JobHour, masks: StepMasks) -> Baseline:
+    """The baseline of a job first seen this hour, whose checkpoints (if any) wrote nothing."""
+    nothing = np.full(job.n_steps, np.nan)
+    return fit_baseline(job, masks, checkpoints.Checkpoints(masks.checkpoint, nothing, nothing, FIRST_STEP_NS), (), (),
+                        PARAMS)
+
+
+def jittered(n: int, seed: int = 1, step_s: float = 1.0) -> np.ndarray:
+    return step_s * np.random.default_rng(seed).lognormal(0.0, 0.01, n)
+
+
+# --- checkpoints and slow steps --------------------------------------------------------------------
+
+
+def _saving_job() -> tuple[JobHour, np.ndarray]:
+    """60 steps of ~1 s; steps 9, 19 and 29 save a checkpoint (+2 s, a 256 MiB write from two
+    GPUs each); step 39 is as long on the same rhythm, its write not seen; step 45 stalls 1 s,
+    step 50 is as long as a checkpoint but off the rhythm."""
+    durations = jittered(60)
+    durations[[9, 19, 29, 39, 50]] += 2.0
+    durations[45] += 1.0
+    starts = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
+    saving = np.repeat(starts[[9, 19, 29]] + 1.2, 2)
+    writes = {"start": saving, "end": saving + 0.6, "src": np.tile([0, 2], 3), "nbytes": np.full(6, 4 * BULK)}
+    return make_hour(durations, writes=writes), durations
+
+
+def test_checkpoints_are_the_written_steps_and_the_long_steps_on_their_rhythm():
+    job, _ = _saving_job()
+    found, state = find_checkpoints(job)
+    assert np.flatnonzero(found.step).tolist() == [9, 19, 29, 39]  # not the stall (45) nor the long step 50
+    assert state.checkpoint_rhythm == (10, 9)
+    assert state.last_checkpoint_ns == job.ns(job.step_end[39])
+    assert (state.checkpoint_bytes, state.checkpoint_writers) == (8 * BULK, 2)  # step 29's save
+    assert found.save_end[29] == pytest.approx(job.step_start[29] + 1.8)
+    # the work lost at a failure runs from the last checkpoint completed before it
+    assert found.before(job, job.step_end[19] + 0.5) == job.ns(job.step_end[19])
+    assert found.before(job, 0.5) == FIRST_STEP_NS  # none yet: the job's first step
+
+
+def test_a_checkpoint_step_is_not_a_slow_step_but_a_stall_is():
+    job, durations = _saving_job()
+    found, _ = find_checkpoints(job)
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    fit = fit_baseline(job, masks, found, (), (), PARAMS)
+    slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
+    assert np.flatnonzero(slow).tolist() == [45, 50]
+    (stall, long_step) = slow_steps.slow_step_issues(job, fit, masks, slow, PARAMS)
+    assert json.loads(stall.evidence)["step"] == 45 and stall.kind == "slow_step"
+    assert stall.wasted_gpu_s == pytest.approx(4 * (durations[45] - fit.expected[45]), rel=1e-9)
+    assert stall.wasted_gpu_s == pytest.approx(4 * 1.0, rel=0.05)  # 1 s on 4 GPUs
+    assert stall.severity == "critical"  # a whole step longer
+    assert json.loads(long_step.evidence)["step"] == 50 and not json.loads(long_step.evidence)["checkpoint"]
+    # the usual saving time (~2 s) is what the checkpoints took over their baseline
+    assert checkpoints.saving_times((), fit.saving, slow[found.step], PARAMS) == pytest.approx((2.0,) * 4, abs=0.05)
+
+
+# --- restarts --------------------------------------------------------------------------------------
+
+
+def test_resumes_are_attempt_changes_and_long_silences_each_followed_by_warmup():
+    # attempt 1 from step 20 on; a 60 s silence before step 40
+    durations = jittered(60)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.where(np.arange(60) >= 40, 60.0, 0.0)
+    job = make_hour(durations, step_start=step_start, attempt=(np.arange(60) >= 20).astype(np.int64))
+    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), PARAMS)
+    assert found.steps.tolist() == [20, 40]
+    assert np.flatnonzero(found.warmup).tolist() == [20, 21, 22, 40, 41, 42]
+    first_seen = restarts.find_resumes(job, Progress(), PARAMS)  # a job first seen warms up too
+    assert np.flatnonzero(first_seen.warmup)[:3].tolist() == [0, 1, 2]
+    assert first_seen.first_step_ns == job.ns(1.0)
+
+
+def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host():
+    # hosts 0-2 train until step 19 and fail 0.4 s into the next; 40 s later hosts 0, 1 and 3
+    # resume as attempt 1
+    durations = jittered(40)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.where(np.arange(40) >= 20, 40.0, 0.0)
+    hosts = np.where(np.arange(40)[:, None] < 20, [0, 1, 2], [0, 1, 3])
+    step, slot = np.divmod(np.arange(40 * 3), 3)
+    failed = step_start[19] + durations[19] + 0.4
+    flows = {"start": np.r_[step_start[step] + 0.1, failed - 0.2], "end": np.r_[step_start[step] + 0.3, failed],
+             "src": np.r_[hosts[step, slot], 0], "dst": np.r_[hosts[step, (slot + 1) % 3], 1],
+             "nbytes": np.full(len(step) + 1, BULK)}
+    job = make_hour(durations, flows=flows, step_start=step_start, attempt=(np.arange(40) >= 20).astype(np.int64))
+    resumes = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), PARAMS)
+    found, _ = checkpoints.find_checkpoints(job, resumes.warmup, CheckpointState(), FIRST_STEP_NS, PARAMS)
+    baseline = np.ones(40)
+    (restart,), stop = restarts.restart_issues(job, resumes, Progress(first_step_ns=FIRST_STEP_NS), None, found,
+                                               baseline, None, PARAMS)
+    evidence = json.loads(restart.evidence)
+    assert restart.kind == "restart" and restart.severity == "critical" and stop is None
+    assert restart.start == job.ns(failed) and restart.end == job.ns(step_start[20])
+    assert evidence["hosts_replaced"] == ["gpu2"] and evidence["hosts_added"] == ["gpu3"]
+    assert evidence["attempt"] == 1 and not evidence["after_hang"]
+    assert evidence["lost_since_checkpoint_s"] == pytest.approx(failed - 1.0, rel=1e-5)  # no checkpoint yet
+    # 3 GPUs idle from the job's first step to the resume, plus the warm-up's excess over the baseline
+    warm = durations[20:23] - 1.0
+    assert restart.wasted_gpu_s == pytest.approx(3 * (step_start[20] - 1.0 + max(warm.sum(), 0.0)), rel=1e-6)
+
+
+# --- slow links and stragglers --------------------------------------------------------------------
+
+
+def _ring_job(slow_address: int | None, slow_steps_range: range, hosts: int = 8, n: int = 40,
+              late_host: int | None = None) -> JobHour:
+    """A ring of `hosts` one-GPU hosts, one 64 MiB transfer per host and step (0.1 s); the
+    transfers to and from `slow_address` take 0.25 s in `slow_steps_range`; `late_host` sends
+    0.2 s late in those steps, and the steps then take 0.2 s longer."""
+    durations = jittered(n)
+    in_window = np.isin(np.arange(n), slow_steps_range)
+    if late_host is not None:
+        durations = np.where(in_window, durations + 0.2, durations)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
+    seconds = np.full((n, hosts), 0.1) * np.random.default_rng(2).lognormal(0.0, 0.01, (n, hosts))
+    if slow_address is not None:
+        touching = (np.arange(hosts) == slow_address) | ((np.arange(hosts) + 1) % hosts == slow_address)
+        seconds[np.ix_(in_window, touching)] = 0.25
+    flows = ring_flows(step_start, hosts, seconds)
+    if late_host is not None:
+        late = in_window[np.repeat(np.arange(n), hosts)] & (flows["src"] == late_host)
+        flows["start"] = np.where(late, flows["start"] + 0.2, flows["start"])
+        flows["end"] = np.where(late, flows["end"] + 0.2, flows["end"])
+    flows["start"] = flows["start"] + np.random.default_rng(3).uniform(0, 0.001, len(flows["start"]))
+    return make_hour(durations, hosts=hosts, flows=flows)
+
+
+def test_a_slow_link_window_names_the_slow_address():
+    job = _ring_job(slow_address=5, slow_steps_range=range(10, 30))
+    found = slow_links.slow_link_steps(job, np.zeros(job.n_steps, bool), PARAMS)
+    assert set(found.culprit[10:30].tolist()) == {5} and (found.culprit[30:] == -1).all()
+    assert found.score[15] == pytest.approx(0.1 / 0.25, rel=0.05)  # its fastest transfer, over the usual
+    (window,) = slow_links.link_windows(job, found, None, PARAMS)
+    assert window.run.tolist() == list(range(10, 30))
+    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
+    fit = fit_without_writes(job, masks)
+    slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
+    (issue,), open_window = slow_links.link_issues(job, [window], None, masks, slow, fit, found, PARAMS)
+    assert issue.subject == "10.0.5.1"  # both its transfers are slow: the NIC, not one link
+    assert issue.start == job.ns(job.step_start[10]) and issue.end == job.ns(job.step_end[29])
+    assert json.loads(issue.evidence)["slow_pairs"] == 2 and open_window is None  # closed well before the end
+
+
+def test_warmup_steps_show_no_slow_link():
+    job = _ring_job(slow_address=5, slow_steps_range=range(10, 30))
+    warmup = np.isin(np.arange(job.n_steps), range(10, 30))
+    assert (slow_links.slow_link_steps(job, warmup, PARAMS).culprit == -1).all()
+
+
+def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
+    job = _ring_job(slow_address=None, slow_steps_range=range(20, 35), n=60, late_host=2)
+    culprit, lateness = stragglers.straggler_steps(job, np.zeros(job.n_steps, bool), PARAMS)
+    assert set(culprit[20:35].tolist()) == {2} and (culprit[:20] == -1).all()
+    assert lateness[25] == pytest.approx(0.2, abs=0.01)
+    (window,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
+    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
+    fit = fit_without_writes(job, masks)
+    slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
+    assert not slow.any()  # the window's steps are the straggler's, not slow steps
+    (issue,), _ = stragglers.straggler_issues(job, [window], None, masks, slow, fit, PARAMS)
+    assert issue.subject == "gpu2" and issue.kind == "straggler"
+    assert issue.wasted_gpu_s == pytest.approx(0.2 * 15 * 8, rel=0.1)  # 0.2 s a step, 15 steps, 8 GPUs
+    assert json.loads(issue.evidence)["late_steps"] == 15
+
+
+# --- degradation -----------------------------------------------------------------------------------
+
+
+def test_a_level_rise_is_one_degradation_still_open_at_the_hours_end():
+    durations = jittered(200, seed=4)
+    durations[120:] *= 1.2
+    job = make_hour(durations)
+    masks = no_masks(job.n_steps)
+    fit = fit_without_writes(job, masks)
+    slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
+    (issue,), level = degradation.degradation_issues(job, fit, masks, slow, LevelState(), PARAMS)
+    assert issue.kind == "degradation" and issue.start == job.ns(job.step_start[120])
+    evidence = json.loads(issue.evidence)
+    assert evidence["level_s"] / evidence["baseline_s"] == pytest.approx(1.2, abs=0.01)
+    assert issue.wasted_gpu_s == pytest.approx(0.2 * 80 * 4, rel=0.05)
+    assert level.open_degradation.issue_id == issue.issue_id and level.level_s == pytest.approx(1.0, abs=0.01)
+
+
+# --- hangs -----------------------------------------------------------------------------------------
+
+
+def _hung_job(**fields) -> JobHour:
+    """4 one-GPU hosts in a ring, 1 s steps, a transfer from each host at 0.1, 0.5 and 0.9 s into
+    every step. After step 19 the GPU of host 3 never sends again (nothing to or from it); the
+    others run on for 2 s."""
+    step_start = 1.0 + np.arange(22.0)
+    parts = [ring_flows(step_start, 4, np.full((22, 4), 0.05), phase) for phase in (0.1, 0.5, 0.9)]
+    flows = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    keep = (flows["start"] < 21.0) | ((flows["src"] != 3) & (flows["dst"] != 3))
+    return make_hour(np.ones(20), flows={name: column[keep] for name, column in flows.items()}, **fields)
+
+
+def test_a_hang_names_the_gpu_that_went_silent_first_and_lasts_until_the_watchdog():
+    job = _hung_job()
+    found, state = find_checkpoints(job)
+    stop = hangs.describe_stop(job, found, None, PARAMS)
+    assert stop.silent_first == ("10.0.3.1",) and stop.staggered and stop.mid_step
+    assert stop.at_ns == job.ns(20.95)  # its last transfer ended
+    (hang,), stop, open_hang, load = hangs.watch_stop(job, Progress(), None, None, found, state, None, PARAMS)
+    assert hang.subject == "10.0.3.1" and load is None and open_hang is None and stop.hang and stop.decided
+    assert json.loads(hang.evidence)["ended_by"] == "killed_by_watchdog"
+    assert hang.end == job.ns(20.95 + PARAMS.hang_watchdog_s)
+    # the work since the job's first step (no checkpoint) and the silence, on 4 GPUs
+    assert hang.wasted_gpu_s == pytest.approx(4 * (20.95 + 600 - 1.0), rel=1e-6)
+
+
+def test_a_stop_whose_hosts_another_job_takes_is_no_hang():
+    job = _hung_job(other_host=np.array(["gpu3"]), other_first=np.array([40.0]), other_last=np.array([3000.0]))
+    found, state = find_checkpoints(job)
+    issues, stop, _, _ = hangs.watch_stop(job, Progress(), None, None, found, state, None, PARAMS)
+    assert issues == [] and stop.decided and not stop.hang
+
+
+# --- an empty hour, issues and state ----------------------------------------------------------------
+
+
+def test_an_empty_hour_gives_no_issue_and_no_exception():
+    job = make_hour()
+    assert hangs.continue_hang(job, None, PARAMS) == ([], None)
+    resumes = restarts.find_resumes(job, Progress(), PARAMS)
+    found, state = checkpoints.find_checkpoints(job, resumes.warmup, CheckpointState(), None, PARAMS)
+    assert len(found.step) == 0 and state == CheckpointState()
+    assert len(slow_links.slow_link_steps(job, resumes.warmup, PARAMS).culprit) == 0
+    assert len(stragglers.straggler_steps(job, resumes.warmup, PARAMS)[0]) == 0
+    assert hangs.watch_stop(job, Progress(), None, None, found, state, None, PARAMS) == ([], None, None, None)
+    # steps without any flow: no culprit in any step
+    steps_only = make_hour(jittered(30))
+    assert (slow_links.slow_link_steps(steps_only, np.zeros(30, bool), PARAMS).culprit == -1).all()
+    assert (stragglers.straggler_steps(steps_only, np.zeros(30, bool), PARAMS)[0] == -1).all()
+    # the whole stage on empty tables
+    empty = diagnose_job("job-x", FLOWS.empty_table(), JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(),
+                         STEPS.empty_table(), EVENTS.empty_table(), None, ORIGIN_NS, ORIGIN_NS + 3600 * NS,
+                         MEMBERSHIP.empty_table())
+    assert empty.issues.num_rows == 0 and empty.issues.schema == ISSUES
+    assert empty.state == DiagnosisState().dump()
+
+
+def test_issue_rows_carry_severity_confidence_and_rounded_evidence():
+    slow = Issue.of("job-x", "slow_step", "job-x", 10, 5, share=0.3, confidence=1.7, wasted_gpu_s=2,
+                    evidence={"ratio": 1 / 3, "gone": np.nan, "steps": np.int64(4)}, params=PARAMS)
+    assert (slow.severity, slow.confidence, slow.end) == ("high", 1.0, 10)  # clipped; never ends before it starts
+    assert json.loads(slow.evidence) == {"ratio": 0.333333, "gone": None, "steps": 4}
+    hang = Issue.of("job-x", "hang", "10.0.0.1", 10, 20, share=0.01, confidence=0.9, wasted_gpu_s=1.0, evidence={},
+                    params=PARAMS)
+    assert hang.severity == "critical"  # the whole job stands still
+    table = issues_table([slow, hang])
+    assert table.schema == ISSUES and table["subject"].to_pylist() == ["job-x", "10.0.0.1"]
+    assert table["start"].cast(pa.int64()).to_pylist() == [10, 10]
+
+
+def test_state_round_trips_and_refuses_an_unknown_layout():
+    job = _hung_job()
+    found, state = find_checkpoints(job)
+    _, stop, _, _ = hangs.watch_stop(job, Progress(), None, None, found, state, None, PARAMS)
+    dumped = DiagnosisState(progress=Progress(steps_seen=20, first_step_ns=FIRST_STEP_NS), checkpoints=state,
+                            hangs=HangState(stop=stop)).dump()
+    stored = json.loads(json.dumps(dumped))  # as the warehouse keeps it
+    assert DiagnosisState.load(stored).dump() == stored
+    assert DiagnosisState.load(stored).hangs.stop == stop
+    assert stored["stop"]["hang"] is True and "resumed" not in stored["stop"]
+    assert not DiagnosisState.load(stored).open_issue  # the hang was decided and closed
+    with pytest.raises(ValueError, match="layout 2"):
+        DiagnosisState.load({**stored, "version": 2})
+
+
+def test_job_hour_build_assigns_flows_to_steps_and_tells_storage_from_other_jobs():
+    gpus = conform(pa.table({"job_id": ["job-x"] * 2, "addr": ["10.0.1.1", "10.0.0.1"], "host": ["gpu1", "gpu0"],
+                             "gpu": [0, 0], "pp_stage": [0, 0], "dp_rank": [1, 0]}), JOB_GPUS)
+    pairs = conform(pa.table({"job_id": ["job-x"], "src_addr": ["10.0.0.1"], "dst_addr": ["10.0.1.1"],
+                              "kind": ["dp"]}), COMM_PAIRS)
+    at = [ORIGIN_NS + int(s * NS) for s in (0.99, 1.5, 2.5, 2.6)]
+    flows = pa.table({"time_flow_start_ns": at, "time_flow_end_ns": [t + NS // 10 for t in at],
+                      "src_addr": ["10.0.0.1", "10.0.1.1", "10.0.0.1", "10.0.1.1"],
+                      "dst_addr": ["10.0.1.1", "10.0.0.1", "10.9.0.1", "10.200.0.1"],
+                      "bytes": [BULK, BULK, BULK, BULK]})
+    steps = conform(pa.table({"job_id": ["job-x"], "step": [7], "start": pa.array([ORIGIN_NS + NS]).cast(
+        STEPS.field("start").type), "end": pa.array([ORIGIN_NS + 3 * NS]).cast(STEPS.field("end").type)}), STEPS)
+    membership = conform(pa.table({"job_id": ["job-x", "job-y"], "addr": ["10.0.0.1", "10.9.0.1"],
+                                   "host": ["gpu0", "gpu9"], "gpu": [0, 0],
+                                   "first_ns": [ORIGIN_NS, ORIGIN_NS + 5 * NS],
+                                   "last_ns": [ORIGIN_NS + 3 * NS, ORIGIN_NS + 1800 * NS]}), MEMBERSHIP)
+    job = JobHour.build("job-x", flows, gpus, pairs, steps, None, membership, ORIGIN_NS, ORIGIN_NS + 3600 * NS,
+                        PARAMS)
+    assert job.addrs.tolist() == ["10.0.0.1", "10.0.1.1"] and job.hosts.tolist() == ["gpu0", "gpu1"]
+    assert job.step.tolist() == [0, 0]  # 10 ms early still belongs to the step (exporter clock skew)
+    assert job.kind.tolist() == [DP, UNCLASSIFIED]  # the reverse pair was given no kind
+    assert job.write_dst.tolist() == ["10.9.0.1", "10.200.0.1"]
+    assert job.write_to_storage.tolist() == [False, True]  # the first goes to another job's GPU
+    assert job.data_end == pytest.approx(1800.0)  # the data ends half way through the hour
+    assert job.hosts_taken_after(["gpu9"], 10.0) == 10.0 and job.hosts_taken_after(["gpu0"], 0.0) == np.inf
