@@ -31,9 +31,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from benchmarks.accuracy import seeds
 from prism_core.schema import ISSUE_KINDS
 from prism_core.simulate import SCENARIOS, Scenario, write_scenario
@@ -91,9 +88,6 @@ def _measure_into(results, scenario: Scenario, seed: int, whatif: Path | None) -
 def measure(scenario: Scenario, seed: int, whatif: Path | None) -> dict:
     from pipelines.evaluation import evaluate_warehouse
     from pipelines.run import infer_range, run_hours
-    from pipelines.warehouse import load_tables
-    from prism_core.truth import TRUTH_TABLES
-    import pyarrow.parquet as pq
 
     with tempfile.TemporaryDirectory(prefix=f"prism-dimensions-{scenario.name}-{seed}-") as tmp:
         data, root = Path(tmp) / "data", Path(tmp) / "warehouse"
@@ -103,47 +97,25 @@ def measure(scenario: Scenario, seed: int, whatif: Path | None) -> dict:
         run_hours(str(data / "flows"), str(root), first, end, topology_path=str(data / "topology.csv"))
         pipeline_s = time.perf_counter() - started
         scored = evaluate_warehouse(data / "truth", root)
-        truth = {name: pq.read_table(data / "truth" / f"{name}.parquet", schema=schema)
-                 for name, schema in TRUTH_TABLES.items()}
-        gpus_right = _gpus_per_job_right(truth, load_tables(root))
-    return {"records": simulated.records, "pipeline_s": round(pipeline_s, 1), "figures": _figures(scored, gpus_right),
+    return {"records": simulated.records, "pipeline_s": round(pipeline_s, 1), "figures": _figures(scored),
             "scored": scored}
 
 
-def _gpus_per_job_right(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table]) -> dict:
-    """Truth jobs with network traffic whose Prism job (the one sharing most addresses) reports
-    their GPU count."""
-    jobs = truth["jobs"].filter(pc.field("has_network"))
-    true_gpus = dict(zip(jobs["job_id"].to_pylist(), jobs["n_gpus"].to_pylist()))
-    shared = truth["job_gpus"].select(["job_id", "addr"]).group_by(["job_id", "addr"], use_threads=False).aggregate([])
-    prism = warehouse["job_gpus"].select(["job_id", "addr"]).group_by(["job_id", "addr"], use_threads=False).aggregate([])
-    common = shared.join(prism, "addr", left_suffix="_truth", right_suffix="_prism", join_type="inner")
-    common = common.group_by(["job_id_truth", "job_id_prism"], use_threads=False).aggregate([("addr", "count")])
-    best: dict[str, tuple[int, str]] = {}
-    for truth_id, prism_id, n in zip(*(common[c].to_pylist() for c in ("job_id_truth", "job_id_prism", "addr_count"))):
-        best[truth_id] = max(best.get(truth_id, (0, "")), (n, prism_id))
-    prism_gpus = warehouse["jobs"].group_by("job_id", use_threads=False).aggregate([("n_gpus", "max")])
-    prism_gpus = dict(zip(prism_gpus["job_id"].to_pylist(), prism_gpus["n_gpus_max"].to_pylist()))
-    right = sum(1 for job, n in true_gpus.items() if job in best and prism_gpus.get(best[job][1]) == n)
-    return {"value": right / len(true_gpus) if true_gpus else None, "count": right, "of": len(true_gpus)}
-
-
-def _figures(scored: dict, gpus_right: dict) -> dict:
+def _figures(scored: dict) -> dict:
+    """The figures of the table, each a share with its counts."""
     jobs, steps, issues = scored["jobs"], scored["steps"], scored["issues"]
-    recalls = [issues[f"recall_{kind}"] for kind in ISSUE_KINDS if issues[f"recall_{kind}"]["of"]]
-    found, of = sum(r["count"] for r in recalls), sum(r["of"] for r in recalls)
 
     def share(figure: dict) -> dict:
         return {k: figure.get(k) for k in ("value", "count", "of")}
 
     return {
         "jobs_exact": share(jobs["jobs_matched_exactly"]),
-        "gpus_per_job": gpus_right,
+        "gpus_per_job": share(jobs["gpus_exact"]),
         **{f"{kind}_pair_{what}": share(jobs[f"{kind}_pair_{what}"]) for kind in ("dp", "pp")
            for what in ("precision", "recall")},
         "steps_within_1pct": share(steps["steps_within_1pct"]),
         "exact_step_counts": share(steps["job_hours_exact_count"]),
-        "issue_recall": {"value": found / of if of else None, "count": found, "of": of},
+        "issue_recall": share(issues["recall"]),
         "issue_recall_by_kind": {kind: share(issues[f"recall_{kind}"]) for kind in ISSUE_KINDS},
         "issue_precision": share(issues["precision"]),
     }

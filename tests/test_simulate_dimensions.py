@@ -248,7 +248,8 @@ def test_fault_sizes_reach_down_to_the_threshold_and_the_truth_records_them(tmp_
                       if f.kind == kind] for kind in THRESHOLD_FAULT_SIZES}
     for kind, (lo, hi) in THRESHOLD_FAULT_SIZES.items():
         assert factors[kind] and all(lo <= f <= hi for f in factors[kind])
-    assert min(factors["slow_step"]) < 1.3 and min(factors["straggler"]) < 1.1  # below fleet's sizes
+    # milder than fleet ever draws: slow steps under 1.3x, links keeping more than half their rate
+    assert min(factors["slow_step"]) < 1.3 and max(factors["slow_link"]) > 0.5
 
     from prism_core.simulate import FaultSpec
     job = JobSpec(2, tp=8, pp=1, start_s=0, end_s=FOREVER, step_s=3.0, micro_batches=2, hosts=(0, 1),
