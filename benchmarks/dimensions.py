@@ -32,9 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks.accuracy import seeds
-from prism_core.schema import ISSUE_KINDS
 from prism_core.simulate import SCENARIOS, Scenario, write_scenario
 from prism_core.simulate.variation import DIMENSIONS, Variation
+from prism_core.truth import TRUTH_FAULT_KINDS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dimensions.json"
 REPLAYS = ("replay-ar", "replay-st", "replay-mix")
@@ -116,7 +116,7 @@ def _figures(scored: dict) -> dict:
         "steps_within_1pct": share(steps["steps_within_1pct"]),
         "exact_step_counts": share(steps["job_hours_exact_count"]),
         "issue_recall": share(issues["recall"]),
-        "issue_recall_by_kind": {kind: share(issues[f"recall_{kind}"]) for kind in ISSUE_KINDS},
+        "issue_recall_by_kind": {kind: share(issues[f"recall_{kind}"]) for kind in TRUTH_FAULT_KINDS},
         "issue_precision": share(issues["precision"]),
     }
 
