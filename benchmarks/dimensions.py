@@ -24,13 +24,12 @@ import argparse
 import json
 import multiprocessing
 import queue
-import platform
 import tempfile
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks import write_results
 from benchmarks.accuracy import seeds
 from prism_core.simulate import SCENARIOS, Scenario, write_scenario
 from prism_core.simulate.variation import DIMENSIONS, Variation
@@ -153,12 +152,7 @@ def main() -> None:
         print(f"{name}: {results[name]}" if "figures" not in results[name] else
               f"{name}: {results[name]['pipeline_s']} s of pipeline for {results[name]['records']:,} records",
               flush=True)
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps({
-            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
-            "runs": results,
-        }, indent=1, sort_keys=True) + "\n")
+        write_results(RESULTS, {"runs": results})
     print(table(results))
 
 
