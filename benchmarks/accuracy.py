@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks import stamp
 from benchmarks.fleet import scenario
 
 RESULTS = Path(__file__).resolve().parent / "results" / "accuracy.json"
@@ -69,8 +68,7 @@ def score_set(families: dict[str, tuple[int, ...]]) -> dict:
     scored = {name: {seed: score_one(name, seed) for seed in family_seeds} for name, family_seeds in runs.items()}
     every = [s for by_seed in scored.values() for s in by_seed.values()]
     return {
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
+        **stamp(),
         "seeds": {name: list(family_seeds) for name, family_seeds in runs.items()},
         "skipped": skipped,
         "pooled": pool(every) if every else {},

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 import traceback
 from dataclasses import asdict, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks import write_results
 from prism_core.simulate.scenarios import REALISTIC, SMALL, ExportOptions, Scenario
 
 RESULTS = Path(__file__).resolve().parent / "results" / "exporters.json"
@@ -112,12 +111,7 @@ def main() -> None:
         scored = [r["figures"] for r in runs.values() if "figures" in r]
         results[name] = {"options": asdict(scenario.export), "runs": runs,
                          "pooled": pool(scored) if scored else None}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
-        "results": results,
-    }, indent=1, sort_keys=True) + "\n")
+    write_results(RESULTS, {"results": results})
     print(table(results))
     print(f"figures in {RESULTS}")
 

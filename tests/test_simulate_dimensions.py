@@ -17,7 +17,12 @@ from prism_core.simulate.cluster import Cluster, Placement
 from prism_core.simulate.model import job_model
 from prism_core.simulate.scenarios import FOREVER, FleetMix, allocate, scenario_jobs
 from prism_core.simulate.traffic import DP, OTHER, PP, Condition, step_template
-from prism_core.simulate.variation import DIMENSIONS, THRESHOLD_FAULT_SIZES, Traits, Variation
+from prism_core.simulate.variation import (
+    DIMENSIONS,
+    THRESHOLD_FAULT_SIZES,
+    Traits,
+    Variation,
+)
 
 START = SCENARIOS["tiny"].start
 
@@ -174,7 +179,7 @@ def test_overlap_starts_the_gradient_sync_during_the_last_backward():
 
 def test_embedding_all_reduce_comes_before_the_first_and_last_stages_sync():
     for before in (False, True):
-        model, step = template(Traits(embedding_before_sync=before), 4, tp=8, pp=2, tied_embeddings=True)
+        _, step = template(Traits(embedding_before_sync=before), 4, tp=8, pp=2, tied_embeddings=True)
         embedding_end = step.rel_end[step.kind == OTHER].max()
         sync_start = step.rel_start[step.kind == DP].min()
         assert (sync_start >= embedding_end) == before
@@ -196,7 +201,7 @@ def test_interleaved_stages_send_from_the_last_stage_back_to_the_first(tmp_path)
 def test_stage_imbalance_slows_the_heavy_stage():
     gaps = {}
     for factors in ((), (0.8, 0.8, 0.8, 1.6)):
-        model, step = template(Traits(stage_factors=factors), 4, tp=8, pp=4, micro_batches=8)
+        _, step = template(Traits(stage_factors=factors), 4, tp=8, pp=4, micro_batches=8)
         host_src, host_dst = step.src // 8, step.dst // 8
         into_last = step.rel_start[(step.kind == PP) & (host_src == 2) & (host_dst == 3)].min()
         out_of_last = step.rel_start[(step.kind == PP) & (host_src == 3) & (host_dst == 2)].min()
@@ -248,7 +253,8 @@ def test_fault_sizes_reach_down_to_the_threshold_and_the_truth_records_them(tmp_
                       if f.kind == kind] for kind in THRESHOLD_FAULT_SIZES}
     for kind, (lo, hi) in THRESHOLD_FAULT_SIZES.items():
         assert factors[kind] and all(lo <= f <= hi for f in factors[kind])
-    assert min(factors["slow_step"]) < 1.3 and min(factors["straggler"]) < 1.1  # below fleet's sizes
+    # milder than fleet ever draws: slow steps under 1.3x, links keeping more than half their rate
+    assert min(factors["slow_step"]) < 1.3 and max(factors["slow_link"]) > 0.5
 
     from prism_core.simulate import FaultSpec
     job = JobSpec(2, tp=8, pp=1, start_s=0, end_s=FOREVER, step_s=3.0, micro_batches=2, hosts=(0, 1),

@@ -11,13 +11,13 @@ jitter's tail, where checkpoints go and how long they take.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from prism_core import waste
 from prism_core.simulate.scenarios import JobSpec
 from prism_core.simulate.variation import PARETO_CAP, Traits
-from prism_core import waste
 
 NIC_RATE = 40e9  # bytes/s one 400 Gb/s RoCE NIC sustains
 NVLINK_RATE = 300e9  # bytes/s between GPUs of a host (never on the network)
@@ -56,7 +56,7 @@ class JobModel:
     ckpt_save_s: float  # extra time of a checkpoint step
     ckpt_bytes: int  # written by each dp_rank-0 GPU per checkpoint
     jitter_sigma: float  # lognormal step-to-step jitter
-    traits: Traits = Traits()
+    traits: Traits = field(default_factory=Traits)
 
     @property
     def virtual_stages(self) -> int:

@@ -251,15 +251,10 @@ REALISTIC = replace(
                          double_export=0.3, drift_ppm=20.0, header_bytes=True),
 )
 
+# the sealed evaluation hour: no inference rule is tuned on it
 SEALED = Scenario(
-    name="sealed",
-    start=_at("11:00"),
-    minutes=60,
-    n_hosts=96,
-    n_storage=16,
-    drained=(47, 95),
-    cross_job_transfers=6,
-    sampled_leaves=2,
+    name="sealed", start=_at("11:00"), minutes=60, n_hosts=112, n_storage=16, drained=(47, 95),
+    cross_job_transfers=6, sampled_leaves=2,
     fleet=FleetMix(
         resident=(
             JobSpec(16, tp=8, pp=4, start_s=-1200, end_s=FOREVER, step_s=14.0, micro_batches=16, checkpoint_s=900),
@@ -267,7 +262,7 @@ SEALED = Scenario(
             JobSpec(4, tp=2, pp=1, start_s=-300, end_s=FOREVER, step_s=5.0, micro_batches=4, collective="tree",
                     channels=4),
         ),
-        arrivals=45,
+        arrivals=52,
         median_minutes=20.0,
         faults=(("straggler", 4), ("slow_link", 3), ("hang", 2), ("restart", 2), ("degradation", 2), ("slow_step", 5)),
     ),

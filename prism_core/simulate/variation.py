@@ -37,7 +37,7 @@ FAULT_SIZES = {"straggler": (1.1, 1.5), "slow_link": (0.2, 0.5), "degradation": 
 THRESHOLD_FAULT_SIZES = {"straggler": (1.05, 1.6), "slow_link": (0.3, 0.9), "degradation": (1.05, 1.3),
                          "slow_step": (1.05, 3.0)}
 JOB_GPUS = (2, 4, 8, 16, 32, 64, 128)
-JOB_GPU_WEIGHTS = (0.12, 0.16, 0.24, 0.2, 0.14, 0.09, 0.05)
+JOB_GPU_WEIGHTS = (0.14, 0.18, 0.24, 0.2, 0.14, 0.07, 0.03)
 PARETO_CAP = 40.0  # a stall is at most this many tail scales (a step never takes more than ~3x)
 
 
@@ -103,7 +103,8 @@ class Variation:
         dp = n_gpus // (tp * pp)
         collective = str(rng.choice(("ring", "rs_ag", "tree", "zero"), p=(0.4, 0.35, 0.1, 0.15)))
         collective = "rs_ag" if collective == "zero" and pp > 1 else collective  # ZeRO-3 has no pipeline
-        micro_batches = int(rng.choice([4, 8, 16, 32])) if pp > 1 else int(rng.choice([1, 2, 4, 8]))
+        micro_batches = (int(rng.choice([4, 8, 16, 32], p=[0.3, 0.35, 0.25, 0.1])) if pp > 1
+                         else int(rng.choice([1, 2, 4, 8])))
         traits = self.traits(key, pp, micro_batches, dp, collective, seed)
         return dict(
             n_hosts=n_gpus // per_host,
@@ -112,10 +113,11 @@ class Variation:
             pp=pp,
             start_s=round(start, 1),
             end_s=round(start + 60 * minutes, 1),
-            step_s=round(float(np.clip(rng.lognormal(np.log(6.0), 0.6), 1.5, 40)), 2),
+            # larger jobs run larger global batches: longer steps
+            step_s=round(float(np.clip(rng.lognormal(np.log(5.0 * (n_gpus / 8) ** 0.3), 0.5), 1.5, 40)), 2),
             micro_batches=micro_batches,
             collective=collective,
-            moe=bool(2 <= dp <= 8 and rng.random() < 0.15),
+            moe=bool(2 <= dp <= 4 and rng.random() < 0.15),  # all-to-all grows as dp^2
             channels=int(rng.choice([1, 2, 4], p=[0.5, 0.35, 0.15])),
             tied_embeddings=traits.embedding_before_sync,
             checkpoint_s=float(rng.choice([240, 300, 600, 900, 1200])),
