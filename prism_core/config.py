@@ -20,7 +20,6 @@ value of the wrong type, is a `ConfigError` naming it, never a silently ignored 
 from __future__ import annotations
 
 import tomllib
-import types
 import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -98,10 +97,4 @@ def _typed(value, hint, where: str):
             return tuple(_typed(v, element, where) for v in value)
         if len(items) == len(value):
             return tuple(_typed(v, t, where) for v, t in zip(value, items))
-    if origin in (typing.Union, types.UnionType) and value is not None:
-        for option in typing.get_args(hint):
-            try:
-                return _typed(value, option, where)
-            except ConfigError:
-                continue
     raise ConfigError(f"{where} = {value!r}: expected {getattr(hint, '__name__', hint)}")
