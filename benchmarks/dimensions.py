@@ -1,7 +1,7 @@
 """What each dimension the `sealed` family varies does to Prism today, and how it does on real timings.
 
     python -m benchmarks.dimensions [--runs baseline,optimizer,...] [--sealed-seeds 0-2] [--whatif DIR]
-                                    [--timeout SECONDS]
+                                    [--timeout SECONDS] [--seed N --out FILE]
 
 Runs the whole pipeline (default runner, a fresh warehouse) on, and scores against the truth:
 - `baseline`: a small hour of the sealed family with every dimension textbook, and one such hour
@@ -13,7 +13,10 @@ Scenarios are generated under the system's temporary directory, never the shared
 (it is keyed by the simulator's code, which differs between branches). Figures, per run, go to
 benchmarks/results/dimensions.json: jobs matched exactly, GPUs per job right, DP and PP pair
 precision and recall, steps within 1%, job-hours with the exact step count, issue recall (all
-kinds pooled, and per kind) and precision, with the full scorer output beside them. Each run is a
+kinds pooled, and per kind) and precision, with the full scorer output beside them.
+
+Seed 0 of the dimension hours and the sealed seeds are the sealed set: measure on them, never tune.
+Develop on other seeds (`--seed 1 --out /tmp/dims.json`): same dimensions, other jobs and draws. Each run is a
 child process: one that outlasts `--timeout` is stopped and recorded as such (the pipeline's time
 is a figure too).
 """
@@ -47,10 +50,10 @@ def dimension_hour(dimensions: tuple[str, ...]) -> Scenario:
     return replace(sealed, name=name, n_hosts=48, drained=(), fleet=mix, variation=Variation(dimensions))
 
 
-def runs(names: list[str], sealed_seeds: list[int]) -> dict[str, tuple[Scenario, int]]:
-    """{run name: (scenario, seed)} for the runs asked for."""
-    known = {"baseline": (dimension_hour(()), 0)}
-    known |= {dimension: (dimension_hour((dimension,)), 0) for dimension in DIMENSIONS}
+def runs(names: list[str], sealed_seeds: list[int], seed: int = 0) -> dict[str, tuple[Scenario, int]]:
+    """{run name: (scenario, seed)} for the runs asked for; `seed` draws the dimension hours."""
+    known = {"baseline": (dimension_hour(()), seed)}
+    known |= {dimension: (dimension_hour((dimension,)), seed) for dimension in DIMENSIONS}
     known |= {f"sealed-{seed}": (SCENARIOS["sealed"], seed) for seed in sealed_seeds}
     known |= {name: (SCENARIOS[name], 0) for name in REPLAYS}
     unknown = set(names) - set(known)
@@ -143,16 +146,18 @@ def main() -> None:
     parser.add_argument("--sealed-seeds", default="0-2")
     parser.add_argument("--whatif", type=Path, default=None, help="the What-if traces (default: beside the repo)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="wall seconds one run may take")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the dimension hours (0: the sealed one)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the figures go")
     args = parser.parse_args()
-    chosen = runs(list(filter(None, args.runs.split(","))), seeds(args.sealed_seeds))
-    results = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else {}
+    chosen = runs(list(filter(None, args.runs.split(","))), seeds(args.sealed_seeds), args.seed)
+    results = json.loads(args.out.read_text())["runs"] if args.out.exists() else {}
     for name, (scenario, seed) in chosen.items():
         results[name] = {"scenario": scenario.name, "seed": seed,
                          **measure_within(args.timeout, scenario, seed, args.whatif)}
         print(f"{name}: {results[name]}" if "figures" not in results[name] else
               f"{name}: {results[name]['pipeline_s']} s of pipeline for {results[name]['records']:,} records",
               flush=True)
-        write_results(RESULTS, {"runs": results})
+        write_results(args.out, {"runs": results})
     print(table(results))
 
 
