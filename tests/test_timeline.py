@@ -244,22 +244,26 @@ def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(sm
     _assert_hour_ends_at(small, job, cut, ends[step], period)
 
 
-def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0,
-                       pace: list[float] | None = None) -> tuple[pa.Table, pa.Table, np.ndarray]:
+def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: list[float] | None = None,
+                       optimizer_s: float = 0.4, gather: bool = False) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Flows of a 4-GPU data-parallel job whose only traffic is the gradient sync at the end of
     each 10 s step (a tree all-reduce: nothing marks a step's start), its DP pairs and the steps'
-    bounds. Every `save_every`-th step saves a checkpoint after its optimizer: each GPU writes 4
-    chunks to storage over the save, the last ending 7.5% of the save before the next step. `pace`
-    scales each step's compute."""
+    bounds. The optimizer runs `optimizer_s` after the sync; with `gather`, each step opens with a
+    parameter all-gather (a quarter of the sync's bytes, in one flow per pair: the distributed
+    optimizer's) and its compute follows it. Every `save_every`-th step saves a checkpoint after
+    its optimizer: each GPU writes 4 chunks to storage over the save, the last ending 7.5% of the
+    save before the next step. `pace` scales each step's compute."""
     rng = np.random.default_rng(7)
     gpus = ["g0", "g1", "g2", "g3"]
     rows, bounds, t = [], [10 * HOUR_NS], 10 * HOUR_NS
     for step in range(steps):
-        compute = int(9.4e9 * rng.uniform(0.99, 1.01) * (pace[step] if pace else 1.0))
+        if gather:
+            rows += [(t, t + 50_000_000, src, gpus[(k + 1) % 4], 256 << 20) for k, src in enumerate(gpus)]
+        compute = int((9.8e9 - optimizer_s * 1e9) * rng.uniform(0.99, 1.01) * (pace[step] if pace else 1.0))
         sync = t + compute
         for k, src in enumerate(gpus):
             rows += [(sync + 1_000_000 * c, sync + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20) for c in range(4)]
-        t = sync + 600_000_000  # sync and optimizer
+        t = sync + 200_000_000 + int(optimizer_s * 1e9)
         if step % save_every == save_every - 1:
             for src in gpus:
                 rows += [(t + int(save_s * (0.05 + 0.225 * c) * 1e9), t + int(save_s * (0.25 + 0.225 * c) * 1e9),
@@ -299,6 +303,20 @@ def test_a_view_opening_in_a_steps_compute_starts_it_the_usual_lead_before_its_s
     found = timeline.divide_steps("j", flows.filter(pa.array(starts >= cut)), pairs, None, cut, cut + HOUR_NS)
     assert abs(_ns(found.steps["start"])[0] - bounds[first_in_view]) < 0.01 * 10 * SECOND
     assert abs(_ns(found.steps["end"])[0] - bounds[first_in_view + 1]) < 0.01 * 10 * SECOND
+
+
+def test_a_parameter_gather_opening_each_step_dates_it_whatever_the_optimizer_takes():
+    """A data-parallel job whose optimizer takes 12% of the step (three times the prior) and whose
+    steps open with the distributed optimizer's parameter all-gather: the gather marks where each
+    step starts, and the optimizer's tail after the sync is learned from it."""
+    flows, pairs, bounds = _data_parallel_job(steps=40, save_every=100, optimizer_s=1.2, gather=True)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends, starts = _ns(found.steps["end"]), _ns(found.steps["start"])
+    assert len(ends) >= 38
+    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
+    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
+    assert np.abs(starts[1:] - bounds[nearest[1:] - 1]).max() < 0.01 * 10 * SECOND
+    assert json.loads(json.dumps(found.state))["baseline"]["close_to_end_ns"] == pytest.approx(1.2e9, rel=0.05)
 
 
 def test_a_short_job_that_ended_in_view_gets_its_steps_from_what_was_seen():

@@ -31,6 +31,7 @@ class Phases:
     next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
     first_send_ns: np.ndarray  # the next step's first pipeline sends (-1: none)
     forward_ns: np.ndarray  # and one forward pass between them
+    gather_ns: np.ndarray  # a DP collective opening the next step, before its sync (-1: none)
     bulk_write: np.ndarray  # bool: bulk writes between the phase and the next traffic
     write_delay_ns: np.ndarray  # end of the phase -> the first bulk write after it (-1: none in view)
     written_until_ns: np.ndarray  # end of the last bulk write after the phase, before the next traffic (-1: none)
@@ -105,10 +106,12 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
 
 def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, has_dp: bool,
                   params: TimelineParams) -> tuple[np.ndarray, ...]:
-    """Per phase (its flows, its end): the next traffic after it, before the next phase ends (the
-    next step's first traffic may open the next phase), as (its start, the next step's first
-    pipeline send and forward pass, whether bulk writes came before it, the delay to the first
-    bulk write after the phase and where the writes before the next traffic ended), -1 where none."""
+    """Per phase (its flows, its end): the next traffic after it, before the
+    next phase ends (the next step's first traffic may open the next phase), as (its start, the
+    next step's first pipeline send and forward pass, the start of DP traffic before the next phase
+    (a parameter gather: the distributed optimizer's all-gather of the updated shards, ZeRO-3's
+    gather), whether bulk writes came before it, the delay to the first bulk write after the phase
+    and where the writes before the next traffic ended), -1 where none."""
     max_ns = np.iinfo(np.int64).max
     after_phase = np.array([traffic.end[rows].max() + 1 for rows in flows], np.int64)
     until = np.r_[close[1:], max_ns]
@@ -127,12 +130,22 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
     forward_ns = np.full(len(close), -1, np.int64)
     first_send_ns[followed] = np.where(found, t1, -1)
     forward_ns[followed] = np.where(found, forward, -1)
+    gather_ns = np.full(len(close), -1, np.int64)
+    if has_dp:
+        # lighter DP traffic early in the quiet before the next sync gathers parameters at the next
+        # step's start (an all-gather after the optimizer joins the phase that ran it; gradient
+        # buckets synced during the last backward come late in it)
+        gathers = traffic.index(DP, params)
+        next_phase = np.array([traffic.start[rows].min() for rows in flows[1:]] + [max_ns], np.int64)
+        lo, hi = gathers.positions(after_phase), gathers.positions(after_phase + (next_phase - after_phase) // 2)
+        gathered = hi > lo
+        gather_ns[gathered] = gathers.cluster_starts(lo[gathered], hi[gathered])
     # the writes after the phase and before the next traffic (bulk writes are sorted by start)
     write_from = np.searchsorted(traffic.bulk_writes, close, side="right")
     write_to = np.searchsorted(traffic.bulk_writes, np.where(followed, next_ns, until), side="left")
     first_write = np.r_[traffic.bulk_writes, -1][write_from]
     write_delay_ns = np.where(first_write >= 0, first_write - close, -1)
-    return (next_ns, first_send_ns, forward_ns, write_to > write_from, write_delay_ns,
+    return (next_ns, first_send_ns, forward_ns, gather_ns, write_to > write_from, write_delay_ns,
             _range_max(traffic.bulk_write_ends, write_from, write_to))
 
 

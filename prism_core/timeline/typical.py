@@ -21,7 +21,7 @@ class Typical:
     phase_bytes: float
     phase_flows: float
     fill: int  # forward passes before the first visible pipeline send (stages on one host hide)
-    close_to_end_ns: float | None  # end of a sync phase -> end of the step, where measured
+    close_to_end_ns: float | None  # end of a sync phase -> end of the step, where a gather or sends mark it
     lead_ns: float | None  # start of a step -> its first traffic
     lead_per_sync: float | None  # the same per ns of the step's sync phase (both scale with jitter)
     sync_ns: float | None  # length of a sync phase
@@ -86,7 +86,8 @@ def typical(phases: Phases, baseline: dict, learn_from: int, params: TimelinePar
         # stages sharing a host hide the first sends of a step
         usual.fill = max(1, int(np.round(np.median(_fill_passes(phases, period, params)[sends]))))
     start = bounds.next_start(phases, usual)
-    usual.close_to_end_ns = median((start - phases.close_ns)[sends], "close_to_end_ns")
+    # the optimizer's tail, wherever the next step's traffic marks its start
+    usual.close_to_end_ns = median((start - phases.close_ns)[normal & bounds.marked(phases)], "close_to_end_ns")
     timed = normal & (bounds.next_sync(phases) > 0)
     lead = phases.next_ns - bounds.boundaries(phases, usual, params)
     usual.lead_ns = median(lead[normal], "lead_ns")
