@@ -511,17 +511,22 @@ def test_other_sizes_on_pipeline_pairs_are_not_pipeline_sends():
 
 
 def _two_stage_pipeline(paces: list[float], micro_batches: int = 16, forward_ns: int = 60_000_000,
-                        saves: dict[int, int] | None = None) -> tuple[pa.Table, pa.Table, np.ndarray]:
+                        saves: dict[int, int] | None = None, backward_passes: float = 2.0,
+                        optimizer_passes: float = 2.5) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Flows of a 2-stage 1F1B job (one GPU per stage), one step per pace (a multiple of the
-    usual compute times), its PP pairs and the steps' first sends. A step: two warm-up forwards
-    f apart, the first backward, exchanges (a forward and a backward) 3 f apart, the last
-    backward; the next step's first forward 5.5 f after it. `saves` maps a step to the ns its
-    checkpoint save adds after its last backward, when both GPUs write 256 MiB to storage."""
+    usual compute times), its PP pairs and the steps' first sends. A backward pass takes
+    `backward_passes` forward passes f, the optimizer `optimizer_passes`. A step: two warm-up
+    forwards f apart, the first backward, exchanges (a forward and a backward) f + b apart, the
+    last backward; the next step's first forward b + optimizer + f after it (5.5 f by default).
+    `saves` maps a step to the ns its checkpoint save adds after its last backward, when both
+    GPUs write 256 MiB to storage."""
     saves = saves or {}
     f = np.asarray(paces)[:, None] * forward_ns
-    forward = np.r_[0, 1, np.arange(2, micro_batches) * 3] * f  # each micro-batch's, within the step
-    backward = np.arange(1, micro_batches + 1) * 3 * f
-    length = (3 * micro_batches + 5.5) * f[:, 0] + np.array([saves.get(k, 0) for k in range(len(paces))])
+    exchange = 1 + backward_passes
+    forward = np.r_[0, 1, np.arange(2, micro_batches) * exchange] * f  # each micro-batch's, within the step
+    backward = np.arange(1, micro_batches + 1) * exchange * f
+    tail = backward_passes + optimizer_passes + 1
+    length = (exchange * micro_batches + tail) * f[:, 0] + np.array([saves.get(k, 0) for k in range(len(paces))])
     first = 10 * HOUR_NS + np.r_[0, np.cumsum(length)[:-1]].astype(np.int64)
     starts = np.concatenate([(first[:, None] + forward).ravel(), (first[:, None] + backward).ravel()]).astype(np.int64)
     n = starts.size // 2
@@ -550,6 +555,26 @@ def test_a_pipeline_step_holds_all_its_micro_batches_when_warm_up_steps_run_slow
     # each step ends one forward pass before the next step's first send (stage 0's fill)
     assert len(ends) == len(paces)
     assert np.allclose(ends[:-1], first[1:] - 60_000_000 * np.asarray(paces[1:]), atol=2_000_000)
+
+
+def test_a_pipeline_steps_fill_and_optimizer_are_learned_from_its_own_sends():
+    """A 2-stage pipeline whose backward pass takes three forward passes and whose optimizer takes
+    12% of the step (the priors: two and 4%): the warm-up sends before the first gradient comes
+    back show one stage before the link, so each step ends one forward pass before the next
+    step's first send, and the optimizer's tail after the last backward is the job's own."""
+    micro_batches, backward_passes = 16, 3.0
+    compute = (1 + backward_passes) * micro_batches + backward_passes + 1  # forward passes per step
+    optimizer_passes = 0.12 * compute / 0.88
+    flows, pairs, first = _two_stage_pipeline([1.0] * 40, micro_batches, backward_passes=backward_passes,
+                                              optimizer_passes=optimizer_passes)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends = _ns(found.steps["end"])[:-1]  # the last step has no next step's sends to check against
+    step_ns = (compute + optimizer_passes) * 60_000_000
+    assert len(ends) >= 37
+    truth = first[1:] - 60_000_000
+    nearest = np.abs(ends[:, None] - truth[None, :]).argmin(axis=1)
+    assert np.abs(ends - truth[nearest]).max() < 0.01 * step_ns
+    assert found.state["baseline"]["fill"] == 1
 
 
 def _one_step_in_view(pipeline: bool) -> tuple[pa.Table, pa.Table, tuple[int, int]]:

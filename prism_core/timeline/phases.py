@@ -172,12 +172,8 @@ def _pipeline_turns(traffic: Traffic, rows: np.ndarray, burst: np.ndarray) -> np
     own (the first stage's, when there are no more micro-batches than stages) is timed against the
     exchanges of every link. Every gap when no lone sends show a direction."""
     n_gaps = int(burst[-1]) if len(burst) else 0
-    hosts = [[traffic.host_of.get(addr, addr) for addr in ends] for ends in traffic.pair_ends()]
-    links = [f"{src}>{dst}" if src != dst else name for (src, dst), name in zip(hosts, traffic.pairs)]
-    names, direction_of_pair = np.unique(np.array(links, dtype=object), return_inverse=True)
-    index = {name: i for i, name in enumerate(names)}
-    none = len(names)
-    reverse_of = np.array([index.get(">".join(name.split(">")[::-1]), none) for name in names] + [none], np.int64)
+    direction_of_pair, reverse_of = traffic.host_links()
+    none = len(reverse_of) - 1
     direction, start, end = direction_of_pair[traffic.pair[rows]], traffic.start[rows], traffic.end[rows]
     reverse = reverse_of[direction]
     answered = reverse_in_flight(direction, reverse, start, end)
