@@ -245,12 +245,15 @@ def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(sm
 
 
 def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: list[float] | None = None,
-                       optimizer_s: float = 0.4, gather: bool = False) -> tuple[pa.Table, pa.Table, np.ndarray]:
+                       optimizer_s: float = 0.4, gather: bool = False,
+                       buckets: bool = False) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Flows of a 4-GPU data-parallel job whose only traffic is the gradient sync at the end of
     each 10 s step (a tree all-reduce: nothing marks a step's start), its DP pairs and the steps'
     bounds. The optimizer runs `optimizer_s` after the sync; with `gather`, each step opens with a
     parameter all-gather (a quarter of the sync's bytes, in one flow per pair: the distributed
-    optimizer's) and its compute follows it. Every `save_every`-th step saves a checkpoint after
+    optimizer's) and its compute follows it. With `buckets`, the sync moves four gradient buckets
+    one after another, 10 ms apart, except that in every twentieth step the second follows the
+    first at once (the two make one burst of twice the bytes and flows). Every `save_every`-th step saves a checkpoint after
     its optimizer: each GPU writes 4 chunks to storage over the save, the last ending 7.5% of the
     save before the next step. `pace` scales each step's compute."""
     rng = np.random.default_rng(7)
@@ -262,7 +265,12 @@ def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: 
         compute = int((9.8e9 - optimizer_s * 1e9) * rng.uniform(0.99, 1.01) * (pace[step] if pace else 1.0))
         sync = t + compute
         for k, src in enumerate(gpus):
-            rows += [(sync + 1_000_000 * c, sync + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20) for c in range(4)]
+            if buckets:
+                opens = sync + np.array([0, 40_200_000 if step % 20 == 19 else 50_000_000, 100_000_000, 150_000_000])
+                rows += [(int(at) + 1_000_000 * c, int(at) + 40_000_000, src, gpus[(k + 1) % 4], 64 << 20)
+                         for at in opens for c in range(4)]
+            else:
+                rows += [(sync + 1_000_000 * c, sync + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20) for c in range(4)]
         t = sync + 200_000_000 + int(optimizer_s * 1e9)
         if step % save_every == save_every - 1:
             for src in gpus:
@@ -317,6 +325,19 @@ def test_a_parameter_gather_opening_each_step_dates_it_whatever_the_optimizer_ta
     assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
     assert np.abs(starts[1:] - bounds[nearest[1:] - 1]).max() < 0.01 * 10 * SECOND
     assert json.loads(json.dumps(found.state))["baseline"]["close_to_end_ns"] == pytest.approx(1.2e9, rel=0.05)
+
+
+def test_gradient_buckets_synced_one_after_another_are_one_sync():
+    """Gradient buckets synced as each is ready make several bursts per step, and two that touch
+    make one burst that looks heavier than the rest: the sync is every bucket (a class of bursts
+    carrying under `heavy_bytes_share` of the bytes, 2.5% here, holds no step's gradients), and a
+    bucket like the one before it is not the next step's parameter gather."""
+    flows, pairs, bounds = _data_parallel_job(steps=40, save_every=100, buckets=True)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends = _ns(found.steps["end"])
+    assert len(ends) >= 38
+    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
+    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
 
 
 def test_a_short_job_that_ended_in_view_gets_its_steps_from_what_was_seen():

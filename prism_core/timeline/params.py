@@ -22,6 +22,9 @@ class TimelineParams:
     # --- thresholds: finding the sync phases ------------------------------------------------------
     # ratio; gradient syncs weigh this many times other DP bursts (bytes x flows / pairs^2)
     heavy_separation: float = 2.5
+    # share of the DP bytes; gradient syncs carry at least this much (a ZeRO-3 job gathers each
+    # micro-batch's parameters, at most 8 per step, against one sync of every gradient)
+    heavy_bytes_share: float = 0.05
     # share; boundary gaps deviate at most this much (mean, relative) from their local median spacing
     max_irregularity: float = 0.15
     # share; the irregularity a class of one gap would have to beat (few gaps look regular by luck)

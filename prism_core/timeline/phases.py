@@ -57,6 +57,9 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         distinct = burst_pair[np.r_[True, burst_pair[1:] != burst_pair[:-1]]]
         b_pairs = np.bincount(distinct // len(traffic.pairs), minlength=len(b_start))
         heavy = upper_class(np.log(np.maximum(b_bytes, 1.0) * b_flows / b_pairs.astype(float) ** 2), params)
+        if b_bytes[heavy].sum() < params.heavy_bytes_share * b_bytes.sum():
+            # too light to hold every step's gradients: bucket syncs that happened to touch
+            heavy[:] = True
     else:
         heavy = np.ones(len(b_start), bool)
     candidates = np.flatnonzero(heavy)
@@ -81,10 +84,13 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         rows = [signal[burst_from[b] : burst_from[b + 1]] for b in members]
         repeated, same_flows, every_pair = _repeated_share(traffic, rows, params) if has_dp else (0.0, False, False)
         all_gather = same_flows and abs(repeated - 1.0) <= params.same_shape
-        if repeated >= params.repeat_share and not all_gather:
+        if repeated >= params.repeat_share and not all_gather and not _same_burst(traffic, rows, params):
             # a different collective on the same pairs right after the optimizer: the next
-            # step's ZeRO-3 parameter gather, its first traffic, not part of this sync
+            # step's ZeRO-3 parameter gather, its first traffic, not part of this sync (one
+            # like the burst before it is the sync's next gradient bucket)
             members, rows, repeated = members[:-1], rows[:-1], 0.0
+        elif repeated >= params.repeat_share and not all_gather:
+            repeated = 0.0
         flows.append(np.concatenate(rows))
         opening_burst.append(members[0])
         close_ns.append(traffic.cluster_end(rows[-1], params))
@@ -214,6 +220,16 @@ def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarra
             carried = 0.0
         carried += phase_bytes[p]
     return np.array(joined, first.dtype)
+
+
+def _same_burst(traffic: Traffic, burst_rows: list[np.ndarray], params: TimelineParams) -> bool:
+    """Whether the last burst moves the bytes of the one before it in as many flows (within
+    `same_shape`): one gradient bucket after another."""
+    if len(burst_rows) < 2:
+        return False
+    last, before = burst_rows[-1], burst_rows[-2]
+    bytes_ratio = traffic.nbytes[last].sum() / max(traffic.nbytes[before].sum(), 1)
+    return abs(len(last) / len(before) - 1.0) <= params.same_shape and abs(bytes_ratio - 1.0) <= params.same_shape
 
 
 def _repeated_share(traffic: Traffic, burst_rows: list[np.ndarray], params: TimelineParams) -> tuple[float, bool, bool]:
