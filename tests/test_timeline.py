@@ -340,6 +340,33 @@ def test_gradient_buckets_synced_one_after_another_are_one_sync():
     assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
 
 
+def test_a_distributed_optimizers_gather_after_bucketed_syncs_opens_each_step():
+    """The distributed optimizer with overlap: each step opens with the parameter all-gather, one
+    heavy burst, and its gradients are reduce-scattered bucket by bucket under the last backward
+    (lighter bursts, as many bytes on the same pairs). The heavy burst is then no sync closing a
+    step but the gather opening the next: each step ends where it starts."""
+    rng = np.random.default_rng(3)
+    gpus = ["g0", "g1", "g2", "g3"]
+    rows, bounds, t = [], [], 10 * HOUR_NS
+    for _ in range(40):
+        bounds.append(t)
+        rows += [(t + 1_000_000 * c, t + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20)
+                 for k, src in enumerate(gpus) for c in range(4)]
+        compute = int(8.5e9 * rng.uniform(0.99, 1.01))
+        rows += [(t + compute + b * 100_000_000, t + compute + b * 100_000_000 + 40_000_000, src, gpus[(k + 1) % 4],
+                  256 << 20) for b in range(4) for k, src in enumerate(gpus)]
+        t += compute + 400_000_000 + 1_200_000_000  # the last bucket, then an optimizer of 12% of the step
+    start, end, src, dst, nbytes = map(list, zip(*rows))
+    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
+                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
+    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends, bounds = _ns(found.steps["end"]), np.array(bounds, np.int64)
+    assert len(ends) >= 37
+    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
+    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
+
+
 def test_a_short_job_that_ended_in_view_gets_its_steps_from_what_was_seen():
     """Timings are learned from eight steps or from the previous hours, but a job that ran six
     steps and fell silent for longer than it ran will show no more: its steps come from those."""

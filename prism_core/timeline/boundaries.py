@@ -122,4 +122,6 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams) -> np.n
             lead(phases, typical, params) > typical.save_tail_ns)
         save = np.where(by_writes, phases.written_until_ns + typical.save_tail_ns - after, save)
     checkpoint = checkpoints(phases, typical, params)
-    return np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
+    ends = np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
+    # a gather opening the next step starts it
+    return np.where(phases.opens_step, phases.start_ns, ends)

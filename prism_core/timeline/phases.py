@@ -27,6 +27,7 @@ class Phases:
     nbytes: np.ndarray
     nflows: np.ndarray
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
+    opens_step: np.ndarray  # bool: the phase is the parameter gather opening the next step (see below)
     closed: np.ndarray  # bool: nothing later can still join the phase
     next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
     first_send_ns: np.ndarray  # the next step's first pipeline sends (-1: none)
@@ -100,12 +101,13 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         gathered_every_stage = all_gather and every_pair
     opening_burst = np.array(opening_burst, np.int64)
     start_ns = signal_index.cluster_starts(burst_from[opening_burst], burst_from[opening_burst + 1])
+    opens_step = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, np.array(nbytes), params)
     close = np.array(close_ns, np.int64)
     closed = np.ones(len(first), bool)
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     return Phases(flows, start_ns, close, np.array(nbytes), np.array([len(rows) for rows in flows], float),
-                  np.array(after_optimizer, bool), closed, *_what_follows(traffic, flows, close, has_dp, params),
+                  np.array(after_optimizer, bool), opens_step, closed, *_what_follows(traffic, flows, close, has_dp, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
@@ -220,6 +222,29 @@ def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarra
             carried = 0.0
         carried += phase_bytes[p]
     return np.array(joined, first.dtype)
+
+
+def _gathers_after_bucketed_syncs(traffic: Traffic, signal: np.ndarray, heavy_flow: np.ndarray,
+                                  flows: list[np.ndarray], nbytes: np.ndarray, params: TimelineParams) -> np.ndarray:
+    """Per phase, whether it is the distributed optimizer's parameter all-gather opening a step
+    rather than a sync closing one: the gradients were reduce-scattered bucket by bucket under the
+    last backward (lighter bursts), moving the phase's bytes on its pairs since the phase before.
+    The step that ends then ends where the phase starts. `signal`: the DP rows, `heavy_flow` per
+    row whether its burst is heavy."""
+    opens = np.zeros(len(flows), bool)
+    if not len(flows):
+        return opens
+    light = signal[~heavy_flow]
+    light_start = traffic.start[light]
+    begins = np.array([traffic.start[rows].min() for rows in flows], np.int64)
+    ends = np.array([traffic.end[rows].max() for rows in flows], np.int64)
+    lo = np.searchsorted(light_start, np.r_[np.iinfo(np.int64).min, ends[:-1]], side="right")
+    hi = np.searchsorted(light_start, begins)
+    for p in np.flatnonzero(hi > lo):
+        between = light[lo[p] : hi[p]]
+        on_pairs = np.isin(traffic.pair[between], traffic.pair[flows[p]])
+        opens[p] = abs(traffic.nbytes[between][on_pairs].sum() / nbytes[p] - 1.0) <= params.same_shape
+    return opens
 
 
 def _same_burst(traffic: Traffic, burst_rows: list[np.ndarray], params: TimelineParams) -> bool:
