@@ -232,6 +232,8 @@ def analyze_job(
         return failed_job(job_id, stage, error, before, hour_start_ns, hour_end_ns)
     step_rows, issues = steps.steps, diagnosed.issues
     durations = step_rows["duration_s"].to_numpy()
+    if resolved.resolution == "steps" and not resolution.steps_keep_time(durations, params.resolution):
+        resolved = resolution.demoted(resolved)
     if resolved.resolution != "steps":
         # The timeline's steps still carry the job's step numbers and the diagnosis' restarts and
         # hangs, but are no steps to report, nor to judge a step, a host or a link by.

@@ -77,6 +77,14 @@ class ResolutionParams:
     min_resolving_records: int = 200
     # share of the step period; a clock coarser than this blurs the boundaries
     max_clock_share: float = 0.005
+    # the steps the timeline divides must keep time: at least this share of them within
+    # step_tolerance of the median of the steps around them (step_window of them; slow steps,
+    # checkpoints and warm-up are few, a level shift keeps time locally) ...
+    min_steady_share: float = 0.8
+    step_tolerance: float = 0.1
+    step_window: int = 9
+    # count; ... judged from this many steps of the hour on (fewer say too little)
+    min_steps_judged: int = 10
     # issue kinds reported for a job-hour whose steps are not resolved: a restart or a hang is a
     # silence of the whole job, the others judge a step, a host or a link by its steps
     unresolved_issue_kinds: tuple[str, ...] = ("restart", "hang")
@@ -111,8 +119,8 @@ class ResolutionParams:
     multiple_tolerance: float = 0.04
     # count; a rhythm needs at least this many periods in the records' span
     min_periods: int = 6
-    # share; two estimates of the period agree within this much (the autocorrelation's and the
-    # pairs'; the resolved steps' median duration and a multiple of the records' rhythm)
+    # share; an interval this close to a pair's median one keeps its time, and the
+    # autocorrelation's period agrees with the pairs' within this much
     period_tolerance: float = 0.1
 
 
@@ -263,6 +271,27 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
             and resolving_records >= params.min_resolving_share * flows.num_rows):
         return JobResolution("steps", period, frozenset(resolving))
     return JobResolution("period" if period is not None else "jobs_only", period, frozenset())
+
+
+def steps_keep_time(durations_s: np.ndarray, params: ResolutionParams = DEFAULT_PARAMS) -> bool:
+    """Whether the hour's divided steps (durations in order) look like a training job's: most of
+    them close to the median of their neighbours. Steps divided from records that blur the
+    boundaries (a rail's subset, sizes made unique by header bytes) come out split and merged at
+    random; such steps are not reported (`analysis`)."""
+    n = len(durations_s)
+    if n < params.min_steps_judged:
+        return True
+    half = params.step_window // 2
+    padded = np.pad(np.asarray(durations_s, float), half, mode="edge")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1)
+    local = np.median(windows, axis=1)
+    steady = np.abs(durations_s - local) <= params.step_tolerance * local
+    return bool(steady.mean() >= params.min_steady_share)
+
+
+def demoted(resolved: JobResolution) -> JobResolution:
+    """What is left of a `steps` resolution whose steps do not keep time: the period, if any."""
+    return JobResolution("period" if resolved.period_s is not None else "jobs_only", resolved.period_s, frozenset())
 
 
 def _reports_transfers(profile: ExporterProfile, period_s: float | None, params: ResolutionParams) -> bool:

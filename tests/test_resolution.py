@@ -12,10 +12,12 @@ import pytest
 from prism_core.analysis import analyze_hour
 from prism_core.minutes import HOUR_NS
 from prism_core.resolution import (
+    EXPORTER_KINDS,
     ExporterProfile,
     exporter_profiles,
     job_resolution,
     rhythm_period_s,
+    steps_keep_time,
     tally_exporters,
 )
 from prism_core.schema import FLOWS
@@ -56,6 +58,7 @@ def transfers(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]
 
 def profile_of(table: pa.Table) -> ExporterProfile:
     [profile] = exporter_profiles(tally_exporters(table))
+    assert profile.kind in EXPORTER_KINDS
     return profile
 
 
@@ -173,3 +176,15 @@ def test_a_flow_cache_hour_reports_no_steps_but_the_step_period(tmp_path):
     assert each["resolution"] == "steps"
     assert found["per_transfer"]["steps"].num_rows > 100
     assert each["step_period_s"] == pytest.approx(3.0, rel=0.03)
+
+
+def test_divided_steps_that_do_not_keep_time_are_not_reported():
+    rng = np.random.default_rng(8)
+    steady = 3.0 * (1 + 0.02 * rng.standard_normal(40))
+    steady[[7, 21]] = 9.5  # two checkpoints
+    steady[30:] *= 1.3  # a degradation keeps time around it
+    assert steps_keep_time(steady)
+    # boundaries found on a few rails: steps split and merged at random
+    scrambled = rng.choice([1.5, 3.0, 4.5, 6.0], 40) * (1 + 0.02 * rng.standard_normal(40))
+    assert not steps_keep_time(scrambled)
+    assert steps_keep_time(scrambled[:6])  # too few to judge
