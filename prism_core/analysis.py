@@ -236,10 +236,8 @@ def analyze_job(
         resolved = resolution.demoted(resolved)
     if resolved.resolution != "steps":
         # The timeline's steps still carry the job's step numbers and the diagnosis' restarts and
-        # hangs, but are no steps to report
+        # hangs, but are no steps to report, nor to judge a step, a host or a link by.
         step_rows, durations = STEPS.empty_table(), np.zeros(0)
-    if resolved.resolution != "steps" or resolved.partial:
-        # ... nor, like steps read from some exporters only, to judge a step, a host or a link by
         issues = issues.filter(pc.is_in(issues["kind"], value_set=pa.array(params.resolution.unresolved_issue_kinds)))
     return JobAnalysis(
         job_id,

@@ -251,9 +251,6 @@ class JobResolution:
     resolution: str  # schema.RESOLUTIONS
     period_s: float | None  # the step period the records' rhythm shows (None: no rhythm)
     resolving_exporters: frozenset[str]  # the exporters whose records the timeline reads
-    # steps read from some of the job's exporters only: the others' hosts and links cannot be
-    # judged per step, and a step whose records the subset lost looks merged (slow)
-    partial: bool = False
 
 
 def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
@@ -265,14 +262,14 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     names = pc.fill_null(flows["sampler_address"], NO_EXPORTER)
     counts = pc.value_counts(names)
     resolving, resolving_records = set(), 0
-    for item in (counts := counts.to_pylist()):
+    for item in counts.to_pylist():
         profile = profiles.get(item["values"])
         if profile is None or _reports_transfers(profile, period, params):
             resolving.add(item["values"])
             resolving_records += item["counts"]
     if (resolving_records >= params.min_resolving_records
             and resolving_records >= params.min_resolving_share * flows.num_rows):
-        return JobResolution("steps", period, frozenset(resolving), partial=len(resolving) < len(counts))
+        return JobResolution("steps", period, frozenset(resolving))
     return JobResolution("period" if period is not None else "jobs_only", period, frozenset())
 
 

@@ -149,9 +149,7 @@ def test_steps_are_resolved_from_the_exporters_that_report_transfers():
     cache = ExporterProfile("10.255.0.1", 800, "flow_cache", MS, 0.0, 1, 0.4, 5.0)
     each = ExporterProfile("10.255.0.2", 6400, "per_transfer", MS, 0.0, 1, 1e-6, 0.02)
     mixed = job_resolution(table, {p.sampler_address: p for p in (cache, each)})
-    assert (mixed.resolution, mixed.resolving_exporters, mixed.partial) == ("steps", frozenset({"10.255.0.2"}), True)
-    every = job_resolution(table, {p.sampler_address: replace(p, kind="per_transfer") for p in (cache, each)})
-    assert (every.resolution, every.partial) == ("steps", False)
+    assert (mixed.resolution, mixed.resolving_exporters) == ("steps", frozenset({"10.255.0.2"}))
     cached = job_resolution(table, {p.sampler_address: replace(p, kind="flow_cache") for p in (cache, each)})
     assert cached.resolution == "period"
     assert cached.period_s == pytest.approx(3.0, rel=0.02)
