@@ -180,9 +180,17 @@ def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
         return np.bincount(exporter[mask], minlength=n).astype(np.int64)
 
     duration = end - start
-    tuple_ids = combination_ids(exporter, *(_codes(flows[c]) for c in ("src_addr", "dst_addr", "src_port",
-                                                                           "dst_port", "proto")))
-    order = np.lexsort((start, tuple_ids))
+    # one 64-bit hash per (exporter, 5-tuple): a collision (odds ~n^2 / 2^64) only mixes two
+    # flows' gaps, and one key sorts much faster than six
+    tuple_ids = np.zeros(len(start), np.uint64)
+    columns = (exporter, _codes(flows["src_addr"]), _codes(flows["dst_addr"]),
+               *(pc.fill_null(flows[c], -1).to_numpy() for c in ("src_port", "dst_port", "proto")))
+    with np.errstate(over="ignore"):
+        for column in columns:
+            tuple_ids = (tuple_ids ^ column.astype(np.uint64)) * np.uint64(0x9E3779B97F4A7C15)
+    # by start, then stably by 5-tuple (two stable sorts of presorted data beat a lexsort 2x)
+    by_start = np.argsort(start, kind="stable")
+    order = by_start[np.argsort(tuple_ids[by_start], kind="stable")]
     follows = tuple_ids[order][1:] == tuple_ids[order][:-1]
     follows &= duration[order][:-1] < params.max_transfer_s * 1e9
     gap = (start[order][1:] - end[order][:-1])[follows]
