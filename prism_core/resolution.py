@@ -232,6 +232,7 @@ class ExporterProfile:
 
 
 def exporter_profiles(tally: ExporterTally, params: ResolutionParams = DEFAULT_PARAMS) -> list[ExporterProfile]:
+    """One profile per exporter of the tally (an hour's, in the pipeline), in address order."""
     profiles = []
     for i, name in enumerate(tally.exporters):
         records = int(tally.records[i])
@@ -245,7 +246,8 @@ def exporter_profiles(tally: ExporterTally, params: ResolutionParams = DEFAULT_P
             kind = "unknown"
         elif instant_share >= params.instant_share or rate > params.max_sampling_rate:
             kind = "sampled"
-        elif (merge_gap is not None and merge_gap > params.max_transfer_gap_s) or long_records > params.long_share * records:
+        elif ((merge_gap is not None and merge_gap > params.max_transfer_gap_s)
+              or long_records > params.long_share * records):
             kind = "flow_cache"
         else:
             kind = "per_transfer"

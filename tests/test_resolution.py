@@ -162,8 +162,8 @@ def test_a_flow_cache_hour_reports_no_steps_but_the_step_period(tmp_path):
     job = JobSpec(2, tp=8, pp=1, start_s=-60, end_s=1e9, step_s=3.0, hosts=(0, 1))
     base = replace(SCENARIOS["tiny"], name="tiny", minutes=8, jobs=(job,), duplicate_rate=0.0, malformed_rate=0.0)
     found = {}
-    for name, export in (("cache", ExportOptions(flow_cache=1.0, idle_timeout_s=(0.2, 0.4), active_timeout_s=(30.0, 60.0))),
-                         ("per_transfer", ExportOptions())):
+    cache = ExportOptions(flow_cache=1.0, idle_timeout_s=(0.2, 0.4), active_timeout_s=(30.0, 60.0))
+    for name, export in (("cache", cache), ("per_transfer", ExportOptions())):
         write_scenario(replace(base, export=export), tmp_path / name, seed=1)
         flows, flow_minutes, topology, _ = scenario_flows(tmp_path / name)
         hour = int(pc.min(flow_minutes["minute"]).cast(pa.int64()).as_py()) // HOUR_NS * HOUR_NS

@@ -21,8 +21,9 @@ SORT_KEYS = ("time_flow_start_ns", "src_addr", "dst_addr", "src_port", "dst_port
 REPORTER = ("time_received_ns", "sampler_address")
 EXACT_COPY = FLOWS.names
 FULL_SORT_ORDER = (*SORT_KEYS, *(name for name in FLOWS.names if name not in (*SORT_KEYS, *REPORTER)), *REPORTER)
-# One flow from two switches on its path differs in the reporter, on the flow's path, also in their clocks and header accounting: times
-# within COPY_TIME_NS once the exporters' offset is taken out, bytes within COPY_BYTES_SHARE.
+# One flow from two switches on its path differs in the reporter, and in their clocks and header
+# accounting: times within COPY_TIME_NS once the exporters' offset is taken out, bytes within
+# COPY_BYTES_SHARE.
 COPY_TIME_NS = 3_000_000
 COPY_BYTES_SHARE = 0.02
 MAX_CLOCK_OFFSET_NS = 1_000_000_000
