@@ -25,8 +25,9 @@ from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.recognition import Recognition
 from prism_core.analysis import (
     JOB_FLOW_COLUMNS, HourAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
-    split_flows_by_job,
+    profiles_by_address, split_flows_by_job,
 )
+from prism_core.resolution import ExporterProfile
 
 NAMESPACE = "prism.analyze"
 
@@ -59,8 +60,9 @@ class AnalyzeJob(beam.DoFn):
     """(job_id, its staged flows) -> the job's JobAnalysis; counts the jobs whose analysis raised
     (reported as analysis_error issues; prism_core.analysis.analyze_job)."""
 
-    def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int, params: PrismParams):
-        self.previous, self.params = previous or {}, params
+    def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int, params: PrismParams,
+                 exporters: dict[str, ExporterProfile]):
+        self.previous, self.params, self.exporters = previous or {}, params, exporters
         self.hour = (hour_start_ns, hour_end_ns)
         self.errors = Metrics.counter(NAMESPACE, "analysis_errors")
 
@@ -69,18 +71,22 @@ class AnalyzeJob(beam.DoFn):
         # In file order whatever order the runner grouped them in.
         pieces = sorted((p for p in pieces if p is not None), key=lambda piece: piece[0])
         batches = read_staged([rows for _, rows in pieces])
-        analysis = analyze_job(job_id, batches, recognition, self.previous, *self.hour, self.params)
+        analysis = analyze_job(job_id, batches, recognition, self.previous, *self.hour, self.params, self.exporters)
         if analysis.failed_stage is not None:
             self.errors.inc()
         yield analysis
 
 
 class AnalyzeHour(beam.PTransform):
-    """An hour's recognition and flows partition -> one HourAnalysis element."""
+    """An hour's recognition and flows partition -> one HourAnalysis element. `exporters`: the
+    hour's ingest state `exporters` (what each exporter's records show; prism_core.resolution)."""
 
     def __init__(self, recognition: Recognition, flows_path: str, previous: dict | None,
-                 hour_start_ns: int, hour_end_ns: int, shuffle_dir: str, params: PrismParams = DEFAULT_PARAMS):
+                 hour_start_ns: int, hour_end_ns: int, shuffle_dir: str, params: PrismParams = DEFAULT_PARAMS,
+                 exporters: dict | None = None):
         super().__init__()
+        self.exporters = profiles_by_address(
+            [ExporterProfile.from_json(values) for values in (exporters or {}).get("exporters", [])])
         self.recognition, self.flows_path, self.shuffle_dir = recognition, flows_path, shuffle_dir
         self.params = params
         self.previous = previous or {}
@@ -103,7 +109,8 @@ class AnalyzeHour(beam.PTransform):
             (every_job, job_flows)
             | "WithEveryJob" >> beam.Flatten()
             | "GroupByJob" >> beam.GroupByKey()
-            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour, self.params), recognition_side)
+            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour, self.params, self.exporters),
+                                         recognition_side)
             | "AllJobs" >> beam.combiners.ToList()
             | "AssembleHour" >> beam.Map(assemble_hour, recognition_side)
         )
