@@ -489,9 +489,10 @@ def test_state_round_trips_through_json():
     assert state.dump() == found.state
     assert RecognitionState.load(state.dump()) == state
     stopped, running = state.tracks  # in creation order
-    assert (stopped.hosts, stopped.status, stopped.reported_end) == (("host02", "host03"), "ended", True)
+    nics_of = lambda hosts: tuple(sorted(f"10.0.{h}.{g}" for h in hosts for g in range(8)))  # noqa: E731
+    assert (stopped.nics, stopped.status, stopped.reported_end) == (nics_of([2, 3]), "ended", True)
     assert stopped.last_end_ns == HOUR0 + 39 * MINUTE_NS + 59 * SECOND
-    assert (running.hosts, running.status, running.restarts) == (("host00", "host01"), "running", 0)
+    assert (running.nics, running.status, running.restarts) == (nics_of([0, 1]), "running", 0)
     # (size, flows, minutes): 8 rails both ways, 12 and 4 flows per row, over 10 minutes
     assert running.signature == ((4 << 20, 16 * 12 * 10, 10), (96 << 20, 16 * 4 * 10, 10))
     assert RecognitionState.load(None) == RecognitionState.load({}) == RecognitionState()

@@ -18,6 +18,15 @@ class RecognitionParams:
     # threshold, share of the union of two host sets: components of one minute whose host sets
     # are at least this similar (Jaccard) are one job, one component per rail over the same hosts.
     jaccard: float = 0.5
+    # threshold, ns: components on the same hosts are one job only when their traffic of a minute
+    # starts and ends within this much of each other: a job's rails carry its collectives and
+    # sends at the same moments (apart by exporters' clock offsets, a few ms), while a job on
+    # other GPUs of those hosts starts and ends the minute at the phase of its own steps.
+    in_step_ns: int = 100_000_000
+    # threshold, share of minutes: two parts on the same hosts keep in step (one job) when they do
+    # in at least this share of the minutes of the hour they meet in; parts of one job with other
+    # roles differ in minutes whose edge falls between their bursts.
+    in_step_share: float = 0.5
     # threshold, ns: pauses up to this long inside one NIC's traffic of a minute are bridged; longer
     # ones separate a job that stopped from one that started on the same hosts within the minute.
     # The silence that splits a pair's flow_minutes rows (minutes.PAIR_PAUSE_NS), so both agree.
