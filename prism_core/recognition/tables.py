@@ -19,7 +19,8 @@ MEMBERSHIP = pa.schema(
         ("job_id", pa.string()),
         ("addr", pa.string()),
         ("host", pa.string()),
-        ("gpu", pa.int32()),
+        ("gpu", pa.int32()),  # the first GPU the NIC serves
+        ("gpus", pa.int32()),  # how many GPUs it serves
         ("first_ns", pa.int64()),
         ("last_ns", pa.int64()),
     ]

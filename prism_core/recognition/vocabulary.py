@@ -61,14 +61,16 @@ class NicVocabulary:
 
     def gpus(self, codes: np.ndarray) -> int:
         """How many GPUs the NICs `codes` serve (one per NIC without an inventory)."""
-        if not self.topology.from_inventory:
-            return len(codes)
-        return sum(self._gpus_of_addr.get(self.addrs[c], 1) for c in codes.tolist())
+        return int(pc.sum(self.nics(codes)["gpus"]).as_py() or 0)
 
     def nics(self, codes: np.ndarray) -> pa.Table:
-        """addr, host, gpu of the NICs `codes`, sorted by host then gpu."""
+        """addr, host, gpu (the first it serves) and gpus (how many) of the NICs `codes`, sorted by
+        host then gpu."""
         addrs = pa.array(self.addr_list(codes), pa.string())
         if not self.topology.from_inventory:
-            return pa.table({"addr": addrs, "host": addrs, "gpu": pa.array(np.zeros(len(addrs), np.int32))})
+            one = np.ones(len(addrs), np.int32)
+            return pa.table({"addr": addrs, "host": addrs, "gpu": pa.array(one * 0), "gpus": pa.array(one)})
         rows = self._nic_table.filter(pc.is_in(self._nic_table["addr"], value_set=addrs))
+        served = [self._gpus_of_addr.get(addr, 1) for addr in rows["addr"].to_pylist()]
+        rows = rows.append_column("gpus", pa.array(served, pa.int32()))
         return rows.sort_by([("host", "ascending"), ("gpu", "ascending")])
