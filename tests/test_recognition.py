@@ -64,7 +64,8 @@ def ring(hosts, minutes, size, rails=range(8), flows=12, first_s=1, last_s=59):
         at = HOUR0 + minute * MINUTE_NS
         for rail in rails:
             for a, b in zip(hosts, hosts[1:] + hosts[:1]):
-                rows.append(pair_row(at, f"10.0.{a}.{rail}", f"10.0.{b}.{rail}", size, flows, at + first_s * SECOND, at + last_s * SECOND))
+                rows.append(pair_row(at, f"10.0.{a}.{rail}", f"10.0.{b}.{rail}", size, flows,
+                                    at + round(first_s * SECOND), at + round(last_s * SECOND)))
     return rows
 
 
@@ -95,8 +96,53 @@ def test_rail_components_merge_into_whole_hosts():
     rows = ring([0, 1], [0], 4 << 20, rails=range(4)) + ring([2, 3], [0], 8 << 20, rails=[0])
     found = recognize_minute(table(rows), topology)
     assert hosts_of(found) == [["10.0.0", "10.0.1"], ["10.0.2", "10.0.3"]]
-    # all NICs of the hosts, also the rails that stayed silent
+    # all NICs of the hosts each holds whole: the rails that stayed silent too (PXN hides them)
     assert sorted(len(addrs) for addrs in found) == [16, 16]
+
+
+def test_jobs_on_other_gpus_of_the_same_hosts_are_two_jobs():
+    # GPUs 0-3 and 4-7 of the same four hosts, the same flow sizes, each at its own rhythm: the
+    # first job's minutes run from 1 s to 59 s, the second's from 3.4 s to 57.2 s
+    topology = inventory(4)
+    hosts = [0, 1, 2, 3]
+    rows = ring(hosts, range(10), 4 << 20, rails=range(4)) + ring(hosts, range(10), 4 << 20, rails=range(4, 8),
+                                                                   first_s=3.4, last_s=57.2)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert sorted(found.jobs["n_gpus"].to_pylist()) == [16, 16]
+    assert found.jobs["n_hosts"].to_pylist() == [4, 4]
+    gpus_of = {}
+    for row in found.membership.to_pylist():
+        gpus_of.setdefault(row["job_id"], set()).add(row["gpu"])
+    assert sorted(map(sorted, gpus_of.values())) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # a tolerance wider than their phases differ by takes them for the rails of one job
+    wide = replace(DEFAULT_PARAMS, in_step_ns=3 * SECOND)
+    assert recognize_hour(table(rows), topology, None, HOUR0, params=wide).jobs["n_gpus"].to_pylist() == [32]
+
+
+def test_a_rail_optimized_job_is_one_job():
+    # eight rails in step over four hosts (the exporters' clocks a few ms apart): one job of 32 GPUs
+    topology = inventory(4)
+    rows = [r for rail in range(8) for r in ring([0, 1, 2, 3], range(10), 4 << 20, rails=[rail], first_s=1 + rail / 1000)]
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert found.jobs["n_gpus"].to_pylist() == [32]
+    assert found.membership.num_rows == 32
+
+
+def test_a_job_on_part_of_its_hosts_leaves_their_silent_nics_out():
+    # GPUs 4-7 of two hosts whose GPUs 0-3 never talk (idle, or jobs inside one host): 8 GPUs
+    topology = inventory(2)
+    found = recognize_hour(table(ring([0, 1], range(5), 4 << 20, rails=range(4, 8))), topology, None, HOUR0)
+    assert found.jobs["n_gpus"].to_pylist() == [8]
+    assert sorted(set(found.membership["gpu"].to_pylist())) == [4, 5, 6, 7]
+
+
+def test_a_nic_serving_two_gpus_counts_both():
+    lines = ["addr,host,gpu,leaf,pod,gpus_per_nic"] + [
+        f"10.0.{h}.{n},host{h:02d},{2 * n},leaf{n},pod0,2" for h in range(2) for n in range(4)]
+    topology = Topology.from_csv_bytes("\n".join(lines).encode())
+    found = recognize_hour(table(ring([0, 1], range(5), 4 << 20, rails=range(4))), topology, None, HOUR0)
+    assert found.jobs["n_gpus"].to_pylist() == [16]
+    assert found.membership["gpus"].to_pylist() == [2] * 8
 
 
 def test_weak_edges_and_storage_do_not_glue_jobs():
@@ -489,7 +535,9 @@ def test_state_round_trips_through_json():
     assert state.dump() == found.state
     assert RecognitionState.load(state.dump()) == state
     stopped, running = state.tracks  # in creation order
-    nics_of = lambda hosts: tuple(sorted(f"10.0.{h}.{g}" for h in hosts for g in range(8)))  # noqa: E731
+    def nics_of(hosts):
+        return tuple(sorted(f"10.0.{h}.{g}" for h in hosts for g in range(8)))
+
     assert (stopped.nics, stopped.status, stopped.reported_end) == (nics_of([2, 3]), "ended", True)
     assert stopped.last_end_ns == HOUR0 + 39 * MINUTE_NS + 59 * SECOND
     assert (running.nics, running.status, running.restarts) == (nics_of([0, 1]), "running", 0)
