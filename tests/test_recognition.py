@@ -96,27 +96,49 @@ def test_rail_components_merge_into_whole_hosts():
     rows = ring([0, 1], [0], 4 << 20, rails=range(4)) + ring([2, 3], [0], 8 << 20, rails=[0])
     found = recognize_minute(table(rows), topology)
     assert hosts_of(found) == [["10.0.0", "10.0.1"], ["10.0.2", "10.0.3"]]
-    # all NICs of the hosts each holds whole: the rails that stayed silent too (PXN hides them)
-    assert sorted(len(addrs) for addrs in found) == [16, 16]
+    assert sorted(len(addrs) for addrs in found) == [2, 8]  # the NICs that talked
+    # over the hour, all NICs of the hosts each holds whole: the silent rails too (PXN hides them)
+    assert sorted(recognize_hour(table(rows), topology, None, HOUR0).jobs["n_gpus"].to_pylist()) == [16, 16]
+
+
+def gpus_by_job(recognition) -> list[list[int]]:
+    gpus_of: dict[str, set] = {}
+    for row in recognition.membership.to_pylist():
+        gpus_of.setdefault(row["job_id"], set()).add(row["gpu"])
+    return sorted(map(sorted, gpus_of.values()))
 
 
 def test_jobs_on_other_gpus_of_the_same_hosts_are_two_jobs():
-    # GPUs 0-3 and 4-7 of the same four hosts, the same flow sizes, each at its own rhythm: the
-    # first job's minutes run from 1 s to 59 s, the second's from 3.4 s to 57.2 s
+    # GPUs 0-3 and 4-7 of the same four hosts all hour, each job at its own rhythm (the first's
+    # minutes run from 1 s to 59 s, the second's from 3.4 s to 57.2 s) with its own flow sizes
     topology = inventory(4)
     hosts = [0, 1, 2, 3]
-    rows = ring(hosts, range(10), 4 << 20, rails=range(4)) + ring(hosts, range(10), 4 << 20, rails=range(4, 8),
+    rows = ring(hosts, range(10), 4 << 20, rails=range(4)) + ring(hosts, range(10), 6 << 20, rails=range(4, 8),
                                                                    first_s=3.4, last_s=57.2)
     found = recognize_hour(table(rows), topology, None, HOUR0)
     assert sorted(found.jobs["n_gpus"].to_pylist()) == [16, 16]
     assert found.jobs["n_hosts"].to_pylist() == [4, 4]
-    gpus_of = {}
-    for row in found.membership.to_pylist():
-        gpus_of.setdefault(row["job_id"], set()).add(row["gpu"])
-    assert sorted(map(sorted, gpus_of.values())) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert gpus_by_job(found) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     # a tolerance wider than their phases differ by takes them for the rails of one job
     wide = replace(DEFAULT_PARAMS, in_step_ns=3 * SECOND)
     assert recognize_hour(table(rows), topology, None, HOUR0, params=wide).jobs["n_gpus"].to_pylist() == [32]
+
+
+def test_a_job_arriving_on_other_gpus_of_busy_hosts_is_a_job_of_its_own():
+    # the same flow sizes (the same model), out of step, and the second job starts four minutes
+    # after the first: not a part of it with another role
+    topology = inventory(4)
+    hosts = [0, 1, 2, 3]
+    rows = ring(hosts, range(10), 4 << 20, rails=range(4))
+    rows += ring(hosts, range(4, 10), 4 << 20, rails=range(4, 8), first_s=2.5, last_s=58)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert gpus_by_job(found) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    first_seen = sorted(found.jobs["first_seen"].cast(pa.int64()).to_pylist())
+    assert first_seen == [HOUR0 + SECOND, HOUR0 + 4 * MINUTE_NS + 5 * SECOND // 2]
+    # started together, they would be one job in two roles
+    rows = ring(hosts, range(10), 4 << 20, rails=range(4)) + ring(hosts, range(10), 4 << 20, rails=range(4, 8),
+                                                                   first_s=2.5, last_s=58)
+    assert recognize_hour(table(rows), topology, None, HOUR0).jobs["n_gpus"].to_pylist() == [32]
 
 
 def test_a_rail_optimized_job_is_one_job():
@@ -126,6 +148,10 @@ def test_a_rail_optimized_job_is_one_job():
     found = recognize_hour(table(rows), topology, None, HOUR0)
     assert found.jobs["n_gpus"].to_pylist() == [32]
     assert found.membership.num_rows == 32
+    # rails with other roles, out of step, are its parts still: they carry its activation size
+    rows = ring([0, 1, 2, 3], range(10), 96 << 20, rails=range(4)) + ring([0, 1, 2, 3], range(10), 4 << 20, rails=range(4))
+    rows += ring([0, 1, 2, 3], range(10), 4 << 20, rails=range(4, 8), first_s=2.5, last_s=58.5)
+    assert recognize_hour(table(rows), topology, None, HOUR0).jobs["n_gpus"].to_pylist() == [32]
 
 
 def test_a_job_on_part_of_its_hosts_leaves_their_silent_nics_out():

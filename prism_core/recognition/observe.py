@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from prism_core.arrays import time_segments
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
-from prism_core.recognition.merge import csr_pointer, job_of_nodes
+from prism_core.recognition.merge import Graph, csr_pointer, job_of_nodes
 from prism_core.recognition.params import RecognitionParams
 from prism_core.recognition.vocabulary import NicVocabulary
 from prism_core.topology import Topology
@@ -122,11 +122,10 @@ def observe(
     node_minute_pos = node_key // n_addrs
     node_nic = nic_of_addr[node_key % n_addrs]
     node_host_key = node_minute_pos * len(vocabulary.host_names) + host_of_addr[node_key % n_addrs]
-    job = job_of_nodes(src_node, node_of_end[n_edges:], node_host_key, node_nic, node_first_ns, node_last_ns, params)
+    graph = Graph(node_host_key, node_nic, node_first_ns, node_last_ns, src_node, edges["top_size"].to_numpy())
+    job = job_of_nodes(src_node, node_of_end[n_edges:], graph, params)
     job, job_nic_pairs, job_minute_pos = _in_tracking_order(job, node_minute_pos, node_nic, node_first_ns, vocabulary)
     n_jobs = len(job_minute_pos)
-    silent, first_nics = _silent_nics(edges, loose, vocabulary)
-    job_nic_pairs = _with_silent_nics(job_nic_pairs, job_minute_pos, silent, first_nics, vocabulary)
 
     edge_job = job[src_node]
     first_ns = np.full(n_jobs, np.iinfo(np.int64).max)
@@ -200,56 +199,6 @@ def _in_tracking_order(
     job_nic_pairs[:, 0] = renumber[job_nic_pairs[:, 0]]
     job_nic_pairs = job_nic_pairs[np.lexsort((job_nic_pairs[:, 1], job_nic_pairs[:, 0]))]
     return renumber[job], job_nic_pairs, job_minute[order]
-
-
-def _silent_nics(edges: pa.Table, loose: pa.Table, vocabulary: NicVocabulary) -> tuple[np.ndarray, np.ndarray]:
-    """Codes of the inventory's GPU NICs that exchange no traffic with another GPU NIC all hour,
-    sorted by host code, and of the first NIC (lowest GPU) of every host (none without an
-    inventory: there every address is a host of its own)."""
-    topology = vocabulary.topology
-    if not topology.from_inventory:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    addrs = topology.table["addr"]
-    talked = pa.concat_arrays([rows[end].combine_chunks() for rows in (edges, loose) for end in ("src_addr", "dst_addr")])
-    silent = vocabulary.encode(addrs.filter(pc.invert(pc.is_in(addrs, value_set=talked))).combine_chunks())
-    by_host = topology.table.sort_by([("host", "ascending"), ("gpu", "ascending")])
-    host = by_host["host"].to_numpy(zero_copy_only=False)
-    first_of_host = np.r_[True, host[1:] != host[:-1]] if len(host) else np.zeros(0, bool)
-    first_nics = vocabulary.encode(by_host["addr"].filter(pa.array(first_of_host)).combine_chunks())
-    return silent[np.argsort(vocabulary.hosts(silent), kind="stable")], np.sort(first_nics)
-
-
-def _with_silent_nics(
-    job_nic_pairs: np.ndarray, job_minute_pos: np.ndarray, silent: np.ndarray, first_nics: np.ndarray,
-    vocabulary: NicVocabulary,
-) -> np.ndarray:
-    """The sorted (job, NIC code) pairs, with the NICs silent all hour on the hosts of a job that
-    holds them whole joined to it. With NCCL's PXN a send leaves through the NIC of the receiver's
-    rail, so GPUs whose peers are all on their own host or on other rails (a tensor-parallel group
-    smaller than the host, its DP ring crossing hosts on the first rails) never show their NIC. A
-    job holds its hosts whole when on each of them, in the minute, no other job talks and it holds
-    the host's first NIC (a job on part of a host next to idle GPUs may not: then a silent NIC is
-    as likely idle, and is no job's)."""
-    if len(silent) == 0 or len(job_nic_pairs) == 0:
-        return job_nic_pairs
-    host_of = vocabulary.hosts
-    holds_first = np.isin(job_nic_pairs[:, 1], first_nics)
-    job_hosts, at = np.unique(np.stack([job_nic_pairs[:, 0], host_of(job_nic_pairs[:, 1])], axis=1), axis=0,
-                              return_inverse=True)
-    host_first = np.bincount(at.ravel(), weights=holds_first, minlength=len(job_hosts)) > 0
-    minute_hosts = job_minute_pos[job_hosts[:, 0]] * len(vocabulary.host_names) + job_hosts[:, 1]
-    _, there, jobs_there = np.unique(minute_hosts, return_inverse=True, return_counts=True)
-    whole_host = host_first & (jobs_there[there.ravel()] == 1)
-    n_jobs = len(job_minute_pos)
-    partial = np.bincount(job_hosts[:, 0], weights=~whole_host, minlength=n_jobs) > 0
-    chosen = job_hosts[~partial[job_hosts[:, 0]]]
-    silent_hosts = host_of(silent)
-    first = np.searchsorted(silent_hosts, chosen[:, 1], side="left")
-    count = np.searchsorted(silent_hosts, chosen[:, 1], side="right") - first
-    pair = np.repeat(np.arange(len(chosen)), count)
-    nth = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-    joined = np.stack([chosen[pair, 0], silent[first[pair] + nth]], axis=1)
-    return np.unique(np.concatenate([job_nic_pairs, joined]), axis=0)
 
 
 @dataclass

@@ -362,9 +362,60 @@ class Tracker:
         track.last_observations, track.last_presence = ks, len(self.presence)
         self.presence.append((index, first_ns, last_ns, seen if superseded else track.nics))
 
+    def hold_whole_hosts(self) -> None:
+        """Give each job that holds its hosts whole this hour every GPU NIC of them, also those it
+        never showed: with NCCL's PXN a send leaves through the NIC of the receiver's rail, so GPUs
+        whose peers are all on their own host or reached on other rails (a tensor-parallel group
+        smaller than the host, its DP ring crossing hosts on the first rails) never show their NIC.
+        A job holds a host whole when it holds the host's first NIC (its lowest GPU) and no other
+        job is present on the host while it is; it holds its hosts whole when it does each of them.
+        A job on part of a host, beside others or idle GPUs, keeps the NICs it showed."""
+        if not self.presence or not self.vocabulary.topology.from_inventory:
+            return
+        track_of = np.concatenate([np.full(len(n), t) for t, _, _, n in self.presence])
+        nics = np.concatenate([n for _, _, _, n in self.presence])
+        first = np.concatenate([np.full(len(n), f) for _, f, _, n in self.presence])
+        last = np.concatenate([np.full(len(n), l) for _, _, l, n in self.presence])
+        host = self.vocabulary.hosts(nics)
+        all_nics, is_first = self.vocabulary.nics_of_hosts(np.unique(host))
+        keys, at = np.unique(np.stack([host, track_of], axis=1), axis=0, return_inverse=True)
+        at = at.ravel()
+        span_first = np.full(len(keys), np.iinfo(np.int64).max)
+        span_last = np.full(len(keys), np.iinfo(np.int64).min)
+        np.minimum.at(span_first, at, first)
+        np.maximum.at(span_last, at, last)
+        holds_first = np.bincount(at, weights=np.isin(nics, all_nics[is_first]), minlength=len(keys)) > 0
+        # (host, track) spans by host then first: alone when no other span on the host overlaps
+        # it, neither one begun before it (their latest end reaches it) nor the next one
+        order = np.lexsort((span_first, keys[:, 0]))
+        host_sorted = keys[order, 0]
+        base = int(span_first.min())
+        width = int(span_last.max()) - base + 1
+        _, group = np.unique(host_sorted, return_inverse=True)
+        start_at = group * width + (span_first[order] - base)  # one running maximum for all hosts
+        end_at = group * width + (span_last[order] - base)
+        new_host = np.r_[True, host_sorted[1:] != host_sorted[:-1]]
+        earlier_reach = np.where(new_host, -1, np.r_[-1, np.maximum.accumulate(end_at)[:-1]])
+        next_start = np.where(np.r_[new_host[1:], True], np.iinfo(np.int64).max, np.r_[start_at[1:], 0])
+        alone = np.empty(len(keys), bool)
+        alone[order] = (earlier_reach < start_at) & (next_start > end_at)
+        partial = np.bincount(keys[:, 1], weights=~(alone & holds_first), minlength=len(self.tracks)) > 0
+        whole = {t for t in np.unique(keys[:, 1]).tolist() if not partial[t]}
+        host_of_all = self.vocabulary.hosts(all_nics)
+        for index in whole:
+            track = self.tracks[index]
+            track.nics = np.union1d(track.nics, all_nics[np.isin(host_of_all, self.vocabulary.hosts(track.nics))])
+            self.owners.cover(len(self.vocabulary.addrs))
+            self.owners.give(track.nics, index)
+        self.presence = [
+            (t, f, l, np.union1d(n, all_nics[np.isin(host_of_all, self.vocabulary.hosts(n))]) if t in whole else n)
+            for t, f, l, n in self.presence
+        ]
+
     def end_hour(self, hour_end_ns: int) -> list[Track]:
         """The tracks the hour reports (seen this hour, or running when it began), each ended if
         silent for a restart gap at the hour's end."""
+        self.hold_whole_hosts()
         reported = [t for t in self.tracks if t.merged_into < 0 and (t.seen_this_hour or t.running_at_load)]
         for track in reported:
             if hour_end_ns - track.last_end_ns >= self.params.restart_gap_ns:

@@ -48,6 +48,16 @@ class NicVocabulary:
             self.host_names.append(name)
         return code
 
+    def nics_of_hosts(self, host_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every GPU NIC of the hosts `host_codes` in the inventory (just the NICs seen, without
+        one): their codes, and which is each host's first (its lowest GPU), by host then GPU."""
+        names = pa.array(sorted({self.host_names[h] for h in host_codes.tolist()}), pa.string())
+        rows = self._nic_table.filter(pc.is_in(self._nic_table["host"], value_set=names))
+        rows = rows.sort_by([("host", "ascending"), ("gpu", "ascending")])
+        host = rows["host"].to_numpy(zero_copy_only=False)
+        first = np.r_[True, host[1:] != host[:-1]] if len(host) else np.zeros(0, bool)
+        return self.encode(rows["addr"].combine_chunks()), first
+
     def hosts(self, codes: np.ndarray) -> np.ndarray:
         """Host code of each NIC code."""
         return np.asarray(self._host_of, np.int64)[codes]
