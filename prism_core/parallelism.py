@@ -131,8 +131,8 @@ def _member_gpus(members: pa.Table) -> pa.Table:
     sighting (a host replaced in a restart is not, and must not count twice in the degrees).
     `gpus`: the GPUs the NIC serves (membership's `gpus`, 1 where it does not say); `local`: the
     job's index of the NIC's first GPU on its host (the job's GPUs there counted from 0)."""
-    if "gpus" not in members.column_names:
-        members = members.append_column("gpus", pa.array(np.ones(members.num_rows, np.int32)))
+    served = pc.fill_null(members["gpus"], 1) if "gpus" in members.column_names else pa.array(np.ones(members.num_rows, np.int32))
+    members = members.select(["addr", "host", "gpu", "first_ns", "last_ns"]).append_column("gpus", served)
     spans = members.group_by(["addr", "host", "gpu"], use_threads=False).aggregate(
         [("first_ns", "min"), ("last_ns", "max"), ("gpus", "max")]
     )
