@@ -401,16 +401,24 @@ class Tracker:
         alone[order] = (earlier_reach < start_at) & (next_start > end_at)
         partial = np.bincount(keys[:, 1], weights=~(alone & holds_first), minlength=len(self.tracks)) > 0
         whole = {t for t in np.unique(keys[:, 1]).tolist() if not partial[t]}
-        host_of_all = self.vocabulary.hosts(all_nics)
+        by_host = np.argsort(self.vocabulary.hosts(all_nics), kind="stable")
+        by_host_nics = all_nics[by_host]
+        host_of_all = self.vocabulary.hosts(by_host_nics)
+
+        def with_their_hosts(nics: np.ndarray) -> np.ndarray:
+            """`nics` and every other GPU NIC of their hosts."""
+            hosts = np.unique(self.vocabulary.hosts(nics))
+            start = np.searchsorted(host_of_all, hosts, side="left")
+            count = np.searchsorted(host_of_all, hosts, side="right") - start
+            at = np.repeat(start, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+            return np.union1d(nics, by_host_nics[at])
+
+        self.owners.cover(len(self.vocabulary.addrs))
         for index in whole:
             track = self.tracks[index]
-            track.nics = np.union1d(track.nics, all_nics[np.isin(host_of_all, self.vocabulary.hosts(track.nics))])
-            self.owners.cover(len(self.vocabulary.addrs))
+            track.nics = with_their_hosts(track.nics)
             self.owners.give(track.nics, index)
-        self.presence = [
-            (t, f, l, np.union1d(n, all_nics[np.isin(host_of_all, self.vocabulary.hosts(n))]) if t in whole else n)
-            for t, f, l, n in self.presence
-        ]
+        self.presence = [(t, f, l, with_their_hosts(n) if t in whole else n) for t, f, l, n in self.presence]
 
     def end_hour(self, hour_end_ns: int) -> list[Track]:
         """The tracks the hour reports (seen this hour, or running when it began), each ended if

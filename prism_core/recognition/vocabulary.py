@@ -20,7 +20,8 @@ class NicVocabulary:
         self._codes: dict[str, int] = {}
         self.host_names: list[str] = []
         self._host_codes: dict[str, int] = {}
-        self._host_of: list[int] = []  # host code of every NIC code
+        self._host_of = np.zeros(0, np.int64)  # host code of every NIC code
+        self._gpus_of = np.zeros(0, np.int64)  # GPUs every NIC code serves
         self._nic_table = topology.table.select(["addr", "host", "gpu"])
         served = topology.inventory.filter(pc.is_valid(topology.inventory["gpu"]))
         per_addr = served.group_by("addr", use_threads=False).aggregate([("gpu", "count")])
@@ -35,10 +36,13 @@ class NicVocabulary:
         if len(new):
             new_addrs = distinct.take(pa.array(new))
             hosts = self.topology.lookup(new_addrs)["host"].to_pylist()
-            for position, addr, host in zip(new.tolist(), new_addrs.to_pylist(), hosts):
+            host_codes = [self._host_code(host) for host in hosts]
+            served = [self._gpus_of_addr.get(addr, 1) for addr in new_addrs.to_pylist()]
+            for position, addr in zip(new.tolist(), new_addrs.to_pylist()):
                 codes[position] = self._codes[addr] = len(self.addrs)
                 self.addrs.append(addr)
-                self._host_of.append(self._host_code(host))
+            self._host_of = np.r_[self._host_of, np.array(host_codes, np.int64)]
+            self._gpus_of = np.r_[self._gpus_of, np.array(served, np.int64)]
         return codes[encoded.indices.to_numpy(zero_copy_only=False)] if len(codes) else codes
 
     def _host_code(self, name: str) -> int:
@@ -49,8 +53,8 @@ class NicVocabulary:
         return code
 
     def nics_of_hosts(self, host_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Every GPU NIC of the hosts `host_codes` in the inventory (just the NICs seen, without
-        one): their codes, and which is each host's first (its lowest GPU), by host then GPU."""
+        """Every GPU NIC of the hosts `host_codes` in the inventory (none without one): their
+        codes, and which is each host's first (its lowest GPU), by host then GPU."""
         names = pa.array(sorted({self.host_names[h] for h in host_codes.tolist()}), pa.string())
         rows = self._nic_table.filter(pc.is_in(self._nic_table["host"], value_set=names))
         rows = rows.sort_by([("host", "ascending"), ("gpu", "ascending")])
@@ -60,7 +64,7 @@ class NicVocabulary:
 
     def hosts(self, codes: np.ndarray) -> np.ndarray:
         """Host code of each NIC code."""
-        return np.asarray(self._host_of, np.int64)[codes]
+        return self._host_of[codes]
 
     def addr_list(self, codes: np.ndarray) -> list[str]:
         return sorted(self.addrs[c] for c in codes.tolist())
@@ -71,7 +75,7 @@ class NicVocabulary:
 
     def gpus(self, codes: np.ndarray) -> int:
         """How many GPUs the NICs `codes` serve (one per NIC without an inventory)."""
-        return int(pc.sum(self.nics(codes)["gpus"]).as_py() or 0)
+        return int(self._gpus_of[codes].sum())
 
     def nics(self, codes: np.ndarray) -> pa.Table:
         """addr, host, gpu (the first it serves) and gpus (how many) of the NICs `codes`, sorted by
@@ -81,6 +85,5 @@ class NicVocabulary:
             one = np.ones(len(addrs), np.int32)
             return pa.table({"addr": addrs, "host": addrs, "gpu": pa.array(one * 0), "gpus": pa.array(one)})
         rows = self._nic_table.filter(pc.is_in(self._nic_table["addr"], value_set=addrs))
-        served = [self._gpus_of_addr.get(addr, 1) for addr in rows["addr"].to_pylist()]
-        rows = rows.append_column("gpus", pa.array(served, pa.int32()))
+        rows = rows.append_column("gpus", pa.array(self._gpus_of[self.encode(rows["addr"].combine_chunks())], pa.int32()))
         return rows.sort_by([("host", "ascending"), ("gpu", "ascending")])
