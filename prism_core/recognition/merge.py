@@ -85,8 +85,18 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, nodes: Graph, param
     _, meeting = np.unique(low * (int(anchor.max()) + 1) + high, return_inverse=True)
     meeting = meeting.ravel()
     in_step = np.bincount(meeting, weights=minute_in_step) / np.bincount(meeting) >= params.in_step_share
-    anchor_sizes = np.unique(np.stack([anchor[label[nodes.edge_node]], nodes.edge_size], axis=1), axis=0)
-    return in_step[meeting] | (same_life & _share_a_size(anchor_sizes, anchor_a, anchor_b, params.same_size))
+    out_of_step = ~in_step[meeting] & same_life
+    if not out_of_step.any():
+        return in_step[meeting]
+    # the (anchor, flow size) pairs of the parts still to judge, each once
+    edge_anchor = anchor[label[nodes.edge_node]]
+    asked = np.isin(edge_anchor, np.r_[anchor_a[out_of_step], anchor_b[out_of_step]])
+    width = int(nodes.edge_size.max()) + 1
+    keys = np.unique(edge_anchor[asked] * width + nodes.edge_size[asked])
+    anchor_sizes = np.stack([keys // width, keys % width], axis=1)
+    shared = np.zeros(len(a), bool)
+    shared[out_of_step] = _share_a_size(anchor_sizes, anchor_a[out_of_step], anchor_b[out_of_step], params.same_size)
+    return in_step[meeting] | shared
 
 
 def _share_a_size(anchor_sizes: np.ndarray, a: np.ndarray, b: np.ndarray, tolerance: float) -> np.ndarray:
