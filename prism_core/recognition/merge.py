@@ -27,11 +27,11 @@ class Graph:
     edge_size: np.ndarray
 
 
-def job_of_nodes(src_node: np.ndarray, dst_node: np.ndarray, nodes: Graph, params: RecognitionParams) -> np.ndarray:
+def job_of_nodes(src_node: np.ndarray, dst_node: np.ndarray, graph: Graph, params: RecognitionParams) -> np.ndarray:
     """Job label of every node of the graph whose edges join `src_node[i]` and `dst_node[i]`."""
-    component = connected(src_node, dst_node, len(nodes.host_key))
-    job = merge_by_jaccard(component, nodes, params)
-    return merge_concurrent_parts(job, nodes, params)
+    component = connected(src_node, dst_node, len(graph.host_key))
+    job = merge_by_jaccard(component, graph, params)
+    return merge_concurrent_parts(job, graph, params)
 
 
 def connected(row: np.ndarray, col: np.ndarray, n_nodes: int) -> np.ndarray:
@@ -40,24 +40,24 @@ def connected(row: np.ndarray, col: np.ndarray, n_nodes: int) -> np.ndarray:
     return connected_components(graph, directed=False)[1]
 
 
-def merge_by_jaccard(component: np.ndarray, nodes: Graph, params: RecognitionParams) -> np.ndarray:
+def merge_by_jaccard(component: np.ndarray, graph: Graph, params: RecognitionParams) -> np.ndarray:
     """Job label of each node: components joined when their host sets have Jaccard >=
     `params.jaccard`, they talk at the same time (bridging pauses up to the segment gap) and the
     traffic says they are one job (`one_job`): a job's rails run side by side, a job and the next
     one on its hosts one after the other, two jobs on other GPUs of the same hosts each its own way."""
-    _, keys, n_keys, shared = _label_hosts(component, nodes.host_key)
+    _, keys, n_keys, shared = _label_hosts(component, graph.host_key)
     n_comp = int(component.max()) + 1
     sizes = np.bincount(keys // n_keys, minlength=n_comp)
     union = sizes[shared.row] + sizes[shared.col] - shared.data
-    first_ns, last_ns = _spans(component, nodes)
+    first_ns, last_ns = _spans(component, graph)
     gap = params.segment_gap_ns
     together = (first_ns[shared.row] <= last_ns[shared.col] + gap) & (first_ns[shared.col] <= last_ns[shared.row] + gap)
     similar = (shared.data >= params.jaccard * union) & together
-    similar[similar] = one_job(component, shared.row[similar], shared.col[similar], nodes, params)
+    similar[similar] = one_job(component, shared.row[similar], shared.col[similar], graph, params)
     return _joined(component, shared.row[similar], shared.col[similar])
 
 
-def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, nodes: Graph, params: RecognitionParams) -> np.ndarray:
+def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, params: RecognitionParams) -> np.ndarray:
     """Are parts `a[i]` and `b[i]` of one minute (labels of the nodes), on the same hosts, one job?
     Each part is known in every minute of the hour by its anchor (its smallest NIC), so the verdict
     weighs the whole hour. They are when they keep in step: their traffic of a minute starts and
@@ -70,8 +70,8 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, nodes: Graph, param
     life, beginning and ending their traffic this hour within `params.same_life_ns` of each other
     (many models share an activation size, but a job that arrives on other GPUs of busy hosts
     begins later than the job already there)."""
-    first_ns, last_ns = _spans(label, nodes)
-    anchor = _anchors(label, nodes.nic)
+    first_ns, last_ns = _spans(label, graph)
+    anchor = _anchors(label, graph.nic)
     life_first = np.full(int(anchor.max()) + 1, np.iinfo(np.int64).max)
     life_last = np.full(int(anchor.max()) + 1, np.iinfo(np.int64).min)
     np.minimum.at(life_first, anchor, first_ns)
@@ -89,10 +89,10 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, nodes: Graph, param
     if not out_of_step.any():
         return in_step[meeting]
     # the (anchor, flow size) pairs of the parts still to judge, each once
-    edge_anchor = anchor[label[nodes.edge_node]]
+    edge_anchor = anchor[label[graph.edge_node]]
     asked = np.isin(edge_anchor, np.r_[anchor_a[out_of_step], anchor_b[out_of_step]])
-    width = int(nodes.edge_size.max()) + 1
-    keys = np.unique(edge_anchor[asked] * width + nodes.edge_size[asked])
+    width = int(graph.edge_size.max()) + 1
+    keys = np.unique(edge_anchor[asked] * width + graph.edge_size[asked])
     anchor_sizes = np.stack([keys // width, keys % width], axis=1)
     shared = np.zeros(len(a), bool)
     shared[out_of_step] = _share_a_size(anchor_sizes, anchor_a[out_of_step], anchor_b[out_of_step], params.same_size)
@@ -109,29 +109,29 @@ def _share_a_size(anchor_sizes: np.ndarray, a: np.ndarray, b: np.ndarray, tolera
     start = np.searchsorted(anchor_sizes[:, 0], a, side="left")
     count = np.searchsorted(anchor_sizes[:, 0], a, side="right") - start
     pair = np.repeat(np.arange(len(a)), count)
-    size = anchor_sizes[start[pair] + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count), 1]
+    size = anchor_sizes[ranges(start, count), 1]
     low = np.searchsorted(keys, b[pair] * width + np.floor(size * (1 - tolerance)).astype(np.int64), side="left")
     high = np.searchsorted(keys, b[pair] * width + np.ceil(size * (1 + tolerance)).astype(np.int64), side="right")
     return np.bincount(pair, weights=high > low, minlength=len(a)) > 0
 
 
-def _spans(label: np.ndarray, nodes: Graph) -> tuple[np.ndarray, np.ndarray]:
-    """First start and last end of each label's nodes."""
+def _spans(label: np.ndarray, graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """First start and last end of each label's graph."""
     first_ns = np.full(int(label.max()) + 1, np.iinfo(np.int64).max)
     last_ns = np.full(int(label.max()) + 1, np.iinfo(np.int64).min)
-    np.minimum.at(first_ns, label, nodes.first_ns)
-    np.maximum.at(last_ns, label, nodes.last_ns)
+    np.minimum.at(first_ns, label, graph.first_ns)
+    np.maximum.at(last_ns, label, graph.last_ns)
     return first_ns, last_ns
 
 
 def _anchors(label: np.ndarray, node_nic: np.ndarray) -> np.ndarray:
-    """The smallest NIC code of each label's nodes."""
+    """The smallest NIC code of each label's graph."""
     anchor = np.full(int(label.max()) + 1, np.iinfo(np.int64).max)
     np.minimum.at(anchor, label, node_nic)
     return anchor
 
 
-def merge_concurrent_parts(job: np.ndarray, nodes: Graph, params: RecognitionParams) -> np.ndarray:
+def merge_concurrent_parts(job: np.ndarray, graph: Graph, params: RecognitionParams) -> np.ndarray:
     """Job label of each node, with every job of a minute merged into another whose host set holds
     all of its hosts, when the two are busy on a host they share at the same time and the traffic
     says they are one job (`one_job`): rails that carry only pipeline hops between two hosts of a wide job form
@@ -139,12 +139,12 @@ def merge_concurrent_parts(job: np.ndarray, nodes: Graph, params: RecognitionPar
     differ from every earlier minute's. Hosts only partly shared, or used one after the other,
     stay apart (a job on part of the hosts of one that stopped seconds before), and so do jobs on
     other GPUs of the hosts that came or went at other times."""
-    position, keys, n_keys, shared = _label_hosts(job, nodes.host_key)
+    position, keys, n_keys, shared = _label_hosts(job, graph.host_key)
     key_job, key_host = np.divmod(keys, n_keys)
     first_ns = np.full(len(keys), np.iinfo(np.int64).max)
     last_ns = np.full(len(keys), np.iinfo(np.int64).min)
-    np.minimum.at(first_ns, position, nodes.first_ns)
-    np.maximum.at(last_ns, position, nodes.last_ns)
+    np.minimum.at(first_ns, position, graph.first_ns)
+    np.maximum.at(last_ns, position, graph.last_ns)
     n_jobs = int(job.max()) + 1
     hosts_of_job = np.bincount(key_job, minlength=n_jobs)
     inside = (shared.row != shared.col) & (shared.data == hosts_of_job[shared.row])
@@ -155,11 +155,11 @@ def merge_concurrent_parts(job: np.ndarray, nodes: Graph, params: RecognitionPar
     pointer = csr_pointer(key_job, n_jobs)
     counts = hosts_of_job[part]
     pair_of = np.repeat(np.arange(len(part)), counts)
-    in_part = pointer[part][pair_of] + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    in_part = ranges(pointer[part], counts)
     in_whole = np.searchsorted(keys, whole[pair_of] * n_keys + key_host[in_part])
     together = (first_ns[in_part] < last_ns[in_whole]) & (first_ns[in_whole] < last_ns[in_part])
     concurrent = np.bincount(pair_of, weights=together, minlength=len(part)) > 0
-    concurrent[concurrent] = one_job(job, part[concurrent], whole[concurrent], nodes, params)
+    concurrent[concurrent] = one_job(job, part[concurrent], whole[concurrent], graph, params)
     return _joined(job, part[concurrent], whole[concurrent])
 
 
@@ -182,3 +182,8 @@ def _joined(label: np.ndarray, row: np.ndarray, col: np.ndarray) -> np.ndarray:
 def csr_pointer(sorted_rows: np.ndarray, n_rows: int) -> np.ndarray:
     """Start of each of `n_rows` rows in `sorted_rows` (row numbers, ascending), and the end."""
     return np.searchsorted(sorted_rows, np.arange(n_rows + 1)).astype(np.int64)
+
+
+def ranges(start: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The indices start[i], start[i] + 1, ..., start[i] + count[i] - 1 of every i, one after the other."""
+    return np.repeat(start, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)

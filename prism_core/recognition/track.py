@@ -11,6 +11,7 @@ import numpy as np
 
 from prism_core.minutes import MINUTE_NS
 from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job
+from prism_core.recognition.merge import ranges
 from prism_core.recognition.observe import Observations
 from prism_core.recognition.params import RecognitionParams
 from prism_core.recognition.state import CarriedTrack, RecognitionState
@@ -410,8 +411,7 @@ class Tracker:
             hosts = np.unique(self.vocabulary.hosts(nics))
             start = np.searchsorted(host_of_all, hosts, side="left")
             count = np.searchsorted(host_of_all, hosts, side="right") - start
-            at = np.repeat(start, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-            return np.union1d(nics, by_host_nics[at])
+            return np.union1d(nics, by_host_nics[ranges(start, count)])
 
         self.owners.cover(len(self.vocabulary.addrs))
         for index in whole:
