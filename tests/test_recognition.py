@@ -162,6 +162,16 @@ def test_a_job_on_part_of_its_hosts_leaves_their_silent_nics_out():
     assert sorted(set(found.membership["gpu"].to_pylist())) == [4, 5, 6, 7]
 
 
+def test_a_job_on_hosts_another_left_this_hour_holds_them_whole():
+    # a job of whole hosts ends at minute 10; from minute 20 another on the same hosts shows only
+    # rails 0-3 (its other GPUs' NICs talked this hour, for the first job): both hold 16 GPUs
+    topology = inventory(2)
+    rows = ring([0, 1], range(10), 4 << 20) + ring([0, 1], range(20, 30), 6 << 20, rails=range(4))
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert found.jobs["n_gpus"].to_pylist() == [16, 16]
+    assert gpus_by_job(found) == [list(range(8)), list(range(8))]
+
+
 def test_a_nic_serving_two_gpus_counts_both():
     lines = ["addr,host,gpu,leaf,pod,gpus_per_nic"] + [
         f"10.0.{h}.{n},host{h:02d},{2 * n},leaf{n},pod0,2" for h in range(2) for n in range(4)]
