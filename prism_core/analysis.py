@@ -148,13 +148,14 @@ def open_membership(recognition: Recognition, hour_start_ns: int) -> pa.Table:
     })
     membership = membership.join(held, ["job_id", "host"], join_type="left outer")
     first_ns = membership["first_ns"].to_numpy()
-    # the host's first job of the hour: no other job's span on it begins earlier
-    host, job_id = (membership[c].to_numpy(zero_copy_only=False) for c in ("host", "job_id"))
-    order = np.lexsort((first_ns, host))
-    leads = np.r_[True, host[order][1:] != host[order][:-1]] if len(order) else np.zeros(0, bool)
-    first_of_host = np.empty(len(order), bool)
-    first_of_host[order] = job_id[order] == job_id[order][leads][np.cumsum(leads) - 1]
-    at_start = pc.fill_null(membership["held_at_start"], False).to_numpy(zero_copy_only=False) & first_of_host
+    # the NIC's first job of the hour: no other job's span on it begins earlier (jobs on other
+    # GPUs of the host hold other NICs)
+    addr, job_id = (membership[c].to_numpy(zero_copy_only=False) for c in ("addr", "job_id"))
+    order = np.lexsort((first_ns, addr))
+    leads = np.r_[True, addr[order][1:] != addr[order][:-1]] if len(order) else np.zeros(0, bool)
+    first_of_nic = np.empty(len(order), bool)
+    first_of_nic[order] = job_id[order] == job_id[order][leads][np.cumsum(leads) - 1]
+    at_start = pc.fill_null(membership["held_at_start"], False).to_numpy(zero_copy_only=False) & first_of_nic
     at_end = pc.fill_null(membership["held_at_end"], False).to_numpy(zero_copy_only=False)
     membership = membership.set_column(membership.schema.get_field_index("first_ns"), "first_ns",
                                        pa.array(np.where(at_start, np.minimum(first_ns, hour_start_ns), first_ns)))

@@ -48,11 +48,9 @@ from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 class ParallelismParams:
     """Every number parallelism is inferred with. A *threshold* is policy: a line Prism has to
     draw somewhere. A *prior* is a property of a job, assumed for every job until it can be
-    learned from the job's own traffic. An *assumption* is a property of the fleet taken as given."""
+    learned from the job's own traffic. The GPUs a job holds on each host are its members' (the
+    GPUs its NICs serve), not a fleet-wide count: platforms allocate GPUs, and jobs share hosts."""
 
-    # assumption, GPUs: every host has this many GPUs, one rail-aligned NIC each (the stage and
-    # rank layout and the checkpoint writers' slots are counted in them)
-    gpus_per_host: int = 8
     # threshold, ns: flows of the two directions of a host pair this close count as in flight
     # together (exporter clocks disagree by a few milliseconds)
     in_flight_slack_ns: int = 15_000_000
@@ -106,7 +104,7 @@ def identify_parallelism(
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
     external = job_flows.filter(pa.array(~inside))
-    layout = _Layout.infer(gpus, flows, external, groups, pipeline, all_to_all, params.gpus_per_host)
+    layout = _Layout.infer(gpus, flows, external, groups, pipeline, all_to_all)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
     kind[inside] = group_kind[groups.of_flow]
@@ -128,15 +126,23 @@ def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> pa.Table:
 
 
 def _member_gpus(members: pa.Table) -> pa.Table:
-    """One row per member address (addr, host, gpu, first_seen, last_seen, host_code, active),
-    sorted by host then gpu. `active`: the host is still in the job at its last sighting (a host
-    replaced in a restart is not, and must not count twice in the degrees)."""
+    """One row per member address (addr, host, gpu, first_seen, last_seen, host_code, active,
+    gpus, local), sorted by host then gpu. `active`: the host is still in the job at its last
+    sighting (a host replaced in a restart is not, and must not count twice in the degrees).
+    `gpus`: the GPUs the NIC serves (membership's `gpus`, 1 where it does not say); `local`: the
+    job's index of the NIC's first GPU on its host (the job's GPUs there counted from 0)."""
+    served = pc.fill_null(members["gpus"], 1) if "gpus" in members.column_names else pa.array(np.ones(members.num_rows, np.int32))
+    members = members.select(["addr", "host", "gpu", "first_ns", "last_ns"]).append_column("gpus", served)
     spans = members.group_by(["addr", "host", "gpu"], use_threads=False).aggregate(
-        [("first_ns", "min"), ("last_ns", "max")]
+        [("first_ns", "min"), ("last_ns", "max"), ("gpus", "max")]
     )
     spans = spans.sort_by([("host", "ascending"), ("gpu", "ascending")])
     last_ns = spans["last_ns_max"].to_numpy()
     host_code = pc.index_in(spans["host"], value_set=pc.unique(spans["host"])).to_numpy()
+    served = spans["gpus_max"].to_numpy().astype(np.int64)
+    before = np.cumsum(served) - served  # GPUs of earlier rows, on any host
+    host_start = np.r_[True, host_code[1:] != host_code[:-1]] if len(host_code) else np.zeros(0, bool)
+    local = before - before[np.flatnonzero(host_start)][np.cumsum(host_start) - 1]
     return pa.table(
         {
             "addr": spans["addr"],
@@ -146,17 +152,21 @@ def _member_gpus(members: pa.Table) -> pa.Table:
             "last_seen": spans["last_ns_max"].cast(TS),
             "host_code": host_code.astype(np.int64),
             "active": last_ns == last_ns.max(),
+            "gpus": served,
+            "local": local,
         }
     )
 
 
 @dataclass
 class _InternalFlows:
-    """Flows between members, as arrays: host codes, the source NIC's rail, size and times."""
+    """Flows between members, as arrays: host codes, the source NIC's rail (its place among the
+    job's GPUs on its host) and the GPUs it serves, size and times."""
 
     src_host: np.ndarray
     dst_host: np.ndarray
     rail: np.ndarray
+    src_gpus: np.ndarray
     size: np.ndarray
     start: np.ndarray
     end: np.ndarray
@@ -166,11 +176,12 @@ class _InternalFlows:
     def of(cls, internal: pa.Table, gpus: pa.Table) -> _InternalFlows:
         src = pc.index_in(internal["src_addr"], value_set=gpus["addr"]).to_numpy()
         dst = pc.index_in(internal["dst_addr"], value_set=gpus["addr"]).to_numpy()
-        host_code, rail = gpus["host_code"].to_numpy(), gpus["gpu"].to_numpy()
+        host_code, rail = gpus["host_code"].to_numpy(), gpus["local"].to_numpy()
         return cls(
             src_host=host_code[src],
             dst_host=host_code[dst],
             rail=rail[src],
+            src_gpus=gpus["gpus"].to_numpy()[src],
             size=internal["bytes"].to_numpy(),
             start=internal["time_flow_start_ns"].to_numpy(),
             end=internal["time_flow_end_ns"].to_numpy(),
@@ -286,22 +297,29 @@ class _Layout:
     @classmethod
     def infer(
         cls, gpus: pa.Table, flows: _InternalFlows, external: pa.Table, groups: _Groups, pipeline: np.ndarray,
-        all_to_all: np.ndarray, gpus_per_host: int,
+        all_to_all: np.ndarray,
     ) -> _Layout:
         host_code = gpus["host_code"].to_numpy()
-        gpu = gpus["gpu"].to_numpy().astype(np.int64)
-        n_active = len(np.unique(host_code[gpus["active"].to_numpy(zero_copy_only=False)]))
+        gpu = gpus["local"].to_numpy()
+        active = gpus["active"].to_numpy(zero_copy_only=False)
+        served = gpus["gpus"].to_numpy()
+        # the job's own GPUs: on each host still in it, those its NICs serve (hosts may differ:
+        # the most common count is the job's per host)
+        n_gpus = int(served[active].sum())
+        per_host_counts = np.bincount(host_code[active], weights=served[active]).astype(np.int64)
+        counts, hosts_with = np.unique(per_host_counts[per_host_counts > 0], return_counts=True)
+        gpus_per_host = int(counts[np.argmax(hosts_with)])
         level = _pipeline_levels(flows, groups, pipeline)
         n_levels = int(level.max()) + 1
         on_forward = pipeline[groups.of_flow] & (level[flows.dst_host] == level[flows.src_host] + 1)
-        forward_rails = len(np.unique(flows.rail[on_forward]))
-        if 0 < forward_rails < gpus_per_host:
-            # Stages smaller than a host: a forward send reaches the first GPUs of the next host.
-            stage_size = forward_rails
-            pp = gpus_per_host * n_active // stage_size
+        forward_gpus = int(_gpus_behind_rails(flows, on_forward, flows.src_host).max(initial=0))
+        if 0 < forward_gpus < gpus_per_host:
+            # Stages smaller than the job's part of a host: a forward send reaches the first GPUs of the next host.
+            stage_size = forward_gpus
+            pp = max(n_gpus // stage_size, 1)
         else:
             pp = n_levels
-            stage_size = gpus_per_host * n_active // pp
+            stage_size = max(n_gpus // pp, 1)
         collective = ~pipeline & ~all_to_all & (level[groups.src_host] == level[groups.dst_host])
         writers = _checkpoint_writers(external, gpus, level, gpus_per_host)
         tp = _tensor_parallel(flows, groups, collective, stage_size, writers, pp, gpus_per_host)
@@ -411,9 +429,10 @@ def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, g
         return 0
     sizes, writers_of = np.unique(per_nic["bytes"].to_numpy(), return_inverse=True)
     row = pc.index_in(per_nic["src_addr"], value_set=gpus["addr"]).to_numpy()
-    slot = level[gpus["host_code"].to_numpy()[row]] * gpus_per_host + gpus["gpu"].to_numpy()[row]
-    distinct = np.unique(np.stack([writers_of.ravel(), slot], axis=1), axis=0)
-    writers = np.bincount(distinct[:, 0], minlength=len(sizes))
+    slot = level[gpus["host_code"].to_numpy()[row]] * gpus_per_host + gpus["local"].to_numpy()[row]
+    served = gpus["gpus"].to_numpy()[row]  # a NIC serving two GPUs writes both shards
+    distinct, first = np.unique(np.stack([writers_of.ravel(), slot], axis=1), axis=0, return_index=True)
+    writers = np.bincount(distinct[:, 0], weights=served[first], minlength=len(sizes)).astype(np.int64)
     best = np.lexsort((sizes, writers))[-1]  # most writers, then the largest size
     return int(writers[best]) if writers[best] >= 2 else 0
 
@@ -429,15 +448,23 @@ def _tensor_parallel(
        DP host pair uses is tp (exact for rings; a tree may cross twice between two hosts);
     3. otherwise the stage's DP stays on NVLink inside a host and tp takes the whole stage (dp = 1),
        the usual choice (TP needs NVLink, DP does not)."""
-    fits = [tp for tp in (8, 4, 2, 1) if stage_size % tp == 0]
+    # TP rides NVLink: it divides the job's GPUs on a host
+    fits = [tp for tp in range(gpus_per_host, 0, -1) if gpus_per_host % tp == 0 and stage_size % tp == 0]
     if writers and writers % pp == 0 and writers // pp in fits:
         return writers // pp
     chosen = collective[groups.of_flow] & (flows.src_host != flows.dst_host)
     if stage_size <= gpus_per_host or not chosen.any():
         return fits[0]
-    keys = np.unique(np.stack([flows.src_host[chosen], flows.dst_host[chosen], flows.rail[chosen]], axis=1), axis=0)
-    _, rails_per_pair = np.unique(keys[:, :2], axis=0, return_counts=True)
-    return next(tp for tp in fits if tp <= rails_per_pair.min())
+    pair = flows.src_host * flows.n_hosts + flows.dst_host
+    return next(tp for tp in fits if tp <= _gpus_behind_rails(flows, chosen, pair).min())
+
+
+def _gpus_behind_rails(flows: _InternalFlows, chosen: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Per distinct `key` of the `chosen` flows: the GPUs served by the distinct rails (source
+    NICs) those flows leave through (a NIC may serve two GPUs, and carry both GPUs' sends)."""
+    keyed = np.unique(np.stack([key[chosen], flows.rail[chosen], flows.src_gpus[chosen]], axis=1), axis=0)
+    _, of_key = np.unique(keyed[:, 0], return_inverse=True)
+    return np.bincount(of_key.ravel(), weights=keyed[:, 2]).astype(np.int64)
 
 
 def _slot_in_stage(host_code: np.ndarray, level: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ def _recognition(job_rows: list[tuple[str, int, str, str]], spans: list[tuple[st
     membership = pa.table({
         "job_id": [j for j, _, _, _, _ in spans], "addr": [a for _, a, _, _, _ in spans],
         "host": [h for _, _, _, _, h in spans], "gpu": pa.array([0] * len(spans), pa.int32()),
+        "gpus": pa.array([1] * len(spans), pa.int32()),
         "first_ns": pa.array([f for _, _, f, _, _ in spans], pa.int64()),
         "last_ns": pa.array([l for _, _, _, l, _ in spans], pa.int64()),
     }).cast(MEMBERSHIP)

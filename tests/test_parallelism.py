@@ -11,7 +11,7 @@ from prism_core import parallelism
 from prism_core.analysis import split_flows_by_job
 from prism_core.evaluate import jobs as job_scores
 from prism_core.minutes import HOUR_NS
-from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
+from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster, Placement
 from prism_core.simulate.scenarios import FaultSpec, JobSpec
 from prism_core.simulate.schedule import plan_job
 from prism_core.simulate.traffic import KIND_NAMES
@@ -38,13 +38,13 @@ def simulated_job(spec: JobSpec, seed: int = 0):
             "bytes": batch.nbytes,
         }
     )
-    nics = np.array(spec.hosts)[:, None] * GPUS_PER_HOST + np.arange(GPUS_PER_HOST)
+    nics = np.unique(cluster.gpu_nic[Placement.of(spec.hosts, spec.first_gpu, spec.gpus_per_host).gpus])
     members = pa.table(
         {
             "job_id": ["job"] * nics.size,
-            "addr": cluster.addrs.take(pa.array(nics.ravel())),
-            "host": [cluster.host_name(h) for h in np.repeat(spec.hosts, GPUS_PER_HOST)],
-            "gpu": pa.array(np.tile(np.arange(GPUS_PER_HOST), len(spec.hosts)), pa.int32()),
+            "addr": cluster.addrs.take(pa.array(nics)),
+            "host": [cluster.host_name(h) for h in nics // GPUS_PER_HOST],
+            "gpu": pa.array(nics % GPUS_PER_HOST, pa.int32()),
             "first_ns": np.full(nics.size, HOUR0),
             "last_ns": np.full(nics.size, ns(np.array(SECONDS + 60.0))),
         }
@@ -91,6 +91,37 @@ def test_pairs_stages_and_degrees(shape):
     rank = np.array([spec.hosts.index(int(g["host"][3:])) * GPUS_PER_HOST + g["gpu"] for g in gpus])
     assert [g["pp_stage"] for g in gpus] == (rank // (spec.tp * spec.dp)).tolist()
     assert [g["dp_rank"] for g in gpus] == ((rank // spec.tp) % spec.dp).tolist()
+
+
+@pytest.mark.parametrize("tp, pp", [(1, 4), (2, 2)])
+def test_a_job_on_two_gpus_of_each_host_has_its_own_gpus_and_degrees(tp, pp):
+    # 8 GPUs, two on each of four hosts whose other GPUs other jobs hold: dp * pp * tp = 8, not the
+    # hosts' 32 GPUs (pp 4: a stage per host, its DP on NVLink, told from TP by the checkpoint
+    # writers; tp 2: TP fills the job's part of each host, DP crosses hosts)
+    spec = JobSpec(4, tp=tp, pp=pp, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=8, hosts=(0, 1, 2, 3),
+                   gpus_per_host=2, first_gpu=(2, 2, 2, 2), checkpoint_s=30)
+    flows, members, truth = simulated_job(spec)
+    assert members.num_rows == 8
+    found = parallelism.identify_parallelism("job", flows, members)
+    assert (found.dp, found.pp, found.tp) == (8 // (tp * pp), pp, tp)
+    assert found.job_gpus.num_rows == 8
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+def test_nics_serving_two_gpus_count_both():
+    # four NICs for eight GPUs on each host (the membership says so): the job has 16 GPUs
+    spec = SHAPES["dp inside a host, checkpoint"]
+    flows, members, _ = simulated_job(spec)
+    first_of_pair = pc.equal(pc.bit_wise_and(members["gpu"], 1), 0)
+    halved = members.filter(first_of_pair).append_column("gpus", pa.array([2] * 8, pa.int32()))
+    paired = {a: b for a, b in zip(members["addr"].to_pylist()[1::2], members["addr"].to_pylist()[::2])}
+    flows = flows.set_column(2, "src_addr", pa.array([paired.get(a, a) for a in flows["src_addr"].to_pylist()]))
+    flows = flows.set_column(3, "dst_addr", pa.array([paired.get(a, a) for a in flows["dst_addr"].to_pylist()]))
+    found = parallelism.identify_parallelism("job", flows, halved)
+    assert found.job_gpus.num_rows == 8
+    assert found.dp * found.pp * found.tp == 16
+    assert (found.pp, found.tp) == (spec.pp, spec.tp)
 
 
 def test_flows_sent_outside_membership_are_ignored():
