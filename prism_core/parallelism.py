@@ -1,9 +1,11 @@
 """Parallelism of one job from its flows: which pairs carry pipeline (PP) or data-parallel (DP)
 traffic, the pipeline stages, and the job's dp, pp and tp degrees.
 
-Flows are grouped per (source host, destination host, flow size); hosts rather than NICs because
+Flows are grouped per (source host, destination host, size family); hosts rather than NICs because
 with rail-aligned NICs (PXN) a send from GPU i to GPU j leaves through NIC j, so the two directions
-of one GPU pair can use different NIC pairs.
+of one GPU pair can use different NIC pairs. A size family is the byte counts within a relative
+tolerance of their neighbours: exporters add header bytes per packet, so one transfer size is
+never reported to the byte, and the two directions of a pair may be counted differently.
 
 - A collective (ring or tree all-reduce, reduce-scatter + all-gather, all-to-all) is symmetric:
   in every round each participant sends while its peers send too, so the flows of both directions
@@ -59,9 +61,14 @@ class ParallelismParams:
     # prior, share of flows: a pipeline's group has at least this share without reverse traffic in
     # flight, the first warm-up forward of every step, 1 / micro-batches (up to 25 micro-batches)
     pipeline_asymmetry: float = 0.04
-    # threshold, ratio of flow counts: a PP group's reverse group (same size, other direction) has
-    # about as many flows, within this factor
+    # threshold, ratio of flow counts: a PP group's reverse group (same size family, other
+    # direction) has about as many flows, within this factor
     balance: float = 2.0
+    # threshold, relative gap: neighbouring distinct flow sizes closer than this are one transfer
+    # size as exporters count it (per-packet headers are 1-2% of a packet and differ between
+    # exporters by under half a percent, extension headers add a share of packets); transfer
+    # sizes a job really tells apart (bucket and tail, activation and gradient) differ by more
+    size_tolerance: float = 0.01
     # prior, ratio of sizes: an all-to-all's sizes on one directed host pair (the router's load per
     # peer) are, sorted, each within this factor of the next
     size_step: float = 2.0
@@ -180,21 +187,21 @@ class _InternalFlows:
 
 @dataclass
 class _Groups:
-    """Flows of the job between members, grouped by (src host, dst host, size)."""
+    """Flows of the job between members, grouped by (src host, dst host, size family)."""
 
     src_host: np.ndarray  # per group, host code
     dst_host: np.ndarray
-    size: np.ndarray  # bytes of each of its flows
+    size: np.ndarray  # bytes of the smallest of its flows
     flows: np.ndarray  # flows in the group
     unmatched: np.ndarray  # flows with no reverse-direction traffic in flight
-    reverse: np.ndarray  # index of the (dst host, src host, size) group, -1 when absent
+    reverse: np.ndarray  # index of the (dst host, src host, size family) group, -1 when absent
     of_flow: np.ndarray  # group of every internal flow
     answered: np.ndarray  # per internal flow: reverse-direction traffic in flight with it
 
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     n_hosts = flows.n_hosts
-    sizes, size_code = unique_inverse(flows.size)
+    sizes, size_code = size_families(flows.size, params.size_tolerance)
     n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
     group_keys, of_flow = unique_inverse(direction * n_sizes + size_code)
@@ -215,6 +222,16 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         of_flow=of_flow,
         answered=answered,
     )
+
+
+def size_families(size: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
+    """(smallest size of each family, family of every flow): sorted distinct sizes cut where the
+    next is more than `tolerance` (relative) above its neighbour. Header bytes and sampling spread
+    one transfer size over nearby byte counts, so no two records need to agree to the byte."""
+    sizes, size_code = unique_inverse(size)
+    opens = np.r_[True, sizes[1:] > sizes[:-1] * (1.0 + tolerance)]
+    family = np.cumsum(opens) - 1
+    return sizes[opens], family[size_code]
 
 
 def reverse_in_flight(

@@ -93,6 +93,36 @@ def test_pairs_stages_and_degrees(shape):
     assert [g["dp_rank"] for g in gpus] == ((rank // spec.tp) % spec.dp).tolist()
 
 
+def with_header_bytes(flows: pa.Table, seed: int = 0) -> pa.Table:
+    """Bytes as exporters count them: 0-64 header bytes more on every record, and the sends of
+    every other host counted with frame headers (0.4% more)."""
+    rng = np.random.default_rng(seed)
+    sent = flows["bytes"].to_numpy()
+    odd_host = np.array([int(a.split(".")[-1]) % 2 == 1 for a in flows["src_addr"].to_pylist()])
+    counted = np.round(sent * np.where(odd_host, 1.004, 1.0)).astype(np.int64) + rng.integers(0, 65, len(sent))
+    return flows.set_column(flows.schema.get_field_index("bytes"), "bytes", pa.array(counted))
+
+
+@pytest.mark.parametrize("shape", ["ring, tied embeddings", "tree", "rs_ag, tp 1"])
+def test_header_bytes_keep_pairs_and_degrees(shape):
+    # no two records of one transfer size agree to the byte, and the two directions of a pair differ
+    spec = SHAPES[shape]
+    flows, members, truth = simulated_job(spec)
+    noisy = with_header_bytes(flows)
+    assert len(np.unique(noisy["bytes"].to_numpy())) > 100 * len(np.unique(flows["bytes"].to_numpy()))
+    found = parallelism.identify_parallelism("job", noisy, members)
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+def test_size_families_cut_where_neighbouring_sizes_part():
+    sizes = np.array([1000, 1004, 1009, 1013, 2000, 2010, 1_000_000, 1_009_000, 1_030_000])
+    smallest, family = parallelism.size_families(sizes, 0.01)
+    assert smallest.tolist() == [1000, 2000, 1_000_000, 1_030_000]
+    assert family.tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 3]
+
+
 def test_flows_sent_outside_membership_are_ignored():
     spec = SHAPES["ring, tied embeddings"]
     flows, members, _ = simulated_job(spec)
