@@ -59,8 +59,10 @@ class ParallelismParams:
     # together (exporter clocks disagree by a few milliseconds)
     in_flight_slack_ns: int = 15_000_000
     # prior, share of flows: a pipeline's group has at least this share without reverse traffic in
-    # flight, the first warm-up forward of every step, 1 / micro-batches (up to 25 micro-batches)
-    pipeline_asymmetry: float = 0.04
+    # flight, the first warm-up forward of every step, 1 / micro-batches (up to 128 micro-batches:
+    # real jobs run 32 and more; a collective's groups have next to none, as every round of it
+    # overlaps the reverse direction on some rail of the host pair)
+    pipeline_asymmetry: float = 1 / 128
     # threshold, ratio of flow counts: a PP group's reverse group (same size family, other
     # direction) has about as many flows, within this factor
     balance: float = 2.0
@@ -308,7 +310,9 @@ class _Layout:
         host_code = gpus["host_code"].to_numpy()
         gpu = gpus["gpu"].to_numpy().astype(np.int64)
         n_active = len(np.unique(host_code[gpus["active"].to_numpy(zero_copy_only=False)]))
-        level = _pipeline_levels(flows, groups, pipeline)
+        active = np.zeros(flows.n_hosts, bool)
+        active[host_code[gpus["active"].to_numpy(zero_copy_only=False)]] = True
+        level = _pipeline_levels(flows, groups, pipeline, active)
         n_levels = int(level.max()) + 1
         on_forward = pipeline[groups.of_flow] & (level[flows.dst_host] == level[flows.src_host] + 1)
         forward_rails = len(np.unique(flows.rail[on_forward]))
@@ -340,8 +344,9 @@ class _Layout:
         )
 
 
-def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray) -> np.ndarray:
-    """Stage index of every host along its PP chain (0 where there is no PP traffic)."""
+def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """Stage index of every host along its PP chain (0 where there is no PP traffic); `active`:
+    per host code, still in the job at its last sighting."""
     chosen = np.flatnonzero(pipeline[groups.of_flow])
     low = np.minimum(flows.src_host[chosen], flows.dst_host[chosen])
     high = np.maximum(flows.src_host[chosen], flows.dst_host[chosen])
@@ -350,7 +355,8 @@ def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarra
     vote = warm_up_votes(pair, flows.start[chosen], groups.answered[chosen])
     pairs, index = unique_inverse(pair)
     upward_score = np.bincount(index, weights=upward * vote, minlength=len(pairs))
-    return _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, flows.n_hosts)
+    warm_ups = np.bincount(flows.src_host[chosen], weights=vote > 0, minlength=flows.n_hosts)
+    return _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, warm_ups, active)
 
 
 def warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> np.ndarray:
@@ -377,25 +383,32 @@ def warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> 
     return vote
 
 
-def _chain_levels(low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, n_hosts: int) -> np.ndarray:
+def _chain_levels(
+    low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, warm_ups: np.ndarray, active: np.ndarray
+) -> np.ndarray:
     """Walk every PP chain depth-first from one end, then number its hosts from the end whose
     sends the warm-up votes call forward (summed over the chain, so one noisy hop cannot flip
-    part of it). A host that replaced another in a restart has the same neighbours: such twins
-    are walked as one host and share its stage."""
+    part of it). A host that a restart replaced has the same neighbours as its successor: it is
+    walked as that host and shares its stage (hosts both still in the job may share neighbours
+    too: every other host of a ring of four). An interleaved pipeline (virtual stages) sends
+    from its last stage back to the first, so its chain closes into a ring: that is walked from
+    the host sending the most warm-up forwards (stage 0 runs the longest warm-up) in the
+    direction its votes call forward."""
     neighbours: dict[int, set[int]] = {}
     for a, b in zip(low.tolist(), high.tolist()):
         neighbours.setdefault(a, set()).add(b)
         neighbours.setdefault(b, set()).add(a)
-    twin_of: dict[frozenset, int] = {}
-    walked_as = {host: twin_of.setdefault(frozenset(near), host) for host, near in sorted(neighbours.items())}
+    successor = {frozenset(near): host for host, near in sorted(neighbours.items(), reverse=True) if active[host]}
+    walked_as = {host: host if active[host] else successor.get(frozenset(near), host)
+                 for host, near in neighbours.items()}
     score: dict[tuple[int, int], float] = {}
     for a, b, value in zip(low.tolist(), high.tolist(), upward_score.tolist()):
         a, b = walked_as[a], walked_as[b]
         score[(a, b)] = score.get((a, b), 0.0) + value
         score[(b, a)] = score.get((b, a), 0.0) - value
     steps = {host: sorted({walked_as[n] for n in neighbours[host]}) for host in set(walked_as.values())}
-    level = np.zeros(n_hosts, np.int64)
-    depth = np.full(n_hosts, -1, np.int64)
+    level = np.zeros(len(active), np.int64)
+    depth = np.full(len(active), -1, np.int64)
     for end in sorted(steps, key=lambda host: (len(steps[host]), host)):
         if depth[end] >= 0:
             continue
@@ -409,11 +422,27 @@ def _chain_levels(low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, n
                     depth[nxt] = depth[host] + 1
                     toward_far_end += score[(host, nxt)]
                     stack.append(nxt)
+        if len(chain) > 2 and all(len(steps[host]) == 2 for host in chain):
+            chain = _ring_order(chain, steps, score, warm_ups)
+            depth[chain] = np.arange(len(chain))
+            toward_far_end = 0.0
         chain = np.array(chain)
         level[chain] = depth[chain] if toward_far_end >= 0 else depth[chain].max() - depth[chain]
     for host, walked in walked_as.items():
         level[host] = level[walked]
     return level
+
+
+def _ring_order(
+    ring: list[int], steps: dict[int, list[int]], score: dict[tuple[int, int], float], warm_ups: np.ndarray
+) -> list[int]:
+    """The hosts of a ring of PP hops in stage order: from the host with the most warm-up sends,
+    on along the forward direction."""
+    first = max(ring, key=lambda host: (warm_ups[host], -host))
+    order = [first, max(steps[first], key=lambda nxt: score[(first, nxt)])]
+    while len(order) < len(ring):
+        order.append(next(nxt for nxt in steps[order[-1]] if nxt != order[-2]))
+    return order
 
 
 def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, gpus_per_host: int) -> int:

@@ -15,6 +15,7 @@ from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
 from prism_core.simulate.scenarios import FaultSpec, JobSpec
 from prism_core.simulate.schedule import plan_job
 from prism_core.simulate.traffic import KIND_NAMES
+from prism_core.simulate.variation import Traits
 from test_recognition import HOUR0, recognize_hours, scenario_flows
 
 SECONDS = 150.0
@@ -91,6 +92,31 @@ def test_pairs_stages_and_degrees(shape):
     rank = np.array([spec.hosts.index(int(g["host"][3:])) * GPUS_PER_HOST + g["gpu"] for g in gpus])
     assert [g["pp_stage"] for g in gpus] == (rank // (spec.tp * spec.dp)).tolist()
     assert [g["dp_rank"] for g in gpus] == ((rank // spec.tp) % spec.dp).tolist()
+
+
+# Megatron as the replays run it: 32 micro-batches (fewer lone warm-up sends per step than the old
+# prior allowed), the embedding all-reduce between the first and last stage, and the distributed
+# optimizer's reduce-scatter at the step end and all-gather at the next start over the DP pairs
+MEGATRON = JobSpec(8, tp=4, pp=4, start_s=0, end_s=SECONDS, step_s=6.0, micro_batches=32, collective="rs_ag",
+                   tied_embeddings=True, traits=Traits(distributed_optimizer=True), hosts=tuple(range(8)))
+LIKE_MEGATRON = {
+    "distributed optimizer, embedding, 32 micro-batches": MEGATRON,
+    "the same with overlapped syncs": replace(MEGATRON, traits=Traits(distributed_optimizer=True, overlap=True)),
+    "interleaved, two chunks per stage": replace(MEGATRON, traits=Traits(distributed_optimizer=True, virtual_stages=2)),
+}
+
+
+@pytest.mark.parametrize("shape", list(LIKE_MEGATRON))
+def test_megatron_like_jobs_keep_embedding_and_optimizer_traffic_out_of_dp(shape):
+    spec = LIKE_MEGATRON[shape]
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", flows, members)
+    assert (found.dp, found.pp, found.tp) == (4, 4, 4)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+    # the embedding group (stage 0 with stage 3; interleaved, on the pipeline's hop back to
+    # stage 0) is neither
+    assert truth["other"] and truth["other"] <= pairs_of(found, "other")
 
 
 def with_header_bytes(flows: pa.Table, seed: int = 0) -> pa.Table:
