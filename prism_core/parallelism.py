@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import stable_order, unique_inverse
+from prism_core.arrays import group_median, stable_order, unique_inverse
 from prism_core.constants import DP, OTHER, PP
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
@@ -63,6 +63,9 @@ class ParallelismParams:
     # real jobs run 32 and more; a collective's groups have next to none, as every round of it
     # overlaps the reverse direction on some rail of the host pair)
     pipeline_asymmetry: float = 1 / 128
+    # threshold, flows: a PP group repeats its activation size on every micro-batch of every step;
+    # a few records whose garbled sizes happen to fall together are not one
+    pipeline_min_flows: int = 8
     # threshold, ratio of flow counts: a PP group's reverse group (same size family, other
     # direction) has about as many flows, within this factor
     balance: float = 2.0
@@ -161,7 +164,8 @@ def _member_gpus(members: pa.Table) -> pa.Table:
 
 @dataclass
 class _InternalFlows:
-    """Flows between members, as arrays: host codes, the source NIC's rail, size and times."""
+    """Flows between members, as arrays: host codes, the source NIC's rail, size, times, and
+    whether the record was sampled (sFlow: bytes estimated from a few packets, start = end)."""
 
     src_host: np.ndarray
     dst_host: np.ndarray
@@ -169,6 +173,7 @@ class _InternalFlows:
     size: np.ndarray
     start: np.ndarray
     end: np.ndarray
+    sampled: np.ndarray
     n_hosts: int
 
     @classmethod
@@ -176,6 +181,10 @@ class _InternalFlows:
         src = pc.index_in(internal["src_addr"], value_set=gpus["addr"]).to_numpy()
         dst = pc.index_in(internal["dst_addr"], value_set=gpus["addr"]).to_numpy()
         host_code, rail = gpus["host_code"].to_numpy(), gpus["gpu"].to_numpy()
+        if "sampling_rate" in internal.column_names:
+            sampled = pc.fill_null(pc.greater(internal["sampling_rate"], 1), False).to_numpy(zero_copy_only=False)
+        else:
+            sampled = np.zeros(internal.num_rows, bool)
         return cls(
             src_host=host_code[src],
             dst_host=host_code[dst],
@@ -183,6 +192,7 @@ class _InternalFlows:
             size=internal["bytes"].to_numpy(),
             start=internal["time_flow_start_ns"].to_numpy(),
             end=internal["time_flow_end_ns"].to_numpy(),
+            sampled=sampled,
             n_hosts=int(host_code.max()) + 1,
         )
 
@@ -195,35 +205,63 @@ class _Groups:
     dst_host: np.ndarray
     size: np.ndarray  # bytes of the smallest of its flows
     flows: np.ndarray  # flows in the group
-    unmatched: np.ndarray  # flows with no reverse-direction traffic in flight
+    unmatched: np.ndarray  # flows with no flow of the reverse group in flight
     reverse: np.ndarray  # index of the (dst host, src host, size family) group, -1 when absent
     of_flow: np.ndarray  # group of every internal flow
-    answered: np.ndarray  # per internal flow: reverse-direction traffic in flight with it
+    answered: np.ndarray  # per internal flow: a flow of the reverse group in flight with it
 
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     n_hosts = flows.n_hosts
     sizes, size_code = size_families(flows.size, params.size_tolerance)
+    # a sampled record's bytes say how many of its packets were sampled, not the transfer's size:
+    # the sampled records of a pair are one group
+    size_code = np.where(flows.sampled, len(sizes), size_code)
+    sizes = np.r_[sizes, np.median(flows.size[flows.sampled]) if flows.sampled.any() else 0]
     n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
     group_keys, of_flow = unique_inverse(direction * n_sizes + size_code)
-    answered = reverse_in_flight(
-        direction, flows.dst_host * n_hosts + flows.src_host, flows.start, flows.end, params.in_flight_slack_ns
-    )
     pair, size_of_group = np.divmod(group_keys, n_sizes)
     src_of_group, dst_of_group = np.divmod(pair, n_hosts)
     reverse_keys = (dst_of_group * n_hosts + src_of_group) * n_sizes + size_of_group
     position = np.minimum(np.searchsorted(group_keys, reverse_keys), len(group_keys) - 1)
+    reverse = np.where(group_keys[position] == reverse_keys, position, -1)
+    # only the reverse flows of the same size answer: a collective sends the same chunks both ways
+    # and a pipeline returns each activation's gradient, while a flow cache's records that merge
+    # many transfers last long enough to overlap anything else on the pair. A sampled record is
+    # one packet's time in a transfer of unknown size: any reverse traffic answers it.
+    answered = reverse_in_flight(of_flow, reverse[of_flow], flows.start, flows.end, params.in_flight_slack_ns)
+    if flows.sampled.any():
+        reverse_direction = flows.dst_host * n_hosts + flows.src_host
+        slack = np.maximum(params.in_flight_slack_ns, _sampling_interval(direction, flows)[reverse_direction])
+        on_pair = reverse_in_flight(direction, reverse_direction, flows.start, flows.end, slack.astype(np.int64))
+        answered = np.where(flows.sampled, on_pair, answered)
     return _Groups(
         src_host=src_of_group,
         dst_host=dst_of_group,
         size=sizes[size_of_group],
         flows=np.bincount(of_flow, minlength=len(group_keys)),
         unmatched=np.bincount(of_flow, weights=~answered, minlength=len(group_keys)),
-        reverse=np.where(group_keys[position] == reverse_keys, position, -1),
+        reverse=reverse,
         of_flow=of_flow,
         answered=answered,
     )
+
+
+def _sampling_interval(direction: np.ndarray, flows: _InternalFlows) -> np.ndarray:
+    """Per direction code: the median time between its consecutive sampled records (0 without).
+    A sampled record marks one packet of a transfer, so the reverse transfer in flight with it
+    shows up only about this often."""
+    chosen = np.flatnonzero(flows.sampled)
+    order = chosen[np.lexsort((flows.start[chosen], direction[chosen]))]
+    same = direction[order][1:] == direction[order][:-1]
+    gaps = np.diff(flows.start[order])[same]
+    interval = np.zeros(flows.n_hosts * flows.n_hosts)
+    if len(gaps):
+        keys = direction[order][1:][same]
+        median = group_median(keys, gaps.astype(np.float64))
+        interval[keys] = median
+    return interval
 
 
 def size_families(size: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
@@ -238,15 +276,17 @@ def size_families(size: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.nd
 
 def reverse_in_flight(
     direction: np.ndarray, reverse: np.ndarray, start: np.ndarray, end: np.ndarray,
-    slack_ns: int = DEFAULT_PARAMS.in_flight_slack_ns,
+    slack_ns: int | np.ndarray = DEFAULT_PARAMS.in_flight_slack_ns,
 ) -> np.ndarray:
-    """For every flow: does a flow of the reverse direction overlap it (within `slack_ns`)?
+    """For every flow: does a flow of the reverse direction overlap it (within `slack_ns`, one
+    for all flows or one per flow)?
 
     All flows sorted by (direction, start) with times offset per direction, so one running
     maximum of ends serves every direction: a query only looks at its reverse direction's block.
     Flows usually come in start order: then ordering by direction alone (linear time) is that."""
-    base = int(start.min()) - slack_ns - 1
-    width = int(end.max()) - base + 2 * slack_ns + 1
+    widest = int(np.max(slack_ns))
+    base = int(start.min()) - widest - 1
+    width = int(end.max()) - base + 2 * widest + 1
     starts = direction * width + (start - base)
     in_start_order = bool(np.all(start[1:] >= start[:-1]))
     order = stable_order(direction) if in_start_order else np.argsort(starts, kind="stable")
@@ -264,7 +304,8 @@ def reverse_in_flight(
 def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
     balanced = (reverse_flows * params.balance >= groups.flows) & (groups.flows * params.balance >= reverse_flows)
-    return balanced & (groups.unmatched >= params.pipeline_asymmetry * groups.flows)
+    repeated = groups.flows >= params.pipeline_min_flows
+    return balanced & repeated & (groups.unmatched >= params.pipeline_asymmetry * groups.flows)
 
 
 def _is_all_to_all(groups: _Groups, params: ParallelismParams) -> np.ndarray:
