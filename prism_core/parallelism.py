@@ -64,8 +64,16 @@ class ParallelismParams:
     # overlaps the reverse direction on some rail of the host pair)
     pipeline_asymmetry: float = 1 / 128
     # threshold, flows: a PP group repeats its activation size on every micro-batch of every step;
-    # a few records whose garbled sizes happen to fall together are not one
+    # a few records whose garbled sizes happen to fall together are not one, and a size family
+    # (size_tolerance) recurs at least this often
     pipeline_min_flows: int = 8
+    # threshold, share of the job's transfer rate: a record averaging fewer bytes per second than
+    # this share of it merges several transfers with the idle time between them (a flow cache
+    # keeps a queue pair's record open across transfers); a slow link or a waiting peer slows a
+    # transfer by a few times, not tenfold
+    merged_rate_share: float = 0.1
+    # threshold, quantile: the job's transfer rate is this quantile of its records' bytes per second
+    transfer_rate_quantile: float = 0.9
     # threshold, ratio of flow counts: a PP group's reverse group (same size family, other
     # direction) has about as many flows, within this factor
     balance: float = 2.0
@@ -121,7 +129,7 @@ def identify_parallelism(
     layout = _Layout.infer(gpus, flows, external, groups, pipeline, all_to_all, params.gpus_per_host)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
-    kind[inside] = group_kind[groups.of_flow]
+    kind[inside] = np.where(_merged_pipeline_sends(flows, groups, pipeline, params), PP, group_kind[groups.of_flow])
     job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
     job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
     return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), layout.dp, layout.pp, layout.tp)
@@ -181,17 +189,20 @@ class _InternalFlows:
         src = pc.index_in(internal["src_addr"], value_set=gpus["addr"]).to_numpy()
         dst = pc.index_in(internal["dst_addr"], value_set=gpus["addr"]).to_numpy()
         host_code, rail = gpus["host_code"].to_numpy(), gpus["gpu"].to_numpy()
+        start, end = internal["time_flow_start_ns"].to_numpy(), internal["time_flow_end_ns"].to_numpy()
+        # packet sampling (sFlow) has no flow start or end; a sampled NetFlow exporter's records
+        # keep their span and their bytes scaled back are the transfer's
+        sampled = np.zeros(internal.num_rows, bool)
         if "sampling_rate" in internal.column_names:
-            sampled = pc.fill_null(pc.greater(internal["sampling_rate"], 1), False).to_numpy(zero_copy_only=False)
-        else:
-            sampled = np.zeros(internal.num_rows, bool)
+            rate = pc.fill_null(internal["sampling_rate"], 1).to_numpy()
+            sampled = (rate > 1) & (end == start)
         return cls(
             src_host=host_code[src],
             dst_host=host_code[dst],
             rail=rail[src],
             size=internal["bytes"].to_numpy(),
-            start=internal["time_flow_start_ns"].to_numpy(),
-            end=internal["time_flow_end_ns"].to_numpy(),
+            start=start,
+            end=end,
             sampled=sampled,
             n_hosts=int(host_code.max()) + 1,
         )
@@ -213,10 +224,13 @@ class _Groups:
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     n_hosts = flows.n_hosts
-    sizes, size_code = size_families(flows.size, params.size_tolerance)
-    # a sampled record's bytes say how many of its packets were sampled, not the transfer's size:
-    # the sampled records of a pair are one group
-    size_code = np.where(flows.sampled, len(sizes), size_code)
+    # a sampled record's bytes say how many of its packets were sampled, not the transfer's size
+    # (nor do they bridge two sizes into one family): the sampled records of a pair are one group
+    size_code = np.full(len(flows.size), -1)
+    sizes, size_code[~flows.sampled] = size_families(
+        flows.size[~flows.sampled], params.size_tolerance, params.pipeline_min_flows
+    )
+    size_code[flows.sampled] = len(sizes)
     sizes = np.r_[sizes, np.median(flows.size[flows.sampled]) if flows.sampled.any() else 0]
     n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
@@ -248,6 +262,18 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     )
 
 
+def _merges_transfers(flows: _InternalFlows, params: ParallelismParams) -> np.ndarray:
+    """Per flow: does its record merge several transfers? Its bytes over its span fall below
+    `merged_rate_share` of the job's transfer rate (sampled and instant records cannot tell)."""
+    span = flows.end - flows.start
+    timed = np.flatnonzero((span > 0) & ~flows.sampled)
+    merged = np.zeros(len(span), bool)
+    if len(timed):
+        rate = flows.size[timed] / span[timed]
+        merged[timed] = rate < params.merged_rate_share * np.quantile(rate, params.transfer_rate_quantile)
+    return merged
+
+
 def _sampling_interval(direction: np.ndarray, flows: _InternalFlows) -> np.ndarray:
     """Per direction code: the median time between its consecutive sampled records (0 without).
     A sampled record marks one packet of a transfer, so the reverse transfer in flight with it
@@ -264,14 +290,24 @@ def _sampling_interval(direction: np.ndarray, flows: _InternalFlows) -> np.ndarr
     return interval
 
 
-def size_families(size: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
-    """(smallest size of each family, family of every flow): sorted distinct sizes cut where the
-    next is more than `tolerance` (relative) above its neighbour. Header bytes and sampling spread
-    one transfer size over nearby byte counts, so no two records need to agree to the byte."""
+def size_families(size: np.ndarray, tolerance: float, min_flows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(smallest size of each family, family of every flow): the sizes that recur (`min_flows`
+    records or more within `tolerance` of them), sorted, cut where the next is more than
+    `tolerance` (relative) above its neighbour; every other size is a family of its own. Header
+    bytes spread one transfer size over nearby byte counts, so no two records need to agree to the
+    byte; sizes that do not recur (pieces of transfers an exporter cut) must not chain two sizes
+    into one family."""
     sizes, size_code = unique_inverse(size)
-    opens = np.r_[True, sizes[1:] > sizes[:-1] * (1.0 + tolerance)]
-    family = np.cumsum(opens) - 1
-    return sizes[opens], family[size_code]
+    below = np.r_[0, np.cumsum(np.bincount(size_code, minlength=len(sizes)))]
+    near = below[np.searchsorted(sizes, sizes * (1.0 + tolerance), side="right")] - below[
+        np.searchsorted(sizes, sizes / (1.0 + tolerance), side="left")]
+    recurring = np.flatnonzero(near >= min_flows)
+    lone = np.flatnonzero(near < min_flows)
+    opens = np.r_[True, sizes[recurring][1:] > sizes[recurring][:-1] * (1.0 + tolerance)][: len(recurring)]
+    family = np.empty(len(sizes), np.int64)
+    family[recurring] = np.cumsum(opens) - 1
+    family[lone] = int(opens.sum()) + np.arange(len(lone))
+    return np.r_[sizes[recurring][opens], sizes[lone]], family[size_code]
 
 
 def reverse_in_flight(
@@ -302,10 +338,65 @@ def reverse_in_flight(
 
 
 def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
-    reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
+    reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0) + _merged_reverse_flows(groups, params)
     balanced = (reverse_flows * params.balance >= groups.flows) & (groups.flows * params.balance >= reverse_flows)
     repeated = groups.flows >= params.pipeline_min_flows
     return balanced & repeated & (groups.unmatched >= params.pipeline_asymmetry * groups.flows)
+
+
+def _merged_reverse_flows(groups: _Groups, params: ParallelismParams) -> np.ndarray:
+    """Per group: the transfers of its size that the reverse direction's records hold merged (a
+    record of a whole number k >= 2 of them counts k), so a pipeline whose one direction a flow
+    cache merges is still balanced by volume. Compares the groups of each host pair pairwise:
+    sizes on a host pair are few."""
+    n = int(max(groups.src_host.max(), groups.dst_host.max())) + 1
+    direction = groups.src_host * n + groups.dst_host
+    by_direction = np.argsort(direction, kind="stable")
+    directions, first, count = np.unique(direction[by_direction], return_index=True, return_counts=True)
+    where = np.searchsorted(directions, groups.dst_host * n + groups.src_host)
+    has_reverse = (where < len(directions)) & (directions[np.minimum(where, len(directions) - 1)] == groups.dst_host * n + groups.src_host)
+    units = np.flatnonzero(has_reverse & (groups.flows >= params.pipeline_min_flows))
+    span = count[where[units]]
+    unit = np.repeat(units, span)
+    offset = np.arange(len(unit)) - np.repeat(np.cumsum(span) - span, span)
+    other = by_direction[np.repeat(first[where[units]], span) + offset]
+    ratio = groups.size[other] / groups.size[unit]
+    whole = _whole_multiple(ratio, params.size_tolerance)
+    # a size both directions carry about equally is a transfer size of its own (pipelines of
+    # several activation sizes), not merged records
+    echo = np.where(groups.reverse[other] >= 0, groups.flows[groups.reverse[other]], 0)
+    whole &= echo * params.balance < groups.flows[other]
+    # and merged records recur like the transfers they hold; a garbled size is near some multiple
+    whole &= groups.flows[other] >= params.pipeline_min_flows
+    return np.bincount(unit[whole], weights=(np.round(ratio) * groups.flows[other])[whole], minlength=len(groups.flows))
+
+
+def _whole_multiple(ratio: np.ndarray, tolerance: float) -> np.ndarray:
+    """Is each size ratio a whole number of 2 or more transfers, each counted within `tolerance`?
+    Within a quarter of a transfer at most, so that a garbled huge size is no multiple of all."""
+    off = np.abs(ratio - np.round(ratio))
+    return (np.round(ratio) >= 2) & (off <= np.minimum(tolerance * ratio, 0.25))
+
+
+def _merged_pipeline_sends(
+    flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray, params: ParallelismParams
+) -> np.ndarray:
+    """Per internal flow: a record of several pipeline sends merged (a flow cache keeps a queue
+    pair's record open across transfers). On a host pair with a PP group, a record outside it
+    that holds a whole number (2 or more) of its activations, or that averages far below the
+    job's transfer rate (`_merges_transfers`), carries the pipeline too: by volume and span, as
+    its size is no transfer's."""
+    n = flows.n_hosts
+    pair_of_group = np.minimum(groups.src_host, groups.dst_host) * n + np.maximum(groups.src_host, groups.dst_host)
+    unit = np.full(n * n, np.inf)
+    np.minimum.at(unit, pair_of_group[pipeline], groups.size[pipeline].astype(np.float64))
+    pair = pair_of_group[groups.of_flow]
+    piped = np.isfinite(unit[pair]) & ~pipeline[groups.of_flow]
+    if not piped.any():
+        return piped
+    units = flows.size / unit[pair]
+    whole = _whole_multiple(units, params.size_tolerance) & (groups.flows[groups.of_flow] > 1)
+    return piped & (whole | _merges_transfers(flows, params))
 
 
 def _is_all_to_all(groups: _Groups, params: ParallelismParams) -> np.ndarray:

@@ -142,11 +142,49 @@ def test_header_bytes_keep_pairs_and_degrees(shape):
     assert pairs_of(found, "dp") == truth["dp"]
 
 
+def through_a_flow_cache(flows: pa.Table, every: int) -> pa.Table:
+    """Records as a flow cache on the odd hosts' leaves reports them: the transfers of each NIC
+    pair those hosts send on merge `every` at a time (first start, last end, summed bytes)."""
+    on_odd = np.array([int(a.split(".")[-1]) % 2 == 1 for a in flows["src_addr"].to_pylist()])
+    cached = flows.filter(pa.array(on_odd)).sort_by([("src_addr", "ascending"), ("dst_addr", "ascending"),
+                                                    ("time_flow_start_ns", "ascending")])
+    pair = pc.binary_join_element_wise(cached["src_addr"], cached["dst_addr"], "-").to_numpy(zero_copy_only=False)
+    opens = np.r_[True, pair[1:] != pair[:-1]]
+    position = np.arange(len(pair)) - np.maximum.accumulate(np.where(opens, np.arange(len(pair)), 0))
+    record = np.cumsum(opens | (position % every == 0)) - 1
+    merged = pa.table({"record": record, **{c: cached[c] for c in cached.column_names}}).group_by(
+        ["record", "src_addr", "dst_addr"], use_threads=False).aggregate(
+        [("time_flow_start_ns", "min"), ("time_flow_end_ns", "max"), ("bytes", "sum")])
+    merged = pa.table({"time_flow_start_ns": merged["time_flow_start_ns_min"], "time_flow_end_ns": merged["time_flow_end_ns_max"],
+                       "src_addr": merged["src_addr"], "dst_addr": merged["dst_addr"], "bytes": merged["bytes_sum"]})
+    return pa.concat_tables([flows.filter(pa.array(~on_odd)), merged.cast(flows.schema)])
+
+
+def test_merged_pipeline_sends_keep_their_pairs():
+    # half the hosts' exporters merge four transfers a record: their PP pairs carry no transfer size
+    spec = SHAPES["deep pipeline, 16 micro-batches"]
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", through_a_flow_cache(flows, 4), members)
+    assert (found.dp, found.pp) == (spec.dp, spec.pp)
+    assert pairs_of(found, "pp") == truth["pp"]
+
+
 def test_size_families_cut_where_neighbouring_sizes_part():
     sizes = np.array([1000, 1004, 1009, 1013, 2000, 2010, 1_000_000, 1_009_000, 1_030_000])
-    smallest, family = parallelism.size_families(sizes, 0.01)
+    smallest, family = parallelism.size_families(sizes, 0.01, min_flows=1)
     assert smallest.tolist() == [1000, 2000, 1_000_000, 1_030_000]
     assert family.tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 3]
+
+
+def test_sizes_that_do_not_recur_chain_no_families():
+    # pieces of cut transfers at every size between two recurring ones, each 0.5% above the last
+    pieces = np.round(5_000_000 * 1.005 ** np.arange(1, 600)).astype(np.int64)
+    recurring = np.repeat([5_000_000, 100_000_000], 50)
+    sizes = np.r_[recurring, pieces]
+    _, family = parallelism.size_families(sizes, 0.01, min_flows=8)
+    assert family[0] != family[50] and len(set(family[:50])) == len(set(family[50:100])) == 1
+    widest = max(sizes[family == f].max() / sizes[family == f].min() for f in np.unique(family))
+    assert widest <= 1.02
 
 
 def test_flows_sent_outside_membership_are_ignored():
