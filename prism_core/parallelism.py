@@ -6,6 +6,10 @@ with rail-aligned NICs (PXN) a send from GPU i to GPU j leaves through NIC j, so
 of one GPU pair can use different NIC pairs. A size family is the byte counts within a relative
 tolerance of their neighbours: exporters add header bytes per packet, so one transfer size is
 never reported to the byte, and the two directions of a pair may be counted differently.
+Records whose bytes are no transfer's size are judged otherwise: sFlow's sampled records (no
+span, bytes from a few packets) form one group per direction, and a flow cache's records that
+merge several transfers (a whole number of a PP group's activations, or a rate far below the
+job's transfers) carry the pipeline of their host pair.
 
 - A collective (ring or tree all-reduce, reduce-scatter + all-gather, all-to-all) is symmetric:
   in every round each participant sends while its peers send too, so the flows of both directions
@@ -125,11 +129,12 @@ def identify_parallelism(
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
+    pipeline_sends = pipeline[groups.of_flow] | _merged_pipeline_sends(flows, groups, pipeline, params)
     external = job_flows.filter(pa.array(~inside))
-    layout = _Layout.infer(gpus, flows, external, groups, pipeline, all_to_all, params.gpus_per_host)
+    layout = _Layout.infer(gpus, flows, external, groups, pipeline, pipeline_sends, all_to_all, params.gpus_per_host)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
-    kind[inside] = np.where(_merged_pipeline_sends(flows, groups, pipeline, params), PP, group_kind[groups.of_flow])
+    kind[inside] = np.where(pipeline_sends, PP, group_kind[groups.of_flow])
     job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
     job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
     return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), layout.dp, layout.pp, layout.tp)
@@ -437,7 +442,7 @@ class _Layout:
     @classmethod
     def infer(
         cls, gpus: pa.Table, flows: _InternalFlows, external: pa.Table, groups: _Groups, pipeline: np.ndarray,
-        all_to_all: np.ndarray, gpus_per_host: int,
+        pipeline_sends: np.ndarray, all_to_all: np.ndarray, gpus_per_host: int,
     ) -> _Layout:
         host_code = gpus["host_code"].to_numpy()
         gpu = gpus["gpu"].to_numpy().astype(np.int64)
@@ -446,7 +451,7 @@ class _Layout:
         active[host_code[gpus["active"].to_numpy(zero_copy_only=False)]] = True
         level = _pipeline_levels(flows, groups, pipeline, active)
         n_levels = int(level.max()) + 1
-        on_forward = pipeline[groups.of_flow] & (level[flows.dst_host] == level[flows.src_host] + 1)
+        on_forward = pipeline_sends & (level[flows.dst_host] == level[flows.src_host] + 1)
         forward_rails = len(np.unique(flows.rail[on_forward]))
         if 0 < forward_rails < gpus_per_host:
             # Stages smaller than a host: a forward send reaches the first GPUs of the next host.
