@@ -169,6 +169,30 @@ def test_merged_pipeline_sends_keep_their_pairs():
     assert pairs_of(found, "pp") == truth["pp"]
 
 
+def through_sflow(flows: pa.Table, rate: int, seed: int = 0) -> pa.Table:
+    """Records as an sFlow agent samples them, 1 in `rate` 4 KiB packets: start = end = the time
+    of a sampled packet, bytes the sampled packets' scaled back; a transfer none fell on is gone."""
+    rng = np.random.default_rng(seed)
+    packets = np.maximum(flows["bytes"].to_numpy() // 4096, 1)
+    sampled = rng.binomial(packets, 1 / rate)
+    start, end = flows["time_flow_start_ns"].to_numpy(), flows["time_flow_end_ns"].to_numpy()
+    at = start + np.round((end - start) * rng.random(len(start))).astype(np.int64)
+    kept = sampled > 0
+    return pa.table({"time_flow_start_ns": at[kept], "time_flow_end_ns": at[kept],
+                     "src_addr": flows["src_addr"].filter(pa.array(kept)), "dst_addr": flows["dst_addr"].filter(pa.array(kept)),
+                     "bytes": sampled[kept] * 4096 * rate, "sampling_rate": np.full(int(kept.sum()), rate)})
+
+
+@pytest.mark.parametrize("shape", ["ring, tied embeddings", "rs_ag, tp 1"])
+def test_sampled_records_keep_dp_and_pp_pairs(shape):
+    # bytes count sampled packets: a DP sync's sizes look like an all-to-all's family of sizes
+    spec = SHAPES[shape]
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", through_sflow(flows, 64), members)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
 def test_size_families_cut_where_neighbouring_sizes_part():
     sizes = np.array([1000, 1004, 1009, 1013, 2000, 2010, 1_000_000, 1_009_000, 1_030_000])
     smallest, family = parallelism.size_families(sizes, 0.01, min_flows=1)
