@@ -8,8 +8,8 @@ tolerance of their neighbours: exporters add header bytes per packet, so one tra
 never reported to the byte, and the two directions of a pair may be counted differently.
 Records whose bytes are no transfer's size are judged otherwise: sFlow's sampled records (no
 span, bytes from a few packets) form one group per direction, and a flow cache's records that
-merge several transfers (a whole number of a PP group's activations, or a rate far below the
-job's transfers) carry the pipeline of their host pair.
+merge several transfers (a whole number of a PP group's activations) carry the pipeline of their
+host pair.
 
 - A collective (ring or tree all-reduce, reduce-scatter + all-gather, all-to-all) is symmetric:
   in every round each participant sends while its peers send too, so the flows of both directions
@@ -71,13 +71,6 @@ class ParallelismParams:
     # a few records whose garbled sizes happen to fall together are not one, and a size family
     # (size_tolerance) recurs at least this often
     pipeline_min_flows: int = 8
-    # threshold, share of the job's transfer rate: a record averaging fewer bytes per second than
-    # this share of it merges several transfers with the idle time between them (a flow cache
-    # keeps a queue pair's record open across transfers); a slow link or a waiting peer slows a
-    # transfer by a few times, not tenfold
-    merged_rate_share: float = 0.1
-    # threshold, quantile: the job's transfer rate is this quantile of its records' bytes per second
-    transfer_rate_quantile: float = 0.9
     # threshold, ratio of flow counts: a PP group's reverse group (same size family, other
     # direction) has about as many flows, within this factor
     balance: float = 2.0
@@ -267,18 +260,6 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     )
 
 
-def _merges_transfers(flows: _InternalFlows, params: ParallelismParams) -> np.ndarray:
-    """Per flow: does its record merge several transfers? Its bytes over its span fall below
-    `merged_rate_share` of the job's transfer rate (sampled and instant records cannot tell)."""
-    span = flows.end - flows.start
-    timed = np.flatnonzero((span > 0) & ~flows.sampled)
-    merged = np.zeros(len(span), bool)
-    if len(timed):
-        rate = flows.size[timed] / span[timed]
-        merged[timed] = rate < params.merged_rate_share * np.quantile(rate, params.transfer_rate_quantile)
-    return merged
-
-
 def _sampling_interval(direction: np.ndarray, flows: _InternalFlows) -> np.ndarray:
     """Per direction code: the median time between its consecutive sampled records (0 without).
     A sampled record marks one packet of a transfer, so the reverse transfer in flight with it
@@ -388,9 +369,9 @@ def _merged_pipeline_sends(
 ) -> np.ndarray:
     """Per internal flow: a record of several pipeline sends merged (a flow cache keeps a queue
     pair's record open across transfers). On a host pair with a PP group, a record outside it
-    that holds a whole number (2 or more) of its activations, or that averages far below the
-    job's transfer rate (`_merges_transfers`), carries the pipeline too: by volume and span, as
-    its size is no transfer's."""
+    that holds a whole number (2 or more) of its activations carries the pipeline too: by volume,
+    as its size is no transfer's. (Not by rate: real transfers of other kinds on the pair, slowed
+    by their peers, run as slowly as merged records.)"""
     n = flows.n_hosts
     pair_of_group = np.minimum(groups.src_host, groups.dst_host) * n + np.maximum(groups.src_host, groups.dst_host)
     unit = np.full(n * n, np.inf)
@@ -401,7 +382,7 @@ def _merged_pipeline_sends(
         return piped
     units = flows.size / unit[pair]
     whole = _whole_multiple(units, params.size_tolerance) & (groups.flows[groups.of_flow] > 1)
-    return piped & (whole | _merges_transfers(flows, params))
+    return piped & whole
 
 
 def _is_all_to_all(groups: _Groups, params: ParallelismParams) -> np.ndarray:
