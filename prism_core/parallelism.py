@@ -324,7 +324,8 @@ def reverse_in_flight(
 
 
 def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
-    reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0) + _merged_reverse_flows(groups, params)
+    reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
+    reverse_flows = reverse_flows + _merged_reverse_flows(groups, params)
     balanced = (reverse_flows * params.balance >= groups.flows) & (groups.flows * params.balance >= reverse_flows)
     repeated = groups.flows >= params.pipeline_min_flows
     return balanced & repeated & (groups.unmatched >= params.pipeline_asymmetry * groups.flows)
@@ -334,13 +335,14 @@ def _merged_reverse_flows(groups: _Groups, params: ParallelismParams) -> np.ndar
     """Per group: the transfers of its size that the reverse direction's records hold merged (a
     record of a whole number k >= 2 of them counts k), so a pipeline whose one direction a flow
     cache merges is still balanced by volume. Compares the groups of each host pair pairwise:
-    sizes on a host pair are few."""
+    O(recurring groups x groups) per host pair, and a host pair carries few sizes."""
     n = int(max(groups.src_host.max(), groups.dst_host.max())) + 1
     direction = groups.src_host * n + groups.dst_host
     by_direction = np.argsort(direction, kind="stable")
     directions, first, count = np.unique(direction[by_direction], return_index=True, return_counts=True)
-    where = np.searchsorted(directions, groups.dst_host * n + groups.src_host)
-    has_reverse = (where < len(directions)) & (directions[np.minimum(where, len(directions) - 1)] == groups.dst_host * n + groups.src_host)
+    reverse_direction = groups.dst_host * n + groups.src_host
+    where = np.minimum(np.searchsorted(directions, reverse_direction), len(directions) - 1)
+    has_reverse = directions[where] == reverse_direction
     units = np.flatnonzero(has_reverse & (groups.flows >= params.pipeline_min_flows))
     span = count[where[units]]
     unit = np.repeat(units, span)

@@ -146,8 +146,8 @@ def through_a_flow_cache(flows: pa.Table, every: int) -> pa.Table:
     """Records as a flow cache on the odd hosts' leaves reports them: the transfers of each NIC
     pair those hosts send on merge `every` at a time (first start, last end, summed bytes)."""
     on_odd = np.array([int(a.split(".")[-1]) % 2 == 1 for a in flows["src_addr"].to_pylist()])
-    cached = flows.filter(pa.array(on_odd)).sort_by([("src_addr", "ascending"), ("dst_addr", "ascending"),
-                                                    ("time_flow_start_ns", "ascending")])
+    keys = [("src_addr", "ascending"), ("dst_addr", "ascending"), ("time_flow_start_ns", "ascending")]
+    cached = flows.filter(pa.array(on_odd)).sort_by(keys)
     pair = pc.binary_join_element_wise(cached["src_addr"], cached["dst_addr"], "-").to_numpy(zero_copy_only=False)
     opens = np.r_[True, pair[1:] != pair[:-1]]
     position = np.arange(len(pair)) - np.maximum.accumulate(np.where(opens, np.arange(len(pair)), 0))
@@ -155,7 +155,8 @@ def through_a_flow_cache(flows: pa.Table, every: int) -> pa.Table:
     merged = pa.table({"record": record, **{c: cached[c] for c in cached.column_names}}).group_by(
         ["record", "src_addr", "dst_addr"], use_threads=False).aggregate(
         [("time_flow_start_ns", "min"), ("time_flow_end_ns", "max"), ("bytes", "sum")])
-    merged = pa.table({"time_flow_start_ns": merged["time_flow_start_ns_min"], "time_flow_end_ns": merged["time_flow_end_ns_max"],
+    merged = pa.table({"time_flow_start_ns": merged["time_flow_start_ns_min"],
+                       "time_flow_end_ns": merged["time_flow_end_ns_max"],
                        "src_addr": merged["src_addr"], "dst_addr": merged["dst_addr"], "bytes": merged["bytes_sum"]})
     return pa.concat_tables([flows.filter(pa.array(~on_odd)), merged.cast(flows.schema)])
 
@@ -178,8 +179,9 @@ def through_sflow(flows: pa.Table, rate: int, seed: int = 0) -> pa.Table:
     start, end = flows["time_flow_start_ns"].to_numpy(), flows["time_flow_end_ns"].to_numpy()
     at = start + np.round((end - start) * rng.random(len(start))).astype(np.int64)
     kept = sampled > 0
+    chosen = pa.array(kept)
     return pa.table({"time_flow_start_ns": at[kept], "time_flow_end_ns": at[kept],
-                     "src_addr": flows["src_addr"].filter(pa.array(kept)), "dst_addr": flows["dst_addr"].filter(pa.array(kept)),
+                     "src_addr": flows["src_addr"].filter(chosen), "dst_addr": flows["dst_addr"].filter(chosen),
                      "bytes": sampled[kept] * 4096 * rate, "sampling_rate": np.full(int(kept.sum()), rate)})
 
 
