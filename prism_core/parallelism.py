@@ -343,7 +343,11 @@ def _merged_reverse_flows(groups: _Groups, params: ParallelismParams) -> np.ndar
     reverse_direction = groups.dst_host * n + groups.src_host
     where = np.minimum(np.searchsorted(directions, reverse_direction), len(directions) - 1)
     has_reverse = directions[where] == reverse_direction
-    units = np.flatnonzero(has_reverse & (groups.flows >= params.pipeline_min_flows))
+    # only a group the reverse group does not balance by itself: its own pipeline's other
+    # direction may be merged, and other traffic on the pair is left out of a balanced one
+    own = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
+    short = own * params.balance < groups.flows
+    units = np.flatnonzero(has_reverse & short & (groups.flows >= params.pipeline_min_flows))
     span = count[where[units]]
     unit = np.repeat(units, span)
     offset = np.arange(len(unit)) - np.repeat(np.cumsum(span) - span, span)
@@ -360,10 +364,9 @@ def _merged_reverse_flows(groups: _Groups, params: ParallelismParams) -> np.ndar
 
 
 def _whole_multiple(ratio: np.ndarray, tolerance: float) -> np.ndarray:
-    """Is each size ratio a whole number of 2 or more transfers, each counted within `tolerance`?
-    Within a quarter of a transfer at most, so that a garbled huge size is no multiple of all."""
-    off = np.abs(ratio - np.round(ratio))
-    return (np.round(ratio) >= 2) & (off <= np.minimum(tolerance * ratio, 0.25))
+    """Is each size ratio a whole number of 2 or more transfers, off by `tolerance` of one at
+    most? (A looser bound makes any large size a multiple of every small one by chance.)"""
+    return (np.round(ratio) >= 2) & (np.abs(ratio - np.round(ratio)) <= tolerance)
 
 
 def _merged_pipeline_sends(
