@@ -39,7 +39,8 @@ BULK_READ_BYTES = CHECKPOINT_FLOW_BYTES
 # The flow columns the per-job stages read (parallelism, timeline, diagnosis): the pipeline reads
 # only these from the hour's Parquet and stages only these, half the bytes of a flow row. A stage
 # that needs another column adds it here.
-JOB_FLOW_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes", "sampler_address")
+JOB_FLOW_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes", "sampler_address",
+                    "sampling_rate")
 
 
 @dataclass
