@@ -74,7 +74,7 @@ def diagnose_job(
                            params)
         slow = slow_steps.find_slow_steps(job, fit, masks, params)
         checkpoint_state = replace(checkpoint_state, checkpoint_save_s=checkpoints.saving_times(
-            checkpoint_state.checkpoint_save_s, fit.saving, slow[masks.checkpoint], params))
+            checkpoint_state.checkpoint_save_s, fit.saving, slow[fit.save_first], params))
         restart_issues, stop = restarts.restart_issues(job, resumes, state.progress, stop, checkpoints_found,
                                                        fit.baseline, level.level_s, params)
         link_issues, open_link = slow_links.link_issues(job, link_windows, previous_link, masks, slow, fit,
