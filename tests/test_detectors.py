@@ -149,6 +149,74 @@ def test_a_checkpoint_step_is_not_a_slow_step_but_a_stall_is():
     assert checkpoints.saving_times((), fit.saving, slow[fit.save_first], PARAMS) == pytest.approx((2.0,) * 4, abs=0.05)
 
 
+def test_unwritten_saves_of_varying_length_on_a_rhythm_numbered_one_off_are_no_slow_steps():
+    # a save every 40 steps that the flow logs do not see (a storage network), each 0.3-3 steps
+    # long; the timeline numbered the steps after step 100 one off (a step split near a save)
+    durations = jittered(400, seed=3)
+    saves = np.arange(19, 400, 40)
+    durations[saves] += np.random.default_rng(4).uniform(0.3, 3.0, len(saves))
+    number = np.arange(400) + (np.arange(400) > 100)
+    job = make_hour(durations, number=number)
+    found, state = find_checkpoints(job)
+    assert np.flatnonzero(found.step).tolist() == saves.tolist()
+    assert state.checkpoint_rhythm[0] == 40
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    fit = fit_without_writes(job, masks)
+    assert not slow_steps.find_slow_steps(job, fit, masks, PARAMS).any()
+
+
+def test_a_save_is_judged_against_the_spread_of_the_jobs_own_saving_times():
+    # saves of about 4 s, varying 20% (lognormal) from save to save; a fifth save takes 12 s
+    durations = jittered(200, seed=5)
+    saves = np.arange(9, 200, 20)
+    saving = 4.0 * np.random.default_rng(6).lognormal(0.0, 0.2, len(saves))
+    saving[5] = 12.0
+    durations[saves] += saving
+    job = make_hour(durations)
+    found, _ = find_checkpoints(job)
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    fit = fit_without_writes(job, masks)
+    assert np.flatnonzero(slow_steps.find_slow_steps(job, fit, masks, PARAMS)).tolist() == [saves[5]]
+    # the allowance is the spread measured (20%, robustly from ten saves) times save_sigmas
+    assert 0.1 < np.log1p(fit.save_allowance / np.median(saving)) / PARAMS.save_sigmas < 0.3
+
+
+def test_a_save_whose_end_fell_into_the_next_step_is_one_save():
+    # steps 9, 19, 29 save (+2 s, written); the timeline ended step 19 at its last write and put the
+    # save's quiet end (0.8 s, as long as its quiet start) into step 20
+    durations = jittered(60)
+    durations[[9, 19, 29]] += 2.0
+    durations[19] -= 0.8
+    durations[20] += 0.8
+    starts = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
+    first_write = starts[[9, 19, 29]] + 1.8  # a step's work, then 0.8 s quiet
+    last_write = np.r_[first_write[0] + 0.4, starts[20], first_write[2] + 0.4]
+    writes = {"start": first_write, "end": last_write, "src": np.zeros(3, int), "nbytes": np.full(3, 4 * BULK)}
+    job = make_hour(durations, writes=writes)
+    found, _ = find_checkpoints(job)
+    assert np.flatnonzero(found.step).tolist() == [9, 19, 20, 29]
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    fit = fit_baseline(job, masks, found, (), (2.0, 2.0), PARAMS)
+    assert fit.save_first.tolist() == [9, 19, 29]
+    assert fit.saving == pytest.approx([2.0, 2.0, 2.0], abs=0.05)  # step 20's part counted in step 19's save
+    assert not slow_steps.find_slow_steps(job, fit, masks, PARAMS).any()
+
+
+def test_a_heavy_tailed_job_is_judged_by_its_own_tail_and_a_real_slowdown_still_is_slow():
+    rng = np.random.default_rng(8)
+    # 2% jitter and Pareto stalls of up to +60%; step 300 takes 3x
+    durations = rng.lognormal(0.0, 0.02, 600) * (1 + 0.03 * np.minimum(rng.pareto(2.0, 600), 20))
+    durations[300] = 3.0
+    job = make_hour(durations)
+    fit = fit_without_writes(job, no_masks(job.n_steps))
+    residual = np.log(durations / fit.baseline)
+    assert (residual > np.log(1 + PARAMS.jitter_sigmas * fit.sigma)).sum() > 10  # by its jitter: many slow steps
+    assert np.flatnonzero(slow_steps.find_slow_steps(job, fit, no_masks(job.n_steps), PARAMS)).tolist() == [300]
+    # a job with the same jitter and no stalls keeps the jitter's limit
+    light = make_hour(rng.lognormal(0.0, 0.02, 600))
+    assert fit_without_writes(light, no_masks(600)).limit == pytest.approx(max(PARAMS.slow_step_delta, 1 + PARAMS.jitter_sigmas * 0.02), rel=0.1)
+
+
 # --- restarts --------------------------------------------------------------------------------------
 
 
