@@ -225,10 +225,10 @@ def test_resumes_are_attempt_changes_and_long_silences_each_followed_by_warmup()
     durations = jittered(60)
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.where(np.arange(60) >= 40, 60.0, 0.0)
     job = make_hour(durations, step_start=step_start, attempt=(np.arange(60) >= 20).astype(np.int64))
-    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), PARAMS)
+    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, PARAMS)
     assert found.steps.tolist() == [20, 40]
     assert np.flatnonzero(found.warmup).tolist() == [20, 21, 22, 40, 41, 42]
-    first_seen = restarts.find_resumes(job, Progress(), PARAMS)  # a job first seen warms up too
+    first_seen = restarts.find_resumes(job, Progress(), None, PARAMS)  # a job first seen warms up too
     assert np.flatnonzero(first_seen.warmup)[:3].tolist() == [0, 1, 2]
     assert first_seen.first_step_ns == job.ns(1.0)
 
@@ -245,7 +245,7 @@ def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host
              "src": np.r_[hosts[step, slot], 0], "dst": np.r_[hosts[step, (slot + 1) % 3], 1],
              "nbytes": np.full(len(step) + 1, BULK)}
     job = make_hour(durations, flows=flows, step_start=step_start, attempt=(np.arange(40) >= 20).astype(np.int64))
-    resumes = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), PARAMS)
+    resumes = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, PARAMS)
     found, _ = checkpoints.find_checkpoints(job, resumes.warmup, CheckpointState(), FIRST_STEP_NS, PARAMS)
     baseline = np.ones(40)
     (restart,), stop = restarts.restart_issues(job, resumes, Progress(first_step_ns=FIRST_STEP_NS), None, found,
@@ -384,7 +384,7 @@ def test_a_stop_whose_hosts_another_job_takes_is_no_hang():
 def test_an_empty_hour_gives_no_issue_and_no_exception():
     job = make_hour()
     assert hangs.continue_hang(job, None, PARAMS) == ([], None)
-    resumes = restarts.find_resumes(job, Progress(), PARAMS)
+    resumes = restarts.find_resumes(job, Progress(), None, PARAMS)
     found, state = checkpoints.find_checkpoints(job, resumes.warmup, CheckpointState(), None, PARAMS)
     assert len(found.step) == 0 and state == CheckpointState()
     assert len(slow_links.slow_link_steps(job, resumes.warmup, PARAMS).culprit) == 0

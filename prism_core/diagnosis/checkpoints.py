@@ -69,12 +69,12 @@ def find_checkpoints(job: JobHour, warmup: np.ndarray, previous: CheckpointState
     checkpoint = written & long
     # the rhythm of the saves seen, else of the long steps (stalls spread evenly over time put a few
     # long steps equal gaps apart: without writes the rhythm must hold more often)
-    rhythm = (_rhythm(job.number[checkpoint], params.rhythm_repeats, params)
-              or _rhythm(job.number[long], params.rhythm_repeats_unwritten, params) or previous.checkpoint_rhythm)
+    rhythm = (rhythm_of(job.number[checkpoint], params.rhythm_repeats, params)
+              or rhythm_of(job.number[long], params.rhythm_repeats_unwritten, params) or previous.checkpoint_rhythm)
     state = previous
     if rhythm:
         period, phase = rhythm
-        checkpoint |= _on_rhythm(job.number, long, period, phase, params.rhythm_slack_steps)
+        checkpoint |= on_rhythm(job.number, long, period, phase, params.rhythm_slack_steps)
         state = replace(state, checkpoint_rhythm=(int(period), int(phase)))
     # A save ends as quietly as it began (files closed, ranks synchronized, as long as the quiet
     # before its first write): a long step that starts within that quiet after the last write
@@ -110,7 +110,7 @@ def _long_steps(job: JobHour, warmup: np.ndarray, params: DiagnosisParams) -> np
     return (logs - rough > limit) & usual
 
 
-def _on_rhythm(numbers: np.ndarray, long: np.ndarray, period: int, phase: int, slack: int) -> np.ndarray:
+def on_rhythm(numbers: np.ndarray, long: np.ndarray, period: int, phase: int, slack: int) -> np.ndarray:
     """Per step: long and on the rhythm, or within `slack` steps of it when the step on it is not
     long (the timeline numbered the steps after a save one off; a step after a save is no save)."""
     offset = (numbers - phase + slack) % period - slack
@@ -119,7 +119,7 @@ def _on_rhythm(numbers: np.ndarray, long: np.ndarray, period: int, phase: int, s
     return exact | (near & ~np.isin(numbers - offset, numbers[exact]))
 
 
-def _rhythm(numbers: np.ndarray, min_repeats: int, params: DiagnosisParams) -> tuple[int, int] | None:
+def rhythm_of(numbers: np.ndarray, min_repeats: int, params: DiagnosisParams) -> tuple[int, int] | None:
     """(period, phase) when long steps recur every `period` step numbers at least `min_repeats`
     times, and most of the steps on that rhythm (`rhythm_coverage`) are long: a few stalls that
     happen to be equal gaps apart are not a rhythm. Gaps within `rhythm_slack_steps` count alike:
