@@ -233,6 +233,22 @@ def test_resumes_are_attempt_changes_and_long_silences_each_followed_by_warmup()
     assert first_seen.first_step_ns == job.ns(1.0)
 
 
+def test_quiet_gaps_on_the_rhythm_of_unseen_saves_are_saves_and_an_unrhythmic_one_a_restart():
+    # a save every 50 steps over a storage network: the job is quiet 30 s after steps 49, 99, 149,
+    # 199 (recognition took the return after step 149 for a restart: attempt 1) but the save after
+    # step 99 was short (15 s, under the restart's floor); a crash leaves it quiet 40 s before step 230
+    durations = jittered(260)
+    quiet = np.zeros(260)
+    quiet[[50, 150, 200]], quiet[100], quiet[230] = 30.0, 15.0, 40.0
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.cumsum(quiet)
+    attempt = (np.arange(260) >= 150).astype(np.int64) + (np.arange(260) >= 230)
+    job = make_hour(durations, step_start=step_start, attempt=attempt)
+    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, PARAMS)
+    assert found.steps.tolist() == [230]
+    # with fewer gaps in view, the rhythm of the saves of earlier hours tells
+    assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), (50, 49), PARAMS).steps.tolist() == [230]
+
+
 def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host():
     # hosts 0-2 train until step 19 and fail 0.4 s into the next; 40 s later hosts 0, 1 and 3
     # resume as attempt 1

@@ -123,21 +123,26 @@ def rhythm_of(numbers: np.ndarray, min_repeats: int, params: DiagnosisParams) ->
     """(period, phase) when long steps recur every `period` step numbers at least `min_repeats`
     times, and most of the steps on that rhythm (`rhythm_coverage`) are long: a few stalls that
     happen to be equal gaps apart are not a rhythm. Gaps within `rhythm_slack_steps` count alike:
-    the timeline may split or merge a step near a save, and number the next ones one off."""
+    the timeline may split or merge a step near a save, and number the next ones one off. The
+    periods tried are the `rhythm_candidates` most common gaps."""
     numbers = np.unique(numbers[numbers >= 0])
     numbers = numbers[np.diff(numbers, prepend=-2) > 1]  # a save's next step may hold its end
     if len(numbers) <= min_repeats:
         return None
     slack = params.rhythm_slack_steps
     gaps = np.diff(numbers)
-    candidates, counts = np.unique(gaps, return_counts=True)
-    near = np.abs(candidates[:, None] - candidates[None, :]) <= slack
-    repeats = near @ counts
-    best = int(np.argmax(repeats + counts / (counts.sum() + 1)))  # ties: the most common gap itself
-    period = int(candidates[best])
-    if repeats[best] < min_repeats or period < 2 * slack + 2:
+    candidates, counts = np.unique(gaps[gaps >= 2 * slack + 2], return_counts=True)
+    if not len(candidates):
         return None
-    phase = int(numbers[-1] % period)
+    candidates = candidates[np.argsort(-counts, kind="stable")[:params.rhythm_candidates]]
+    # a gap of a few periods (a save between them not seen as one) repeats the rhythm too
+    periods = np.maximum(np.round(gaps[None, :] / candidates[:, None]), 1)
+    repeats = (np.abs(gaps[None, :] - periods * candidates[:, None]) <= slack * periods).sum(axis=1)
+    best = int(np.argmax(repeats))  # ties: the most common gap
+    period = int(candidates[best])
+    if repeats[best] < min_repeats:
+        return None
+    phase = int(np.argmax(np.bincount(numbers % period)))  # a long step off the rhythm does not set it
     slots = np.arange(numbers[0] + (phase - numbers[0]) % period, numbers[-1] + 1, period)
     hits = np.abs(numbers[np.clip(np.searchsorted(numbers, slots), 0, len(numbers) - 1)] - slots) <= slack
     hits |= np.abs(numbers[np.clip(np.searchsorted(numbers, slots) - 1, 0, len(numbers) - 1)] - slots) <= slack
