@@ -144,6 +144,9 @@ def client_columns(schema: pa.Schema) -> str:
     return f"* REPLACE ({', '.join(times)})" if times else "*"
 
 
+RANGE_PRUNED_TABLES = ("flows", "flow_minutes")  # see sql/views.sql
+
+
 def views_sql(root: str | Path) -> str:
     """The DDL of sql/views.sql for this warehouse; tables with no partition yet get an empty
     table of the right columns instead of a view, since DuckDB cannot bind a glob of no files."""
@@ -153,7 +156,8 @@ def views_sql(root: str | Path) -> str:
     for name in TABLES:
         if any((root / name).glob(f"*/*/{DATA_FILE}")):
             statements.append(template.replace("@TABLE@", name).replace("@WAREHOUSE@", str(root))
-                              .replace("@COLUMNS@", client_columns(TABLES[name])))
+                              .replace("@COLUMNS@", client_columns(TABLES[name]))
+                              .replace("@UNION_BY_NAME@", str(name not in RANGE_PRUNED_TABLES).lower()))
     if any((root / "jobs").glob(f"*/*/{DATA_FILE}")):
         statements.append((SQL_DIR / "job_latest.sql").read_text())
     if topology_path(root).exists():

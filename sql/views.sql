@@ -3,12 +3,15 @@
 -- @WAREHOUSE@ and @COLUMNS@ for each table that has partitions; `date` and `hour` come from the
 -- directory names. @COLUMNS@ is `*` with the table's nanosecond instants cast to TIMESTAMPTZ
 -- (microseconds): DuckDB clients before 2.0 cannot open a catalog whose views carry TIMESTAMPTZ_NS.
--- Columns are matched by name, so partitions written before a column was added read it as NULL.
+-- @UNION_BY_NAME@ is true for the analysis tables: their columns are matched by name, so
+-- partitions written before a column was added read it as NULL. It is false for the flow tables,
+-- whose columns are the input contract's and whose many partitions a report's range prunes
+-- unopened (matching by name opens every file's footer first).
 CREATE OR REPLACE VIEW @TABLE@ AS
 SELECT @COLUMNS@
 FROM read_parquet(
     '@WAREHOUSE@/@TABLE@/*/*/data.parquet',
     hive_partitioning = true,
-    union_by_name = true,
+    union_by_name = @UNION_BY_NAME@,
     hive_types = {'date': DATE, 'hour': INTEGER}
 );
