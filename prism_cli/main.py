@@ -79,7 +79,7 @@ def progress_bar(unit: str) -> Progress:
 @app.command()
 def simulate(
     out: Annotated[Path, typer.Option(help="Directory for flows/, topology.csv and truth/")],
-    scenario: Annotated[str, typer.Option(help="tiny, small, fleet, realistic, sealed, replay-ar, replay-st or replay-mix")] = "tiny",
+    scenario: Annotated[str, typer.Option(help="tiny, small, fleet, dense, realistic, sealed, replay-ar, replay-st or replay-mix")] = "tiny",
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files")] = 0,
     format: Annotated[str, typer.Option(help="parquet, jsonl or jsonl.gz")] = "parquet",
     whatif: Annotated[Optional[Path], typer.Option(help="Real traces the replay-* scenarios read "
