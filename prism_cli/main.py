@@ -157,8 +157,9 @@ def _run_with_progress(flows, warehouse, first, last, topology, beam_args, no_to
     from pipelines.warehouse import hours_between
     from prism_core.config import DEFAULT_PARAMS
 
-    # run_hours reports its stages in order: checking the input, ingest, one per hour, warehouse.
-    stages = len(hours_between(first, last)) + 3
+    # run_hours reports its stages in order: checking the input, ingest, recognition and analysis
+    # of each hour, warehouse.
+    stages = 2 * len(hours_between(first, last)) + 3
     finished = iter(range(stages))  # stages done when the next one starts
     with progress_bar("stages") as progress:
         task = progress.add_task("starting", total=stages)
