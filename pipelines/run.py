@@ -27,7 +27,7 @@ from apache_beam.runners.runner import PipelineResult
 
 from pipelines import analyze, ingest, local_workers, warehouse
 from pipelines.analyze import AnalyzeHour, analysis_tables, previous_hour_state
-from pipelines.ingest import HourRange, IngestFlows, hour_tables
+from pipelines.ingest import HourRange, IngestFlows, hour_tables, written_before
 from pipelines.shuffle_staging import shuffle_staging_area
 from pipelines.sink import WriteTables
 from prism_core.analysis import RecognitionError, recognize
@@ -195,7 +195,8 @@ def require_flows_in(flows_dir: str, hours: list[datetime]) -> None:
     range must not replace good partitions with empty ones."""
     span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
     paths = list_flow_files(flows_dir)
-    if not any(bounds and span.overlaps(*bounds) for bounds in map(file_time_bounds, paths)):
+    candidates = (path for path in paths if not written_before(path, span))
+    if not any(bounds and span.overlaps(*bounds) for bounds in map(file_time_bounds, candidates)):
         raise RunError(
             f"no valid flow records between {hours[0]:%Y-%m-%d %H}:00 and {hours[-1]:%Y-%m-%d %H}:59 "
             f"in {flows_dir!r} ({len(paths)} files): nothing written"
