@@ -133,6 +133,7 @@ class Usage:
     def __init__(self):
         self.pid = os.getpid()
         self.peak_mb = 0.0
+        self._lock = threading.Lock()  # a sample taken before a stage ends is that stage's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -145,12 +146,14 @@ class Usage:
 
     def take_peak_mb(self) -> float:
         """The peak since the last call (at least the memory held now)."""
-        peak, self.peak_mb = max(self.peak_mb, self.memory_mb()), 0.0
+        with self._lock:
+            peak, self.peak_mb = max(self.peak_mb, self.memory_mb()), 0.0
         return peak
 
     def _sample(self) -> None:
         while not self._stop.wait(self.SAMPLE_S):
-            self.peak_mb = max(self.peak_mb, self.memory_mb())
+            with self._lock:
+                self.peak_mb = max(self.peak_mb, self.memory_mb())
 
     def stop(self) -> None:
         self._stop.set()

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
 import apache_beam as beam
+import pyarrow as pa
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
@@ -122,11 +123,21 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
                     break
                 if not running or sum(costs[r] for r in running.values()) + costs[i] <= cost_limit:
                     waiting.remove(i)
-                    running[pool.submit(tasks[i][0], *tasks[i][1])] = i
+                    running[pool.submit(_run_and_release, *tasks[i])] = i
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 done[running.pop(future)] = future.result()
         yield done.pop(next_result)
+
+
+def _run_and_release(task: Callable, args: tuple):
+    """In a worker: the task, then Arrow's freed memory handed back to the system; its allocator
+    keeps freed pages for reuse, so a worker that analyzed the largest job would hold that job's
+    peak through every later task and pipeline of the run."""
+    try:
+        return task(*args)
+    finally:
+        pa.default_memory_pool().release_unused()
 
 
 class PooledDoFn(beam.DoFn):
