@@ -22,12 +22,12 @@ from pipelines import warehouse
 from pipelines.local_workers import PooledDoFn
 from pipelines.shuffle_staging import TableRef, read_staged, stage_tables
 from pipelines.sink import HourTables
-from prism_core.config import DEFAULT_PARAMS, PrismParams
-from prism_core.recognition import Recognition
 from prism_core.analysis import (
     JOB_FLOW_COLUMNS, HourAnalysis, JobAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
     split_flows_by_job,
 )
+from prism_core.config import DEFAULT_PARAMS, PrismParams
+from prism_core.recognition import Recognition
 
 NAMESPACE = "prism.analyze"
 ANALYZED_FLOWS_AT_ONCE = 12_000_000

@@ -234,7 +234,7 @@ class MergeMinute(PooledDoFn):
         self.clean = Metrics.counter(NAMESPACE, "flows")
 
     def process(self, element, minute=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
-        hour_ns, tables_per_bundle = element
+        _, tables_per_bundle = element  # keyed by hour; merge_minute's result keys itself
         parsed = [table for tables in tables_per_bundle for table in tables]
         minute_ns = int(minute.start.micros) * 1000
         self.defer(merge_minute, (minute_ns, parsed, self.shuffle_dir), minute, timestamp,
