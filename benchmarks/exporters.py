@@ -44,6 +44,8 @@ COLUMNS = (
     ("DP R", "jobs", "dp_pair_recall"),
     ("steps 1%", "steps", "steps_within_1pct"),
     ("exact counts", "steps", "job_hours_exact_count"),
+    ("steps P", "steps", "prism_steps_within_1pct"),
+    ("periods 5%", "steps", "periods_within_5pct"),
     ("issues P", "issues", "precision"),
     ("issues R", "issues", "recall"),
     ("records kept", "ingest", "records_kept"),

@@ -24,10 +24,11 @@ from pipelines.shuffle_staging import TableRef, read_staged, stage_tables
 from pipelines.sink import HourTables
 from prism_core.analysis import (
     JOB_FLOW_COLUMNS, HourAnalysis, JobAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
-    split_flows_by_job,
+    profiles_by_address, split_flows_by_job,
 )
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.recognition import Recognition
+from prism_core.resolution import ExporterProfile
 
 NAMESPACE = "prism.analyze"
 ANALYZED_FLOWS_AT_ONCE = 12_000_000
@@ -72,12 +73,13 @@ class SplitByJob(PooledDoFn):
 
 
 def analyze_staged_job(job_id: str, pieces: list[tuple[int, TableRef]], recognition: Recognition, previous: dict,
-                       hour_start_ns: int, hour_end_ns: int, params: PrismParams) -> JobAnalysis:
+                       hour_start_ns: int, hour_end_ns: int, params: PrismParams,
+                       exporters: dict[str, ExporterProfile]) -> JobAnalysis:
     """prism_core.analysis.analyze_job over the job's staged flows, taken in file order whatever
     order the runner grouped them in."""
     pieces = sorted(pieces, key=lambda piece: piece[0])
     batches = read_staged([rows for _, rows in pieces])
-    return analyze_job(job_id, batches, recognition, previous, hour_start_ns, hour_end_ns, params)
+    return analyze_job(job_id, batches, recognition, previous, hour_start_ns, hour_end_ns, params, exporters)
 
 
 class AnalyzeJob(PooledDoFn):
@@ -90,16 +92,17 @@ class AnalyzeJob(PooledDoFn):
     cost_limit = ANALYZED_FLOWS_AT_ONCE
 
     def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int, params: PrismParams,
-                 workers: int = 1):
+                 exporters: dict[str, ExporterProfile], workers: int = 1):
         super().__init__(workers)
-        self.previous, self.params = previous or {}, params
+        self.previous, self.params, self.exporters = previous or {}, params, exporters
         self.hour = (hour_start_ns, hour_end_ns)
         self.errors = Metrics.counter(NAMESPACE, "analysis_errors")
 
     def process(self, element, recognition, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
         job_id, pieces = element
         pieces = [p for p in pieces if p is not None]
-        self.defer(analyze_staged_job, (job_id, pieces, recognition, self.previous, *self.hour, self.params),
+        self.defer(analyze_staged_job,
+                   (job_id, pieces, recognition, self.previous, *self.hour, self.params, self.exporters),
                    window, timestamp, cost=sum(rows.num_rows for _, rows in pieces))
 
     def outputs(self, analysis: JobAnalysis):
@@ -109,13 +112,17 @@ class AnalyzeJob(PooledDoFn):
 
 
 class AnalyzeHour(beam.PTransform):
-    """An hour's recognition and flows partition -> one HourAnalysis element. Row groups are split
-    and jobs analyzed on `workers` local worker processes (pipelines/local_workers.py)."""
+    """An hour's recognition and flows partition -> one HourAnalysis element. `exporters`: the
+    hour's ingest state `exporters` (what each exporter's records show; prism_core.resolution).
+    Row groups are split and jobs analyzed on `workers` local worker processes
+    (pipelines/local_workers.py)."""
 
     def __init__(self, recognition: Recognition, flows_path: str, previous: dict | None,
                  hour_start_ns: int, hour_end_ns: int, shuffle_dir: str, params: PrismParams = DEFAULT_PARAMS,
-                 workers: int = 1):
+                 exporters: dict | None = None, workers: int = 1):
         super().__init__()
+        self.exporters = profiles_by_address(
+            [ExporterProfile.from_json(values) for values in (exporters or {}).get("exporters", [])])
         self.recognition, self.flows_path, self.shuffle_dir = recognition, flows_path, shuffle_dir
         self.params, self.workers = params, workers
         self.previous = previous or {}
@@ -138,7 +145,8 @@ class AnalyzeHour(beam.PTransform):
             (every_job, job_flows)
             | "WithEveryJob" >> beam.Flatten()
             | "GroupByJob" >> beam.GroupByKey()
-            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour, self.params, self.workers),
+            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour, self.params, self.exporters,
+                                                    self.workers),
                                          recognition_side)
             | "AllJobs" >> beam.combiners.ToList()
             | "AssembleHour" >> beam.Map(assemble_hour, recognition_side)

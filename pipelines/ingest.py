@@ -31,6 +31,7 @@ from pipelines.sink import HourTables
 from prism_core.arrays import group_indices
 from prism_core.ingest import deduplicated_order, parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
+from prism_core.resolution import ExporterTally, exporter_profiles, tally_exporters
 from prism_core.schema import FLOW_MINUTES, QUARANTINE
 
 NAMESPACE = "prism.ingest"
@@ -77,6 +78,7 @@ class MinuteResult:
     flows: StagedFlows
     aggregates: pa.Table  # FLOW_MINUTES rows of the minute
     duplicates: int
+    exporters: ExporterTally  # what each exporter's kept records of the minute show
 
 
 def quarantine_hours(parsed_start_ns: np.ndarray, file_starts_ns: np.ndarray, modified_ns: int) -> np.ndarray:
@@ -220,6 +222,7 @@ def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> Mi
         flows=StagedFlows(parsed, stage_tables(shuffle_dir, [(None, pa.table({"row": kept}))])[0][1]),
         aggregates=minute_aggregates(rows, counted),
         duplicates=rows.num_rows - len(kept),
+        exporters=tally_exporters(rows.take(kept)),
     )
 
 
@@ -272,7 +275,8 @@ class IngestFlows(beam.PTransform):
 
 def hour_tables(hour_ns: int, minutes: list[MinuteResult], quarantine: list[pa.Table]) -> HourTables:
     """The hour's `flows`, `flow_minutes` and `quarantine` partitions (in a deterministic row
-    order), and its ingest state: their row counts and the duplicates dropped."""
+    order), and its ingest state: their row counts and the duplicates dropped; and what each
+    exporter's records of the hour show (`exporters`, prism_core.resolution)."""
     hour = datetime.fromtimestamp(hour_ns / 1e9, tz=timezone.utc)
     minutes = sorted(minutes, key=lambda result: result.minute_ns)
     aggregates = (
@@ -289,8 +293,12 @@ def hour_tables(hour_ns: int, minutes: list[MinuteResult], quarantine: list[pa.T
         "quarantine": rejected.num_rows,
         "duplicates": sum(m.duplicates for m in minutes),
     }
+    tally = ExporterTally()
+    for minute in minutes:
+        tally = tally.merge(minute.exporters)
     return HourTables(
         hour,
         tables={"flows": [m.flows for m in minutes], "flow_minutes": [aggregates], "quarantine": [rejected]},
-        state={"ingest": counts},
+        # ingest.json last: it marks the hour ingested
+        state={"exporters": {"exporters": [p.to_json() for p in exporter_profiles(tally)]}, "ingest": counts},
     )

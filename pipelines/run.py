@@ -295,7 +295,7 @@ def run_analysis(
         (
             pipeline
             | "Analyze" >> AnalyzeHour(recognition, str(paths[1]), previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir,
-                                       params, workers)
+                                       params, warehouse.read_stats(root, hour, "exporters"), workers)
             | "HourTables" >> beam.Map(analysis_tables, hour)
             | "Write" >> WriteTables(str(root), workers)
         )

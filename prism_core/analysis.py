@@ -19,13 +19,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core import diagnosis, parallelism, timeline
+from prism_core import diagnosis, parallelism, resolution, timeline
 from prism_core.arrays import group_indices
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import MINUTE_NS
 from prism_core.recognition import Recognition, recognize_hour
-from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, TABLES
+from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, STEPS, TABLES
 from prism_core.topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ BULK_READ_BYTES = CHECKPOINT_FLOW_BYTES
 # The flow columns the per-job stages read (parallelism, timeline, diagnosis): the pipeline reads
 # only these from the hour's Parquet and stages only these, half the bytes of a flow row. A stage
 # that needs another column adds it here.
-JOB_FLOW_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes", "sampler_address")
+JOB_FLOW_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes", "sampler_address",
+                    "sampling_rate")
 
 
 @dataclass
@@ -49,6 +50,8 @@ class JobAnalysis:
     degrees: dict[str, int]  # dp, pp, tp
     state: dict
     failed_stage: str | None = None  # the stage that raised, when the analysis failed
+    resolution: str | None = None  # what the records resolved (schema.RESOLUTIONS); None: failed
+    step_period_s: float | None = None  # the steps' median duration, or the records' rhythm
 
 
 class RecognitionError(RuntimeError):
@@ -146,13 +149,14 @@ def open_membership(recognition: Recognition, hour_start_ns: int) -> pa.Table:
     })
     membership = membership.join(held, ["job_id", "host"], join_type="left outer")
     first_ns = membership["first_ns"].to_numpy()
-    # the host's first job of the hour: no other job's span on it begins earlier
-    host, job_id = (membership[c].to_numpy(zero_copy_only=False) for c in ("host", "job_id"))
-    order = np.lexsort((first_ns, host))
-    leads = np.r_[True, host[order][1:] != host[order][:-1]] if len(order) else np.zeros(0, bool)
-    first_of_host = np.empty(len(order), bool)
-    first_of_host[order] = job_id[order] == job_id[order][leads][np.cumsum(leads) - 1]
-    at_start = pc.fill_null(membership["held_at_start"], False).to_numpy(zero_copy_only=False) & first_of_host
+    # the NIC's first job of the hour: no other job's span on it begins earlier (jobs on other
+    # GPUs of the host hold other NICs)
+    addr, job_id = (membership[c].to_numpy(zero_copy_only=False) for c in ("addr", "job_id"))
+    order = np.lexsort((first_ns, addr))
+    leads = np.r_[True, addr[order][1:] != addr[order][:-1]] if len(order) else np.zeros(0, bool)
+    first_of_nic = np.empty(len(order), bool)
+    first_of_nic[order] = job_id[order] == job_id[order][leads][np.cumsum(leads) - 1]
+    at_start = pc.fill_null(membership["held_at_start"], False).to_numpy(zero_copy_only=False) & first_of_nic
     at_end = pc.fill_null(membership["held_at_end"], False).to_numpy(zero_copy_only=False)
     membership = membership.set_column(membership.schema.get_field_index("first_ns"), "first_ns",
                                        pa.array(np.where(at_start, np.minimum(first_ns, hour_start_ns), first_ns)))
@@ -180,10 +184,16 @@ def analyze_job(
     hour_start_ns: int,
     hour_end_ns: int,
     params: PrismParams = DEFAULT_PARAMS,
+    exporters: dict[str, resolution.ExporterProfile] | None = None,
 ) -> JobAnalysis:
     """Parallelism, steps and issues of one job over one hour (its flows may be empty: a job
-    that fell silent still has an ongoing hang to account for). If a stage raises, the job's
-    analysis is `failed_job`'s instead, and the hour goes on for every other job."""
+    that fell silent still has an ongoing hang to account for). `exporters`: the hour's exporter
+    profiles by address (the ingest state's `exporters`; none: every exporter reads as reporting
+    transfers one by one). Steps are reported only where the records resolve them
+    (prism_core.resolution, decided before the timeline): elsewhere the job-hour has no step rows,
+    its `step_period_s` is the records' rhythm, and of its issues only those that need no step
+    (`ResolutionParams.unresolved_issue_kinds`) are reported. If a stage raises, the job's analysis
+    is `failed_job`'s instead, and the hour goes on for every other job."""
     # A stage may update the state it is handed in place, so it gets a copy: the previous hour's
     # states stay as they were for a failed job to carry on and for a retried bundle to start from.
     before = previous
@@ -204,9 +214,13 @@ def analyze_job(
             if members.num_rows
             else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None)
         )
+        stage = "resolution"
+        # a silent hour only closes the step the previous hour carried: nothing in it blurs that
+        resolved = (resolution.job_resolution(sent, exporters or {}, params.resolution) if sent.num_rows
+                    else resolution.JobResolution("steps", None, frozenset()))
         stage = "timeline"
         steps = timeline.divide_steps(
-            job_id, sent, found.comm_pairs, previous.get("timeline", {}).get(job_id),
+            job_id, resolving_flows(sent, resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
             hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
         )
         stage = "diagnosis"
@@ -218,13 +232,39 @@ def analyze_job(
     except Exception as error:
         logger.warning("analysis of job %s failed in %s", job_id, stage, exc_info=True)
         return failed_job(job_id, stage, error, before, hour_start_ns, hour_end_ns)
+    step_rows, issues = steps.steps, diagnosed.issues
+    durations = step_rows["duration_s"].to_numpy()
+    if resolved.resolution == "steps" and not resolution.steps_keep_time(durations, params.resolution):
+        resolved = resolution.demoted(resolved)
+    if resolved.resolution != "steps":
+        # The timeline's steps still carry the job's step numbers and the diagnosis' restarts and
+        # hangs, but are no steps to report, nor to judge a step, a host or a link by.
+        step_rows, durations = STEPS.empty_table(), np.zeros(0)
+        issues = issues.filter(pc.is_in(issues["kind"], value_set=pa.array(params.resolution.unresolved_issue_kinds)))
     return JobAnalysis(
         job_id,
         tables={"job_gpus": found.job_gpus, "comm_pairs": found.comm_pairs,
-                "steps": steps.steps, "issues": diagnosed.issues},
+                "steps": step_rows, "issues": issues},
         degrees={"dp": found.dp, "pp": found.pp, "tp": found.tp},
         state={"timeline": steps.state, "diagnosis": diagnosed.state},
+        resolution=resolved.resolution,
+        step_period_s=float(np.median(durations)) if len(durations) else resolved.period_s,
     )
+
+
+def profiles_by_address(profiles: list[resolution.ExporterProfile]) -> dict[str, resolution.ExporterProfile]:
+    return {profile.sampler_address: profile for profile in profiles}
+
+
+def resolving_flows(flows: pa.Table, resolved: resolution.JobResolution) -> pa.Table:
+    """Where the job's steps are resolved, its records from the exporters that report transfers
+    one by one: the timeline reads only these, a flow cache's merged records or an sFlow agent's
+    instants would blur its boundaries. Elsewhere every record (no step of it is reported)."""
+    if resolved.resolution != "steps":
+        return flows
+    exporters = pc.fill_null(flows["sampler_address"], resolution.NO_EXPORTER)
+    resolving = pc.is_in(exporters, value_set=pa.array(sorted(resolved.resolving_exporters), pa.string()))
+    return flows if pc.all(resolving).as_py() is not False else flows.filter(resolving)
 
 
 def failed_job(job_id: str, stage: str, error: Exception, previous: dict, hour_start_ns: int,
@@ -275,6 +315,10 @@ def assemble_hour(analyses: list[JobAnalysis], recognition: Recognition) -> Hour
     for name in ("dp", "pp", "tp"):
         values = pa.array([degrees.get(j, {}).get(name) for j in job_table["job_id"].to_pylist()], pa.int32())
         job_table = job_table.set_column(job_table.schema.get_field_index(name), name, values)
+    resolved = {a.job_id: (a.resolution, a.step_period_s) for a in analyses}
+    for position, (name, kind) in enumerate((("resolution", pa.string()), ("step_period_s", pa.float64()))):
+        values = pa.array([resolved.get(j, (None, None))[position] for j in job_table["job_id"].to_pylist()], kind)
+        job_table = job_table.set_column(job_table.schema.get_field_index(name), name, values)
     tables = {"jobs": job_table}
     for name in ANALYSIS_TABLES[1:]:
         parts = [a.tables[name] for a in analyses]
@@ -295,14 +339,17 @@ def analyze_hour(
     flows: pa.Table, flow_minutes: pa.Table, topology: Topology, previous: dict | None, hour_start_ns: int,
     params: PrismParams = DEFAULT_PARAMS,
 ) -> HourAnalysis:
-    """The whole analysis of one hour in one process (what the Beam pipeline distributes)."""
+    """The whole analysis of one hour in one process (what the Beam pipeline distributes); the
+    exporters are profiled from `flows` itself (FLOWS columns)."""
     previous = previous or {}
+    exporters = profiles_by_address(resolution.exporter_profiles(
+        resolution.tally_exporters(flows, params.resolution), params.resolution))
     recognition = recognize(flow_minutes, topology, previous, hour_start_ns, params)
     hour_end_ns = hour_start_ns + 60 * MINUTE_NS
     flows_of = dict(split_flows_by_job(flows, open_membership(recognition, hour_start_ns)))
     analyses = [
         analyze_job(job_id, [flows_of[job_id]] if job_id in flows_of else [], recognition, previous,
-                    hour_start_ns, hour_end_ns, params)
+                    hour_start_ns, hour_end_ns, params, exporters)
         for job_id in jobs_to_analyze(recognition, previous)
     ]
     return assemble_hour(analyses, recognition)

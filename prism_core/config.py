@@ -30,6 +30,8 @@ from prism_core.parallelism import DEFAULT_PARAMS as PARALLELISM_DEFAULTS
 from prism_core.parallelism import ParallelismParams
 from prism_core.recognition import DEFAULT_PARAMS as RECOGNITION_DEFAULTS
 from prism_core.recognition import RecognitionParams
+from prism_core.resolution import DEFAULT_PARAMS as RESOLUTION_DEFAULTS
+from prism_core.resolution import ResolutionParams
 from prism_core.timeline import DEFAULT_PARAMS as TIMELINE_DEFAULTS
 from prism_core.timeline import TimelineParams
 
@@ -44,6 +46,7 @@ class PrismParams:
     parallelism: ParallelismParams = PARALLELISM_DEFAULTS
     timeline: TimelineParams = TIMELINE_DEFAULTS
     diagnosis: DiagnosisParams = DIAGNOSIS_DEFAULTS
+    resolution: ResolutionParams = RESOLUTION_DEFAULTS
 
 
 DEFAULT_PARAMS = PrismParams()

@@ -1,9 +1,15 @@
 """Parallelism of one job from its flows: which pairs carry pipeline (PP) or data-parallel (DP)
 traffic, the pipeline stages, and the job's dp, pp and tp degrees.
 
-Flows are grouped per (source host, destination host, flow size); hosts rather than NICs because
+Flows are grouped per (source host, destination host, size family); hosts rather than NICs because
 with rail-aligned NICs (PXN) a send from GPU i to GPU j leaves through NIC j, so the two directions
-of one GPU pair can use different NIC pairs.
+of one GPU pair can use different NIC pairs. A size family is the byte counts within a relative
+tolerance of their neighbours: exporters add header bytes per packet, so one transfer size is
+never reported to the byte, and the two directions of a pair may be counted differently.
+Records whose bytes are no transfer's size are judged otherwise: sFlow's sampled records (no
+span, bytes from a few packets) form one group per direction, and a flow cache's records that
+merge several transfers (a whole number of a PP group's activations) carry the pipeline of their
+host pair.
 
 - A collective (ring or tree all-reduce, reduce-scatter + all-gather, all-to-all) is symmetric:
   in every round each participant sends while its peers send too, so the flows of both directions
@@ -39,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import stable_order, unique_inverse
+from prism_core.arrays import group_median, stable_order, unique_inverse
 from prism_core.constants import DP, OTHER, PP
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
@@ -48,20 +54,29 @@ from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 class ParallelismParams:
     """Every number parallelism is inferred with. A *threshold* is policy: a line Prism has to
     draw somewhere. A *prior* is a property of a job, assumed for every job until it can be
-    learned from the job's own traffic. An *assumption* is a property of the fleet taken as given."""
+    learned from the job's own traffic. The GPUs a job holds on each host are its members' (the
+    GPUs its NICs serve), not a fleet-wide count: platforms allocate GPUs, and jobs share hosts."""
 
-    # assumption, GPUs: every host has this many GPUs, one rail-aligned NIC each (the stage and
-    # rank layout and the checkpoint writers' slots are counted in them)
-    gpus_per_host: int = 8
     # threshold, ns: flows of the two directions of a host pair this close count as in flight
     # together (exporter clocks disagree by a few milliseconds)
     in_flight_slack_ns: int = 15_000_000
     # prior, share of flows: a pipeline's group has at least this share without reverse traffic in
-    # flight, the first warm-up forward of every step, 1 / micro-batches (up to 25 micro-batches)
-    pipeline_asymmetry: float = 0.04
-    # threshold, ratio of flow counts: a PP group's reverse group (same size, other direction) has
-    # about as many flows, within this factor
+    # flight, the first warm-up forward of every step, 1 / micro-batches (up to 128 micro-batches:
+    # real jobs run 32 and more; a collective's groups have next to none, as every round of it
+    # overlaps the reverse direction on some rail of the host pair)
+    pipeline_asymmetry: float = 1 / 128
+    # threshold, flows: a PP group repeats its activation size on every micro-batch of every step;
+    # a few records whose garbled sizes happen to fall together are not one, and a size family
+    # (size_tolerance) recurs at least this often
+    pipeline_min_flows: int = 8
+    # threshold, ratio of flow counts: a PP group's reverse group (same size family, other
+    # direction) has about as many flows, within this factor
     balance: float = 2.0
+    # threshold, relative gap: neighbouring distinct flow sizes closer than this are one transfer
+    # size as exporters count it (per-packet headers are 1-2% of a packet and differ between
+    # exporters by under half a percent, extension headers add a share of packets); transfer
+    # sizes a job really tells apart (bucket and tail, activation and gradient) differ by more
+    size_tolerance: float = 0.01
     # prior, ratio of sizes: an all-to-all's sizes on one directed host pair (the router's load per
     # peer) are, sorted, each within this factor of the next
     size_step: float = 2.0
@@ -105,11 +120,12 @@ def identify_parallelism(
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
+    pipeline_sends = pipeline[groups.of_flow] | _merged_pipeline_sends(flows, groups, pipeline, params)
     external = job_flows.filter(pa.array(~inside))
-    layout = _Layout.infer(gpus, flows, external, groups, pipeline, all_to_all, params.gpus_per_host)
+    layout = _Layout.infer(gpus, flows, external, groups, pipeline, pipeline_sends, all_to_all)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
-    kind[inside] = group_kind[groups.of_flow]
+    kind[inside] = np.where(pipeline_sends, PP, group_kind[groups.of_flow])
     job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
     job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
     return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), layout.dp, layout.pp, layout.tp)
@@ -128,15 +144,23 @@ def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> pa.Table:
 
 
 def _member_gpus(members: pa.Table) -> pa.Table:
-    """One row per member address (addr, host, gpu, first_seen, last_seen, host_code, active),
-    sorted by host then gpu. `active`: the host is still in the job at its last sighting (a host
-    replaced in a restart is not, and must not count twice in the degrees)."""
+    """One row per member address (addr, host, gpu, first_seen, last_seen, host_code, active,
+    gpus, local), sorted by host then gpu. `active`: the host is still in the job at its last
+    sighting (a host replaced in a restart is not, and must not count twice in the degrees).
+    `gpus`: the GPUs the NIC serves (membership's `gpus`, 1 where it does not say); `local`: the
+    job's index of the NIC's first GPU on its host (the job's GPUs there counted from 0)."""
+    served = pc.fill_null(members["gpus"], 1) if "gpus" in members.column_names else pa.array(np.ones(members.num_rows, np.int32))
+    members = members.select(["addr", "host", "gpu", "first_ns", "last_ns"]).append_column("gpus", served)
     spans = members.group_by(["addr", "host", "gpu"], use_threads=False).aggregate(
-        [("first_ns", "min"), ("last_ns", "max")]
+        [("first_ns", "min"), ("last_ns", "max"), ("gpus", "max")]
     )
     spans = spans.sort_by([("host", "ascending"), ("gpu", "ascending")])
     last_ns = spans["last_ns_max"].to_numpy()
     host_code = pc.index_in(spans["host"], value_set=pc.unique(spans["host"])).to_numpy()
+    served = spans["gpus_max"].to_numpy().astype(np.int64)
+    before = np.cumsum(served) - served  # GPUs of earlier rows, on any host
+    host_start = np.r_[True, host_code[1:] != host_code[:-1]] if len(host_code) else np.zeros(0, bool)
+    local = before - before[np.flatnonzero(host_start)][np.cumsum(host_start) - 1]
     return pa.table(
         {
             "addr": spans["addr"],
@@ -146,88 +170,156 @@ def _member_gpus(members: pa.Table) -> pa.Table:
             "last_seen": spans["last_ns_max"].cast(TS),
             "host_code": host_code.astype(np.int64),
             "active": last_ns == last_ns.max(),
+            "gpus": served,
+            "local": local,
         }
     )
 
 
 @dataclass
 class _InternalFlows:
-    """Flows between members, as arrays: host codes, the source NIC's rail, size and times."""
+    """Flows between members, as arrays: host codes, the source NIC's rail (its place among the
+    job's GPUs on its host) and the GPUs it serves, size, times, and whether the record was
+    sampled (sFlow: bytes estimated from a few packets, start = end)."""
 
     src_host: np.ndarray
     dst_host: np.ndarray
     rail: np.ndarray
+    src_gpus: np.ndarray
     size: np.ndarray
     start: np.ndarray
     end: np.ndarray
+    sampled: np.ndarray
     n_hosts: int
 
     @classmethod
     def of(cls, internal: pa.Table, gpus: pa.Table) -> _InternalFlows:
         src = pc.index_in(internal["src_addr"], value_set=gpus["addr"]).to_numpy()
         dst = pc.index_in(internal["dst_addr"], value_set=gpus["addr"]).to_numpy()
-        host_code, rail = gpus["host_code"].to_numpy(), gpus["gpu"].to_numpy()
+        host_code, rail = gpus["host_code"].to_numpy(), gpus["local"].to_numpy()
+        start, end = internal["time_flow_start_ns"].to_numpy(), internal["time_flow_end_ns"].to_numpy()
+        # packet sampling (sFlow) has no flow start or end; a sampled NetFlow exporter's records
+        # keep their span and their bytes scaled back are the transfer's
+        sampled = np.zeros(internal.num_rows, bool)
+        if "sampling_rate" in internal.column_names:
+            rate = pc.fill_null(internal["sampling_rate"], 1).to_numpy()
+            sampled = (rate > 1) & (end == start)
         return cls(
             src_host=host_code[src],
             dst_host=host_code[dst],
             rail=rail[src],
+            src_gpus=gpus["gpus"].to_numpy()[src],
             size=internal["bytes"].to_numpy(),
-            start=internal["time_flow_start_ns"].to_numpy(),
-            end=internal["time_flow_end_ns"].to_numpy(),
+            start=start,
+            end=end,
+            sampled=sampled,
             n_hosts=int(host_code.max()) + 1,
         )
 
 
 @dataclass
 class _Groups:
-    """Flows of the job between members, grouped by (src host, dst host, size)."""
+    """Flows of the job between members, grouped by (src host, dst host, size family)."""
 
     src_host: np.ndarray  # per group, host code
     dst_host: np.ndarray
-    size: np.ndarray  # bytes of each of its flows
+    size: np.ndarray  # bytes of the smallest of its flows
     flows: np.ndarray  # flows in the group
-    unmatched: np.ndarray  # flows with no reverse-direction traffic in flight
-    reverse: np.ndarray  # index of the (dst host, src host, size) group, -1 when absent
+    unmatched: np.ndarray  # flows with no flow of the reverse group in flight
+    reverse: np.ndarray  # index of the (dst host, src host, size family) group, -1 when absent
     of_flow: np.ndarray  # group of every internal flow
-    answered: np.ndarray  # per internal flow: reverse-direction traffic in flight with it
+    answered: np.ndarray  # per internal flow: a flow of the reverse group in flight with it
 
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     n_hosts = flows.n_hosts
-    sizes, size_code = unique_inverse(flows.size)
+    # a sampled record's bytes say how many of its packets were sampled, not the transfer's size
+    # (nor do they bridge two sizes into one family): the sampled records of a pair are one group
+    size_code = np.full(len(flows.size), -1)
+    sizes, size_code[~flows.sampled] = size_families(
+        flows.size[~flows.sampled], params.size_tolerance, params.pipeline_min_flows
+    )
+    size_code[flows.sampled] = len(sizes)
+    sizes = np.r_[sizes, np.median(flows.size[flows.sampled]) if flows.sampled.any() else 0]
     n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
     group_keys, of_flow = unique_inverse(direction * n_sizes + size_code)
-    answered = reverse_in_flight(
-        direction, flows.dst_host * n_hosts + flows.src_host, flows.start, flows.end, params.in_flight_slack_ns
-    )
     pair, size_of_group = np.divmod(group_keys, n_sizes)
     src_of_group, dst_of_group = np.divmod(pair, n_hosts)
     reverse_keys = (dst_of_group * n_hosts + src_of_group) * n_sizes + size_of_group
     position = np.minimum(np.searchsorted(group_keys, reverse_keys), len(group_keys) - 1)
+    reverse = np.where(group_keys[position] == reverse_keys, position, -1)
+    # only the reverse flows of the same size answer: a collective sends the same chunks both ways
+    # and a pipeline returns each activation's gradient, while a flow cache's records that merge
+    # many transfers last long enough to overlap anything else on the pair. A sampled record is
+    # one packet's time in a transfer of unknown size: any reverse traffic answers it.
+    answered = reverse_in_flight(of_flow, reverse[of_flow], flows.start, flows.end, params.in_flight_slack_ns)
+    if flows.sampled.any():
+        reverse_direction = flows.dst_host * n_hosts + flows.src_host
+        slack = np.maximum(params.in_flight_slack_ns, _sampling_interval(direction, flows)[reverse_direction])
+        on_pair = reverse_in_flight(direction, reverse_direction, flows.start, flows.end, slack.astype(np.int64))
+        answered = np.where(flows.sampled, on_pair, answered)
     return _Groups(
         src_host=src_of_group,
         dst_host=dst_of_group,
         size=sizes[size_of_group],
         flows=np.bincount(of_flow, minlength=len(group_keys)),
         unmatched=np.bincount(of_flow, weights=~answered, minlength=len(group_keys)),
-        reverse=np.where(group_keys[position] == reverse_keys, position, -1),
+        reverse=reverse,
         of_flow=of_flow,
         answered=answered,
     )
 
 
+def _sampling_interval(direction: np.ndarray, flows: _InternalFlows) -> np.ndarray:
+    """Per direction code: the median time between its consecutive sampled records (0 without).
+    A sampled record marks one packet of a transfer, so the reverse transfer in flight with it
+    shows up only about this often."""
+    chosen = np.flatnonzero(flows.sampled)
+    order = chosen[np.lexsort((flows.start[chosen], direction[chosen]))]
+    same = direction[order][1:] == direction[order][:-1]
+    gaps = np.diff(flows.start[order])[same]
+    interval = np.zeros(flows.n_hosts * flows.n_hosts)
+    if len(gaps):
+        keys = direction[order][1:][same]
+        median = group_median(keys, gaps.astype(np.float64))
+        interval[keys] = median
+    return interval
+
+
+def size_families(size: np.ndarray, tolerance: float, min_flows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(smallest size of each family, family of every flow): the sizes that recur (`min_flows`
+    records or more within `tolerance` of them), sorted, cut where the next is more than
+    `tolerance` (relative) above its neighbour; every other size is a family of its own. Header
+    bytes spread one transfer size over nearby byte counts, so no two records need to agree to the
+    byte; sizes that do not recur (pieces of transfers an exporter cut) must not chain two sizes
+    into one family."""
+    sizes, size_code = unique_inverse(size)
+    below = np.r_[0, np.cumsum(np.bincount(size_code, minlength=len(sizes)))]
+    near = below[np.searchsorted(sizes, sizes * (1.0 + tolerance), side="right")] - below[
+        np.searchsorted(sizes, sizes / (1.0 + tolerance), side="left")]
+    recurring = np.flatnonzero(near >= min_flows)
+    lone = np.flatnonzero(near < min_flows)
+    opens = np.r_[True, sizes[recurring][1:] > sizes[recurring][:-1] * (1.0 + tolerance)][: len(recurring)]
+    family = np.empty(len(sizes), np.int64)
+    family[recurring] = np.cumsum(opens) - 1
+    family[lone] = int(opens.sum()) + np.arange(len(lone))
+    return np.r_[sizes[recurring][opens], sizes[lone]], family[size_code]
+
+
 def reverse_in_flight(
     direction: np.ndarray, reverse: np.ndarray, start: np.ndarray, end: np.ndarray,
-    slack_ns: int = DEFAULT_PARAMS.in_flight_slack_ns,
+    slack_ns: int | np.ndarray = DEFAULT_PARAMS.in_flight_slack_ns,
 ) -> np.ndarray:
-    """For every flow: does a flow of the reverse direction overlap it (within `slack_ns`)?
+    """For every flow: does a flow of the reverse direction overlap it (within `slack_ns`, one
+    for all flows or one per flow)?
 
     All flows sorted by (direction, start) with times offset per direction, so one running
     maximum of ends serves every direction: a query only looks at its reverse direction's block.
     Flows usually come in start order: then ordering by direction alone (linear time) is that."""
-    base = int(start.min()) - slack_ns - 1
-    width = int(end.max()) - base + 2 * slack_ns + 1
+    widest = int(np.max(slack_ns))
+    base = int(start.min()) - widest - 1
+    width = int(end.max()) - base + 2 * widest + 1
     starts = direction * width + (start - base)
     in_start_order = bool(np.all(start[1:] >= start[:-1]))
     order = stable_order(direction) if in_start_order else np.argsort(starts, kind="stable")
@@ -244,8 +336,69 @@ def reverse_in_flight(
 
 def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
+    reverse_flows = reverse_flows + _merged_reverse_flows(groups, params)
     balanced = (reverse_flows * params.balance >= groups.flows) & (groups.flows * params.balance >= reverse_flows)
-    return balanced & (groups.unmatched >= params.pipeline_asymmetry * groups.flows)
+    repeated = groups.flows >= params.pipeline_min_flows
+    return balanced & repeated & (groups.unmatched >= params.pipeline_asymmetry * groups.flows)
+
+
+def _merged_reverse_flows(groups: _Groups, params: ParallelismParams) -> np.ndarray:
+    """Per group: the transfers of its size that the reverse direction's records hold merged (a
+    record of a whole number k >= 2 of them counts k), so a pipeline whose one direction a flow
+    cache merges is still balanced by volume. Compares the groups of each host pair pairwise:
+    O(recurring groups x groups) per host pair, and a host pair carries few sizes."""
+    n = int(max(groups.src_host.max(), groups.dst_host.max())) + 1
+    direction = groups.src_host * n + groups.dst_host
+    by_direction = np.argsort(direction, kind="stable")
+    directions, first, count = np.unique(direction[by_direction], return_index=True, return_counts=True)
+    reverse_direction = groups.dst_host * n + groups.src_host
+    where = np.minimum(np.searchsorted(directions, reverse_direction), len(directions) - 1)
+    has_reverse = directions[where] == reverse_direction
+    # only a group the reverse group does not balance by itself: its own pipeline's other
+    # direction may be merged, and other traffic on the pair is left out of a balanced one
+    own = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
+    short = own * params.balance < groups.flows
+    units = np.flatnonzero(has_reverse & short & (groups.flows >= params.pipeline_min_flows))
+    span = count[where[units]]
+    unit = np.repeat(units, span)
+    offset = np.arange(len(unit)) - np.repeat(np.cumsum(span) - span, span)
+    other = by_direction[np.repeat(first[where[units]], span) + offset]
+    ratio = groups.size[other] / groups.size[unit]
+    whole = _whole_multiple(ratio, params.size_tolerance)
+    # a size both directions carry about equally is a transfer size of its own (pipelines of
+    # several activation sizes), not merged records
+    echo = np.where(groups.reverse[other] >= 0, groups.flows[groups.reverse[other]], 0)
+    whole &= echo * params.balance < groups.flows[other]
+    # and merged records recur like the transfers they hold; a garbled size is near some multiple
+    whole &= groups.flows[other] >= params.pipeline_min_flows
+    return np.bincount(unit[whole], weights=(np.round(ratio) * groups.flows[other])[whole], minlength=len(groups.flows))
+
+
+def _whole_multiple(ratio: np.ndarray, tolerance: float) -> np.ndarray:
+    """Is each size ratio a whole number of 2 or more transfers, off by `tolerance` of one at
+    most? (A looser bound makes any large size a multiple of every small one by chance.)"""
+    return (np.round(ratio) >= 2) & (np.abs(ratio - np.round(ratio)) <= tolerance)
+
+
+def _merged_pipeline_sends(
+    flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray, params: ParallelismParams
+) -> np.ndarray:
+    """Per internal flow: a record of several pipeline sends merged (a flow cache keeps a queue
+    pair's record open across transfers). On a host pair with a PP group, a record outside it
+    that holds a whole number (2 or more) of its activations carries the pipeline too: by volume,
+    as its size is no transfer's. (Not by rate: real transfers of other kinds on the pair, slowed
+    by their peers, run as slowly as merged records.)"""
+    n = flows.n_hosts
+    pair_of_group = np.minimum(groups.src_host, groups.dst_host) * n + np.maximum(groups.src_host, groups.dst_host)
+    unit = np.full(n * n, np.inf)
+    np.minimum.at(unit, pair_of_group[pipeline], groups.size[pipeline].astype(np.float64))
+    pair = pair_of_group[groups.of_flow]
+    piped = np.isfinite(unit[pair]) & ~pipeline[groups.of_flow]
+    if not piped.any():
+        return piped
+    units = flows.size / unit[pair]
+    whole = _whole_multiple(units, params.size_tolerance) & (groups.flows[groups.of_flow] > 1)
+    return piped & whole
 
 
 def _is_all_to_all(groups: _Groups, params: ParallelismParams) -> np.ndarray:
@@ -286,22 +439,31 @@ class _Layout:
     @classmethod
     def infer(
         cls, gpus: pa.Table, flows: _InternalFlows, external: pa.Table, groups: _Groups, pipeline: np.ndarray,
-        all_to_all: np.ndarray, gpus_per_host: int,
+        pipeline_sends: np.ndarray, all_to_all: np.ndarray,
     ) -> _Layout:
         host_code = gpus["host_code"].to_numpy()
-        gpu = gpus["gpu"].to_numpy().astype(np.int64)
-        n_active = len(np.unique(host_code[gpus["active"].to_numpy(zero_copy_only=False)]))
-        level = _pipeline_levels(flows, groups, pipeline)
+        gpu = gpus["local"].to_numpy()
+        active = gpus["active"].to_numpy(zero_copy_only=False)
+        served = gpus["gpus"].to_numpy()
+        # the job's own GPUs: on each host still in it, those its NICs serve (hosts may differ:
+        # the most common count is the job's per host)
+        n_gpus = int(served[active].sum())
+        per_host_counts = np.bincount(host_code[active], weights=served[active]).astype(np.int64)
+        counts, hosts_with = np.unique(per_host_counts[per_host_counts > 0], return_counts=True)
+        gpus_per_host = int(counts[np.argmax(hosts_with)])
+        active_hosts = np.zeros(flows.n_hosts, bool)
+        active_hosts[host_code[active]] = True
+        level = _pipeline_levels(flows, groups, pipeline, active_hosts)
         n_levels = int(level.max()) + 1
-        on_forward = pipeline[groups.of_flow] & (level[flows.dst_host] == level[flows.src_host] + 1)
-        forward_rails = len(np.unique(flows.rail[on_forward]))
-        if 0 < forward_rails < gpus_per_host:
-            # Stages smaller than a host: a forward send reaches the first GPUs of the next host.
-            stage_size = forward_rails
-            pp = gpus_per_host * n_active // stage_size
+        on_forward = pipeline_sends & (level[flows.dst_host] == level[flows.src_host] + 1)
+        forward_gpus = int(_gpus_behind_rails(flows, on_forward, flows.src_host).max(initial=0))
+        if 0 < forward_gpus < gpus_per_host:
+            # Stages smaller than the job's part of a host: a forward send reaches the first GPUs of the next host.
+            stage_size = forward_gpus
+            pp = max(n_gpus // stage_size, 1)
         else:
             pp = n_levels
-            stage_size = gpus_per_host * n_active // pp
+            stage_size = max(n_gpus // pp, 1)
         collective = ~pipeline & ~all_to_all & (level[groups.src_host] == level[groups.dst_host])
         writers = _checkpoint_writers(external, gpus, level, gpus_per_host)
         tp = _tensor_parallel(flows, groups, collective, stage_size, writers, pp, gpus_per_host)
@@ -323,8 +485,9 @@ class _Layout:
         )
 
 
-def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray) -> np.ndarray:
-    """Stage index of every host along its PP chain (0 where there is no PP traffic)."""
+def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """Stage index of every host along its PP chain (0 where there is no PP traffic); `active`:
+    per host code, still in the job at its last sighting."""
     chosen = np.flatnonzero(pipeline[groups.of_flow])
     low = np.minimum(flows.src_host[chosen], flows.dst_host[chosen])
     high = np.maximum(flows.src_host[chosen], flows.dst_host[chosen])
@@ -333,7 +496,8 @@ def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarra
     vote = warm_up_votes(pair, flows.start[chosen], groups.answered[chosen])
     pairs, index = unique_inverse(pair)
     upward_score = np.bincount(index, weights=upward * vote, minlength=len(pairs))
-    return _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, flows.n_hosts)
+    warm_ups = np.bincount(flows.src_host[chosen], weights=vote > 0, minlength=flows.n_hosts)
+    return _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, warm_ups, active)
 
 
 def warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> np.ndarray:
@@ -360,25 +524,32 @@ def warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> 
     return vote
 
 
-def _chain_levels(low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, n_hosts: int) -> np.ndarray:
+def _chain_levels(
+    low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, warm_ups: np.ndarray, active: np.ndarray
+) -> np.ndarray:
     """Walk every PP chain depth-first from one end, then number its hosts from the end whose
     sends the warm-up votes call forward (summed over the chain, so one noisy hop cannot flip
-    part of it). A host that replaced another in a restart has the same neighbours: such twins
-    are walked as one host and share its stage."""
+    part of it). A host that a restart replaced has the same neighbours as its successor: it is
+    walked as that host and shares its stage (hosts both still in the job may share neighbours
+    too: every other host of a ring of four). An interleaved pipeline (virtual stages) sends
+    from its last stage back to the first, so its chain closes into a ring: that is walked from
+    the host sending the most warm-up forwards (stage 0 runs the longest warm-up) in the
+    direction its votes call forward."""
     neighbours: dict[int, set[int]] = {}
     for a, b in zip(low.tolist(), high.tolist()):
         neighbours.setdefault(a, set()).add(b)
         neighbours.setdefault(b, set()).add(a)
-    twin_of: dict[frozenset, int] = {}
-    walked_as = {host: twin_of.setdefault(frozenset(near), host) for host, near in sorted(neighbours.items())}
+    successor = {frozenset(near): host for host, near in sorted(neighbours.items(), reverse=True) if active[host]}
+    walked_as = {host: host if active[host] else successor.get(frozenset(near), host)
+                 for host, near in neighbours.items()}
     score: dict[tuple[int, int], float] = {}
     for a, b, value in zip(low.tolist(), high.tolist(), upward_score.tolist()):
         a, b = walked_as[a], walked_as[b]
         score[(a, b)] = score.get((a, b), 0.0) + value
         score[(b, a)] = score.get((b, a), 0.0) - value
     steps = {host: sorted({walked_as[n] for n in neighbours[host]}) for host in set(walked_as.values())}
-    level = np.zeros(n_hosts, np.int64)
-    depth = np.full(n_hosts, -1, np.int64)
+    level = np.zeros(len(active), np.int64)
+    depth = np.full(len(active), -1, np.int64)
     for end in sorted(steps, key=lambda host: (len(steps[host]), host)):
         if depth[end] >= 0:
             continue
@@ -392,11 +563,27 @@ def _chain_levels(low: np.ndarray, high: np.ndarray, upward_score: np.ndarray, n
                     depth[nxt] = depth[host] + 1
                     toward_far_end += score[(host, nxt)]
                     stack.append(nxt)
+        if len(chain) > 2 and all(len(steps[host]) == 2 for host in chain):
+            chain = _ring_order(chain, steps, score, warm_ups)
+            depth[chain] = np.arange(len(chain))
+            toward_far_end = 0.0
         chain = np.array(chain)
         level[chain] = depth[chain] if toward_far_end >= 0 else depth[chain].max() - depth[chain]
     for host, walked in walked_as.items():
         level[host] = level[walked]
     return level
+
+
+def _ring_order(
+    ring: list[int], steps: dict[int, list[int]], score: dict[tuple[int, int], float], warm_ups: np.ndarray
+) -> list[int]:
+    """The hosts of a ring of PP hops in stage order: from the host with the most warm-up sends,
+    on along the forward direction."""
+    first = max(ring, key=lambda host: (warm_ups[host], -host))
+    order = [first, max(steps[first], key=lambda nxt: score[(first, nxt)])]
+    while len(order) < len(ring):
+        order.append(next(nxt for nxt in steps[order[-1]] if nxt != order[-2]))
+    return order
 
 
 def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, gpus_per_host: int) -> int:
@@ -411,9 +598,10 @@ def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, g
         return 0
     sizes, writers_of = np.unique(per_nic["bytes"].to_numpy(), return_inverse=True)
     row = pc.index_in(per_nic["src_addr"], value_set=gpus["addr"]).to_numpy()
-    slot = level[gpus["host_code"].to_numpy()[row]] * gpus_per_host + gpus["gpu"].to_numpy()[row]
-    distinct = np.unique(np.stack([writers_of.ravel(), slot], axis=1), axis=0)
-    writers = np.bincount(distinct[:, 0], minlength=len(sizes))
+    slot = level[gpus["host_code"].to_numpy()[row]] * gpus_per_host + gpus["local"].to_numpy()[row]
+    served = gpus["gpus"].to_numpy()[row]  # a NIC serving two GPUs writes both shards
+    distinct, first = np.unique(np.stack([writers_of.ravel(), slot], axis=1), axis=0, return_index=True)
+    writers = np.bincount(distinct[:, 0], weights=served[first], minlength=len(sizes)).astype(np.int64)
     best = np.lexsort((sizes, writers))[-1]  # most writers, then the largest size
     return int(writers[best]) if writers[best] >= 2 else 0
 
@@ -429,15 +617,23 @@ def _tensor_parallel(
        DP host pair uses is tp (exact for rings; a tree may cross twice between two hosts);
     3. otherwise the stage's DP stays on NVLink inside a host and tp takes the whole stage (dp = 1),
        the usual choice (TP needs NVLink, DP does not)."""
-    fits = [tp for tp in (8, 4, 2, 1) if stage_size % tp == 0]
+    # TP rides NVLink: it divides the job's GPUs on a host
+    fits = [tp for tp in range(gpus_per_host, 0, -1) if gpus_per_host % tp == 0 and stage_size % tp == 0]
     if writers and writers % pp == 0 and writers // pp in fits:
         return writers // pp
     chosen = collective[groups.of_flow] & (flows.src_host != flows.dst_host)
     if stage_size <= gpus_per_host or not chosen.any():
         return fits[0]
-    keys = np.unique(np.stack([flows.src_host[chosen], flows.dst_host[chosen], flows.rail[chosen]], axis=1), axis=0)
-    _, rails_per_pair = np.unique(keys[:, :2], axis=0, return_counts=True)
-    return next(tp for tp in fits if tp <= rails_per_pair.min())
+    pair = flows.src_host * flows.n_hosts + flows.dst_host
+    return next(tp for tp in fits if tp <= _gpus_behind_rails(flows, chosen, pair).min())
+
+
+def _gpus_behind_rails(flows: _InternalFlows, chosen: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Per distinct `key` of the `chosen` flows: the GPUs served by the distinct rails (source
+    NICs) those flows leave through (a NIC may serve two GPUs, and carry both GPUs' sends)."""
+    keyed = np.unique(np.stack([key[chosen], flows.rail[chosen], flows.src_gpus[chosen]], axis=1), axis=0)
+    _, of_key = np.unique(keyed[:, 0], return_inverse=True)
+    return np.bincount(of_key.ravel(), weights=keyed[:, 2]).astype(np.int64)
 
 
 def _slot_in_stage(host_code: np.ndarray, level: np.ndarray) -> np.ndarray:

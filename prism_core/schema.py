@@ -88,8 +88,17 @@ JOBS = pa.schema(
         ("status", pa.string()),  # JOB_STATUSES
         ("restarts", pa.int32()),
         ("hosts", pa.list_(pa.string())),
+        # what the hour's flow records could resolve (RESOLUTIONS; prism_core.resolution): steps
+        # (the steps table has the job's steps), period (no step rows: only step_period_s) or
+        # jobs_only (neither); null when the job's analysis failed
+        ("resolution", pa.string()),
+        # s; the median duration of the hour's steps where resolved, else the step period the
+        # records' rhythm shows (an estimate; null when they show none)
+        ("step_period_s", pa.float64()),
     ]
 )
+
+RESOLUTIONS = ("steps", "period", "jobs_only")
 
 # A job's status at the end of an hour, decided in one place (prism_core.analysis.job_status) and
 # read as is by every report: running (its GPUs talk), hung (silent in a hang that still holds its

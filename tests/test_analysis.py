@@ -32,6 +32,7 @@ def _recognition(job_rows: list[tuple[str, int, str, str]], spans: list[tuple[st
     membership = pa.table({
         "job_id": [j for j, _, _, _, _ in spans], "addr": [a for _, a, _, _, _ in spans],
         "host": [h for _, _, _, _, h in spans], "gpu": pa.array([0] * len(spans), pa.int32()),
+        "gpus": pa.array([1] * len(spans), pa.int32()),
         "first_ns": pa.array([f for _, _, f, _, _ in spans], pa.int64()),
         "last_ns": pa.array([l for _, _, _, l, _ in spans], pa.int64()),
     }).cast(MEMBERSHIP)
@@ -55,6 +56,7 @@ def test_a_job_holds_its_hosts_from_the_hour_start_if_it_ran_then_and_to_the_end
         "time_flow_end_ns": pa.array([HOUR + t * SECOND + 1 for _, t in sent], pa.int64()),
         "src_addr": [h for h, _ in sent], "dst_addr": ["storage"] * len(sent),
         "bytes": pa.array([1 << 30] * len(sent), pa.int64()), "sampler_address": ["x"] * len(sent),
+        "sampling_rate": pa.array([1] * len(sent), pa.int64()),
     })
     split = {job: (part["time_flow_start_ns"].to_numpy() - HOUR) // SECOND
              for job, part in split_flows_by_job(flows, open_membership(recognition, HOUR))}
@@ -108,6 +110,7 @@ def test_bulk_reads_from_storage_go_to_the_job_that_last_took_the_gpu_even_after
         "time_flow_end_ns": pa.array([HOUR + t * SECOND + 1 for _, _, t, _ in reads], pa.int64()),
         "src_addr": [s for s, _, _, _ in reads], "dst_addr": [d for _, d, _, _ in reads],
         "bytes": pa.array([b for _, _, _, b in reads], pa.int64()), "sampler_address": ["x"] * len(reads),
+        "sampling_rate": pa.array([1] * len(reads), pa.int64()),
     })
     split = {job: ((part["time_flow_start_ns"].to_numpy() - HOUR) // SECOND).tolist()
              for job, part in split_flows_by_job(flows, recognition.membership)}

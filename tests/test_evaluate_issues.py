@@ -94,6 +94,16 @@ def test_a_straggler_is_right_only_on_its_host():
     assert figures["precision"] == pytest.approx(3 / 7)  # host2's issue stays false beside it
 
 
+def test_a_slow_stage_is_named_by_any_of_its_hosts():
+    truth, warehouse = scorer_case()
+    subject = truth["faults"]["subject"].to_pylist()
+    subject[0] = "host1,host3"  # a slow last stage over two hosts
+    truth["faults"] = truth["faults"].set_column(3, "subject", pa.array(subject))
+    named = with_issues(warehouse, issue_id=["i6"], subject=["host3"], start=ts([120]), end=ts([380]))
+    assert figures_of(truth, named)["recall_straggler"] == 1.0
+    assert figures_of(truth, warehouse)["recall_straggler"] == 0.0  # host2 is not one of them
+
+
 def test_two_issues_on_one_fault_one_is_right_the_other_false():
     """A second slow-link issue naming a1 on the same fault: one fault, one match."""
     truth, warehouse = scorer_case()

@@ -581,11 +581,11 @@ def test_dedupe_drops_flows_reported_by_two_exporters():
     table, dropped = dedupe(flows_table(records))
     assert dropped == 3
     assert table.num_rows == 3
-    # The copy kept is the earliest received.
+    # Of two exporters' reports, the first exporter's stays (whichever arrived first).
     kept = table.filter(pa.compute.equal(table["bytes"], 100)).to_pylist()
-    assert [(r["src_port"], r["time_received_ns"]) for r in kept] == [
-        (49152, T0 + 1_500_000),
-        (None, T0 + 2_000_000),
+    assert [(r["src_port"], r["sampler_address"]) for r in kept] == [
+        (49152, "10.255.0.1"),
+        (None, "10.255.0.1"),
     ]
 
 
@@ -681,6 +681,36 @@ def test_dedupe_keeps_records_that_are_not_copies(second):
     other.update(second)
     table, dropped = dedupe(flows_table([first, {k: v for k, v in other.items() if v is not None}]))
     assert dropped == 0 and table.num_rows == 2
+
+
+def alike_transfers_at_milliseconds(exporter: str, offset_ms: int, received_ns: int) -> list[dict]:
+    """Three transfers on one queue pair within one millisecond, of one size: at a millisecond
+    clock their records are identical but for when the collector received each."""
+    start = T0 + (5 + offset_ms) * 1_000_000
+    return [record(time_flow_start_ns=start, time_flow_end_ns=start, bytes=40_960, packets=10,
+                   sampler_address=exporter, time_received_ns=received_ns + k * 1_700)
+            for k in range(3)]
+
+
+def test_dedupe_keeps_transfers_one_exporter_reports_identically_at_milliseconds():
+    records = alike_transfers_at_milliseconds("10.255.0.1", 0, T0 + 9_000_000)
+    table, dropped = dedupe(flows_table(records + records[:1]))  # and one record delivered twice
+    assert dropped == 1
+    assert table.num_rows == 3
+
+
+def test_dedupe_drops_every_copy_of_alike_transfers_from_an_exporter_with_another_clock():
+    # a second exporter 2 ms behind reports the same three transfers, and a few others the two
+    # share tell the offset
+    first = alike_transfers_at_milliseconds("10.255.0.1", 0, T0 + 9_000_000)
+    second = alike_transfers_at_milliseconds("10.255.0.2", -2, T0 + 9_500_000)
+    shared = [record(time_flow_start_ns=T0 + k * 10**9 + shift, time_flow_end_ns=T0 + k * 10**9 + shift,
+                     dst_port=4791 + k, sampler_address=exporter)
+              for k in range(1, 4) for exporter, shift in (("10.255.0.1", 0), ("10.255.0.2", -2_000_000))]
+    table, dropped = dedupe(flows_table(first + second + shared))
+    assert dropped == 6
+    assert table["sampler_address"].to_pylist() == ["10.255.0.1"] * 6
+    assert table.num_rows == 6
 
 
 def test_dedupe_of_empty_and_single_tables():

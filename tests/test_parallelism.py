@@ -11,10 +11,11 @@ from prism_core import parallelism
 from prism_core.analysis import split_flows_by_job
 from prism_core.evaluate import jobs as job_scores
 from prism_core.minutes import HOUR_NS
-from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster
+from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster, Placement
 from prism_core.simulate.scenarios import FaultSpec, JobSpec
 from prism_core.simulate.schedule import plan_job
 from prism_core.simulate.traffic import KIND_NAMES
+from prism_core.simulate.variation import Traits
 from test_recognition import HOUR0, recognize_hours, scenario_flows
 
 SECONDS = 150.0
@@ -38,13 +39,13 @@ def simulated_job(spec: JobSpec, seed: int = 0):
             "bytes": batch.nbytes,
         }
     )
-    nics = np.array(spec.hosts)[:, None] * GPUS_PER_HOST + np.arange(GPUS_PER_HOST)
+    nics = np.unique(cluster.gpu_nic[Placement.of(spec.hosts, spec.first_gpu, spec.gpus_per_host).gpus])
     members = pa.table(
         {
             "job_id": ["job"] * nics.size,
-            "addr": cluster.addrs.take(pa.array(nics.ravel())),
-            "host": [cluster.host_name(h) for h in np.repeat(spec.hosts, GPUS_PER_HOST)],
-            "gpu": pa.array(np.tile(np.arange(GPUS_PER_HOST), len(spec.hosts)), pa.int32()),
+            "addr": cluster.addrs.take(pa.array(nics)),
+            "host": [cluster.host_name(h) for h in nics // GPUS_PER_HOST],
+            "gpu": pa.array(nics % GPUS_PER_HOST, pa.int32()),
             "first_ns": np.full(nics.size, HOUR0),
             "last_ns": np.full(nics.size, ns(np.array(SECONDS + 60.0))),
         }
@@ -91,6 +92,156 @@ def test_pairs_stages_and_degrees(shape):
     rank = np.array([spec.hosts.index(int(g["host"][3:])) * GPUS_PER_HOST + g["gpu"] for g in gpus])
     assert [g["pp_stage"] for g in gpus] == (rank // (spec.tp * spec.dp)).tolist()
     assert [g["dp_rank"] for g in gpus] == ((rank // spec.tp) % spec.dp).tolist()
+
+
+@pytest.mark.parametrize("tp, pp", [(1, 4), (2, 2)])
+def test_a_job_on_two_gpus_of_each_host_has_its_own_gpus_and_degrees(tp, pp):
+    # 8 GPUs, two on each of four hosts whose other GPUs other jobs hold: dp * pp * tp = 8, not the
+    # hosts' 32 GPUs (pp 4: a stage per host, its DP on NVLink, told from TP by the checkpoint
+    # writers; tp 2: TP fills the job's part of each host, DP crosses hosts)
+    spec = JobSpec(4, tp=tp, pp=pp, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=8, hosts=(0, 1, 2, 3),
+                   gpus_per_host=2, first_gpu=(2, 2, 2, 2), checkpoint_s=30)
+    flows, members, truth = simulated_job(spec)
+    assert members.num_rows == 8
+    found = parallelism.identify_parallelism("job", flows, members)
+    assert (found.dp, found.pp, found.tp) == (8 // (tp * pp), pp, tp)
+    assert found.job_gpus.num_rows == 8
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+# Megatron as the replays run it: 32 micro-batches (fewer lone warm-up sends per step than the old
+# prior allowed), the embedding all-reduce between the first and last stage, and the distributed
+# optimizer's reduce-scatter at the step end and all-gather at the next start over the DP pairs
+MEGATRON = JobSpec(8, tp=4, pp=4, start_s=0, end_s=SECONDS, step_s=6.0, micro_batches=32, collective="rs_ag",
+                   tied_embeddings=True, traits=Traits(distributed_optimizer=True), hosts=tuple(range(8)))
+LIKE_MEGATRON = {
+    "distributed optimizer, embedding, 32 micro-batches": MEGATRON,
+    "the same with overlapped syncs": replace(MEGATRON, traits=Traits(distributed_optimizer=True, overlap=True)),
+    "interleaved, two chunks per stage": replace(MEGATRON, traits=Traits(distributed_optimizer=True, virtual_stages=2)),
+}
+
+
+@pytest.mark.parametrize("shape", list(LIKE_MEGATRON))
+def test_megatron_like_jobs_keep_embedding_and_optimizer_traffic_out_of_dp(shape):
+    spec = LIKE_MEGATRON[shape]
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", flows, members)
+    assert (found.dp, found.pp, found.tp) == (4, 4, 4)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+    # the embedding group (stage 0 with stage 3; interleaved, on the pipeline's hop back to
+    # stage 0) is neither
+    assert truth["other"] and truth["other"] <= pairs_of(found, "other")
+
+
+def with_header_bytes(flows: pa.Table, seed: int = 0) -> pa.Table:
+    """Bytes as exporters count them: 0-64 header bytes more on every record, and the sends of
+    every other host counted with frame headers (0.4% more)."""
+    rng = np.random.default_rng(seed)
+    sent = flows["bytes"].to_numpy()
+    odd_host = np.array([int(a.split(".")[-1]) % 2 == 1 for a in flows["src_addr"].to_pylist()])
+    counted = np.round(sent * np.where(odd_host, 1.004, 1.0)).astype(np.int64) + rng.integers(0, 65, len(sent))
+    return flows.set_column(flows.schema.get_field_index("bytes"), "bytes", pa.array(counted))
+
+
+@pytest.mark.parametrize("shape", ["ring, tied embeddings", "tree", "rs_ag, tp 1"])
+def test_header_bytes_keep_pairs_and_degrees(shape):
+    # no two records of one transfer size agree to the byte, and the two directions of a pair differ
+    spec = SHAPES[shape]
+    flows, members, truth = simulated_job(spec)
+    noisy = with_header_bytes(flows)
+    assert len(np.unique(noisy["bytes"].to_numpy())) > 100 * len(np.unique(flows["bytes"].to_numpy()))
+    found = parallelism.identify_parallelism("job", noisy, members)
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+def test_nics_serving_two_gpus_count_both():
+    # four NICs for eight GPUs on each host (the membership says so): the job has 16 GPUs
+    spec = SHAPES["dp inside a host, checkpoint"]
+    flows, members, _ = simulated_job(spec)
+    first_of_pair = pc.equal(pc.bit_wise_and(members["gpu"], 1), 0)
+    halved = members.filter(first_of_pair).append_column("gpus", pa.array([2] * 8, pa.int32()))
+    paired = {a: b for a, b in zip(members["addr"].to_pylist()[1::2], members["addr"].to_pylist()[::2])}
+    flows = flows.set_column(2, "src_addr", pa.array([paired.get(a, a) for a in flows["src_addr"].to_pylist()]))
+    flows = flows.set_column(3, "dst_addr", pa.array([paired.get(a, a) for a in flows["dst_addr"].to_pylist()]))
+    found = parallelism.identify_parallelism("job", flows, halved)
+    assert found.job_gpus.num_rows == 8
+    assert found.dp * found.pp * found.tp == 16
+    assert (found.pp, found.tp) == (spec.pp, spec.tp)
+
+
+def through_a_flow_cache(flows: pa.Table, every: int) -> pa.Table:
+    """Records as a flow cache on the odd hosts' leaves reports them: the transfers of each NIC
+    pair those hosts send on merge `every` at a time (first start, last end, summed bytes)."""
+    on_odd = np.array([int(a.split(".")[-1]) % 2 == 1 for a in flows["src_addr"].to_pylist()])
+    keys = [("src_addr", "ascending"), ("dst_addr", "ascending"), ("time_flow_start_ns", "ascending")]
+    cached = flows.filter(pa.array(on_odd)).sort_by(keys)
+    pair = pc.binary_join_element_wise(cached["src_addr"], cached["dst_addr"], "-").to_numpy(zero_copy_only=False)
+    opens = np.r_[True, pair[1:] != pair[:-1]]
+    position = np.arange(len(pair)) - np.maximum.accumulate(np.where(opens, np.arange(len(pair)), 0))
+    record = np.cumsum(opens | (position % every == 0)) - 1
+    merged = pa.table({"record": record, **{c: cached[c] for c in cached.column_names}}).group_by(
+        ["record", "src_addr", "dst_addr"], use_threads=False).aggregate(
+        [("time_flow_start_ns", "min"), ("time_flow_end_ns", "max"), ("bytes", "sum")])
+    merged = pa.table({"time_flow_start_ns": merged["time_flow_start_ns_min"],
+                       "time_flow_end_ns": merged["time_flow_end_ns_max"],
+                       "src_addr": merged["src_addr"], "dst_addr": merged["dst_addr"], "bytes": merged["bytes_sum"]})
+    return pa.concat_tables([flows.filter(pa.array(~on_odd)), merged.cast(flows.schema)])
+
+
+def test_merged_pipeline_sends_keep_their_pairs():
+    # half the hosts' exporters merge four transfers a record: their PP pairs carry no transfer size
+    spec = SHAPES["deep pipeline, 16 micro-batches"]
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", through_a_flow_cache(flows, 4), members)
+    assert (found.dp, found.pp) == (spec.dp, spec.pp)
+    assert pairs_of(found, "pp") == truth["pp"]
+
+
+def through_sflow(flows: pa.Table, rate: int, seed: int = 0) -> pa.Table:
+    """Records as an sFlow agent samples them, 1 in `rate` 4 KiB packets: start = end = the time
+    of a sampled packet, bytes the sampled packets' scaled back; a transfer none fell on is gone."""
+    rng = np.random.default_rng(seed)
+    packets = np.maximum(flows["bytes"].to_numpy() // 4096, 1)
+    sampled = rng.binomial(packets, 1 / rate)
+    start, end = flows["time_flow_start_ns"].to_numpy(), flows["time_flow_end_ns"].to_numpy()
+    at = start + np.round((end - start) * rng.random(len(start))).astype(np.int64)
+    kept = sampled > 0
+    chosen = pa.array(kept)
+    return pa.table({"time_flow_start_ns": at[kept], "time_flow_end_ns": at[kept],
+                     "src_addr": flows["src_addr"].filter(chosen), "dst_addr": flows["dst_addr"].filter(chosen),
+                     "bytes": sampled[kept] * 4096 * rate, "sampling_rate": np.full(int(kept.sum()), rate)})
+
+
+@pytest.mark.parametrize("shape", ["ring, tied embeddings", "rs_ag, tp 1"])
+def test_sampled_records_keep_dp_and_pp_pairs(shape):
+    # bytes count sampled packets: a DP sync's sizes look like an all-to-all's family of sizes
+    spec = SHAPES[shape]
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", through_sflow(flows, 64), members)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+def test_size_families_cut_where_neighbouring_sizes_part():
+    sizes = np.array([1000, 1004, 1009, 1013, 2000, 2010, 1_000_000, 1_009_000, 1_030_000])
+    smallest, family = parallelism.size_families(sizes, 0.01, min_flows=1)
+    assert smallest.tolist() == [1000, 2000, 1_000_000, 1_030_000]
+    assert family.tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 3]
+
+
+def test_sizes_that_do_not_recur_chain_no_families():
+    # pieces of cut transfers at every size between two recurring ones, each 0.5% above the last
+    pieces = np.round(5_000_000 * 1.005 ** np.arange(1, 600)).astype(np.int64)
+    recurring = np.repeat([5_000_000, 100_000_000], 50)
+    sizes = np.r_[recurring, pieces]
+    _, family = parallelism.size_families(sizes, 0.01, min_flows=8)
+    assert family[0] != family[50] and len(set(family[:50])) == len(set(family[50:100])) == 1
+    widest = max(sizes[family == f].max() / sizes[family == f].min() for f in np.unique(family))
+    assert widest <= 1.02
 
 
 def test_flows_sent_outside_membership_are_ignored():

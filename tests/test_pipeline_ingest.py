@@ -100,6 +100,9 @@ def test_run_ingest_conserves_rows_and_is_idempotent(tmp_path):
     assert (c["flows"], c["quarantined"], c["duplicates"], c["out_of_range"]) == (6, 2, 1, 1)
     assert c["rows_read"] == c["flows"] + c["quarantined"] + c["duplicates"] + c["out_of_range"]
     assert summary.per_hour["2026-11-22-05:00"] == {"flows": 4, "flow_minutes": 3, "quarantine": 1, "duplicates": 1}
+    # the hour's exporter profile counts the kept records (records without an exporter are one)
+    [exporter] = warehouse.read_stats(root, HOUR0, "exporters")["exporters"]
+    assert (exporter["sampler_address"], exporter["records"], exporter["kind"]) == ("", 4, "unknown")
     first = {t: warehouse.read_partition(root, t, HOUR0) for t in ("flows", "flow_minutes", "quarantine")}
     run_ingest(str(tmp_path / "in"), str(root), hours)
     for name, table in first.items():

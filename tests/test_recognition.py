@@ -64,7 +64,8 @@ def ring(hosts, minutes, size, rails=range(8), flows=12, first_s=1, last_s=59):
         at = HOUR0 + minute * MINUTE_NS
         for rail in rails:
             for a, b in zip(hosts, hosts[1:] + hosts[:1]):
-                rows.append(pair_row(at, f"10.0.{a}.{rail}", f"10.0.{b}.{rail}", size, flows, at + first_s * SECOND, at + last_s * SECOND))
+                rows.append(pair_row(at, f"10.0.{a}.{rail}", f"10.0.{b}.{rail}", size, flows,
+                                    at + round(first_s * SECOND), at + round(last_s * SECOND)))
     return rows
 
 
@@ -95,8 +96,89 @@ def test_rail_components_merge_into_whole_hosts():
     rows = ring([0, 1], [0], 4 << 20, rails=range(4)) + ring([2, 3], [0], 8 << 20, rails=[0])
     found = recognize_minute(table(rows), topology)
     assert hosts_of(found) == [["10.0.0", "10.0.1"], ["10.0.2", "10.0.3"]]
-    # all NICs of the hosts, also the rails that stayed silent
-    assert sorted(len(addrs) for addrs in found) == [16, 16]
+    assert sorted(len(addrs) for addrs in found) == [2, 8]  # the NICs that talked
+    # over the hour, all NICs of the hosts each holds whole: the silent rails too (PXN hides them)
+    assert sorted(recognize_hour(table(rows), topology, None, HOUR0).jobs["n_gpus"].to_pylist()) == [16, 16]
+
+
+def gpus_by_job(recognition) -> list[list[int]]:
+    gpus_of: dict[str, set] = {}
+    for row in recognition.membership.to_pylist():
+        gpus_of.setdefault(row["job_id"], set()).add(row["gpu"])
+    return sorted(map(sorted, gpus_of.values()))
+
+
+def test_jobs_on_other_gpus_of_the_same_hosts_are_two_jobs():
+    # GPUs 0-3 and 4-7 of the same four hosts all hour, each job at its own rhythm (the first's
+    # minutes run from 1 s to 59 s, the second's from 3.4 s to 57.2 s) with its own flow sizes
+    topology = inventory(4)
+    hosts = [0, 1, 2, 3]
+    rows = ring(hosts, range(10), 4 << 20, rails=range(4)) + ring(hosts, range(10), 6 << 20, rails=range(4, 8),
+                                                                   first_s=3.4, last_s=57.2)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert sorted(found.jobs["n_gpus"].to_pylist()) == [16, 16]
+    assert found.jobs["n_hosts"].to_pylist() == [4, 4]
+    assert gpus_by_job(found) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # a tolerance wider than their phases differ by takes them for the rails of one job
+    wide = replace(DEFAULT_PARAMS, in_step_ns=3 * SECOND)
+    assert recognize_hour(table(rows), topology, None, HOUR0, params=wide).jobs["n_gpus"].to_pylist() == [32]
+
+
+def test_a_job_arriving_on_other_gpus_of_busy_hosts_is_a_job_of_its_own():
+    # the same flow sizes (the same model), out of step, and the second job starts four minutes
+    # after the first: not a part of it with another role
+    topology = inventory(4)
+    hosts = [0, 1, 2, 3]
+    rows = ring(hosts, range(10), 4 << 20, rails=range(4))
+    rows += ring(hosts, range(4, 10), 4 << 20, rails=range(4, 8), first_s=2.5, last_s=58)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert gpus_by_job(found) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    first_seen = sorted(found.jobs["first_seen"].cast(pa.int64()).to_pylist())
+    assert first_seen == [HOUR0 + SECOND, HOUR0 + 4 * MINUTE_NS + 5 * SECOND // 2]
+    # started together, they would be one job in two roles
+    rows = ring(hosts, range(10), 4 << 20, rails=range(4)) + ring(hosts, range(10), 4 << 20, rails=range(4, 8),
+                                                                   first_s=2.5, last_s=58)
+    assert recognize_hour(table(rows), topology, None, HOUR0).jobs["n_gpus"].to_pylist() == [32]
+
+
+def test_a_rail_optimized_job_is_one_job():
+    # eight rails in step over four hosts (the exporters' clocks a few ms apart): one job of 32 GPUs
+    topology = inventory(4)
+    rows = [r for rail in range(8) for r in ring([0, 1, 2, 3], range(10), 4 << 20, rails=[rail], first_s=1 + rail / 1000)]
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert found.jobs["n_gpus"].to_pylist() == [32]
+    assert found.membership.num_rows == 32
+    # rails with other roles, out of step, are its parts still: they carry its activation size
+    rows = ring([0, 1, 2, 3], range(10), 96 << 20, rails=range(4)) + ring([0, 1, 2, 3], range(10), 4 << 20, rails=range(4))
+    rows += ring([0, 1, 2, 3], range(10), 4 << 20, rails=range(4, 8), first_s=2.5, last_s=58.5)
+    assert recognize_hour(table(rows), topology, None, HOUR0).jobs["n_gpus"].to_pylist() == [32]
+
+
+def test_a_job_on_part_of_its_hosts_leaves_their_silent_nics_out():
+    # GPUs 4-7 of two hosts whose GPUs 0-3 never talk (idle, or jobs inside one host): 8 GPUs
+    topology = inventory(2)
+    found = recognize_hour(table(ring([0, 1], range(5), 4 << 20, rails=range(4, 8))), topology, None, HOUR0)
+    assert found.jobs["n_gpus"].to_pylist() == [8]
+    assert sorted(set(found.membership["gpu"].to_pylist())) == [4, 5, 6, 7]
+
+
+def test_a_job_on_hosts_another_left_this_hour_holds_them_whole():
+    # a job of whole hosts ends at minute 10; from minute 20 another on the same hosts shows only
+    # rails 0-3 (its other GPUs' NICs talked this hour, for the first job): both hold 16 GPUs
+    topology = inventory(2)
+    rows = ring([0, 1], range(10), 4 << 20) + ring([0, 1], range(20, 30), 6 << 20, rails=range(4))
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert found.jobs["n_gpus"].to_pylist() == [16, 16]
+    assert gpus_by_job(found) == [list(range(8)), list(range(8))]
+
+
+def test_a_nic_serving_two_gpus_counts_both():
+    lines = ["addr,host,gpu,leaf,pod,gpus_per_nic"] + [
+        f"10.0.{h}.{n},host{h:02d},{2 * n},leaf{n},pod0,2" for h in range(2) for n in range(4)]
+    topology = Topology.from_csv_bytes("\n".join(lines).encode())
+    found = recognize_hour(table(ring([0, 1], range(5), 4 << 20, rails=range(4))), topology, None, HOUR0)
+    assert found.jobs["n_gpus"].to_pylist() == [16]
+    assert found.membership["gpus"].to_pylist() == [2] * 8
 
 
 def test_weak_edges_and_storage_do_not_glue_jobs():
@@ -321,7 +403,8 @@ def test_a_job_taking_hosts_within_the_minute_another_ends_gets_its_traffic_from
     flows = pa.table({"time_flow_start_ns": [at + 6 * SECOND, at + 15 * SECOND],
                       "time_flow_end_ns": [at + 7 * SECOND, at + 16 * SECOND],
                       "src_addr": ["10.0.1.0"] * 2, "dst_addr": ["10.0.0.0"] * 2,
-                      "bytes": [OLD_SIZES[0], NEW_SIZES[0]], "sampler_address": ["10.9.0.1"] * 2})
+                      "bytes": [OLD_SIZES[0], NEW_SIZES[0]], "sampler_address": ["10.9.0.1"] * 2,
+                      "sampling_rate": [1, 1]})
     split = {job_id: part["bytes"].to_pylist() for job_id, part in split_flows_by_job(flows, found.membership)}
     assert split == {old_id: [OLD_SIZES[0]], new_id: [NEW_SIZES[0]]}
 
@@ -338,7 +421,7 @@ def test_a_pair_row_both_jobs_share_labelled_by_the_old_jobs_size_does_not_stret
     # the new job's first flows are its own, not the old job's
     flows = pa.table({"time_flow_start_ns": [at + 15 * SECOND], "time_flow_end_ns": [at + 16 * SECOND],
                       "src_addr": ["10.0.1.0"], "dst_addr": ["10.0.0.0"],
-                      "bytes": [NEW_SIZES[0]], "sampler_address": ["10.9.0.1"]})
+                      "bytes": [NEW_SIZES[0]], "sampler_address": ["10.9.0.1"], "sampling_rate": [1]})
     assert [job_id for job_id, _ in split_flows_by_job(flows, found.membership)] == [new_id]
 
 
@@ -489,9 +572,12 @@ def test_state_round_trips_through_json():
     assert state.dump() == found.state
     assert RecognitionState.load(state.dump()) == state
     stopped, running = state.tracks  # in creation order
-    assert (stopped.hosts, stopped.status, stopped.reported_end) == (("host02", "host03"), "ended", True)
+    def nics_of(hosts):
+        return tuple(sorted(f"10.0.{h}.{g}" for h in hosts for g in range(8)))
+
+    assert (stopped.nics, stopped.status, stopped.reported_end) == (nics_of([2, 3]), "ended", True)
     assert stopped.last_end_ns == HOUR0 + 39 * MINUTE_NS + 59 * SECOND
-    assert (running.hosts, running.status, running.restarts) == (("host00", "host01"), "running", 0)
+    assert (running.nics, running.status, running.restarts) == (nics_of([0, 1]), "running", 0)
     # (size, flows, minutes): 8 rails both ways, 12 and 4 flows per row, over 10 minutes
     assert running.signature == ((4 << 20, 16 * 12 * 10, 10), (96 << 20, 16 * 4 * 10, 10))
     assert RecognitionState.load(None) == RecognitionState.load({}) == RecognitionState()

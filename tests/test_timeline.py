@@ -244,22 +244,34 @@ def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(sm
     _assert_hour_ends_at(small, job, cut, ends[step], period)
 
 
-def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0,
-                       pace: list[float] | None = None) -> tuple[pa.Table, pa.Table, np.ndarray]:
+def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: list[float] | None = None,
+                       optimizer_s: float = 0.4, gather: bool = False,
+                       buckets: bool = False) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Flows of a 4-GPU data-parallel job whose only traffic is the gradient sync at the end of
     each 10 s step (a tree all-reduce: nothing marks a step's start), its DP pairs and the steps'
-    bounds. Every `save_every`-th step saves a checkpoint after its optimizer: each GPU writes 4
-    chunks to storage over the save, the last ending 7.5% of the save before the next step. `pace`
-    scales each step's compute."""
+    bounds. The optimizer runs `optimizer_s` after the sync; with `gather`, each step opens with a
+    parameter all-gather (a quarter of the sync's bytes, in one flow per pair: the distributed
+    optimizer's) and its compute follows it. With `buckets`, the sync moves four gradient buckets
+    one after another, 10 ms apart, except that in every twentieth step the second follows the
+    first at once (the two make one burst of twice the bytes and flows). Every `save_every`-th step saves a checkpoint after
+    its optimizer: each GPU writes 4 chunks to storage over the save, the last ending 7.5% of the
+    save before the next step. `pace` scales each step's compute."""
     rng = np.random.default_rng(7)
     gpus = ["g0", "g1", "g2", "g3"]
     rows, bounds, t = [], [10 * HOUR_NS], 10 * HOUR_NS
     for step in range(steps):
-        compute = int(9.4e9 * rng.uniform(0.99, 1.01) * (pace[step] if pace else 1.0))
+        if gather:
+            rows += [(t, t + 50_000_000, src, gpus[(k + 1) % 4], 256 << 20) for k, src in enumerate(gpus)]
+        compute = int((9.8e9 - optimizer_s * 1e9) * rng.uniform(0.99, 1.01) * (pace[step] if pace else 1.0))
         sync = t + compute
         for k, src in enumerate(gpus):
-            rows += [(sync + 1_000_000 * c, sync + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20) for c in range(4)]
-        t = sync + 600_000_000  # sync and optimizer
+            if buckets:
+                opens = sync + np.array([0, 40_200_000 if step % 20 == 19 else 50_000_000, 100_000_000, 150_000_000])
+                rows += [(int(at) + 1_000_000 * c, int(at) + 40_000_000, src, gpus[(k + 1) % 4], 64 << 20)
+                         for at in opens for c in range(4)]
+            else:
+                rows += [(sync + 1_000_000 * c, sync + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20) for c in range(4)]
+        t = sync + 200_000_000 + int(optimizer_s * 1e9)
         if step % save_every == save_every - 1:
             for src in gpus:
                 rows += [(t + int(save_s * (0.05 + 0.225 * c) * 1e9), t + int(save_s * (0.25 + 0.225 * c) * 1e9),
@@ -299,6 +311,60 @@ def test_a_view_opening_in_a_steps_compute_starts_it_the_usual_lead_before_its_s
     found = timeline.divide_steps("j", flows.filter(pa.array(starts >= cut)), pairs, None, cut, cut + HOUR_NS)
     assert abs(_ns(found.steps["start"])[0] - bounds[first_in_view]) < 0.01 * 10 * SECOND
     assert abs(_ns(found.steps["end"])[0] - bounds[first_in_view + 1]) < 0.01 * 10 * SECOND
+
+
+def test_a_parameter_gather_opening_each_step_dates_it_whatever_the_optimizer_takes():
+    """A data-parallel job whose optimizer takes 12% of the step (three times the prior) and whose
+    steps open with the distributed optimizer's parameter all-gather: the gather marks where each
+    step starts, and the optimizer's tail after the sync is learned from it."""
+    flows, pairs, bounds = _data_parallel_job(steps=40, save_every=100, optimizer_s=1.2, gather=True)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends, starts = _ns(found.steps["end"]), _ns(found.steps["start"])
+    assert len(ends) >= 38
+    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
+    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
+    assert np.abs(starts[1:] - bounds[nearest[1:] - 1]).max() < 0.01 * 10 * SECOND
+    assert json.loads(json.dumps(found.state))["baseline"]["close_to_end_ns"] == pytest.approx(1.2e9, rel=0.05)
+
+
+def test_gradient_buckets_synced_one_after_another_are_one_sync():
+    """Gradient buckets synced as each is ready make several bursts per step, and two that touch
+    make one burst that looks heavier than the rest: the sync is every bucket (a class of bursts
+    carrying under `heavy_bytes_share` of the bytes, 2.5% here, holds no step's gradients), and a
+    bucket like the one before it is not the next step's parameter gather."""
+    flows, pairs, bounds = _data_parallel_job(steps=40, save_every=100, buckets=True)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends = _ns(found.steps["end"])
+    assert len(ends) >= 38
+    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
+    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
+
+
+def test_a_distributed_optimizers_gather_after_bucketed_syncs_opens_each_step():
+    """The distributed optimizer with overlap: each step opens with the parameter all-gather, one
+    heavy burst, and its gradients are reduce-scattered bucket by bucket under the last backward
+    (lighter bursts, as many bytes on the same pairs). The heavy burst is then no sync closing a
+    step but the gather opening the next: each step ends where it starts."""
+    rng = np.random.default_rng(3)
+    gpus = ["g0", "g1", "g2", "g3"]
+    rows, bounds, t = [], [], 10 * HOUR_NS
+    for _ in range(40):
+        bounds.append(t)
+        rows += [(t + 1_000_000 * c, t + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20)
+                 for k, src in enumerate(gpus) for c in range(4)]
+        compute = int(8.5e9 * rng.uniform(0.99, 1.01))
+        rows += [(t + compute + b * 100_000_000, t + compute + b * 100_000_000 + 40_000_000, src, gpus[(k + 1) % 4],
+                  256 << 20) for b in range(4) for k, src in enumerate(gpus)]
+        t += compute + 400_000_000 + 1_200_000_000  # the last bucket, then an optimizer of 12% of the step
+    start, end, src, dst, nbytes = map(list, zip(*rows))
+    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
+                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
+    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends, bounds = _ns(found.steps["end"]), np.array(bounds, np.int64)
+    assert len(ends) >= 37
+    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
+    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
 
 
 def test_a_short_job_that_ended_in_view_gets_its_steps_from_what_was_seen():
@@ -493,17 +559,22 @@ def test_other_sizes_on_pipeline_pairs_are_not_pipeline_sends():
 
 
 def _two_stage_pipeline(paces: list[float], micro_batches: int = 16, forward_ns: int = 60_000_000,
-                        saves: dict[int, int] | None = None) -> tuple[pa.Table, pa.Table, np.ndarray]:
+                        saves: dict[int, int] | None = None, backward_passes: float = 2.0,
+                        optimizer_passes: float = 2.5) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Flows of a 2-stage 1F1B job (one GPU per stage), one step per pace (a multiple of the
-    usual compute times), its PP pairs and the steps' first sends. A step: two warm-up forwards
-    f apart, the first backward, exchanges (a forward and a backward) 3 f apart, the last
-    backward; the next step's first forward 5.5 f after it. `saves` maps a step to the ns its
-    checkpoint save adds after its last backward, when both GPUs write 256 MiB to storage."""
+    usual compute times), its PP pairs and the steps' first sends. A backward pass takes
+    `backward_passes` forward passes f, the optimizer `optimizer_passes`. A step: two warm-up
+    forwards f apart, the first backward, exchanges (a forward and a backward) f + b apart, the
+    last backward; the next step's first forward b + optimizer + f after it (5.5 f by default).
+    `saves` maps a step to the ns its checkpoint save adds after its last backward, when both
+    GPUs write 256 MiB to storage."""
     saves = saves or {}
     f = np.asarray(paces)[:, None] * forward_ns
-    forward = np.r_[0, 1, np.arange(2, micro_batches) * 3] * f  # each micro-batch's, within the step
-    backward = np.arange(1, micro_batches + 1) * 3 * f
-    length = (3 * micro_batches + 5.5) * f[:, 0] + np.array([saves.get(k, 0) for k in range(len(paces))])
+    exchange = 1 + backward_passes
+    forward = np.r_[0, 1, np.arange(2, micro_batches) * exchange] * f  # each micro-batch's, within the step
+    backward = np.arange(1, micro_batches + 1) * exchange * f
+    tail = backward_passes + optimizer_passes + 1
+    length = (exchange * micro_batches + tail) * f[:, 0] + np.array([saves.get(k, 0) for k in range(len(paces))])
     first = 10 * HOUR_NS + np.r_[0, np.cumsum(length)[:-1]].astype(np.int64)
     starts = np.concatenate([(first[:, None] + forward).ravel(), (first[:, None] + backward).ravel()]).astype(np.int64)
     n = starts.size // 2
@@ -532,6 +603,26 @@ def test_a_pipeline_step_holds_all_its_micro_batches_when_warm_up_steps_run_slow
     # each step ends one forward pass before the next step's first send (stage 0's fill)
     assert len(ends) == len(paces)
     assert np.allclose(ends[:-1], first[1:] - 60_000_000 * np.asarray(paces[1:]), atol=2_000_000)
+
+
+def test_a_pipeline_steps_fill_and_optimizer_are_learned_from_its_own_sends():
+    """A 2-stage pipeline whose backward pass takes three forward passes and whose optimizer takes
+    12% of the step (the priors: two and 4%): the warm-up sends before the first gradient comes
+    back show one stage before the link, so each step ends one forward pass before the next
+    step's first send, and the optimizer's tail after the last backward is the job's own."""
+    micro_batches, backward_passes = 16, 3.0
+    compute = (1 + backward_passes) * micro_batches + backward_passes + 1  # forward passes per step
+    optimizer_passes = 0.12 * compute / 0.88
+    flows, pairs, first = _two_stage_pipeline([1.0] * 40, micro_batches, backward_passes=backward_passes,
+                                              optimizer_passes=optimizer_passes)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends = _ns(found.steps["end"])[:-1]  # the last step has no next step's sends to check against
+    step_ns = (compute + optimizer_passes) * 60_000_000
+    assert len(ends) >= 37
+    truth = first[1:] - 60_000_000
+    nearest = np.abs(ends[:, None] - truth[None, :]).argmin(axis=1)
+    assert np.abs(ends - truth[nearest]).max() < 0.01 * step_ns
+    assert found.state["baseline"]["fill"] == 1
 
 
 def _one_step_in_view(pipeline: bool) -> tuple[pa.Table, pa.Table, tuple[int, int]]:

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines import warehouse
@@ -42,6 +43,19 @@ def test_views_read_partitions_with_typed_hive_columns(tmp_path):
         ]
         assert con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)  # placeholder, typed
         assert "job_id" in [row[0] for row in con.execute("DESCRIBE jobs").fetchall()]
+
+
+def test_views_read_partitions_written_before_a_column_was_added(tmp_path):
+    later = HOUR.replace(hour=6)
+    old = warehouse.partition_dir(tmp_path, "quarantine", HOUR)
+    old.mkdir(parents=True)
+    pq.write_table(quarantine_rows(2, "old").drop_columns(["raw"]), old / "data.parquet")
+    warehouse.write_partition(tmp_path, "quarantine", later, quarantine_rows(1, "new"))
+    warehouse.refresh_database(tmp_path)
+    with warehouse.connect(tmp_path) as con:
+        assert con.execute("SELECT hour, reason, raw FROM quarantine ORDER BY hour, row").fetchall() == [
+            (5, "old", None), (5, "old", None), (6, "new", "{}")
+        ]
 
 
 def test_database_rebuild_does_not_wait_for_readers(tmp_path):

@@ -55,7 +55,7 @@ def diagnose_job(
     job = JobHour.build(job_id, job_flows, job_gpus, comm_pairs, steps, events, hour_membership, hour_start_ns,
                         hour_end_ns, params)
     issues, open_hang = hangs.continue_hang(job, state.hangs.open_hang, params)
-    resumes = restarts.find_resumes(job, state.progress, params)
+    resumes = restarts.find_resumes(job, state.progress, state.checkpoints.checkpoint_rhythm, params)
     checkpoints_found, checkpoint_state = checkpoints.find_checkpoints(
         job, resumes.warmup, state.checkpoints, resumes.first_step_ns, params)
     stop, open_windows = state.hangs.stop, {}
@@ -74,7 +74,7 @@ def diagnose_job(
                            params)
         slow = slow_steps.find_slow_steps(job, fit, masks, params)
         checkpoint_state = replace(checkpoint_state, checkpoint_save_s=checkpoints.saving_times(
-            checkpoint_state.checkpoint_save_s, fit.saving, slow[masks.checkpoint], params))
+            checkpoint_state.checkpoint_save_s, fit.saving, slow[fit.save_first], params))
         restart_issues, stop = restarts.restart_issues(job, resumes, state.progress, stop, checkpoints_found,
                                                        fit.baseline, level.level_s, params)
         link_issues, open_link = slow_links.link_issues(job, link_windows, previous_link, masks, slow, fit,

@@ -9,15 +9,18 @@ the job's usual saving time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from prism_core.arrays import MAD_TO_SIGMA, rolling_median, segment_median
 from prism_core.bocd import NormalGammaPrior, bocd
 
-from .checkpoints import Checkpoints
 from .job_hour import JobHour, StepMasks
 from .params import DiagnosisParams
+
+if TYPE_CHECKING:  # checkpoints finds its long steps with the jitter measured here
+    from .checkpoints import Checkpoints
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,7 +36,11 @@ class Baseline:
     limit: float  # a step is slow above this times its baseline
     sigma: float  # the job's step-to-step jitter (log units)
     clean_steps: int  # clean steps, remembered ones included
-    saving: np.ndarray  # per checkpoint step: its time over the baseline
+    saving: np.ndarray  # per save: its time over the baseline of its first step
+    save_first: np.ndarray  # the first step of each save (a save may spill into the next step)
+    save_allowance: float  # s; a save may take this much longer than the usual one (its spread)
+    judged: np.ndarray  # per step: its duration, a save's first step the whole save's, the rest of
+    # a save its baseline
     usual_sync: float | None  # median DP synchronization of the clean steps (None: none shows one)
     recent_s: tuple[float, ...]  # the last clean durations, to carry on
 
@@ -47,11 +54,9 @@ def fit_baseline(job: JobHour, masks: StepMasks, checkpoints: Checkpoints, recen
     clean = np.r_[np.ones(len(history), bool), ~(masks.checkpoint | masks.warmup | masks.windowed)]
     logs = np.log(durations)
     rough = rolling_median(logs, clean, np.zeros(len(logs), int), params.baseline_steps)
-    diffs = np.diff(logs[clean])
-    # a difference of two steps' log durations has twice the variance of one
-    sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(diffs))) / np.sqrt(2)
-                if len(diffs) >= params.jitter_min_diffs else params.jitter_sigma, params.jitter_sigma_floor)
-    log_limit = np.log(max(params.slow_step_delta, 1 + params.jitter_sigmas * sigma))
+    sigma = jitter_sigma(logs, clean, params)
+    log_limit = tail_limit(logs - rough, clean, np.log(max(params.slow_step_delta, 1 + params.jitter_sigmas * sigma)),
+                           sigma, params)
     outlier = clean & (logs - rough > log_limit)
     clean &= ~outlier
     segment = _segments(logs, clean, outlier, log_limit, sigma, params)
@@ -59,20 +64,33 @@ def fit_baseline(job: JobHour, masks: StepMasks, checkpoints: Checkpoints, recen
     baseline = np.exp(rolling_median(logs, clean, segment, params.baseline_steps))[hour]
     checkpoint = masks.checkpoint
     # A checkpoint step is a step plus the job's usual saving time: a stall right after a
-    # checkpoint can join it (the timeline cannot split them), and it still costs time.
-    saving = job.duration[checkpoint] - baseline[checkpoint]
+    # checkpoint can join it (the timeline cannot split them), and it still costs time. A save
+    # whose end the timeline put into the next steps is one save, judged on its first step.
+    save_first = np.flatnonzero(checkpoint & ~np.r_[False, checkpoint[:-1]])
+    save_of_step = np.cumsum(checkpoint & ~np.r_[False, checkpoint[:-1]]) - 1
+    saving = np.bincount(save_of_step[checkpoint], (job.duration - baseline)[checkpoint], len(save_first))
+    judged = job.duration.copy()
+    judged[save_first] = baseline[save_first] + saving
     saves = np.r_[np.asarray(save_s, float), saving]
-    usual_save = np.median(saves) if len(saves) >= params.usual_save_checkpoints else np.inf
+    known = len(saves) >= params.usual_save_checkpoints
+    usual_save = np.median(saves) if known else np.inf
     expected = baseline + np.where(checkpoint, usual_save, 0.0)
+    # Saving times vary from save to save (shared storage, what each save holds): a save is slow
+    # beyond the job's own spread of saving times
+    log_saves = np.log(saves[saves > 0])
+    save_spread = max(MAD_TO_SIGMA * float(np.median(np.abs(log_saves - np.median(log_saves)))),
+                      params.save_spread_floor) if len(log_saves) >= params.usual_save_checkpoints else 0.0
     # Until the job's usual saving time is known, a checkpoint step is expected to end when its
     # save does: the job resumes training right after. The save follows the step's work (a
     # step's baseline); it begins without traffic (tensors staged to host memory, files
     # opened) until its first write and ends the same way after its last (files closed, ranks
     # synchronized): the epilogue is taken as long as the prologue. A longer silence after the
     # save, by more than the slow-step margin, is a stall that joined the step.
-    by_writes = checkpoint & (len(saves) < params.usual_save_checkpoints) & np.isfinite(checkpoints.save_end)
+    by_writes = checkpoint & np.isfinite(checkpoints.save_end) & (not known)
     prologue = np.maximum(checkpoints.save_start - job.step_start - baseline, 0.0)
     expected[by_writes] = np.maximum(checkpoints.save_end + prologue - job.step_start, baseline)[by_writes]
+    spill = checkpoint & np.r_[False, checkpoint[:-1]]  # counted in its save's first step
+    judged[spill] = expected[spill] = baseline[spill]
     sync = job.sync_s[clean[hour]]
     sync = sync[np.isfinite(sync)]
     return Baseline(
@@ -88,9 +106,37 @@ def fit_baseline(job: JobHour, masks: StepMasks, checkpoints: Checkpoints, recen
         sigma=sigma,
         clean_steps=int(clean.sum()),
         saving=saving,
+        save_first=save_first,
+        save_allowance=usual_save * np.expm1(params.save_sigmas * save_spread) if save_spread else 0.0,
+        judged=judged,
         usual_sync=float(np.median(sync)) if len(sync) else None,
         recent_s=tuple(round(float(x), 6) for x in durations[clean][-2 * params.baseline_steps:]),
     )
+
+
+def jitter_sigma(logs: np.ndarray, clean: np.ndarray, params: DiagnosisParams) -> float:
+    """The job's step-to-step jitter (log units) from the robust spread of the differences of its
+    clean steps' log durations; the prior until enough steps show it."""
+    diffs = np.diff(logs[clean])
+    # a difference of two steps' log durations has twice the variance of one
+    sigma = (MAD_TO_SIGMA * float(np.median(np.abs(diffs))) / np.sqrt(2) if len(diffs) >= params.jitter_min_diffs
+             else params.jitter_sigma)
+    return max(sigma, params.jitter_sigma_floor)
+
+
+def tail_limit(residual: np.ndarray, clean: np.ndarray, log_limit: float, sigma: float,
+               params: DiagnosisParams) -> float:
+    """The slow-step limit (log units over the baseline) for the job's own tail. A job whose
+    clean steps' `1 - tail_share` quantile lies beyond `tail_sigmas` of its jitter (a normal
+    distribution's 2% quantile is 2.05 sigmas) has a heavy tail: stalls, data-dependent steps.
+    Its normal tail steps are not issues: its limit is `tail_multiple` x that quantile (a Pareto
+    tail's rarest steps lie a few times further out). A slow-step fault slows a few steps, so the
+    `tail_trim_steps` longest are set aside first: they are what the limit must still find."""
+    kept = np.sort(residual[clean])[:max(int(clean.sum()) - params.tail_trim_steps, 0)]
+    if not len(kept):
+        return log_limit
+    tail = float(np.quantile(kept, 1 - params.tail_share))
+    return max(log_limit, params.tail_multiple * tail) if tail > params.tail_sigmas * sigma else log_limit
 
 
 def _segments(logs: np.ndarray, clean: np.ndarray, outlier: np.ndarray, limit: float, sigma: float,

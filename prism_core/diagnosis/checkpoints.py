@@ -12,6 +12,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from prism_core.arrays import rolling_median
+
+from .baseline import jitter_sigma
 from .job_hour import JobHour
 from .params import DiagnosisParams
 from .state import CheckpointState
@@ -45,26 +48,40 @@ def find_checkpoints(job: JobHour, warmup: np.ndarray, previous: CheckpointState
     earlier_ns = previous.last_checkpoint_ns if previous.last_checkpoint_ns is not None else first_step_ns
     if not n:
         return Checkpoints(checkpoint, save_start, save_end, earlier_ns), previous
-    # a checkpoint step is long; a large write alone may be a copy to another job
-    long = (job.duration > params.checkpoint_long_ratio * np.median(job.duration)) & ~warmup
+    long = _long_steps(job, warmup, params)
+    # a checkpoint step is long; a large write alone may be a copy to another job. A save has no
+    # traffic to mark its end: the timeline may end its step early and put the rest of the save
+    # into the next one, so each step its writes overlap is the save's.
     stored = job.write_to_storage
     to_storage, stored_until = job.write_start[stored], job.write_end[stored]
     writes = np.searchsorted(job.step_start, to_storage, side="right") - 1
     inside = (writes >= 0) & (to_storage < job.step_end[np.maximum(writes, 0)])
     writes = writes[inside]
-    checkpoint[writes] = True
+    first = np.searchsorted(job.step_end, to_storage, side="right")  # the steps each write overlaps
+    last = np.searchsorted(job.step_start, stored_until, side="left") - 1
+    overlaps = first <= last
+    overlapped = np.zeros(n + 1, int)  # +1 at each first step a write overlaps, -1 after its last
+    np.add.at(overlapped, first[overlaps], 1)
+    np.add.at(overlapped, last[overlaps] + 1, -1)
+    written = np.cumsum(overlapped)[:n] > 0
     np.fmin.at(save_start, writes, to_storage[inside])
     np.fmax.at(save_end, writes, stored_until[inside])
-    checkpoint &= long
-    written = checkpoint.any()
-    rhythm = _rhythm(job.number[checkpoint if written else long],
-                     params.rhythm_repeats if written else params.rhythm_repeats_unwritten)
-    rhythm = rhythm or previous.checkpoint_rhythm
+    checkpoint = written & long
+    # the rhythm of the saves seen, else of the long steps (stalls spread evenly over time put a few
+    # long steps equal gaps apart: without writes the rhythm must hold more often)
+    rhythm = (rhythm_of(job.number[checkpoint], params.rhythm_repeats, params)
+              or rhythm_of(job.number[long], params.rhythm_repeats_unwritten, params) or previous.checkpoint_rhythm)
     state = previous
     if rhythm:
         period, phase = rhythm
-        checkpoint |= long & (job.number % period == phase)
+        checkpoint |= on_rhythm(job.number, long, period, phase, params.rhythm_slack_steps)
         state = replace(state, checkpoint_rhythm=(int(period), int(phase)))
+    # A save ends as quietly as it began (files closed, ranks synchronized, as long as the quiet
+    # before its first write): a long step that starts within that quiet after the last write
+    # holds the save's end.
+    prologue = np.maximum(save_start - job.step_start - np.median(job.duration), params.boundary_slack_s)
+    ends_save = checkpoint & np.isfinite(save_end)
+    checkpoint[1:] |= long[1:] & ends_save[:-1] & (job.step_start[1:] <= (save_end + prologue)[:-1])
     done = np.flatnonzero(checkpoint)
     if len(done):
         state = replace(state, last_checkpoint_ns=job.ns(job.step_end[done[-1]]))
@@ -83,14 +100,50 @@ def saving_times(previous: tuple[float, ...], saving: np.ndarray, slow: np.ndarr
     return (previous + tuple(round(float(x), 6) for x in saving[~slow]))[-params.save_history:]
 
 
-def _rhythm(numbers: np.ndarray, min_repeats: int) -> tuple[int, int] | None:
-    """(period, phase) when long steps recur every `period` step numbers at least `min_repeats` times."""
+def _long_steps(job: JobHour, warmup: np.ndarray, params: DiagnosisParams) -> np.ndarray:
+    """Per step: longer than the slow-step limit of the job's own jitter over the rolling median
+    of its steps (warm-up steps are long for another reason)."""
+    logs = np.log(job.duration)
+    usual = ~warmup
+    rough = rolling_median(logs, usual, np.zeros(len(logs), int), params.baseline_steps)
+    limit = np.log(max(params.slow_step_delta, 1 + params.jitter_sigmas * jitter_sigma(logs, usual, params)))
+    return (logs - rough > limit) & usual
+
+
+def on_rhythm(numbers: np.ndarray, long: np.ndarray, period: int, phase: int, slack: int) -> np.ndarray:
+    """Per step: long and on the rhythm, or within `slack` steps of it when the step on it is not
+    long (the timeline numbered the steps after a save one off; a step after a save is no save)."""
+    offset = (numbers - phase + slack) % period - slack
+    exact = long & (offset == 0)
+    near = long & (np.abs(offset) <= slack) & (offset != 0)
+    return exact | (near & ~np.isin(numbers - offset, numbers[exact]))
+
+
+def rhythm_of(numbers: np.ndarray, min_repeats: int, params: DiagnosisParams) -> tuple[int, int] | None:
+    """(period, phase) when long steps recur every `period` step numbers at least `min_repeats`
+    times, and most of the steps on that rhythm (`rhythm_coverage`) are long: a few stalls that
+    happen to be equal gaps apart are not a rhythm. Gaps within `rhythm_slack_steps` count alike:
+    the timeline may split or merge a step near a save, and number the next ones one off. The
+    periods tried are the `rhythm_candidates` most common gaps."""
     numbers = np.unique(numbers[numbers >= 0])
+    numbers = numbers[np.diff(numbers, prepend=-2) > 1]  # a save's next step may hold its end
     if len(numbers) <= min_repeats:
         return None
-    gaps, counts = np.unique(np.diff(numbers), return_counts=True)
-    best = np.argmax(counts)
-    if counts[best] < min_repeats or gaps[best] < 2:
+    slack = params.rhythm_slack_steps
+    gaps = np.diff(numbers)
+    candidates, counts = np.unique(gaps[gaps >= 2 * slack + 2], return_counts=True)
+    if not len(candidates):
         return None
-    period = int(gaps[best])
-    return period, int(numbers[-1] % period)
+    candidates = candidates[np.argsort(-counts, kind="stable")[:params.rhythm_candidates]]
+    # a gap of a few periods (a save between them not seen as one) repeats the rhythm too
+    periods = np.maximum(np.round(gaps[None, :] / candidates[:, None]), 1)
+    repeats = (np.abs(gaps[None, :] - periods * candidates[:, None]) <= slack * periods).sum(axis=1)
+    best = int(np.argmax(repeats))  # ties: the most common gap
+    period = int(candidates[best])
+    if repeats[best] < min_repeats:
+        return None
+    phase = int(np.argmax(np.bincount(numbers % period)))  # a long step off the rhythm does not set it
+    slots = np.arange(numbers[0] + (phase - numbers[0]) % period, numbers[-1] + 1, period)
+    hits = np.abs(numbers[np.clip(np.searchsorted(numbers, slots), 0, len(numbers) - 1)] - slots) <= slack
+    hits |= np.abs(numbers[np.clip(np.searchsorted(numbers, slots) - 1, 0, len(numbers) - 1)] - slots) <= slack
+    return (period, phase) if hits.mean() >= params.rhythm_coverage else None

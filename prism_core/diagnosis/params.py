@@ -32,19 +32,37 @@ class DiagnosisParams:
     jitter_min_diffs: int = 5
     jitter_sigma_floor: float = 1e-3  # log-duration units: jitter is never taken as smaller
     baseline_steps: int = 10  # rolling median over this many steps on each side
+    # Heavy tails (baseline.tail_limit): a job whose clean steps' 1 - tail_share quantile (log
+    # residual over the baseline) is beyond tail_sigmas of its jitter (a normal distribution's 2%
+    # quantile: 2.05 sigmas) stalls by nature, and tail_multiple x that quantile is its slow-step
+    # limit (a Pareto tail's rarest steps of a day lie 2-4x beyond its 2% quantile). A slow-step
+    # fault slows a few steps: the tail_trim_steps longest steps are set aside before.
+    tail_share: float = 0.02
+    tail_sigmas: float = 2.5
+    tail_multiple: float = 5.0
+    tail_trim_steps: int = 3
     # share of a step: how much longer than usual a checkpoint step must be to be slow (saving
     # times vary more than compute: storage is shared)
     checkpoint_margin: float = 0.25
+    # a checkpoint is slow beyond this many robust sigmas of the job's own saving times (log
+    # units), the spread taken as at least save_spread_floor
+    save_sigmas: float = 4.0
+    save_spread_floor: float = 0.05
     degradation_min_shift: float = 0.03  # level rise, as a share of the baseline
     degradation_min_steps: int = 10  # steps the new level must hold
 
     # --- thresholds: checkpoints ---
     checkpoint_write_bytes: int = CHECKPOINT_FLOW_BYTES  # bytes; a flow out of the job this large is a save
-    checkpoint_long_ratio: float = 1.5  # x the median step: a checkpoint step is at least this long
     # times long steps must recur on one period to be a checkpoint rhythm: with a write seen, and
     # without (stalls spread evenly over time put three long steps two equal gaps apart)
     rhythm_repeats: int = 2
     rhythm_repeats_unwritten: int = 3
+    # share of the steps on a rhythm that must be long: stalls at random seldom fill a rhythm
+    rhythm_coverage: float = 0.75
+    # steps; a save's step numbered this far off its rhythm is still on it (the timeline may split
+    # or merge a step near a save)
+    rhythm_slack_steps: int = 1
+    rhythm_candidates: int = 8  # the most common gaps between long steps tried as the rhythm's period
     usual_save_checkpoints: int = 3  # checkpoints whose saving time must be seen before it is usual
     save_history: int = 8  # checkpoints' saving times kept between hours
 

@@ -17,7 +17,7 @@ from prism_core import waste
 from prism_core.constants import NS_PER_S as NS
 
 from . import hangs
-from .checkpoints import Checkpoints
+from .checkpoints import Checkpoints, on_rhythm, rhythm_of
 from .issues import Issue
 from .job_hour import JobHour
 from .params import DiagnosisParams
@@ -31,14 +31,27 @@ class Resumes:
     first_step_ns: int | None  # the job's first step (its first traffic): its work starts here
 
 
-def find_resumes(job: JobHour, progress: Progress, params: DiagnosisParams) -> Resumes:
+def find_resumes(job: JobHour, progress: Progress, saves_rhythm: tuple[int, int] | None,
+                 params: DiagnosisParams) -> Resumes:
+    """The steps that resume the job (the attempt goes up, or it was silent for longer than any
+    step takes, but not on the rhythm of its saves: `saves_rhythm`, (period, phase) in step
+    numbers, from earlier hours), and its warm-up steps."""
     if not job.n_steps:
         return Resumes(np.zeros(0, np.int64), np.zeros(0, bool), progress.first_step_ns)
     previous_attempt = np.r_[progress.last_attempt, job.attempt[:-1]]
     last_end = job.seconds(progress.last_step_end_ns) if progress.last_step_end_ns is not None else np.nan
     silence = job.step_start - np.r_[last_end, job.step_end[:-1]]
-    gap_limit = max(params.restart_gap_s, params.restart_gap_steps * float(np.median(job.duration)))
-    resumes = np.flatnonzero((job.attempt > previous_attempt) | (silence > gap_limit))
+    quiet = silence > params.restart_gap_steps * float(np.median(job.duration))  # longer than any step takes
+    resumed = (job.attempt > previous_attempt) | (quiet & (silence > params.restart_gap_s))
+    # A save over a network the flow logs do not see leaves the job quiet between two steps (and
+    # recognition may take the job's return for a restart): resumes after steps on the rhythm of
+    # such quiet gaps (or of the saves of earlier hours), in step numbers, are the job's saves,
+    # not restarts (crashes recur on no rhythm)
+    saved = job.number - 1  # the step before each quiet gap
+    rhythm = rhythm_of(saved[quiet | resumed], params.rhythm_repeats_unwritten, params) or saves_rhythm
+    if rhythm:
+        resumed &= ~on_rhythm(saved, resumed, *rhythm, params.rhythm_slack_steps)
+    resumes = np.flatnonzero(resumed)
     warmup = np.zeros(job.n_steps, bool)
     first_step_ns = progress.first_step_ns
     for first in resumes.tolist() + ([0] if first_step_ns is None else []):

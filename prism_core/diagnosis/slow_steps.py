@@ -18,8 +18,9 @@ from .params import DiagnosisParams
 
 def find_slow_steps(job: JobHour, fit: Baseline, masks: StepMasks, params: DiagnosisParams) -> np.ndarray:
     """Per step: slow."""
-    margin = np.where(masks.checkpoint, max(fit.limit - 1, params.checkpoint_margin), fit.limit - 1)
-    slow = (job.duration - fit.expected > margin * fit.baseline) & ~(masks.warmup | masks.windowed)
+    margin = np.where(masks.checkpoint, np.maximum(max(fit.limit - 1, params.checkpoint_margin) * fit.baseline,
+                                                   fit.save_allowance), (fit.limit - 1) * fit.baseline)
+    slow = (fit.judged - fit.expected > margin) & ~(masks.warmup | masks.windowed)
     return slow & (fit.clean_steps >= params.min_steps)  # too few steps to know what a normal one is
 
 
@@ -28,10 +29,10 @@ def slow_step_issues(job: JobHour, fit: Baseline, masks: StepMasks, slow: np.nda
     """An issue per slow step, costing its time over the expected one on the job's GPUs."""
     issues = []
     for i in np.flatnonzero(slow):
-        share = (job.duration[i] - fit.expected[i]) / fit.baseline[i]  # of a normal step
+        share = (fit.judged[i] - fit.expected[i]) / fit.baseline[i]  # of a normal step
         n_gpus = job.gpus_active(job.step_start[i], job.step_end[i])
-        cost = waste.excess_gpu_s(job.duration[i:i + 1], fit.expected[i], n_gpus)
-        evidence = {"step": int(job.number[i]), "duration_s": job.duration[i], "expected_s": fit.expected[i],
+        cost = waste.excess_gpu_s(fit.judged[i:i + 1], fit.expected[i], n_gpus)
+        evidence = {"step": int(job.number[i]), "duration_s": fit.judged[i], "expected_s": fit.expected[i],
                     "baseline_s": fit.baseline[i], "excess_share": share, "threshold": fit.limit,
                     "jitter_sigma": fit.sigma, "checkpoint": bool(masks.checkpoint[i])}
         issues.append(Issue.of(job.job_id, "slow_step", job.job_id, job.ns(job.step_start[i]), job.ns(job.step_end[i]),

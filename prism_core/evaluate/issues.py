@@ -4,7 +4,7 @@ Issue rows are first merged by `issue_id` (an issue crossing hours has one row p
 that hour's waste). A Prism job is associated with every truth job whose address set it resembles
 (Jaccard >= 0.5 over `job_gpus`); hosts are reused, so an issue can match a truth fault of an
 associated job when the kinds are equal, the times overlap (within `TIME_SLACK_NS`) and the subject
-is the fault's: a straggler names its host, a slow link its address (alone or as one end of a
+is the fault's: a straggler names its host (or one host of a slow stage), a slow link its address (alone or as one end of a
 link), and a hang its address or the whole job (its GPUs stopped together, so the data cannot
 single one out: `hang_localized` says how often the address was named). Issues and faults are then
 paired one to one, the most pairs and then the most overlap: an issue on a fault that another
@@ -168,14 +168,19 @@ def _associated(issue_jobs: pa.ChunkedArray, fault_jobs: pa.ChunkedArray, associ
 
 
 def _names(issue_subjects: pa.ChunkedArray, fault_subjects: pa.ChunkedArray) -> np.ndarray:
-    """(issues x faults) whether the issue's subject ("a", "a->b" or "a,b,c") names the fault's."""
-    named = pc.split_pattern(pc.replace_substring(issue_subjects, "->", ","), ",")
-    parts = pa.table({"issue": pc.list_parent_indices(named), "name": pc.list_flatten(named)})
-    faults = pa.table({"fault": pa.array(np.arange(len(fault_subjects))), "name": fault_subjects})
-    both = parts.join(faults, "name", join_type="inner")
+    """(issues x faults) whether the issue's subject names one of the fault's: a subject is "a",
+    "a->b" or "a,b,c" on either side (a slow stage's fault lists its hosts; naming one is right)."""
+    issues, faults = _subject_names(issue_subjects, "issue"), _subject_names(fault_subjects, "fault")
+    both = issues.join(faults, "name", join_type="inner")
     out = np.zeros((len(issue_subjects), len(fault_subjects)), bool)
     out[both["issue"].to_numpy(), both["fault"].to_numpy()] = True
     return out
+
+
+def _subject_names(subjects: pa.ChunkedArray, index: str) -> pa.Table:
+    """One row per name in each subject, with the subject's position as `index`."""
+    named = pc.split_pattern(pc.replace_substring(subjects, "->", ","), ",")
+    return pa.table({index: pc.list_parent_indices(named), "name": pc.list_flatten(named)})
 
 
 def _held_gpu_s(truth: dict[str, pa.Table], faults: pa.Table) -> np.ndarray:

@@ -1,4 +1,10 @@
-"""Deduplication: exact copies of a flow, and one flow reported by two exporters on its path."""
+"""Deduplication: exact copies of a flow record, and one flow reported by two exporters on its path.
+
+A duplicate needs a second report of the same observation: the collector delivering one record
+twice (equal on every column, its receive time included), or another exporter (`sampler_address`)
+reporting the same flow. Two records of one exporter that differ only in when they were received
+are two transfers, however alike: at a millisecond clock, transfers on one queue pair within the
+same millisecond with the same size give identical records, and both are kept."""
 
 from __future__ import annotations
 
@@ -11,23 +17,26 @@ from prism_core.ingest.columns import _mask
 from prism_core.schema import FLOWS
 
 SORT_KEYS = ("time_flow_start_ns", "src_addr", "dst_addr", "src_port", "dst_port", "bytes")
-# Two exporters that report one flow differ only in who sent it and when it arrived.
+# A collector's re-delivery of one record repeats every column; exporter and receive time sort last.
 REPORTER = ("time_received_ns", "sampler_address")
-IDENTITY = tuple(name for name in FLOWS.names if name not in REPORTER)
-FULL_SORT_ORDER = (*SORT_KEYS, *(name for name in IDENTITY if name not in SORT_KEYS), *REPORTER)
-# ... or, from two switches on the flow's path, also in their clocks and header accounting: times
-# within COPY_TIME_NS once the exporters' offset is taken out, bytes within COPY_BYTES_SHARE.
+EXACT_COPY = FLOWS.names
+FULL_SORT_ORDER = (*SORT_KEYS, *(name for name in FLOWS.names if name not in (*SORT_KEYS, *REPORTER)), *REPORTER)
+# One flow from two switches on its path differs in the reporter, and in their clocks and header
+# accounting: times within COPY_TIME_NS once the exporters' offset is taken out, bytes within
+# COPY_BYTES_SHARE.
 COPY_TIME_NS = 3_000_000
 COPY_BYTES_SHARE = 0.02
 MAX_CLOCK_OFFSET_NS = 1_000_000_000
+# A second round pairs rows the first left unpaired (a row between a copy and its original).
+MAX_PAIRING_ROUNDS = 2
 FIVE_TUPLE = ("src_addr", "dst_addr", "src_port", "dst_port", "proto")
 
 
 def dedupe(flows: pa.Table) -> tuple[pa.Table, int]:
-    """Drop duplicate flows: exact copies (equal on IDENTITY), and one flow's records from two
-    exporters (`copies_from_other_exporters`). The table is sorted by SORT_KEYS, then by every
-    other column, so the copy kept (earliest received; of two exporters, the first address) and
-    the output bytes do not depend on the input order. Returns (table, number of rows dropped)."""
+    """Drop duplicate flows: exact copies (equal on every column, the receive time included), and
+    one flow's records from two exporters (`copies_from_other_exporters`). The table is sorted by
+    SORT_KEYS, then by every other column, so the copy kept (of two exporters, the first address)
+    and the output bytes do not depend on the input order. Returns (table, number of rows dropped)."""
     if flows.num_rows < 2:
         return flows, 0
     kept = deduplicated_order(flows)
@@ -56,9 +65,9 @@ def deduplicated_order(flows: pa.Table) -> np.ndarray:
         ).to_numpy()
         order[positions] = order[positions][within]  # a run stays in place: start is the first key
         tied_rows = tied_rows.take(within)
-        # neighbours within one run of equal start, then equal on every IDENTITY column
+        # neighbours within one run of equal start, then equal on every column
         repeat = same_start_as_next[positions[:-1]] & (np.diff(positions) == 1)
-        for name in IDENTITY:
+        for name in EXACT_COPY:
             column = tied_rows[name].combine_chunks()
             current, previous = column.slice(1), column.slice(0, len(column) - 1)
             both_null = _mask(pc.and_(current.is_null(), previous.is_null()))
@@ -77,8 +86,8 @@ def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
 
     The offset of each pair of exporters is the median, over the 5-tuples both report, of the
     difference of their first starts (pairs more than MAX_CLOCK_OFFSET_NS apart are not
-    corrected). Rows are then sorted by (5-tuple, corrected start) and neighbours compared; a row
-    pairs with the nearer of two matching neighbours, so it pairs once. A record whose copy was
+    corrected). Rows are then sorted by (5-tuple, corrected start) and neighbours compared
+    (`_nearest_pairs`, in rounds over the rows still unpaired); a row pairs once. A record whose copy was
     lost can still pair with a neighbouring transfer's copy when transfers on one 5-tuple are
     closer than COPY_TIME_NS. Rows without an exporter are never copies."""
     # most minutes have none: one hash aggregation says so
@@ -113,10 +122,42 @@ def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
     offset_of_pair[pairs] = np.where(np.abs(median) <= MAX_CLOCK_OFFSET_NS, median, 0)
     shift = offset_of_pair[pair]  # zero for the reference exporter's rows
 
-    order = np.lexsort((exporter, start - shift, five_tuple))
+    corrected_start, corrected_end = start - shift, end - shift
+    # alike records (millisecond clocks) interleave across exporters: the k-th of one exporter's
+    # identical records sorts beside the k-th of the other's
+    alike = np.lexsort((size, corrected_start, exporter, five_tuple))
+    keys = np.stack([five_tuple, exporter, corrected_start, size])[:, alike]
+    opens = np.r_[True, np.any(keys[:, 1:] != keys[:, :-1], axis=0)]
+    first = np.flatnonzero(opens)
+    occurrence = np.empty(len(rows), np.int64)
+    occurrence[alike] = np.arange(len(rows)) - first[np.cumsum(opens) - 1]
+    paired = np.zeros(len(rows), bool)
+    copies = []
+    for _ in range(MAX_PAIRING_ROUNDS):
+        candidates = np.flatnonzero(~paired)
+        order = candidates[np.lexsort(tuple(key[candidates] for key in
+                                            (exporter, occurrence, size, corrected_start, five_tuple)))]
+        a, b = _nearest_pairs(order, five_tuple, exporter, corrected_start, corrected_end, size)
+        if not len(a):
+            break
+        paired[a] = paired[b] = True
+        copies.append(np.where(exporter[a] > exporter[b], a, b))
+    return np.sort(rows[np.concatenate(copies)]) if copies else np.zeros(0, np.int64)
+
+
+def _nearest_pairs(order: np.ndarray, five_tuple: np.ndarray, exporter: np.ndarray, start: np.ndarray,
+                   end: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Copies among neighbours of `order` (rows sorted by 5-tuple and corrected time): same
+    5-tuple, other exporter, times within COPY_TIME_NS, bytes within COPY_BYTES_SHARE. A row pairs
+    with the nearer of its matching neighbours; a run of equally near matches (two exporters'
+    millisecond records of transfers alike) pairs its first, third, ... edges, so no row pairs
+    twice. Rows left unpaired (a row sorted between a copy and its original) pair in the next
+    round."""
     a, b = order[:-1], order[1:]
-    start_gap = np.abs((start[b] - shift[b]) - (start[a] - shift[a]))
-    end_gap = np.abs((end[b] - shift[b]) - (end[a] - shift[a]))
+    if not len(a):
+        return a, b
+    start_gap = np.abs(start[b] - start[a])
+    end_gap = np.abs(end[b] - end[a])
     match = (
         (five_tuple[a] == five_tuple[b])
         & (exporter[a] != exporter[b])
@@ -124,13 +165,18 @@ def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
         & (end_gap <= COPY_TIME_NS)
         & (np.abs(size[b] - size[a]) <= COPY_BYTES_SHARE * np.maximum(size[a], size[b]))
     )
-    # a row pairs with the nearer of its matching neighbours: a matching pair closer than the
-    # one before it and at least as close as the one after
     far = np.iinfo(np.int64).max
     distance = np.where(match, start_gap + end_gap, far)
-    paired = match & (distance < np.r_[far, distance[:-1]]) & (distance <= np.r_[distance[1:], far])
-    copy = np.where(exporter[a] > exporter[b], a, b)[paired]
-    return np.sort(rows[copy])
+    # runs of consecutive edges equally near; a run is taken when nearer than the edges around it
+    opens = np.r_[True, distance[1:] != distance[:-1]]
+    run = np.cumsum(opens) - 1
+    run_first = np.flatnonzero(opens)
+    run_last = np.r_[run_first[1:], len(distance)] - 1
+    before = np.r_[far, distance[:-1]][run_first]
+    after = np.r_[distance[1:], far][run_last]
+    taken_run = (distance[run_first] < far) & (distance[run_first] < before) & (distance[run_first] < after)
+    taken = taken_run[run] & ((np.arange(len(distance)) - run_first[run]) % 2 == 0)
+    return a[taken], b[taken]
 
 
 def _ids(column: pa.ChunkedArray) -> np.ndarray:

@@ -1,8 +1,10 @@
 """Job recognition per minute and job tracking across minutes, hours and restarts.
 
 Per minute, the GPU NICs that exchange repeated traffic form components, merged into jobs by the
-hosts they share (`observe`, `merge`); tracking links each minute's jobs to the jobs already known
-and keeps their ids across stops, restarts and hosts changing hands (`track`, `decisions`). Every
+hosts they share when their traffic keeps in step (`observe`, `merge`): a job's members are NICs,
+and jobs on different GPUs of the same hosts stay apart. Tracking links each minute's jobs to the
+jobs already known and keeps their ids across stops, restarts and NICs changing hands (`track`,
+`decisions`). Every
 threshold is in `params`; the state handed to the next hour is `state`. The reasoning is in
 docs/architecture.md, "Job recognition".
 """
@@ -18,7 +20,7 @@ from prism_core.recognition.params import DEFAULT_PARAMS, RecognitionParams
 from prism_core.recognition.state import STATE_VERSION, RecognitionState
 from prism_core.recognition.tables import EVENTS, MEMBERSHIP, Recognition, events_table, jobs_table, membership_table
 from prism_core.recognition.track import Track, Tracker
-from prism_core.recognition.vocabulary import HostVocabulary
+from prism_core.recognition.vocabulary import NicVocabulary
 from prism_core.topology import Topology
 
 __all__ = [
@@ -38,13 +40,10 @@ def recognize_minute(
     minute_pairs: pa.Table, topology: Topology, *, params: RecognitionParams = DEFAULT_PARAMS
 ) -> list[np.ndarray]:
     """The jobs communicating in one minute's `flow_minutes` rows: for each, the sorted addresses
-    of all NICs of its hosts."""
-    vocabulary = HostVocabulary(topology)
+    of its NICs."""
+    vocabulary = NicVocabulary(topology)
     observations = observe(minute_pairs, vocabulary, minute_of_rows(minute_pairs), params)
-    return [
-        np.sort(vocabulary.nics(observations.hosts(k))["addr"].to_numpy(zero_copy_only=False))
-        for k in range(len(observations.minute_ns))
-    ]
+    return [np.array(vocabulary.addr_list(observations.nics(k))) for k in range(len(observations.minute_ns))]
 
 
 def recognize_hour(
@@ -57,7 +56,7 @@ def recognize_hour(
 ) -> Recognition:
     """Jobs of one hour from its `flow_minutes`, continuing the jobs of `previous_state` (the
     previous hour's `Recognition.state`)."""
-    vocabulary = HostVocabulary(topology)
+    vocabulary = NicVocabulary(topology)
     tracks = [Track.from_state(carried, vocabulary) for carried in RecognitionState.load(previous_state).tracks]
     observations = observe(flow_minutes, vocabulary, minute_of_rows(flow_minutes), params)
     tracker = Tracker(tracks, vocabulary, saves(flow_minutes, vocabulary), params)

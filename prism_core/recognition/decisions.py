@@ -17,55 +17,56 @@ if TYPE_CHECKING:  # the tracker, in track.py, decides with these functions
 
 
 def same_job(
-    track: Track, hosts: np.ndarray, shared: int, gap_ns: int, minute_ns: int, sizes: np.ndarray, flows: np.ndarray,
+    track: Track, nics: np.ndarray, shared: int, gap_ns: int, minute_ns: int, sizes: np.ndarray, flows: np.ndarray,
     params: RecognitionParams,
 ) -> bool:
-    """Is an observation in minute `minute_ns` on `hosts`, `shared` of them running `track`'s,
+    """Is an observation in minute `minute_ns` on `nics`, `shared` of them running `track`'s,
     `gap_ns` after the track's last traffic, with repeated flow `sizes` (and their `flows`), the
-    track's job? Without comparing sizes when it comes soon on exactly the job's hosts; else by
-    its sizes (a new job can start on all or part of the hosts another left seconds before)."""
+    track's job? Without comparing sizes when it comes soon on exactly the job's NICs; else by
+    its sizes (a new job can start on all or part of the NICs another left seconds before)."""
     within_check = gap_ns < params.resume_check_ns
-    unchanged = within_check and shared == len(hosts) == len(track.hosts)
+    unchanged = within_check and shared == len(nics) == len(track.nics)
     # A job minutes old may not have shown all its flow sizes yet (no DP sync in its parts), but
-    # its parts join into more hosts while it talks: traffic on only some of the hosts it already
-    # showed, or after a silence, is judged by its sizes (a new job on hosts a short job left).
-    part_of_young = track.young(minute_ns, params) and within_check and not (shared == len(hosts) < len(track.hosts))
+    # its parts join into more NICs while it talks: traffic on only some of the NICs it already
+    # showed, or after a silence, is judged by its sizes (a new job on NICs a short job left).
+    part_of_young = track.young(minute_ns, params) and within_check and not (shared == len(nics) < len(track.nics))
     return unchanged or part_of_young or track.signature_share(sizes, flows, params) >= params.signature_match
 
 
 def resumes(
-    track: Track, seen: np.ndarray, gap_ns: int, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams
+    track: Track, track_hosts: np.ndarray, seen_hosts: np.ndarray, gap_ns: int, sizes: np.ndarray, flows: np.ndarray,
+    params: RecognitionParams,
 ) -> bool:
-    """Does traffic on hosts `seen`, `gap_ns` after stopped `track`'s last, with repeated flow
-    `sizes` (and their `flows`), resume the job: soon enough, on its hosts with at most
-    `params.replaced_hosts` replaced, with its flow sizes?"""
-    shared = len(np.intersect1d(seen, track.hosts))
+    """Does traffic on hosts `seen_hosts`, `gap_ns` after the last of stopped `track` (on
+    `track_hosts`), with repeated flow `sizes` (and their `flows`), resume the job: soon enough, on
+    its hosts with at most `params.replaced_hosts` replaced, with its flow sizes?"""
+    shared = len(np.intersect1d(seen_hosts, track_hosts))
     return (
         gap_ns <= params.restart_window_ns
-        and len(track.hosts) - shared <= params.replaced_hosts
-        and len(seen) - shared <= params.replaced_hosts
+        and len(track_hosts) - shared <= params.replaced_hosts
+        and len(seen_hosts) - shared <= params.replaced_hosts
         and track.signature_share(sizes, flows, params) >= params.signature_match
     )
 
 
 @dataclass(frozen=True)
 class Handover:
-    """How the minute in which a new job took hosts of an old one splits between them."""
+    """How the minute in which a new job took NICs of an old one splits between them."""
 
-    hosts: np.ndarray  # the hosts the new job took
+    nics: np.ndarray  # the NICs the new job took
     start_ns: int  # the new job's first traffic on them
     old_until_ns: int  # the old job holds them until then
     old_end_ns: int  # the old job's last traffic in that minute, on any of its hosts
 
 
 def hand_over(track: Track, obs: Observations, k: int, params: RecognitionParams) -> Handover | None:
-    """When observation `k`'s new job was already talking on hosts of the old job `track` in that
+    """When observation `k`'s new job was already talking on NICs of the old job `track` in that
     job's latest minute (its rows there carry sizes the old job is not known by, and last past
-    the old job's own rows on those hosts), split that minute on the hosts: the new job starts
+    the old job's own rows on those NICs), split that minute on the NICs: the new job starts
     with its first row on a host pair only it used if that follows the old job's last row on a
     pair only the old one used, else after the old job's last row of other sizes (see
     `old_job_end`). None when the latest minute holds no such change."""
-    taken = np.intersect1d(obs.hosts(k), track.hosts)
+    taken = np.intersect1d(obs.nics(k), track.nics)
     if len(track.last_observations) == 0 or len(taken) == 0:
         return None
     src, dst, size, first, last = obs.edges(track.last_observations)
@@ -76,12 +77,14 @@ def hand_over(track: Track, obs: Observations, k: int, params: RecognitionParams
     if not (new_shape.any() and old_shape.any()):
         return None
     # A host pair both jobs used has rows spanning both (its top size may even be one they
-    # share); pairs only one used tell when each job talked there.
-    pair = np.minimum(src, dst) * (np.maximum(src, dst).max() + 1) + np.maximum(src, dst)
+    # share: a rail of the new job's all-to-all); pairs only one used tell when each job talked there.
+    src_host, dst_host = obs.host_of_nic[src], obs.host_of_nic[dst]
+    low, high = np.minimum(src_host, dst_host), np.maximum(src_host, dst_host)
+    pair = low * (high.max() + 1) + high
     old_only = old_shape & ~np.isin(pair, pair[new_shape])
     new_only = new_shape & ~np.isin(pair, pair[old_shape])
     if old_only.any() and new_only.any() and first[new_only].min() > last[old_only].max():
-        # the old job holds the hosts until the new one's first traffic of its own, but the
+        # the old job holds the NICs until the new one's first traffic of its own, but the
         # flows on pairs both used in the moments before that are the new job's first
         # collective reaching all its pairs, not the old job's tail
         old_end_ns = int(last[old_only].max())
@@ -97,7 +100,7 @@ def hand_over(track: Track, obs: Observations, k: int, params: RecognitionParams
 
 
 def old_job_end(old_last_ns: np.ndarray, new_first_ns: np.ndarray) -> int:
-    """When a job stopped and another took its hosts within one minute: the end of the old job's
+    """When a job stopped and another took its NICs within one minute: the end of the old job's
     traffic there, given the last ends of the rows of its sizes and the first starts of the rows
     of the new job's. A pair both jobs use has one row spanning both, labelled by whichever sent
     more flows of one size: its end is the new job's, or its start the old job's. So the end is

@@ -1,5 +1,5 @@
 """The jobs of each minute of an hour, from its flow_minutes rows: one graph over all minutes, its
-components merged into jobs, each with its hosts, span, flow sizes and rows."""
+components merged into jobs, each with its NICs, span, flow sizes and rows."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pyarrow.compute as pc
 
 from prism_core.arrays import time_segments
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
-from prism_core.recognition.merge import csr_pointer, job_of_nodes
+from prism_core.recognition.merge import Graph, csr_pointer, job_of_nodes
 from prism_core.recognition.params import RecognitionParams
-from prism_core.recognition.vocabulary import HostVocabulary
+from prism_core.recognition.vocabulary import NicVocabulary
 from prism_core.topology import Topology
 
 
@@ -24,33 +24,34 @@ class Observations:
     minute_ns: np.ndarray  # int64, start of the minute
     first_ns: np.ndarray  # int64, first flow start of the job in the minute
     last_ns: np.ndarray  # int64, last flow end
-    host_ptr: np.ndarray  # CSR over host codes: hosts of observation k are
-    host_codes: np.ndarray  #   host_codes[host_ptr[k]:host_ptr[k + 1]], sorted
+    nic_ptr: np.ndarray  # CSR over NIC codes: the members of observation k are
+    nic_codes: np.ndarray  #   nic_codes[nic_ptr[k]:nic_ptr[k + 1]], sorted
     size_ptr: np.ndarray  # CSR over the repeated flow sizes of each observation
     sizes: np.ndarray  # int64 flow size
     size_flows: np.ndarray  # int64 flows of that size
     edge_ptr: np.ndarray  # CSR over the job-traffic rows of each observation:
-    edge_src_host: np.ndarray  #   host codes of both ends,
-    edge_dst_host: np.ndarray
+    edge_src_nic: np.ndarray  #   NIC codes of both ends,
+    edge_dst_nic: np.ndarray
     edge_size: np.ndarray  #   top size, first flow start and last flow end of the row
     edge_first_ns: np.ndarray
     edge_last_ns: np.ndarray
+    host_of_nic: np.ndarray  # host code of every NIC code
 
     @classmethod
     def empty(cls) -> Observations:
         empty, pointer = np.zeros(0, np.int64), np.zeros(1, np.int64)
-        return cls(empty, empty, empty, pointer, empty, pointer, empty, empty, pointer, *[empty] * 5)
+        return cls(empty, empty, empty, pointer, empty, pointer, empty, empty, pointer, *[empty] * 6)
 
-    def hosts(self, k: int) -> np.ndarray:
-        return self.host_codes[self.host_ptr[k] : self.host_ptr[k + 1]]
+    def nics(self, k: int) -> np.ndarray:
+        return self.nic_codes[self.nic_ptr[k] : self.nic_ptr[k + 1]]
 
     def signature(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         span = slice(self.size_ptr[k], self.size_ptr[k + 1])
         return self.sizes[span], self.size_flows[span]
 
-    def hosts_of(self, ks: list[int] | np.ndarray) -> np.ndarray:
-        """The hosts of observations `ks` together, sorted."""
-        return np.unique(np.concatenate([self.hosts(k) for k in ks]))
+    def nics_of(self, ks: list[int] | np.ndarray) -> np.ndarray:
+        """The NICs of observations `ks` together, sorted."""
+        return np.unique(np.concatenate([self.nics(k) for k in ks]))
 
     def signatures(self, ks: list[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The repeated flow sizes of observations `ks` and their flows, one observation after the other."""
@@ -58,9 +59,9 @@ class Observations:
         return np.concatenate([sizes for sizes, _ in parts]), np.concatenate([flows for _, flows in parts])
 
     def edges(self, ks: np.ndarray) -> tuple[np.ndarray, ...]:
-        """src host, dst host, top size, first start, last end of the rows of observations `ks`."""
+        """src NIC, dst NIC, top size, first start, last end of the rows of observations `ks`."""
         rows = np.concatenate([np.arange(self.edge_ptr[k], self.edge_ptr[k + 1]) for k in ks.tolist()])
-        columns = (self.edge_src_host, self.edge_dst_host, self.edge_size, self.edge_first_ns, self.edge_last_ns)
+        columns = (self.edge_src_nic, self.edge_dst_nic, self.edge_size, self.edge_first_ns, self.edge_last_ns)
         return tuple(column[rows] for column in columns)
 
 
@@ -77,8 +78,8 @@ def rows_by_minute(minute_ns: np.ndarray) -> list[np.ndarray]:
     return np.split(np.arange(len(minute_ns)), starts[1:])
 
 
-def saves(flow_minutes: pa.Table, vocabulary: HostVocabulary) -> np.ndarray:
-    """(host code, first start, last end) of each minute's checkpoint writes (CHECKPOINT_FLOW_BYTES
+def saves(flow_minutes: pa.Table, vocabulary: NicVocabulary) -> np.ndarray:
+    """(NIC code, first start, last end) of each minute's checkpoint writes (CHECKPOINT_FLOW_BYTES
     or more from a GPU NIC to an address that is no GPU), by first start; shape (n, 3)."""
     src, dst = flow_minutes["src_addr"], flow_minutes["dst_addr"]
     topology = vocabulary.topology
@@ -87,13 +88,13 @@ def saves(flow_minutes: pa.Table, vocabulary: HostVocabulary) -> np.ndarray:
         & (flow_minutes["bytes"].to_numpy(zero_copy_only=False) >= CHECKPOINT_FLOW_BYTES)))
     if writes.num_rows == 0:
         return np.zeros((0, 3), np.int64)
-    found = np.stack([vocabulary.encode(vocabulary.host_of(writes["src_addr"].combine_chunks())),
+    found = np.stack([vocabulary.encode(writes["src_addr"].combine_chunks()),
                       writes["first_start_ns"].to_numpy(), writes["last_end_ns"].to_numpy()], axis=1)
     return found[np.argsort(found[:, 1], kind="stable")]
 
 
 def observe(
-    flow_minutes: pa.Table, vocabulary: HostVocabulary, minute_ns: np.ndarray, params: RecognitionParams
+    flow_minutes: pa.Table, vocabulary: NicVocabulary, minute_ns: np.ndarray, params: RecognitionParams
 ) -> Observations:
     """Per minute: connected components of the job-traffic graph, then components merged into
     jobs (see `merge`). All minutes are solved in one graph whose nodes are an address's traffic
@@ -108,7 +109,8 @@ def observe(
     both = pa.concat_arrays([edges["src_addr"].combine_chunks(), edges["dst_addr"].combine_chunks()])
     encoded = both.dictionary_encode()
     addr_code = encoded.indices.to_numpy().astype(np.int64)
-    host_of_addr = vocabulary.encode(vocabulary.host_of(encoded.dictionary))
+    nic_of_addr = vocabulary.encode(encoded.dictionary)
+    host_of_addr = vocabulary.hosts(nic_of_addr)
     n_addrs = len(encoded.dictionary)
 
     edge_minutes, edge_minute_pos = np.unique(edges["_minute_ns"].to_numpy(), return_inverse=True)
@@ -118,10 +120,11 @@ def observe(
     src_node = node_of_end[:n_edges]
     # host keys carry the minute, so jobs of different minutes share no host
     node_minute_pos = node_key // n_addrs
-    node_host = host_of_addr[node_key % n_addrs]
-    node_host_key = node_minute_pos * len(vocabulary.names) + node_host
-    job = job_of_nodes(src_node, node_of_end[n_edges:], node_host_key, node_first_ns, node_last_ns, params)
-    job, job_host_pairs, job_minute_pos = _in_tracking_order(job, node_minute_pos, node_host, node_first_ns, vocabulary)
+    node_nic = nic_of_addr[node_key % n_addrs]
+    node_host_key = node_minute_pos * len(vocabulary.host_names) + host_of_addr[node_key % n_addrs]
+    graph = Graph(node_host_key, node_nic, node_first_ns, node_last_ns, src_node, edges["top_size"].to_numpy())
+    job = job_of_nodes(src_node, node_of_end[n_edges:], graph, params)
+    job, job_nic_pairs, job_minute_pos = _in_tracking_order(job, node_minute_pos, node_nic, node_first_ns, vocabulary)
     n_jobs = len(job_minute_pos)
 
     edge_job = job[src_node]
@@ -146,17 +149,18 @@ def observe(
         minute_ns=edge_minutes[job_minute_pos],
         first_ns=first_ns,
         last_ns=last_ns,
-        host_ptr=csr_pointer(job_host_pairs[:, 0], n_jobs),
-        host_codes=job_host_pairs[:, 1],
+        nic_ptr=csr_pointer(job_nic_pairs[:, 0], n_jobs),
+        nic_codes=job_nic_pairs[:, 1],
         size_ptr=csr_pointer(size_pairs[:, 0], n_jobs),
         sizes=size_pairs[:, 1],
         size_flows=size_flows.astype(np.int64),
         edge_ptr=csr_pointer(edge_job[by_job], n_jobs),
-        edge_src_host=host_of_addr[addr_code[:n_edges][by_job]],
-        edge_dst_host=host_of_addr[addr_code[n_edges:][by_job]],
+        edge_src_nic=nic_of_addr[addr_code[:n_edges][by_job]],
+        edge_dst_nic=nic_of_addr[addr_code[n_edges:][by_job]],
         edge_size=edges["top_size"].to_numpy()[by_job],
         edge_first_ns=edges["first_start_ns"].to_numpy()[by_job],
         edge_last_ns=edges["last_end_ns"].to_numpy()[by_job],
+        host_of_nic=vocabulary.hosts(np.arange(len(vocabulary.addrs))),
     )
 
 
@@ -174,27 +178,27 @@ def _job_edges(flow_minutes: pa.Table, topology: Topology, params: RecognitionPa
 
 
 def _in_tracking_order(
-    job: np.ndarray, node_minute_pos: np.ndarray, node_host: np.ndarray, node_first_ns: np.ndarray,
-    vocabulary: HostVocabulary,
+    job: np.ndarray, node_minute_pos: np.ndarray, node_nic: np.ndarray, node_first_ns: np.ndarray,
+    vocabulary: NicVocabulary,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Jobs renumbered by (minute, first traffic, smallest host name), so that tracking sees them
-    deterministically, and in the minute where a job stops and another takes its hosts, first the
-    one that stopped. Returns the new job of every node, the sorted (job, host code) pairs, and
+    """Jobs renumbered by (minute, first traffic, smallest NIC address), so that tracking sees them
+    deterministically, and in the minute where a job stops and another takes its NICs, first the
+    one that stopped. Returns the new job of every node, the sorted (job, NIC code) pairs, and
     each job's minute (as a position among the minutes)."""
     job_minute = np.zeros(job.max() + 1, np.int64)
     job_minute[job] = node_minute_pos
-    job_host_pairs = np.unique(np.stack([job, node_host], axis=1), axis=0)
-    host_rank = np.argsort(np.argsort(np.array(vocabulary.names, dtype=object)))
-    smallest_host = np.full(len(job_minute), np.iinfo(np.int64).max)
-    np.minimum.at(smallest_host, job_host_pairs[:, 0], host_rank[job_host_pairs[:, 1]])
+    job_nic_pairs = np.unique(np.stack([job, node_nic], axis=1), axis=0)
+    nic_rank = np.argsort(np.argsort(np.array(vocabulary.addrs, dtype=object)))
+    smallest_nic = np.full(len(job_minute), np.iinfo(np.int64).max)
+    np.minimum.at(smallest_nic, job_nic_pairs[:, 0], nic_rank[job_nic_pairs[:, 1]])
     job_first_ns = np.full(len(job_minute), np.iinfo(np.int64).max)
     np.minimum.at(job_first_ns, job, node_first_ns)
-    order = np.lexsort((smallest_host, job_first_ns, job_minute))
+    order = np.lexsort((smallest_nic, job_first_ns, job_minute))
     renumber = np.empty_like(order)
     renumber[order] = np.arange(len(order))
-    job_host_pairs[:, 0] = renumber[job_host_pairs[:, 0]]
-    job_host_pairs = job_host_pairs[np.lexsort((job_host_pairs[:, 1], job_host_pairs[:, 0]))]
-    return renumber[job], job_host_pairs, job_minute[order]
+    job_nic_pairs[:, 0] = renumber[job_nic_pairs[:, 0]]
+    job_nic_pairs = job_nic_pairs[np.lexsort((job_nic_pairs[:, 1], job_nic_pairs[:, 0]))]
+    return renumber[job], job_nic_pairs, job_minute[order]
 
 
 @dataclass

@@ -18,6 +18,21 @@ class RecognitionParams:
     # threshold, share of the union of two host sets: components of one minute whose host sets
     # are at least this similar (Jaccard) are one job, one component per rail over the same hosts.
     jaccard: float = 0.5
+    # Components on the same hosts are one job only when the traffic says so (merge.one_job):
+    # threshold, ns: they keep in step, their traffic of a minute starting and ending within this
+    # much of each other (a job's rails carry its collectives and sends at the same moments, apart
+    # by exporters' clock offsets of a few ms; another job at the phase of its own steps)
+    in_step_ns: int = 100_000_000
+    # threshold, share of minutes: in at least this share of the minutes they meet in this hour;
+    in_step_share: float = 0.5
+    # threshold, share of a flow size: or they carry a flow size in common, within this share
+    # (exporters that count per-packet headers and those that do not differ by about 1%): a job's
+    # parts with other roles in a step carry its activations;
+    same_size: float = 0.02
+    # threshold, ns: and begin and end their traffic this hour within this much of each other (a
+    # rail with only the DP sync first talks at the end of the first step, tens of seconds in),
+    # since many models share an activation size but a job arriving beside another begins later.
+    same_life_ns: int = MINUTE_NS
     # threshold, ns: pauses up to this long inside one NIC's traffic of a minute are bridged; longer
     # ones separate a job that stopped from one that started on the same hosts within the minute.
     # The silence that splits a pair's flow_minutes rows (minutes.PAIR_PAUSE_NS), so both agree.

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: a job's members are NICs, no longer hosts
 
 
 @dataclass(frozen=True)
 class CarriedTrack:
-    """A job the next hour may continue: running, or stopped recently on hosts no other job took."""
+    """A job the next hour may continue: running, or stopped recently on NICs no other job took."""
 
     job_id: str
-    hosts: tuple[str, ...]  # sorted host names
+    nics: tuple[str, ...]  # sorted addresses of its GPU NICs
     first_seen_ns: int
     last_end_ns: int  # its last traffic (or the end of its last checkpoint save)
     restarts: int
@@ -23,7 +23,7 @@ class CarriedTrack:
 
 @dataclass(frozen=True)
 class RecognitionState:
-    """The carried tracks, in creation order (a newer job's hosts win when they are loaded)."""
+    """The carried tracks, in creation order (a newer job's NICs win when they are loaded)."""
 
     tracks: tuple[CarriedTrack, ...] = ()
 
@@ -40,7 +40,7 @@ class RecognitionState:
                 "recompute from an hour whose previous state is empty"
             )
         return cls(tuple(
-            CarriedTrack(**{**job, "hosts": tuple(job["hosts"]), "signature": tuple(map(tuple, job["signature"]))})
+            CarriedTrack(**{**job, "nics": tuple(job["nics"]), "signature": tuple(map(tuple, job["signature"]))})
             for job in state["jobs"]
         ))
 
@@ -49,7 +49,7 @@ class RecognitionState:
         return {
             "version": STATE_VERSION,
             "jobs": [
-                {**asdict(track), "hosts": list(track.hosts), "signature": [list(row) for row in track.signature]}
+                {**asdict(track), "nics": list(track.nics), "signature": [list(row) for row in track.signature]}
                 for track in self.tracks
             ],
         }

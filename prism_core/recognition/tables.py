@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from prism_core.recognition.vocabulary import HostVocabulary
+from prism_core.recognition.vocabulary import NicVocabulary
 from prism_core.schema import JOBS, TS, conform
 
 if TYPE_CHECKING:  # the tracker, in track.py, closes an hour with these functions
@@ -19,7 +19,8 @@ MEMBERSHIP = pa.schema(
         ("job_id", pa.string()),
         ("addr", pa.string()),
         ("host", pa.string()),
-        ("gpu", pa.int32()),
+        ("gpu", pa.int32()),  # the first GPU the NIC serves
+        ("gpus", pa.int32()),  # how many GPUs it serves
         ("first_ns", pa.int64()),
         ("last_ns", pa.int64()),
     ]
@@ -36,7 +37,7 @@ EVENTS = pa.schema(
 
 # (job id, kind, at_ns, detail) of one EVENTS row
 Event = tuple[str, str, int, str]
-# (track index, first_ns, last_ns, host codes): a track's hosts and span in one minute
+# (track index, first_ns, last_ns, NIC codes): a track's NICs and span in one minute
 Presence = tuple[int, int, int, np.ndarray]
 
 
@@ -48,8 +49,8 @@ class Recognition:
     state: dict  # JSON-serializable (`RecognitionState.dump`), handed to the next hour
 
 
-def jobs_table(tracks: list[Track], vocabulary: HostVocabulary) -> pa.Table:
-    """One JOBS row per track, by job id."""
+def jobs_table(tracks: list[Track], vocabulary: NicVocabulary) -> pa.Table:
+    """One JOBS row per track, by job id: its GPUs are those its NICs serve."""
     if not tracks:
         return JOBS.empty_table()
     table = pa.Table.from_pylist([
@@ -57,11 +58,11 @@ def jobs_table(tracks: list[Track], vocabulary: HostVocabulary) -> pa.Table:
             "job_id": track.job_id,
             "first_seen": track.first_seen_ns,
             "last_seen": track.last_end_ns,
-            "n_gpus": vocabulary.nics(track.hosts).num_rows,
-            "n_hosts": len(track.hosts),
+            "n_gpus": vocabulary.gpus(track.nics),
+            "n_hosts": len(np.unique(vocabulary.hosts(track.nics))),
             "status": track.status,
             "restarts": track.restarts,
-            "hosts": vocabulary.name_list(track.hosts),
+            "hosts": vocabulary.host_list(track.nics),
         }
         for track in tracks
     ])
@@ -70,32 +71,31 @@ def jobs_table(tracks: list[Track], vocabulary: HostVocabulary) -> pa.Table:
     return conform(table, JOBS).sort_by("job_id")
 
 
-def membership_table(presence: list[Presence], job_ids: list[str], vocabulary: HostVocabulary) -> pa.Table:
-    """MEMBERSHIP rows: every NIC of every host a track was present on, with the first and last
-    moment over its minutes there. `job_ids`: of every track index."""
+def membership_table(presence: list[Presence], job_ids: list[str], vocabulary: NicVocabulary) -> pa.Table:
+    """MEMBERSHIP rows: every NIC a track was present on, with the first and last moment over its
+    minutes there. `job_ids`: of every track index."""
     if not presence:
         return MEMBERSHIP.empty_table()
-    track_of = np.concatenate([np.full(len(h), t) for t, _, _, h in presence])
-    hosts = np.concatenate([h for _, _, _, h in presence])
-    first = np.concatenate([np.full(len(h), f) for _, f, _, h in presence])
-    last = np.concatenate([np.full(len(h), l) for _, _, l, h in presence])
-    keys, position = np.unique(np.stack([track_of, hosts], axis=1), axis=0, return_inverse=True)
+    track_of = np.concatenate([np.full(len(n), t) for t, _, _, n in presence])
+    nics = np.concatenate([n for _, _, _, n in presence])
+    first = np.concatenate([np.full(len(n), f) for _, f, _, n in presence])
+    last = np.concatenate([np.full(len(n), l) for _, _, l, n in presence])
+    keys, position = np.unique(np.stack([track_of, nics], axis=1), axis=0, return_inverse=True)
     position = position.ravel()
     first_ns = np.full(len(keys), np.iinfo(np.int64).max)
     last_ns = np.full(len(keys), np.iinfo(np.int64).min)
     np.minimum.at(first_ns, position, first)
     np.maximum.at(last_ns, position, last)
-    host_names = np.array(vocabulary.names, dtype=object)[keys[:, 1]]
-    per_host = pa.table(
+    per_nic = pa.table(
         {
             "job_id": pa.array([job_ids[t] for t in keys[:, 0].tolist()], pa.string()),
-            "host": pa.array(host_names, pa.string()),
+            "addr": pa.array(np.array(vocabulary.addrs, dtype=object)[keys[:, 1]], pa.string()),
             "first_ns": first_ns,
             "last_ns": last_ns,
         }
     )
-    nics = vocabulary.nics(np.unique(keys[:, 1]))
-    joined = per_host.join(nics, "host", join_type="inner")
+    nics_table = vocabulary.nics(np.unique(keys[:, 1]))
+    joined = per_nic.join(nics_table, "addr", join_type="inner")
     return conform(joined, MEMBERSHIP).sort_by([("job_id", "ascending"), ("host", "ascending"), ("gpu", "ascending")])
 
 

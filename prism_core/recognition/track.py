@@ -11,11 +11,12 @@ import numpy as np
 
 from prism_core.minutes import MINUTE_NS
 from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job
+from prism_core.recognition.merge import ranges
 from prism_core.recognition.observe import Observations
 from prism_core.recognition.params import RecognitionParams
 from prism_core.recognition.state import CarriedTrack, RecognitionState
 from prism_core.recognition.tables import Event, Presence
-from prism_core.recognition.vocabulary import HostVocabulary
+from prism_core.recognition.vocabulary import NicVocabulary
 
 
 def _no_int64() -> np.ndarray:
@@ -27,7 +28,7 @@ class Track:
     """One job as tracking knows it."""
 
     job_id: str
-    hosts: np.ndarray  # sorted host codes
+    nics: np.ndarray  # sorted NIC codes: the job's members
     first_seen_ns: int
     last_end_ns: int
     restarts: int = 0
@@ -46,11 +47,11 @@ class Track:
     last_presence: int = -1
 
     @classmethod
-    def from_state(cls, carried: CarriedTrack, vocabulary: HostVocabulary) -> Track:
+    def from_state(cls, carried: CarriedTrack, vocabulary: NicVocabulary) -> Track:
         signature = np.array(carried.signature, np.int64).reshape(-1, 3)
         return cls(
             job_id=carried.job_id,
-            hosts=np.sort(vocabulary.encode(list(carried.hosts))),
+            nics=np.sort(vocabulary.encode(list(carried.nics))),
             first_seen_ns=carried.first_seen_ns,
             last_end_ns=carried.last_end_ns,
             restarts=carried.restarts,
@@ -62,11 +63,11 @@ class Track:
             running_at_load=carried.status == "running",
         )
 
-    def to_state(self, vocabulary: HostVocabulary) -> CarriedTrack:
+    def to_state(self, vocabulary: NicVocabulary) -> CarriedTrack:
         signature = np.stack([self.sizes, self.size_flows, self.size_minutes], axis=1).tolist()
         return CarriedTrack(
             job_id=self.job_id,
-            hosts=tuple(vocabulary.name_list(self.hosts)),
+            nics=tuple(vocabulary.addr_list(self.nics)),
             first_seen_ns=int(self.first_seen_ns),
             last_end_ns=int(self.last_end_ns),
             restarts=self.restarts,
@@ -92,7 +93,7 @@ class Track:
         total = moved.sum()
         known = self.known_sizes(params)
         if total == 0 or len(known) == 0:
-            return 1.0  # nothing to compare: trust the hosts
+            return 1.0  # nothing to compare: trust the NICs
         return float(moved[np.isin(sizes, known)].sum() / total)
 
     def add_sizes(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> None:
@@ -107,32 +108,32 @@ class Track:
         self.sizes, self.size_flows, self.size_minutes = distinct[keep], totals[keep], minutes[keep]
 
 
-def job_id(minute_ns: int, host_names: list[str]) -> str:
-    """Deterministic (first minute + hosts), so re-running an hour from the same state gives the same ids."""
-    digest = hashlib.sha1(f"{minute_ns}|{','.join(host_names)}".encode()).hexdigest()
+def job_id(minute_ns: int, addrs: list[str]) -> str:
+    """Deterministic (first minute + NIC addresses), so re-running an hour from the same state gives the same ids."""
+    digest = hashlib.sha1(f"{minute_ns}|{','.join(addrs)}".encode()).hexdigest()
     return f"job-{digest[:12]}"
 
 
-class HostOwners:
-    """The track owning each host code, -1 for none. Jobs own whole hosts, so every host has at
-    most one owning track, which makes overlaps a bincount."""
+class NicOwners:
+    """The track owning each NIC code, -1 for none. A NIC serves one job at a time, so every NIC
+    has at most one owning track, which makes overlaps a bincount."""
 
-    def __init__(self, tracks: list[Track], n_hosts: int):
-        self.owner = np.full(n_hosts, -1, np.int64)
+    def __init__(self, tracks: list[Track], n_nics: int):
+        self.owner = np.full(n_nics, -1, np.int64)
         for index, track in enumerate(tracks):
-            self.owner[track.hosts] = index
+            self.owner[track.nics] = index
 
-    def cover(self, n_hosts: int) -> None:
-        """Make room for hosts coded since (they have no owner)."""
-        if len(self.owner) < n_hosts:
-            self.owner = np.r_[self.owner, np.full(n_hosts - len(self.owner), -1)]
+    def cover(self, n_nics: int) -> None:
+        """Make room for NICs coded since (they have no owner)."""
+        if len(self.owner) < n_nics:
+            self.owner = np.r_[self.owner, np.full(n_nics - len(self.owner), -1)]
 
-    def of(self, hosts: np.ndarray | int) -> np.ndarray:
-        return self.owner[hosts]
+    def of(self, nics: np.ndarray | int) -> np.ndarray:
+        return self.owner[nics]
 
-    def best(self, hosts: np.ndarray) -> tuple[int | None, int]:
-        """The track owning most of `hosts` (the earlier on ties) and how many it owns."""
-        owners = self.owner[hosts]
+    def best(self, nics: np.ndarray) -> tuple[int | None, int]:
+        """The track owning most of `nics` (the earlier on ties) and how many it owns."""
+        owners = self.owner[nics]
         owners = owners[owners >= 0]
         if len(owners) == 0:
             return None, 0
@@ -140,37 +141,37 @@ class HostOwners:
         best = int(np.argmax(shared_by_track))
         return best, int(shared_by_track[best])
 
-    def give(self, hosts: np.ndarray, index: int) -> None:
-        self.owner[hosts] = index
+    def give(self, nics: np.ndarray, index: int) -> None:
+        self.owner[nics] = index
 
-    def release(self, index: int, hosts: np.ndarray) -> None:
-        """Those of `hosts` that track `index` owns have no owner any more."""
-        self.owner[hosts[self.owner[hosts] == index]] = -1
+    def release(self, index: int, nics: np.ndarray) -> None:
+        """Those of `nics` that track `index` owns have no owner any more."""
+        self.owner[nics[self.owner[nics] == index]] = -1
 
     def relabel(self, part: int, survivor: int) -> None:
         self.owner[self.owner == part] = survivor
 
     def owning(self) -> set[int]:
-        """The tracks that own a host."""
+        """The tracks that own a NIC."""
         return set(np.unique(self.owner[self.owner >= 0]).tolist())
 
 
 class CheckpointSaves:
-    """The hour's checkpoint writes, (host code, first start, last end) by first start (see
+    """The hour's checkpoint writes, (NIC code, first start, last end) by first start (see
     `observe.saves`), applied to the jobs minute by minute."""
 
     def __init__(self, saves: np.ndarray):
         self.saves = saves
         self.applied = 0
 
-    def keep_busy(self, minute_ns: int, owners: HostOwners, tracks: list[Track], params: RecognitionParams) -> None:
-        """A job that writes a checkpoint from its hosts is busy until the save ends: its last
+    def keep_busy(self, minute_ns: int, owners: NicOwners, tracks: list[Track], params: RecognitionParams) -> None:
+        """A job that writes a checkpoint from its NICs is busy until the save ends: its last
         traffic moves to the end of each save begun by the end of minute `minute_ns` while the job
-        was running (a host's writes long after its job stopped are another's), so that traffic
+        was running (a NIC's writes long after its job stopped are another's), so that traffic
         after the save does not read as a restart."""
         upto = int(np.searchsorted(self.saves[:, 1], minute_ns + MINUTE_NS, side="left"))
-        for host, first_ns, last_ns in self.saves[self.applied:upto].tolist():
-            index = int(owners.of(host))
+        for nic, first_ns, last_ns in self.saves[self.applied:upto].tolist():
+            index = int(owners.of(nic))
             if index >= 0 and first_ns - tracks[index].last_end_ns < params.restart_gap_ns:
                 tracks[index].last_end_ns = max(tracks[index].last_end_ns, last_ns)
         self.applied = max(self.applied, upto)
@@ -179,24 +180,24 @@ class CheckpointSaves:
 class Tracker:
     """Links each minute's observed jobs to tracks; collects membership and events."""
 
-    def __init__(self, tracks: list[Track], vocabulary: HostVocabulary, saves: np.ndarray, params: RecognitionParams):
+    def __init__(self, tracks: list[Track], vocabulary: NicVocabulary, saves: np.ndarray, params: RecognitionParams):
         self.tracks = tracks
         self.vocabulary = vocabulary
         self.params = params
         self.saves = CheckpointSaves(saves)
-        self.owners = HostOwners(tracks, len(vocabulary.names))
+        self.owners = NicOwners(tracks, len(vocabulary.addrs))
         self.events: list[Event] = []
         self.presence: list[Presence] = []  # per job-minute, for membership
 
     def observe_minute(self, obs: Observations, rows: np.ndarray) -> None:
-        self.owners.cover(len(self.vocabulary.names))
+        self.owners.cover(len(self.vocabulary.addrs))
         self.saves.keep_busy(int(obs.minute_ns[rows[0]]), self.owners, self.tracks, self.params)
         # last traffic of every track before this minute (tracks started in it: their own)
         self.last_end = np.array([t.last_end_ns for t in self.tracks], np.int64)
         claimed: dict[int, list[int]] = {}  # track -> observations it absorbs this minute
-        resuming: dict[int, list[int]] = {}  # stopped track -> observations on its hosts
+        resuming: dict[int, list[int]] = {}  # stopped track -> observations on its NICs
         for k in rows.tolist():
-            best, shared = self.owners.best(obs.hosts(k))
+            best, shared = self.owners.best(obs.nics(k))
             if best is not None and self._stopped(best, obs, k):
                 resuming.setdefault(best, []).append(k)
             else:
@@ -207,19 +208,19 @@ class Tracker:
                     self._claim(claimed, best, obs, k)
             else:  # another job: its observations are placed like any other
                 for k in ks:
-                    self._place(obs, k, *self.owners.best(obs.hosts(k)), claimed)
+                    self._place(obs, k, *self.owners.best(obs.nics(k)), claimed)
         by_survivor: dict[int, list[int]] = {}
         for index, ks in claimed.items():
             while self.tracks[index].merged_into >= 0:
                 index = self.tracks[index].merged_into
             by_survivor.setdefault(index, []).extend(ks)
         for index, ks in by_survivor.items():
-            talked = obs.hosts_of(ks)
+            talked = obs.nics_of(ks)
             seen = talked[self.owners.of(talked) == index]
             if len(seen):
                 self._advance(index, seen, obs, np.array(ks))
-            else:  # a job later this minute took every host it talked on: it stopped in the minute
-                stopped_on = np.intersect1d(talked, self.tracks[index].hosts)
+            else:  # a job later this minute took every NIC it talked on: it stopped in the minute
+                stopped_on = np.intersect1d(talked, self.tracks[index].nics)
                 if len(stopped_on):
                     self._advance(index, stopped_on, obs, np.array(ks), superseded=True)
 
@@ -227,65 +228,65 @@ class Tracker:
         return int(obs.first_ns[k]) - self.last_end[index] >= self.params.restart_gap_ns
 
     def _place(self, obs: Observations, k: int, best: int | None, shared: int, claimed: dict) -> None:
-        """Observation `k` continues the running track owning most of its hosts, or starts a job."""
+        """Observation `k` continues the running track owning most of its NICs, or starts a job."""
         if best is not None and self._stopped(best, obs, k):
-            self._supersede(best, obs.hosts(k))
+            self._supersede(best, obs.nics(k))
             best = None
         index = None if best is None else self._continue(obs, k, best, shared)
         if index is None:
-            # `best` ended just now: this new job took its hosts, maybe within its last minute
+            # `best` ended just now: this new job took its NICs, maybe within its last minute
             took_over = best is not None and self.tracks[best].status == "ended"
             index = self._start(obs, k, self._hand_over(best, obs, k) if took_over else None)
         self._claim(claimed, index, obs, k)
 
     def _claim(self, claimed: dict, index: int, obs: Observations, k: int) -> None:
-        """Give observation `k`'s hosts to track `index`, except hosts of another running job,
+        """Give observation `k`'s NICs to track `index`, except NICs of another running job,
         which stay with it whatever glued them to this component."""
-        hosts = obs.hosts(k)
-        owners = self.owners.of(hosts)
+        nics = obs.nics(k)
+        owners = self.owners.of(nics)
         others = (owners >= 0) & (owners != index)
-        running = np.zeros(len(hosts), bool)
+        running = np.zeros(len(nics), bool)
         running[others] = obs.first_ns[k] - self.last_end[owners[others]] < self.params.restart_gap_ns
-        self.owners.give(hosts[~running], index)
+        self.owners.give(nics[~running], index)
         claimed.setdefault(index, []).append(k)
 
     def _start(self, obs: Observations, k: int, handover: Handover | None = None) -> int:
-        """A new job from observation `k`; after a `handover`, it began on the hosts it took at
+        """A new job from observation `k`; after a `handover`, it began on the NICs it took at
         the time the hand-over says, in an earlier minute whose traffic went to the job it replaced."""
-        hosts = obs.hosts(k)
-        names = self.vocabulary.name_list(hosts)
+        nics = obs.nics(k)
         first_ns = int(obs.first_ns[k]) if handover is None else handover.start_ns
-        track = Track(job_id(int(obs.minute_ns[k]), names), hosts, first_ns, int(obs.last_ns[k]), born_this_hour=True)
+        identity = job_id(int(obs.minute_ns[k]), self.vocabulary.addr_list(nics))
+        track = Track(identity, nics, first_ns, int(obs.last_ns[k]), born_this_hour=True)
         self.tracks.append(track)
         self.last_end = np.r_[self.last_end, track.last_end_ns]
-        self.events.append((track.job_id, "start", first_ns, json.dumps({"hosts": names})))
+        self.events.append((track.job_id, "start", first_ns, json.dumps({"hosts": self.vocabulary.host_list(nics)})))
         if handover is not None:
-            self.presence.append((len(self.tracks) - 1, first_ns, first_ns, handover.hosts))
+            self.presence.append((len(self.tracks) - 1, first_ns, first_ns, handover.nics))
         return len(self.tracks) - 1
 
     def _hand_over(self, old: int, obs: Observations, k: int) -> Handover | None:
-        """Split the latest minute of track `old` where observation `k`'s new job took its hosts
-        (see `decisions.hand_over`): the old job keeps the hosts until then."""
+        """Split the latest minute of track `old` where observation `k`'s new job took its NICs
+        (see `decisions.hand_over`): the old job keeps the NICs until then."""
         track = self.tracks[old]
         handover = hand_over(track, obs, k, self.params)
         if handover is None:
             return None
-        # min: an earlier hand-over of other hosts from this minute may have ended it sooner
+        # min: an earlier hand-over of other NICs from this minute may have ended it sooner
         track.last_end_ns = min(track.last_end_ns, handover.old_end_ns)
-        _, minute_first_ns, _, minute_hosts = self.presence[track.last_presence]
-        kept = np.setdiff1d(minute_hosts, handover.hosts)
+        _, minute_first_ns, _, minute_nics = self.presence[track.last_presence]
+        kept = np.setdiff1d(minute_nics, handover.nics)
         self.presence[track.last_presence] = (old, minute_first_ns, track.last_end_ns, kept)
-        self.presence.append((old, minute_first_ns, handover.old_until_ns, handover.hosts))
+        self.presence.append((old, minute_first_ns, handover.old_until_ns, handover.nics))
         return handover
 
     def _continue(self, obs: Observations, k: int, best: int, shared: int) -> int | None:
-        """The running track observation `k` continues, or None for a new job on its hosts."""
-        track, hosts = self.tracks[best], obs.hosts(k)
+        """The running track observation `k` continues, or None for a new job on its NICs."""
+        track, nics = self.tracks[best], obs.nics(k)
         gap = int(obs.first_ns[k]) - int(self.last_end[best])
-        if not same_job(track, hosts, shared, gap, int(obs.minute_ns[k]), *obs.signature(k), self.params):
-            self._supersede(best, hosts)
+        if not same_job(track, nics, shared, gap, int(obs.minute_ns[k]), *obs.signature(k), self.params):
+            self._supersede(best, nics)
             return None
-        if shared < self.params.track_overlap * min(len(hosts), len(track.hosts)):
+        if shared < self.params.track_overlap * min(len(nics), len(track.nics)):
             return None
         return self._merge_young_fragments(obs, k, best)
 
@@ -293,7 +294,7 @@ class Tracker:
         """A component spanning several running tracks that all began minutes ago this hour is one
         job whose first minutes showed its parts apart (pipelines before the first DP sync): the
         parts merge into the oldest."""
-        owners = np.unique(self.owners.of(obs.hosts(k)))
+        owners = np.unique(self.owners.of(obs.nics(k)))
         owners = owners[owners >= 0]
         owners = owners[obs.first_ns[k] - self.last_end[owners] < self.params.restart_gap_ns]
         minute_ns = int(obs.minute_ns[k])
@@ -307,7 +308,7 @@ class Tracker:
 
     def _absorb(self, survivor: int, part: int) -> None:
         keeper, merged = self.tracks[survivor], self.tracks[part]
-        keeper.hosts = np.union1d(keeper.hosts, merged.hosts)
+        keeper.nics = np.union1d(keeper.nics, merged.nics)
         self.owners.relabel(part, survivor)
         self.presence = [(survivor if t == part else t, f, l, h) for t, f, l, h in self.presence]
         self.events = [e for e in self.events if e[0] != merged.job_id]
@@ -316,12 +317,13 @@ class Tracker:
 
     def _resumes(self, obs: Observations, ks: list[int], best: int) -> bool:
         """Do observations `ks`, together, resume stopped track `best` (see `decisions.resumes`)?
-        Judged on all of the minute's observations on its hosts: a job resuming with slow warm-up
+        Judged on all of the minute's observations on its NICs: a job resuming with slow warm-up
         steps may show its pipelines apart. If so it restarts; if not, it will not resume on them."""
-        track, seen = self.tracks[best], obs.hosts_of(ks)
+        track, seen = self.tracks[best], obs.nics_of(ks)
         resumed_ns = int(obs.first_ns[ks].min())
         gap = resumed_ns - int(self.last_end[best])
-        if not resumes(track, seen, gap, *obs.signatures(ks), self.params):
+        hosts = self.vocabulary.hosts
+        if not resumes(track, np.unique(hosts(track.nics)), np.unique(hosts(seen)), gap, *obs.signatures(ks), self.params):
             self._supersede(best, seen)
             return False
         track.restarts += 1
@@ -330,37 +332,98 @@ class Tracker:
         track.reported_end = False
         return True
 
-    def _supersede(self, index: int, hosts: np.ndarray) -> None:
-        """Another job took `hosts`: the track stopped and will not resume on them."""
+    def _supersede(self, index: int, nics: np.ndarray) -> None:
+        """Another job took `nics`: the track stopped and will not resume on them."""
         self.tracks[index].status = "ended"
-        self.owners.release(index, hosts)
+        self.owners.release(index, nics)
 
     def _advance(
         self, index: int, seen: np.ndarray, obs: Observations, ks: np.ndarray, superseded: bool = False
     ) -> None:
-        """Track `index` talked on hosts `seen` in observations `ks` of this minute; `superseded`:
-        before another job took them, so it keeps its hosts and its stop."""
+        """Track `index` talked on NICs `seen` in observations `ks` of this minute; `superseded`:
+        before another job took them, so it keeps its NICs and its stop."""
         track = self.tracks[index]
-        added = np.setdiff1d(seen, track.hosts)
+        added = np.setdiff1d(seen, track.nics)
         if len(added):
-            # New hosts: the ones not heard from this minute were replaced (or the job grew).
-            removed = np.setdiff1d(track.hosts, seen)
+            # New NICs: the ones not heard from this minute were replaced (or the job grew).
+            removed = np.setdiff1d(track.nics, seen)
             if len(removed):
-                detail = {"removed": self.vocabulary.name_list(removed), "added": self.vocabulary.name_list(added)}
-                self.events.append((track.job_id, "host_replaced", int(obs.first_ns[ks].min()), json.dumps(detail)))
+                kept_hosts = set(self.vocabulary.host_list(np.intersect1d(track.nics, seen)))
+                removed_hosts = sorted(set(self.vocabulary.host_list(removed)) - kept_hosts)
+                if removed_hosts:  # not just other NICs of the same hosts
+                    detail = {"removed": removed_hosts, "added": sorted(set(self.vocabulary.host_list(added)) - kept_hosts)}
+                    self.events.append((track.job_id, "host_replaced", int(obs.first_ns[ks].min()), json.dumps(detail)))
                 self.owners.release(index, removed)
-            track.hosts = seen
+            track.nics = seen
         first_ns, last_ns = int(obs.first_ns[ks].min()), int(obs.last_ns[ks].max())
         track.last_end_ns = max(track.last_end_ns, last_ns)
         track.status = "ended" if superseded else "running"
         track.seen_this_hour = True
         track.add_sizes(*obs.signatures(ks), self.params)
         track.last_observations, track.last_presence = ks, len(self.presence)
-        self.presence.append((index, first_ns, last_ns, seen if superseded else track.hosts))
+        self.presence.append((index, first_ns, last_ns, seen if superseded else track.nics))
+
+    def hold_whole_hosts(self) -> None:
+        """Give each job that holds its hosts whole this hour every GPU NIC of them, also those it
+        never showed: with NCCL's PXN a send leaves through the NIC of the receiver's rail, so GPUs
+        whose peers are all on their own host or reached on other rails (a tensor-parallel group
+        smaller than the host, its DP ring crossing hosts on the first rails) never show their NIC.
+        A job holds a host whole when it holds the host's first NIC (its lowest GPU) and no other
+        job is present on the host while it is; it holds its hosts whole when it does each of them.
+        A job on part of a host, beside others or idle GPUs, keeps the NICs it showed."""
+        if not self.presence or not self.vocabulary.topology.from_inventory:
+            return
+        track_of = np.concatenate([np.full(len(n), t) for t, _, _, n in self.presence])
+        nics = np.concatenate([n for _, _, _, n in self.presence])
+        first = np.concatenate([np.full(len(n), f) for _, f, _, n in self.presence])
+        last = np.concatenate([np.full(len(n), l) for _, _, l, n in self.presence])
+        host = self.vocabulary.hosts(nics)
+        all_nics, is_first = self.vocabulary.nics_of_hosts(np.unique(host))
+        keys, at = np.unique(np.stack([host, track_of], axis=1), axis=0, return_inverse=True)
+        at = at.ravel()
+        span_first = np.full(len(keys), np.iinfo(np.int64).max)
+        span_last = np.full(len(keys), np.iinfo(np.int64).min)
+        np.minimum.at(span_first, at, first)
+        np.maximum.at(span_last, at, last)
+        holds_first = np.bincount(at, weights=np.isin(nics, all_nics[is_first]), minlength=len(keys)) > 0
+        # (host, track) spans by host then first: alone when no other span on the host overlaps
+        # it, neither one begun before it (their latest end reaches it) nor the next one
+        order = np.lexsort((span_first, keys[:, 0]))
+        host_sorted = keys[order, 0]
+        base = int(span_first.min())
+        width = int(span_last.max()) - base + 1
+        _, group = np.unique(host_sorted, return_inverse=True)
+        start_at = group * width + (span_first[order] - base)  # one running maximum for all hosts
+        end_at = group * width + (span_last[order] - base)
+        new_host = np.r_[True, host_sorted[1:] != host_sorted[:-1]]
+        earlier_reach = np.where(new_host, -1, np.r_[-1, np.maximum.accumulate(end_at)[:-1]])
+        next_start = np.where(np.r_[new_host[1:], True], np.iinfo(np.int64).max, np.r_[start_at[1:], 0])
+        alone = np.empty(len(keys), bool)
+        alone[order] = (earlier_reach < start_at) & (next_start > end_at)
+        partial = np.bincount(keys[:, 1], weights=~(alone & holds_first), minlength=len(self.tracks)) > 0
+        whole = {t for t in np.unique(keys[:, 1]).tolist() if not partial[t]}
+        by_host = np.argsort(self.vocabulary.hosts(all_nics), kind="stable")
+        by_host_nics = all_nics[by_host]
+        host_of_all = self.vocabulary.hosts(by_host_nics)
+
+        def with_their_hosts(nics: np.ndarray) -> np.ndarray:
+            """`nics` and every other GPU NIC of their hosts."""
+            hosts = np.unique(self.vocabulary.hosts(nics))
+            start = np.searchsorted(host_of_all, hosts, side="left")
+            count = np.searchsorted(host_of_all, hosts, side="right") - start
+            return np.union1d(nics, by_host_nics[ranges(start, count)])
+
+        self.owners.cover(len(self.vocabulary.addrs))
+        for index in whole:
+            track = self.tracks[index]
+            track.nics = with_their_hosts(track.nics)
+            self.owners.give(track.nics, index)
+        self.presence = [(t, f, l, with_their_hosts(n) if t in whole else n) for t, f, l, n in self.presence]
 
     def end_hour(self, hour_end_ns: int) -> list[Track]:
         """The tracks the hour reports (seen this hour, or running when it began), each ended if
         silent for a restart gap at the hour's end."""
+        self.hold_whole_hosts()
         reported = [t for t in self.tracks if t.merged_into < 0 and (t.seen_this_hour or t.running_at_load)]
         for track in reported:
             if hour_end_ns - track.last_end_ns >= self.params.restart_gap_ns:
@@ -371,8 +434,8 @@ class Tracker:
         return reported
 
     def carried(self, hour_end_ns: int) -> RecognitionState:
-        """Tracks the next hour may continue: running, or stopped recently on hosts no other job
-        took (in creation order, so a newer job's hosts win when the state is loaded)."""
+        """Tracks the next hour may continue: running, or stopped recently on NICs no other job
+        took (in creation order, so a newer job's NICs win when the state is loaded)."""
         owning = self.owners.owning()
         return RecognitionState(tuple(
             track.to_state(self.vocabulary)

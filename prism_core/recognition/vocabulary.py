@@ -1,4 +1,5 @@
-"""Integer codes for host names, so that host sets are numpy arrays."""
+"""Integer codes for GPU NICs, a job's members, so that member sets are numpy arrays; and the host
+and the GPUs behind each NIC."""
 
 from __future__ import annotations
 
@@ -9,39 +10,80 @@ import pyarrow.compute as pc
 from prism_core.topology import Topology
 
 
-class HostVocabulary:
-    """Integer codes for host names, and each host's NICs from the topology. Without an inventory
-    every address is its own host with one NIC (gpu 0)."""
+class NicVocabulary:
+    """Integer codes for GPU NIC addresses, each with its host (coded too) and the GPUs it serves
+    from the topology. Without an inventory every address is its own host with one GPU (gpu 0)."""
 
     def __init__(self, topology: Topology):
         self.topology = topology
-        self.names: list[str] = []
+        self.addrs: list[str] = []
         self._codes: dict[str, int] = {}
-        by_host = topology.table.sort_by([("host", "ascending"), ("gpu", "ascending")])
-        self._nic_table = by_host.select(["addr", "host", "gpu"])
+        self.host_names: list[str] = []
+        self._host_codes: dict[str, int] = {}
+        self._host_of = np.zeros(0, np.int64)  # host code of every NIC code
+        self._gpus_of = np.zeros(0, np.int64)  # GPUs every NIC code serves
+        self._nic_table = topology.table.select(["addr", "host", "gpu"])
+        served = topology.inventory.filter(pc.is_valid(topology.inventory["gpu"]))
+        per_addr = served.group_by("addr", use_threads=False).aggregate([("gpu", "count")])
+        self._gpus_of_addr = dict(zip(per_addr["addr"].to_pylist(), per_addr["gpu_count"].to_pylist()))
 
-    def host_of(self, addrs: pa.Array) -> pa.Array:
-        return self.topology.lookup(addrs)["host"].combine_chunks()
-
-    def encode(self, hosts: pa.Array | list[str]) -> np.ndarray:
-        """Codes of `hosts`, adding unseen names to the vocabulary."""
-        encoded = pa.array(hosts, pa.string()).dictionary_encode()
-        codes = np.array([self._code(name) for name in encoded.dictionary.to_pylist()], np.int64)
+    def encode(self, addrs: pa.Array | list[str]) -> np.ndarray:
+        """Codes of the NIC `addrs`, adding unseen addresses to the vocabulary."""
+        encoded = pa.array(addrs, pa.string()).dictionary_encode()
+        distinct = encoded.dictionary
+        codes = np.array([self._codes.get(addr, -1) for addr in distinct.to_pylist()], np.int64)
+        new = np.flatnonzero(codes < 0)
+        if len(new):
+            new_addrs = distinct.take(pa.array(new))
+            hosts = self.topology.lookup(new_addrs)["host"].to_pylist()
+            host_codes = [self._host_code(host) for host in hosts]
+            served = [self._gpus_of_addr.get(addr, 1) for addr in new_addrs.to_pylist()]
+            for position, addr in zip(new.tolist(), new_addrs.to_pylist()):
+                codes[position] = self._codes[addr] = len(self.addrs)
+                self.addrs.append(addr)
+            self._host_of = np.r_[self._host_of, np.array(host_codes, np.int64)]
+            self._gpus_of = np.r_[self._gpus_of, np.array(served, np.int64)]
         return codes[encoded.indices.to_numpy(zero_copy_only=False)] if len(codes) else codes
 
-    def _code(self, name: str) -> int:
-        code = self._codes.get(name)
+    def _host_code(self, name: str) -> int:
+        code = self._host_codes.get(name)
         if code is None:
-            code = self._codes[name] = len(self.names)
-            self.names.append(name)
+            code = self._host_codes[name] = len(self.host_names)
+            self.host_names.append(name)
         return code
 
-    def name_list(self, codes: np.ndarray) -> list[str]:
-        return sorted(self.names[c] for c in codes.tolist())
+    def nics_of_hosts(self, host_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every GPU NIC of the hosts `host_codes` in the inventory (none without one): their
+        codes, and which is each host's first (its lowest GPU), by host then GPU."""
+        names = pa.array(sorted({self.host_names[h] for h in host_codes.tolist()}), pa.string())
+        rows = self._nic_table.filter(pc.is_in(self._nic_table["host"], value_set=names))
+        rows = rows.sort_by([("host", "ascending"), ("gpu", "ascending")])
+        host = rows["host"].to_numpy(zero_copy_only=False)
+        first = np.r_[True, host[1:] != host[:-1]] if len(host) else np.zeros(0, bool)
+        return self.encode(rows["addr"].combine_chunks()), first
+
+    def hosts(self, codes: np.ndarray) -> np.ndarray:
+        """Host code of each NIC code."""
+        return self._host_of[codes]
+
+    def addr_list(self, codes: np.ndarray) -> list[str]:
+        return sorted(self.addrs[c] for c in codes.tolist())
+
+    def host_list(self, codes: np.ndarray) -> list[str]:
+        """The hosts of the NICs `codes`, each once, sorted."""
+        return sorted({self.host_names[h] for h in self.hosts(codes).tolist()})
+
+    def gpus(self, codes: np.ndarray) -> int:
+        """How many GPUs the NICs `codes` serve (one per NIC without an inventory)."""
+        return int(self._gpus_of[codes].sum())
 
     def nics(self, codes: np.ndarray) -> pa.Table:
-        """addr, host, gpu of every NIC of the hosts `codes`, sorted by host then gpu."""
-        hosts = pa.array(self.name_list(codes), pa.string())
+        """addr, host, gpu (the first it serves) and gpus (how many) of the NICs `codes`, sorted by
+        host then gpu."""
+        addrs = pa.array(self.addr_list(codes), pa.string())
         if not self.topology.from_inventory:
-            return pa.table({"addr": hosts, "host": hosts, "gpu": pa.array(np.zeros(len(hosts), np.int32))})
-        return self._nic_table.filter(pc.is_in(self._nic_table["host"], value_set=hosts))
+            one = np.ones(len(addrs), np.int32)
+            return pa.table({"addr": addrs, "host": addrs, "gpu": pa.array(one * 0), "gpus": pa.array(one)})
+        rows = self._nic_table.filter(pc.is_in(self._nic_table["addr"], value_set=addrs))
+        rows = rows.append_column("gpus", pa.array(self._gpus_of[self.encode(rows["addr"].combine_chunks())], pa.int32()))
+        return rows.sort_by([("host", "ascending"), ("gpu", "ascending")])

@@ -55,10 +55,11 @@ def divide_steps(
     restarts = np.unique(np.array([*state.pending_restarts_ns, *(r for r in restarts_ns if r > seen_until)], np.int64))
     learn_from = steps_to_learn(traffic, hour_end_ns, params)
     phases = sync_phases(traffic, hour_end_ns, state.baseline.get("gap_threshold_ns"), learn_from, params)
-    usual = typical(phases, state.baseline, learn_from, params)
+    usual = typical(phases, traffic, state.baseline, learn_from, params)
     if learn_from == params.steps_to_learn_whole and not usual.known:
         # a job seen whole with too few steps to learn its timings will show no more: its last step stands in
-        usual = typical(phases, {**state.baseline, **last_step_timings(phases, traffic, params)}, learn_from, params)
+        usual = typical(phases, traffic, {**state.baseline, **last_step_timings(phases, traffic, params)}, learn_from,
+                        params)
     rows = emit_steps(phases, usual, traffic, state, restarts, hour_start_ns, hour_end_ns, params)
 
     first_step = state.next_step

@@ -1,9 +1,9 @@
 """Where each step ends, from two marks around the gap after its sync phase.
 
 A, from the closing sync: its end plus the optimizer (none when the phase ends with the all-gather
-after the optimizer). B, from the next step's start: its first pipeline sends less the forward
-passes before them, else its first traffic. A gap much longer than usual is a checkpoint save (bulk
-writes out of the job) or a stall.
+after the optimizer). B, from the next step's start: a parameter gather opening it, or its first
+pipeline sends less the forward passes before them, whichever comes first, else its first traffic.
+A gap much longer than usual is a checkpoint save (bulk writes out of the job) or a stall.
 """
 
 from __future__ import annotations
@@ -40,10 +40,20 @@ def long_gap(phases: Phases, typical: Typical, params: TimelineParams) -> np.nda
     return (phases.next_ns >= 0) & (phases.next_ns - phases.close_ns > expected)
 
 
+def marked(phases: Phases) -> np.ndarray:
+    """Whether the next step's traffic marks its start: a parameter gather or pipeline sends (a
+    sync-only job's first traffic is its next sync, a whole compute after the start)."""
+    return (phases.first_send_ns >= 0) | (phases.gather_ns >= 0)
+
+
 def next_start(phases: Phases, typical: Typical) -> np.ndarray:
-    """B: the next step's compute start from its first pipeline sends, else its first traffic."""
-    from_sends = phases.first_send_ns - typical.fill * phases.forward_ns
-    return np.where(phases.first_send_ns >= 0, from_sends, phases.next_ns)
+    """B: the next step's compute start from a parameter gather opening it or its first pipeline
+    sends, whichever comes first (a gather runs before the first forward pass), else its first
+    traffic."""
+    never = np.iinfo(np.int64).max
+    from_sends = np.where(phases.first_send_ns >= 0, phases.first_send_ns - typical.fill * phases.forward_ns, never)
+    from_gather = np.where(phases.gather_ns >= 0, phases.gather_ns, never)
+    return np.where(marked(phases), np.minimum(from_sends, from_gather), phases.next_ns)
 
 
 def lead(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
@@ -73,42 +83,45 @@ def after_sync(phases: Phases, typical: Typical, params: TimelineParams) -> np.n
 
 
 def saved_until(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
-    """Where a save after each phase ended: B (from the next step's first traffic where no
-    pipeline sends)."""
+    """Where a save after each phase ended: B (from the next step's first traffic less the usual
+    lead where nothing marks the next step's start)."""
     by_traffic = phases.next_ns - lead(phases, typical, params)
-    return np.where(phases.first_send_ns >= 0, next_start(phases, typical), by_traffic)
+    return np.where(marked(phases), next_start(phases, typical), by_traffic)
 
 
 def boundaries(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
-    """End of the step each phase closes. A normal gap: B from pipeline sends, else the earlier
-    of A and B (the next step's first traffic may come well after its start). A long gap with
-    bulk writes: a checkpoint, B, except that B beyond A plus the job's usual save holds a stall
-    before the next step after the save (the boundary is A plus the usual save), and that B from
-    first traffic less a usual lead (no pipeline sends) within that margin of the usual save is
-    noisier than the save is (the lead varies with the step's compute); without pipeline sends,
+    """End of the step each phase closes. A normal gap: B where a gather or pipeline sends mark
+    the next step's start, else the earlier of A and B (the next step's first traffic may come
+    well after its start). A long gap with bulk writes: a checkpoint, B, except that B beyond A
+    plus the job's usual save holds a stall before the next step after the save (the boundary is
+    A plus the usual save), and that B from first traffic less a usual lead (nothing marks the
+    start) within that margin of the usual save is noisier than the save is (the lead varies with
+    the step's compute); where nothing marks the start,
     once the job's saves show their usual tail and it is shorter than the lead, the boundary is
     the save's last write plus that tail. A long gap without: a stall before the next step, A.
     Nothing after the phase: A."""
     after = after_sync(phases, typical, params)
     start = next_start(phases, typical)
     followed = phases.next_ns >= 0
-    # pipeline sends time the next step's start; other first traffic may come later than it
+    # a gather or pipeline sends time the next step's start; other first traffic may come later than it
     earlier = np.where(followed, np.minimum(after, start), after)
-    normal_end = np.where(phases.first_send_ns >= 0, start, earlier)
+    normal_end = np.where(marked(phases), start, earlier)
     stalled_or_saved = long_gap(phases, typical, params)
     save = np.maximum(saved_until(phases, typical, params) - after, 0)
     if typical.save_ns is not None:
         margin = params.long_gap_share * typical.period_ns
         stalled = save > typical.save_ns + margin
-        noisy = (phases.first_send_ns < 0) & (save >= typical.save_ns - margin)
+        noisy = ~marked(phases) & (save >= typical.save_ns - margin)
         save = np.where(stalled | noisy, typical.save_ns, save)
     if typical.save_tail_ns is not None:
-        # without pipeline sends, the end of the save's writes plus the usual tail marks the next
+        # where nothing marks it, the end of the save's writes plus the usual tail marks the next
         # step's start more sharply than its first traffic less an estimated lead, when that lead
         # is the longer (both vary in proportion: a sync-only job's first traffic comes at the
         # step's end, ZeRO-3 gathers and MoE all-to-all at its start)
-        by_writes = (phases.first_send_ns < 0) & (phases.written_until_ns >= 0) & (
+        by_writes = ~marked(phases) & (phases.written_until_ns >= 0) & (
             lead(phases, typical, params) > typical.save_tail_ns)
         save = np.where(by_writes, phases.written_until_ns + typical.save_tail_ns - after, save)
     checkpoint = checkpoints(phases, typical, params)
-    return np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
+    ends = np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
+    # a gather opening the next step starts it
+    return np.where(phases.opens_step, phases.start_ns, ends)

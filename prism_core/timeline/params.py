@@ -22,6 +22,9 @@ class TimelineParams:
     # --- thresholds: finding the sync phases ------------------------------------------------------
     # ratio; gradient syncs weigh this many times other DP bursts (bytes x flows / pairs^2)
     heavy_separation: float = 2.5
+    # share of the DP bytes; gradient syncs carry at least this much (a ZeRO-3 job gathers each
+    # micro-batch's parameters, at most 8 per step, against one sync of every gradient)
+    heavy_bytes_share: float = 0.05
     # share; boundary gaps deviate at most this much (mean, relative) from their local median spacing
     max_irregularity: float = 0.15
     # share; the irregularity a class of one gap would have to beat (few gaps look regular by luck)
@@ -76,8 +79,12 @@ class TimelineParams:
     max_carry_ns: int = 600_000_000_000
 
     # --- priors: properties of the job, used until its traffic shows them -------------------------
-    # share of a step the optimizer takes after the sync (the simulator's generating value), until
-    # pipeline sends show the job's own (Typical.close_to_end_ns)
+    # Learned from the job's own steps instead (typical.py): the optimizer's tail after the sync
+    # (Typical.close_to_end_ns, wherever a parameter gather or pipeline sends mark the next step's
+    # start), the forward passes before a step's first visible send (Typical.fill, from the
+    # pipeline's warm-up sends; no backward/forward ratio is assumed), saves and their tails.
+    # share of a step the optimizer takes after the sync, for a job whose only traffic is its sync
+    # (nothing on the network marks its steps' starts) and one with too few steps to learn from
     optimizer_share: float = 0.04
     # share of a step after the sync within which a checkpoint save starts writing, until the job's
     # own saves show how long theirs took (Typical.write_delay_ns)

@@ -27,10 +27,12 @@ class Phases:
     nbytes: np.ndarray
     nflows: np.ndarray
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
+    opens_step: np.ndarray  # bool: the phase is the parameter gather opening the next step (see below)
     closed: np.ndarray  # bool: nothing later can still join the phase
     next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
     first_send_ns: np.ndarray  # the next step's first pipeline sends (-1: none)
     forward_ns: np.ndarray  # and one forward pass between them
+    gather_ns: np.ndarray  # a DP collective opening the next step, before its sync (-1: none)
     bulk_write: np.ndarray  # bool: bulk writes between the phase and the next traffic
     write_delay_ns: np.ndarray  # end of the phase -> the first bulk write after it (-1: none in view)
     written_until_ns: np.ndarray  # end of the last bulk write after the phase, before the next traffic (-1: none)
@@ -56,6 +58,9 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         distinct = burst_pair[np.r_[True, burst_pair[1:] != burst_pair[:-1]]]
         b_pairs = np.bincount(distinct // len(traffic.pairs), minlength=len(b_start))
         heavy = upper_class(np.log(np.maximum(b_bytes, 1.0) * b_flows / b_pairs.astype(float) ** 2), params)
+        if b_bytes[heavy].sum() < params.heavy_bytes_share * b_bytes.sum():
+            # too light to hold every step's gradients: bucket syncs that happened to touch
+            heavy[:] = True
     else:
         heavy = np.ones(len(b_start), bool)
     candidates = np.flatnonzero(heavy)
@@ -80,10 +85,13 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         rows = [signal[burst_from[b] : burst_from[b + 1]] for b in members]
         repeated, same_flows, every_pair = _repeated_share(traffic, rows, params) if has_dp else (0.0, False, False)
         all_gather = same_flows and abs(repeated - 1.0) <= params.same_shape
-        if repeated >= params.repeat_share and not all_gather:
+        if repeated >= params.repeat_share and not all_gather and not _same_burst(traffic, rows, params):
             # a different collective on the same pairs right after the optimizer: the next
-            # step's ZeRO-3 parameter gather, its first traffic, not part of this sync
+            # step's ZeRO-3 parameter gather, its first traffic, not part of this sync (one
+            # like the burst before it is the sync's next gradient bucket)
             members, rows, repeated = members[:-1], rows[:-1], 0.0
+        elif repeated >= params.repeat_share and not all_gather:
+            repeated = 0.0
         flows.append(np.concatenate(rows))
         opening_burst.append(members[0])
         close_ns.append(traffic.cluster_end(rows[-1], params))
@@ -93,22 +101,25 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         gathered_every_stage = all_gather and every_pair
     opening_burst = np.array(opening_burst, np.int64)
     start_ns = signal_index.cluster_starts(burst_from[opening_burst], burst_from[opening_burst + 1])
+    opens_step = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, np.array(nbytes), params)
     close = np.array(close_ns, np.int64)
     closed = np.ones(len(first), bool)
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     return Phases(flows, start_ns, close, np.array(nbytes), np.array([len(rows) for rows in flows], float),
-                  np.array(after_optimizer, bool), closed, *_what_follows(traffic, flows, close, has_dp, params),
+                  np.array(after_optimizer, bool), opens_step, closed, *_what_follows(traffic, flows, close, has_dp, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
 
 def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, has_dp: bool,
                   params: TimelineParams) -> tuple[np.ndarray, ...]:
-    """Per phase (its flows, its end): the next traffic after it, before the next phase ends (the
-    next step's first traffic may open the next phase), as (its start, the next step's first
-    pipeline send and forward pass, whether bulk writes came before it, the delay to the first
-    bulk write after the phase and where the writes before the next traffic ended), -1 where none."""
+    """Per phase (its flows, its end): the next traffic after it, before the
+    next phase ends (the next step's first traffic may open the next phase), as (its start, the
+    next step's first pipeline send and forward pass, the start of DP traffic before the next phase
+    (a parameter gather: the distributed optimizer's all-gather of the updated shards, ZeRO-3's
+    gather), whether bulk writes came before it, the delay to the first bulk write after the phase
+    and where the writes before the next traffic ended), -1 where none."""
     max_ns = np.iinfo(np.int64).max
     after_phase = np.array([traffic.end[rows].max() + 1 for rows in flows], np.int64)
     until = np.r_[close[1:], max_ns]
@@ -127,12 +138,22 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
     forward_ns = np.full(len(close), -1, np.int64)
     first_send_ns[followed] = np.where(found, t1, -1)
     forward_ns[followed] = np.where(found, forward, -1)
+    gather_ns = np.full(len(close), -1, np.int64)
+    if has_dp:
+        # lighter DP traffic early in the quiet before the next sync gathers parameters at the next
+        # step's start (an all-gather after the optimizer joins the phase that ran it; gradient
+        # buckets synced during the last backward come late in it)
+        gathers = traffic.index(DP, params)
+        next_phase = np.array([traffic.start[rows].min() for rows in flows[1:]] + [max_ns], np.int64)
+        lo, hi = gathers.positions(after_phase), gathers.positions(after_phase + (next_phase - after_phase) // 2)
+        gathered = hi > lo
+        gather_ns[gathered] = gathers.cluster_starts(lo[gathered], hi[gathered])
     # the writes after the phase and before the next traffic (bulk writes are sorted by start)
     write_from = np.searchsorted(traffic.bulk_writes, close, side="right")
     write_to = np.searchsorted(traffic.bulk_writes, np.where(followed, next_ns, until), side="left")
     first_write = np.r_[traffic.bulk_writes, -1][write_from]
     write_delay_ns = np.where(first_write >= 0, first_write - close, -1)
-    return (next_ns, first_send_ns, forward_ns, write_to > write_from, write_delay_ns,
+    return (next_ns, first_send_ns, forward_ns, gather_ns, write_to > write_from, write_delay_ns,
             _range_max(traffic.bulk_write_ends, write_from, write_to))
 
 
@@ -159,12 +180,8 @@ def _pipeline_turns(traffic: Traffic, rows: np.ndarray, burst: np.ndarray) -> np
     own (the first stage's, when there are no more micro-batches than stages) is timed against the
     exchanges of every link. Every gap when no lone sends show a direction."""
     n_gaps = int(burst[-1]) if len(burst) else 0
-    hosts = [[traffic.host_of.get(addr, addr) for addr in ends] for ends in traffic.pair_ends()]
-    links = [f"{src}>{dst}" if src != dst else name for (src, dst), name in zip(hosts, traffic.pairs)]
-    names, direction_of_pair = np.unique(np.array(links, dtype=object), return_inverse=True)
-    index = {name: i for i, name in enumerate(names)}
-    none = len(names)
-    reverse_of = np.array([index.get(">".join(name.split(">")[::-1]), none) for name in names] + [none], np.int64)
+    direction_of_pair, reverse_of = traffic.host_links()
+    none = len(reverse_of) - 1
     direction, start, end = direction_of_pair[traffic.pair[rows]], traffic.start[rows], traffic.end[rows]
     reverse = reverse_of[direction]
     answered = reverse_in_flight(direction, reverse, start, end)
@@ -205,6 +222,39 @@ def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarra
             carried = 0.0
         carried += phase_bytes[p]
     return np.array(joined, first.dtype)
+
+
+def _gathers_after_bucketed_syncs(traffic: Traffic, signal: np.ndarray, heavy_flow: np.ndarray,
+                                  flows: list[np.ndarray], nbytes: np.ndarray, params: TimelineParams) -> np.ndarray:
+    """Per phase, whether it is the distributed optimizer's parameter all-gather opening a step
+    rather than a sync closing one: the gradients were reduce-scattered bucket by bucket under the
+    last backward (lighter bursts), moving the phase's bytes on its pairs since the phase before.
+    The step that ends then ends where the phase starts. `signal`: the DP rows, `heavy_flow` per
+    row whether its burst is heavy."""
+    opens = np.zeros(len(flows), bool)
+    if not len(flows):
+        return opens
+    light = signal[~heavy_flow]
+    light_start = traffic.start[light]
+    begins = np.array([traffic.start[rows].min() for rows in flows], np.int64)
+    ends = np.array([traffic.end[rows].max() for rows in flows], np.int64)
+    lo = np.searchsorted(light_start, np.r_[np.iinfo(np.int64).min, ends[:-1]], side="right")
+    hi = np.searchsorted(light_start, begins)
+    for p in np.flatnonzero(hi > lo):
+        between = light[lo[p] : hi[p]]
+        on_pairs = np.isin(traffic.pair[between], traffic.pair[flows[p]])
+        opens[p] = abs(traffic.nbytes[between][on_pairs].sum() / nbytes[p] - 1.0) <= params.same_shape
+    return opens
+
+
+def _same_burst(traffic: Traffic, burst_rows: list[np.ndarray], params: TimelineParams) -> bool:
+    """Whether the last burst moves the bytes of the one before it in as many flows (within
+    `same_shape`): one gradient bucket after another."""
+    if len(burst_rows) < 2:
+        return False
+    last, before = burst_rows[-1], burst_rows[-2]
+    bytes_ratio = traffic.nbytes[last].sum() / max(traffic.nbytes[before].sum(), 1)
+    return abs(len(last) / len(before) - 1.0) <= params.same_shape and abs(bytes_ratio - 1.0) <= params.same_shape
 
 
 def _repeated_share(traffic: Traffic, burst_rows: list[np.ndarray], params: TimelineParams) -> tuple[float, bool, bool]:

@@ -88,6 +88,20 @@ class RowIndex:
             forward[batch] = _masked_medians(again_ns - first_ns, leading)
         return t1, forward, found
 
+    def last_before_reply(self, lo: np.ndarray, link_of_pair: np.ndarray, reverse: np.ndarray) -> np.ndarray:
+        """Per position in `lo`: the start of the last row on its row's link (`link_of_pair`) before
+        the first row at or after it on the reverse link (`reverse`, per link), -1 where no row
+        comes back. O(log n) per position."""
+        if not len(self):
+            return np.full(len(lo), -1, np.int64)
+        link = link_of_pair[self.pair]
+        by_link = _FirstOfEach(link)
+        lo = np.minimum(lo, len(self) - 1)
+        back = reverse[link[lo]]
+        reply = by_link.first_at_or_after(lo, back)
+        last = by_link.last_before(reply, link[lo])
+        return np.where((reply < len(self)) & (last >= lo), self.start[np.maximum(last, 0)], -1)
+
     def last_sending_before(self, position: int, until: int) -> int:
         """The last position before `position` whose pair sends again before position `until`
         (-1 where none)."""
@@ -128,6 +142,13 @@ class _FirstOfEach:
         key = self.keys[np.minimum(at, len(self.keys) - 1)] if len(self.keys) else wanted
         hit = (at < len(self.keys)) & (key // (self.n + 1) == codes)
         return np.where(hit, key % (self.n + 1), self.n)
+
+    def last_before(self, positions: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """Per position, the last before it holding `codes` (elementwise), -1 where none."""
+        at = np.searchsorted(self.keys, codes * (self.n + 1) + positions) - 1
+        key = self.keys[np.maximum(at, 0)] if len(self.keys) else np.zeros_like(at)
+        hit = (at >= 0) & (key // (self.n + 1) == codes)
+        return np.where(hit, key % (self.n + 1), -1)
 
 
 def last_where(test: Callable[[slice], np.ndarray], end: int) -> int:

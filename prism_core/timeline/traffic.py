@@ -96,6 +96,18 @@ class Traffic:
         """[src, dst] of each pair."""
         return [name.split(">", 1) for name in self.pairs]
 
+    def host_links(self) -> tuple[np.ndarray, np.ndarray]:
+        """(link of each pair, the reverse of each link): a link joins two hosts where the hosts are
+        known (a pair inside a host is a link of its own), and its reverse runs the other way
+        (len(links), one past the last link, where the job has none)."""
+        hosts = [[self.host_of.get(addr, addr) for addr in ends] for ends in self.pair_ends()]
+        links = [f"{src}>{dst}" if src != dst else name for (src, dst), name in zip(hosts, self.pairs)]
+        names, link_of_pair = np.unique(np.array(links, dtype=object), return_inverse=True)
+        index = {name: i for i, name in enumerate(names)}
+        reverse = np.array([index.get(">".join(name.split(">")[::-1]), len(names)) for name in names] + [len(names)],
+                           np.int64)
+        return link_of_pair.astype(np.int64), reverse
+
     def carry(self, from_ns: int) -> dict | None:
         """The flows (and bulk writes) from `from_ns` on, compactly, for the next hour."""
         rows = np.flatnonzero(self.start >= from_ns)

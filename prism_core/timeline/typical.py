@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prism_core.constants import PP
 from prism_core.timeline import boundaries as bounds
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.phases import Phases
@@ -21,7 +22,7 @@ class Typical:
     phase_bytes: float
     phase_flows: float
     fill: int  # forward passes before the first visible pipeline send (stages on one host hide)
-    close_to_end_ns: float | None  # end of a sync phase -> end of the step, where measured
+    close_to_end_ns: float | None  # end of a sync phase -> end of the step, where a gather or sends mark it
     lead_ns: float | None  # start of a step -> its first traffic
     lead_per_sync: float | None  # the same per ns of the step's sync phase (both scale with jitter)
     sync_ns: float | None  # length of a sync phase
@@ -61,7 +62,7 @@ def steps_to_learn(traffic: Traffic, hour_end_ns: int, params: TimelineParams) -
     return params.steps_to_learn_whole if whole else params.steps_to_learn
 
 
-def typical(phases: Phases, baseline: dict, learn_from: int, params: TimelineParams) -> Typical:
+def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, params: TimelineParams) -> Typical:
     """The job's usual timings: each a median over this hour's normal steps when `learn_from` of
     them or more show it, else the baseline's (the previous hours')."""
     def median(values: np.ndarray, name: str) -> float | None:
@@ -84,9 +85,13 @@ def typical(phases: Phases, baseline: dict, learn_from: int, params: TimelinePar
     sends = normal & (phases.first_send_ns >= 0)
     if not phases.has_dp and sends.sum() >= learn_from:
         # stages sharing a host hide the first sends of a step
-        usual.fill = max(1, int(np.round(np.median(_fill_passes(phases, period, params)[sends]))))
+        passes = _fill_passes(phases, traffic, params)[sends]
+        passes = passes[np.isfinite(passes)]
+        if len(passes) >= learn_from:
+            usual.fill = max(1, int(np.round(np.median(passes))))
     start = bounds.next_start(phases, usual)
-    usual.close_to_end_ns = median((start - phases.close_ns)[sends], "close_to_end_ns")
+    # the optimizer's tail, wherever the next step's traffic marks its start
+    usual.close_to_end_ns = median((start - phases.close_ns)[normal & bounds.marked(phases)], "close_to_end_ns")
     timed = normal & (bounds.next_sync(phases) > 0)
     lead = phases.next_ns - bounds.boundaries(phases, usual, params)
     usual.lead_ns = median(lead[normal], "lead_ns")
@@ -102,12 +107,33 @@ def typical(phases: Phases, baseline: dict, learn_from: int, params: TimelinePar
     return usual
 
 
-def _fill_passes(phases: Phases, period_ns: float, params: TimelineParams) -> np.ndarray:
-    """Forward passes before each phase's next first pipeline send, unrounded: without DP the
-    phase ends with the last visible gradient send, and the gap after it holds k backward passes
-    (b = 2 f), the optimizer, and k forward passes before the first send."""
-    unexplained = phases.first_send_ns - phases.close_ns - params.optimizer_share * period_ns
-    return unexplained / (3 * phases.forward_ns)
+def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np.ndarray:
+    """Forward passes before each phase's next first pipeline send, unrounded (NaN where the
+    pipeline does not show them), from the pipeline's own layout: stages sharing a host hide
+    their sends, so the first visible send of a step comes after the forward passes of every
+    stage on the first host. Under 1F1B the stage before the first visible link sends one forward
+    more than the stages after the link before the first gradient comes back over it (its
+    warm-up), one forward pass apart: so the sends up to that reply count the stages after the
+    link, which fill the other hosts of the pipeline; with as many stages on every host, the
+    first host holds that many over the other hosts' count. NaN where the hosts form no chain."""
+    pipeline = traffic.index(PP, params)
+    link_of_pair, reverse = traffic.host_links()
+    ends = traffic.pair_ends()
+    links = {tuple(sorted(traffic.host_of.get(addr, addr) for addr in ends[p]))
+             for p in np.unique(traffic.pair[pipeline.rows])}
+    hosts = {host for link in links for host in link}
+    sent = phases.first_send_ns >= 0
+    if len(links) != len(hosts) - 1:
+        # not a chain of hosts (an interleaved pipeline's last stage sends on to the first): its
+        # warm-up runs another way
+        return np.full(len(sent), np.nan)
+    # the step's first send: no earlier than the phase's end, no later than the leading pairs' sends
+    lo = np.maximum(pipeline.positions(phases.close_ns + 1), pipeline.positions(phases.first_send_ns - params.cluster_ns))
+    last_forward = pipeline.last_before_reply(lo[sent], link_of_pair, reverse)
+    after_link = (last_forward - phases.first_send_ns[sent]) / phases.forward_ns[sent]
+    passes = np.full(len(sent), np.nan)
+    passes[sent] = np.where(last_forward >= 0, after_link / max(len(hosts) - 1, 1), np.nan)
+    return passes
 
 
 def last_step_timings(phases: Phases, traffic: Traffic, params: TimelineParams) -> dict:
@@ -129,7 +155,8 @@ def last_step_timings(phases: Phases, traffic: Traffic, params: TimelineParams) 
                "phase_bytes": float(phases.nbytes[-2:].max()), "phase_flows": float(phases.nflows[-2:].max())}
     if phases.first_send_ns[-2] >= 0:
         forward = int(phases.forward_ns[-2])
-        fill = 1 if phases.has_dp else max(1, int(np.round(_fill_passes(phases, period, params)[-2])))
+        passes = _fill_passes(phases, traffic, params)[-2]
+        fill = 1 if phases.has_dp or not np.isfinite(passes) else max(1, int(np.round(passes)))
         tail = int(phases.first_send_ns[-2]) - fill * forward - before_close
         spacings = [_last_send_spacing(traffic, phases.flows[p], params) for p in (-2, -1)]
         pace = spacings[1] / spacings[0] if all(spacings) else 1.0

@@ -1,0 +1,458 @@
+"""What the flow records can resolve: each exporter's habits, estimated from its records, and
+per job and hour whether they show steps, only the step period, or only the job.
+
+Exporters differ (docs/exporters.md): a NetFlow v9 clock counts milliseconds, an sFlow agent
+samples 1 in N packets and has no flow start or end, a flow cache merges a queue pair's transfers
+into one record until the flow has been idle for its idle timeout. None of that is announced in
+the records, but each leaves a mark on them:
+
+- the clock: timestamps on a lattice (every start and end a multiple of 1 us or 1 ms);
+- sampling: `sampling_rate` above 1 (goflow2 carries it), or records with start == end (an
+  instant: the collector's or the agent's time of a sample);
+- a flow cache: two records of one 5-tuple are never closer than the idle timeout (quiet gaps
+  shorter than it were merged into the record), so the low end of those gaps estimates it; and
+  records cut by the active timeout cluster at it (`long_record_s`).
+
+`tally_exporters` counts these per exporter over a batch of records (a minute in the pipeline);
+tallies add up (`ExporterTally.merge`) and `exporter_profiles` turns the hour's into one profile
+per exporter, kept in the hour's ingest state (`_state/.../exporters.json`).
+
+`job_resolution` decides per job and hour from the profiles of the exporters that carried the
+job's records: `steps` when enough of them come from exporters that report transfers one by one
+(the timeline then reads only those: a flow cache's or an sFlow agent's records would blur the
+boundaries), else `period` when the records' rhythm (`rhythm_period_s`) shows the step period, else
+`jobs_only`. Every threshold is a field of `ResolutionParams`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism_core.arrays import combination_ids
+
+EXPORTER_KINDS = ("per_transfer", "flow_cache", "sampled", "unknown")
+# Log-spaced bins of gaps and durations (seconds): 1 us to ~3 hours, 20 bins per decade.
+BINS_PER_DECADE = 20
+LOWEST_S = 1e-6
+N_BINS = 10 * BINS_PER_DECADE
+NO_EXPORTER = ""  # records without a sampler_address are tallied as one exporter of this name
+MS_NS, US_NS = 1_000_000, 1_000
+
+
+@dataclass(frozen=True)
+class ResolutionParams:
+    # --- estimating an exporter -------------------------------------------------------------------
+    # count; an exporter with fewer records in the hour is `unknown` (read as per_transfer)
+    min_records: int = 30
+    # share; timestamps on a lattice (us, ms) at least this often mean the clock counts in it
+    lattice_share: float = 0.98
+    # share; records with start == end at least this often mean the exporter has no start and end
+    instant_share: float = 0.9
+    # 1-in-N; sampled exporters above this rate miss most transfers (below it, e.g. 1 in 4, a
+    # collective's transfers are all seen)
+    max_sampling_rate: int = 16
+    # s; a record longer than this is no single transfer (a cache's active timeout may have cut
+    # it): the gap after it says nothing of the idle timeout
+    max_transfer_s: float = 0.5
+    # share; more records than this lasting over max_transfer_s are a flow cache's (merged transfers)
+    long_share: float = 0.05
+    # quantile of the gaps between consecutive records of a 5-tuple (after a short record): the
+    # estimated idle timeout (a flow cache never leaves a gap below it)
+    merge_gap_quantile: float = 0.02
+    # s; an exporter whose records leave no gap below this merges a collective's transfers
+    # (a flow cache's idle timeout); per-transfer exporters leave gaps of microseconds
+    max_transfer_gap_s: float = 0.005
+    # quantile of record durations read as the longest records (a cache's active timeout)
+    long_record_quantile: float = 0.99
+
+    # --- deciding per job and hour ----------------------------------------------------------------
+    # share; steps are resolved when at least this share of the job's records comes from
+    # exporters that report transfers one by one...
+    min_resolving_share: float = 0.1
+    # count; ... and at least this many of them
+    min_resolving_records: int = 200
+    # share of the step period; a clock coarser than this blurs the boundaries
+    max_clock_share: float = 0.005
+    # the steps the timeline divides must keep time: at least this share of them within
+    # step_tolerance of the median of the steps around them (step_window of them; slow steps,
+    # checkpoints and warm-up are few, a level shift keeps time locally) ...
+    min_steady_share: float = 0.8
+    step_tolerance: float = 0.1
+    step_window: int = 9
+    # count; ... judged from this many steps of the hour on (fewer say too little)
+    min_steps_judged: int = 10
+    # issue kinds reported for a job-hour whose steps are not resolved: a restart or a hang is a
+    # silence of the whole job, the others judge a step, a host or a link by its steps
+    unresolved_issue_kinds: tuple[str, ...] = ("restart", "hang")
+
+    # --- the records' rhythm ----------------------------------------------------------------------
+    # count; a pair's rhythm needs at least this many gaps between its records
+    min_pair_records: int = 5
+    # quantile of a pair's quiet gaps read as its longest regular quiet (the one between steps)
+    long_gap_quantile: float = 0.97
+    # share of that quiet; a record starting after a quiet this long is a major onset
+    major_gap_share: float = 0.5
+    # share of a pair's intervals between major onsets within period_tolerance of their median
+    # for the pair to keep time
+    min_regular_share: float = 0.5
+    # share of the period; pairs whose median intervals spread less than this (interquartile)
+    # agree on the period
+    max_pair_spread: float = 0.1
+    # bins of the onset series (whose autocorrelation shows the period) per period the pairs
+    # suggest, within [min_bin_s, max_bin_s] s
+    bins_per_period: int = 50
+    min_bin_s: float = 0.005
+    max_bin_s: float = 1.0
+    # s; the periods looked for
+    min_period_s: float = 0.2
+    max_period_s: float = 300.0
+    # robust deviations (1.4826 MAD) of the autocorrelation a period's peak stands above its median
+    min_rhythm_score: float = 6.0
+    # share of the best peak's height; a shorter period dividing it with a peak this high is the
+    # period (the best peak may be a multiple)
+    submultiple_share: float = 0.75
+    # share; a period divides another within this much of their ratio
+    multiple_tolerance: float = 0.04
+    # count; a rhythm needs at least this many periods in the records' span
+    min_periods: int = 6
+    # share; an interval this close to a pair's median one keeps its time, and the
+    # autocorrelation's period agrees with the pairs' within this much
+    period_tolerance: float = 0.1
+
+
+DEFAULT_PARAMS = ResolutionParams()
+
+
+@dataclass
+class ExporterTally:
+    """Per exporter (`exporters`, sorted), counts that add up over batches of records."""
+
+    exporters: list[str] = field(default_factory=list)
+    records: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    on_us: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # start and end whole us
+    on_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # start and end whole ms
+    instants: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # start == end
+    sampled: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # sampling_rate > 1
+    max_rate: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    gaps: np.ndarray = field(default_factory=lambda: np.zeros((0, N_BINS), np.int64))  # after short records
+    durations: np.ndarray = field(default_factory=lambda: np.zeros((0, N_BINS), np.int64))  # positive
+
+    def merge(self, other: ExporterTally) -> ExporterTally:
+        names = sorted(set(self.exporters) | set(other.exporters))
+        merged = ExporterTally(names, *(np.zeros((len(names), *getattr(self, f).shape[1:]), np.int64)
+                                        for f in _COUNTS))
+        for tally in (self, other):
+            at = np.searchsorted(names, tally.exporters).astype(np.int64)
+            for name in _COUNTS:
+                if name == "max_rate":
+                    np.maximum.at(merged.max_rate, at, tally.max_rate)
+                else:
+                    np.add.at(getattr(merged, name), at, getattr(tally, name))
+        return merged
+
+
+_COUNTS = ("records", "on_us", "on_ms", "instants", "sampled", "max_rate", "gaps", "durations")
+
+
+def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) -> ExporterTally:
+    """The counts of each exporter's records in `flows` (FLOWS columns). Gaps are between
+    consecutive records of one 5-tuple from one exporter within the batch, after a record shorter
+    than `max_transfer_s` (after a longer one, a flow cache's active timeout may have cut the flow
+    with no gap at all); gaps of zero or less (overlapping transfers) count in the first bin."""
+    if flows.num_rows == 0:
+        return ExporterTally()
+    names = pc.fill_null(flows["sampler_address"], NO_EXPORTER).combine_chunks().dictionary_encode()
+    dictionary = names.dictionary.to_pylist()
+    order_of_names = np.argsort(dictionary)
+    rank = np.empty(len(dictionary), np.int64)
+    rank[order_of_names] = np.arange(len(dictionary))
+    exporter = rank[names.indices.to_numpy()]
+    n = len(dictionary)
+    start = flows["time_flow_start_ns"].to_numpy()
+    end = flows["time_flow_end_ns"].to_numpy()
+    rate = pc.fill_null(flows["sampling_rate"], 1).to_numpy()
+
+    def count(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(exporter[mask], minlength=n).astype(np.int64)
+
+    duration = end - start
+    # one 64-bit hash per (exporter, 5-tuple): a collision (odds ~n^2 / 2^64) only mixes two
+    # flows' gaps, and one key sorts much faster than six
+    tuple_ids = np.zeros(len(start), np.uint64)
+    columns = (exporter, _codes(flows["src_addr"]), _codes(flows["dst_addr"]),
+               *(pc.fill_null(flows[c], -1).to_numpy() for c in ("src_port", "dst_port", "proto")))
+    with np.errstate(over="ignore"):
+        for column in columns:
+            tuple_ids = (tuple_ids ^ column.astype(np.uint64)) * np.uint64(0x9E3779B97F4A7C15)
+    # by start, then stably by 5-tuple (two stable sorts of presorted data beat a lexsort 2x)
+    by_start = np.argsort(start, kind="stable")
+    order = by_start[np.argsort(tuple_ids[by_start], kind="stable")]
+    follows = tuple_ids[order][1:] == tuple_ids[order][:-1]
+    follows &= duration[order][:-1] < params.max_transfer_s * 1e9
+    gap = (start[order][1:] - end[order][:-1])[follows]
+    gap_exporter = exporter[order][1:][follows]
+    max_rate = np.zeros(n, np.int64)
+    np.maximum.at(max_rate, exporter, rate)
+    return ExporterTally(
+        exporters=[dictionary[i] for i in order_of_names],
+        records=count(np.ones(len(start), bool)),
+        on_us=count((start % US_NS == 0) & (end % US_NS == 0)),
+        on_ms=count((start % MS_NS == 0) & (end % MS_NS == 0)),
+        instants=count(duration == 0),
+        sampled=count(rate > 1),
+        max_rate=max_rate,
+        gaps=_histogram(gap_exporter, gap, n),
+        durations=_histogram(exporter[duration > 0], duration[duration > 0], n),
+    )
+
+
+@dataclass(frozen=True)
+class ExporterProfile:
+    """What one exporter's records of the hour show (`exporter_profiles`)."""
+
+    sampler_address: str
+    records: int
+    kind: str  # EXPORTER_KINDS
+    clock_ns: int  # 1, 1_000 or 1_000_000: the lattice its timestamps sit on
+    instant_share: float  # records with start == end
+    sampling_rate: int  # 1-in-N (1: every packet)
+    merge_gap_s: float | None  # estimated idle timeout: no two records of a 5-tuple are closer
+    long_record_s: float | None  # the longest records' duration (a cache's active timeout)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(values: dict) -> ExporterProfile:
+        return ExporterProfile(**values)
+
+
+def exporter_profiles(tally: ExporterTally, params: ResolutionParams = DEFAULT_PARAMS) -> list[ExporterProfile]:
+    """One profile per exporter of the tally (an hour's, in the pipeline), in address order."""
+    profiles = []
+    for i, name in enumerate(tally.exporters):
+        records = int(tally.records[i])
+        clock_ns = (MS_NS if tally.on_ms[i] >= params.lattice_share * records
+                    else US_NS if tally.on_us[i] >= params.lattice_share * records else 1)
+        instant_share = float(tally.instants[i] / records) if records else 0.0
+        rate = int(tally.max_rate[i]) if tally.sampled[i] * 2 >= records else 1
+        merge_gap = _quantile(tally.gaps[i], params.merge_gap_quantile)
+        long_records = int(tally.durations[i][_bin_of(params.max_transfer_s):].sum())
+        if records < params.min_records:
+            kind = "unknown"
+        elif instant_share >= params.instant_share or rate > params.max_sampling_rate:
+            kind = "sampled"
+        elif ((merge_gap is not None and merge_gap > params.max_transfer_gap_s)
+              or long_records > params.long_share * records):
+            kind = "flow_cache"
+        else:
+            kind = "per_transfer"
+        profiles.append(ExporterProfile(name, records, kind, clock_ns, round(instant_share, 4), rate,
+                                        merge_gap, _quantile(tally.durations[i], params.long_record_quantile)))
+    return profiles
+
+
+@dataclass(frozen=True)
+class JobResolution:
+    resolution: str  # schema.RESOLUTIONS
+    period_s: float | None  # the step period the records' rhythm shows (None: no rhythm)
+    resolving_exporters: frozenset[str]  # the exporters whose records the timeline reads
+
+
+def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
+                   params: ResolutionParams = DEFAULT_PARAMS) -> JobResolution:
+    """What the job's records of the hour (`flows`: start, end, src_addr, dst_addr,
+    sampler_address) can resolve, given the hour's exporter profiles (by address; an exporter
+    without a profile reads as per_transfer: nothing says otherwise)."""
+    period = rhythm_period_s(flows, params)
+    names = pc.fill_null(flows["sampler_address"], NO_EXPORTER)
+    counts = pc.value_counts(names)
+    resolving, resolving_records = set(), 0
+    for item in counts.to_pylist():
+        profile = profiles.get(item["values"])
+        if profile is None or _reports_transfers(profile, period, params):
+            resolving.add(item["values"])
+            resolving_records += item["counts"]
+    if (resolving_records >= params.min_resolving_records
+            and resolving_records >= params.min_resolving_share * flows.num_rows):
+        return JobResolution("steps", period, frozenset(resolving))
+    return JobResolution("period" if period is not None else "jobs_only", period, frozenset())
+
+
+def steps_keep_time(durations_s: np.ndarray, params: ResolutionParams = DEFAULT_PARAMS) -> bool:
+    """Whether the hour's divided steps (durations in order) look like a training job's: most of
+    them close to the median of their neighbours. Steps divided from records that blur the
+    boundaries (a rail's subset, sizes made unique by header bytes) come out split and merged at
+    random; such steps are not reported (`analysis`)."""
+    n = len(durations_s)
+    if n < params.min_steps_judged:
+        return True
+    half = params.step_window // 2
+    padded = np.pad(np.asarray(durations_s, float), half, mode="edge")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1)
+    local = np.median(windows, axis=1)
+    steady = np.abs(durations_s - local) <= params.step_tolerance * local
+    return bool(steady.mean() >= params.min_steady_share)
+
+
+def demoted(resolved: JobResolution) -> JobResolution:
+    """What is left of a `steps` resolution whose steps do not keep time: the period, if any."""
+    return JobResolution("period" if resolved.period_s is not None else "jobs_only", resolved.period_s, frozenset())
+
+
+def _reports_transfers(profile: ExporterProfile, period_s: float | None, params: ResolutionParams) -> bool:
+    if profile.kind not in ("per_transfer", "unknown"):
+        return False
+    return period_s is None or profile.clock_ns * 1e-9 <= params.max_clock_share * period_s
+
+
+def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) -> float | None:
+    """The job's step period from the rhythm of its records, or None where they show none.
+
+    A step shows on every pair once: a DP pair is quiet between its syncs, a PP pair between the
+    last send of a step and the first of the next (the pipeline's flush and the sync). So each
+    pair's *major onsets* are its records that start after a quiet at least `major_gap_share` of
+    its longest regular quiet (the `long_gap_quantile` of its gaps); micro-batch sends, chunks of
+    one collective and a record continuing the one a flow cache's active timeout cut (no gap)
+    are not. Two estimates of the period follow from them: the median over the pairs that keep
+    time (most intervals between their major onsets close to the median one) of each pair's
+    median interval, and the autocorrelation of all pairs' onsets
+    (`_autocorrelation_period`). The period is the first when the pairs agree with each other
+    (`max_pair_spread`), else the second when it agrees with the first (`period_tolerance`); a
+    rhythm neither supports is no rhythm."""
+    major = _major_onsets(flows, params)
+    if major is None:
+        return None
+    onsets, owner = major
+    same = owner[1:] == owner[:-1]
+    interval, of_pair = np.diff(onsets)[same], owner[1:][same]
+    order = np.lexsort((interval, of_pair))
+    interval, of_pair = interval[order], of_pair[order]
+    opens = np.flatnonzero(np.r_[True, of_pair[1:] != of_pair[:-1]]) if len(of_pair) else np.zeros(0, np.int64)
+    counts = np.diff(np.r_[opens, len(of_pair)])
+    enough = counts >= params.min_pair_records
+    if not enough.any():
+        return None
+    # a pair keeps time when most of its intervals are close to their median (random traffic's
+    # are spread over every length)
+    median_of_pair = np.repeat(interval[opens + counts // 2], counts)
+    close = np.abs(interval - median_of_pair) <= params.period_tolerance * median_of_pair
+    regular = np.add.reduceat(close, opens) >= params.min_regular_share * counts
+    keeps_time = enough & regular
+    if not keeps_time.any():
+        return None
+    medians = interval[opens[keeps_time] + counts[keeps_time] // 2] * 1e-9
+    low, pairs_period, high = np.quantile(medians, [0.25, 0.5, 0.75])
+    if pairs_period < params.min_period_s:
+        return None
+    if high - low <= params.max_pair_spread * pairs_period:
+        return float(pairs_period)
+    correlated = _autocorrelation_period(onsets, owner, pairs_period / params.bins_per_period, params)
+    if correlated is not None and abs(correlated - pairs_period) <= params.period_tolerance * pairs_period:
+        return correlated
+    return None
+
+
+def _major_onsets(flows: pa.Table, params: ResolutionParams) -> tuple[np.ndarray, np.ndarray] | None:
+    """(start ns, pair code) of each pair's major onsets, sorted by pair then time; None when
+    no pair has enough records to tell its quiets apart."""
+    if flows.num_rows < 2:
+        return None
+    start = flows["time_flow_start_ns"].to_numpy()
+    end = flows["time_flow_end_ns"].to_numpy()
+    exporter = _codes(flows["sampler_address"])
+    pair = combination_ids(exporter, _codes(flows["src_addr"]), _codes(flows["dst_addr"]))
+    order = np.lexsort((start, pair))
+    pair, start = pair[order], start[order]
+    first = np.r_[True, pair[1:] != pair[:-1]]
+    quiet = (start - np.r_[0, end[order][:-1]]).astype(np.float64)
+    quiet[first] = np.nan
+    # each pair's longest regular quiet: a high quantile of its gaps
+    by_quiet = np.lexsort((quiet, pair))  # NaN (a pair's first record) sorts last
+    opens = np.flatnonzero(np.r_[True, pair[by_quiet][1:] != pair[by_quiet][:-1]])
+    gaps_of_pair = np.diff(np.r_[opens, len(pair)]) - 1
+    usable = gaps_of_pair >= params.min_pair_records
+    if not usable.any():
+        return None
+    long_gap = np.full(int(pair.max()) + 1, np.inf)
+    at = opens + np.floor(params.long_gap_quantile * np.maximum(gaps_of_pair - 1, 0)).astype(np.int64)
+    long_gap[pair[by_quiet][opens[usable]]] = quiet[by_quiet][at[usable]]
+    major = ~first & (quiet >= params.major_gap_share * long_gap[pair])
+    return start[major], pair[major]
+
+
+def _autocorrelation_period(onsets: np.ndarray, owner: np.ndarray, bin_s: float,
+                            params: ResolutionParams) -> float | None:
+    """The period of the major onsets' autocorrelation: every pair weighs the same (its onsets
+    share a unit weight), the onsets are binned (`bin_s`, within [min_bin_s, max_bin_s]: a
+    step's jitter smears a peak over a few percent of it) and the period is the lag of the strongest peak,
+    or the shortest lag whose peak is nearly as strong and divides it (a rhythm repeats at every
+    multiple). The peak must stand `min_rhythm_score` robust deviations above the correlation of
+    the lags looked at."""
+    if len(onsets) < 2:
+        return None
+    bin_s = min(max(bin_s, params.min_bin_s), params.max_bin_s)
+    weight = 1.0 / np.bincount(owner)[owner]
+    bins = ((onsets - onsets.min()) // int(bin_s * 1e9)).astype(np.int64)
+    n_bins = int(bins.max()) + 1
+    min_lag = max(int(np.ceil(params.min_period_s / bin_s)), 2)
+    top = min(int(params.max_period_s / bin_s), n_bins // params.min_periods)
+    if top <= min_lag + 2:
+        return None
+    series = np.bincount(bins, weights=weight, minlength=n_bins)
+    series -= series.mean()
+    size = 1 << int(np.ceil(np.log2(2 * n_bins)))
+    spectrum = np.fft.rfft(series, size)
+    correlation = np.fft.irfft(spectrum * np.conj(spectrum), size)[:n_bins]
+    if correlation[0] <= 0:
+        return None
+    # unbiased: a longer lag compares fewer bins
+    correlation = correlation / correlation[0] * n_bins / np.maximum(n_bins - np.arange(n_bins), 1)
+    window = correlation[min_lag:top + 1]
+    peaks = np.flatnonzero((window[1:-1] >= window[:-2]) & (window[1:-1] > window[2:])) + 1
+    if not len(peaks):
+        return None
+    middle = float(np.median(window))
+    spread = 1.4826 * float(np.median(np.abs(window - middle))) or np.finfo(float).eps
+    best = peaks[np.argmax(window[peaks])]
+    if (window[best] - middle) / spread < params.min_rhythm_score:
+        return None
+    ratio = (best + min_lag) / (peaks + min_lag)
+    divides = np.abs(ratio - np.round(ratio)) <= params.multiple_tolerance * np.round(ratio)
+    strong = peaks[(window[peaks] - middle >= params.submultiple_share * (window[best] - middle)) & divides]
+    lag = int(strong[0]) + min_lag
+    # between bins: the vertex of the parabola through the peak and its neighbours
+    left, centre, right = correlation[lag - 1], correlation[lag], correlation[min(lag + 1, n_bins - 1)]
+    curvature = left - 2 * centre + right
+    shift = 0.5 * (left - right) / curvature if curvature < 0 else 0.0
+    return float((lag + shift) * bin_s)
+
+
+def _bin_of(seconds: float | np.ndarray) -> np.ndarray:
+    position = np.floor(np.log10(np.maximum(seconds, LOWEST_S) / LOWEST_S) * BINS_PER_DECADE)
+    return np.clip(np.asarray(position).astype(np.int64), 0, N_BINS - 1)
+
+
+def _histogram(exporter: np.ndarray, seconds_ns: np.ndarray, n: int) -> np.ndarray:
+    cell = _bin_of(seconds_ns * 1e-9)
+    return np.bincount(exporter * N_BINS + cell, minlength=n * N_BINS).reshape(n, N_BINS).astype(np.int64)
+
+
+def _quantile(histogram: np.ndarray, q: float) -> float | None:
+    """The lower edge of the bin holding the q-quantile (s), None for an empty histogram."""
+    total = int(histogram.sum())
+    if total == 0:
+        return None
+    cell = int(np.searchsorted(np.cumsum(histogram), q * total, side="left"))
+    return float(LOWEST_S * 10 ** (cell / BINS_PER_DECADE))
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Integer codes of a column's values (nulls are one more value)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return pc.fill_null(column.dictionary_encode().indices, -1).to_numpy().astype(np.int64)

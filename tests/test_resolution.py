@@ -1,0 +1,190 @@
+"""What the flow records can resolve (prism_core.resolution), and the gate before the timeline."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from prism_core.analysis import analyze_hour
+from prism_core.minutes import HOUR_NS
+from prism_core.resolution import (
+    EXPORTER_KINDS,
+    ExporterProfile,
+    exporter_profiles,
+    job_resolution,
+    rhythm_period_s,
+    steps_keep_time,
+    tally_exporters,
+)
+from prism_core.schema import FLOWS
+from prism_core.simulate import write_scenario
+from prism_core.simulate.scenarios import SCENARIOS, ExportOptions, JobSpec
+from test_recognition import scenario_flows
+
+T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z, an hour start
+MS = 1_000_000
+SECOND = 1_000_000_000
+
+
+def records(start_ns, end_ns, exporter: str, src_port=None, rate: int = 1, src="10.0.0.1", dst="10.0.0.2") -> pa.Table:
+    """FLOWS rows of one queue pair (or one per `src_port`) reported by `exporter`."""
+    start_ns, end_ns = np.asarray(start_ns, np.int64), np.asarray(end_ns, np.int64)
+    n = len(start_ns)
+    columns = {
+        "time_flow_start_ns": start_ns, "time_flow_end_ns": end_ns,
+        "src_addr": [src] * n, "dst_addr": [dst] * n,
+        "bytes": np.full(n, 40_960, np.int64), "packets": np.full(n, 10, np.int64),
+        "src_port": np.full(n, 49152, np.int32) if src_port is None else np.asarray(src_port, np.int32),
+        "dst_port": np.full(n, 4791, np.int32), "proto": np.full(n, 17, np.int16),
+        "sampler_address": [exporter] * n, "time_received_ns": end_ns + 5 * MS,
+        "sampling_rate": np.full(n, rate, np.int64),
+        "minute": pa.array(start_ns // (60 * SECOND) * (60 * SECOND), pa.timestamp("ns", "UTC")),
+    }
+    return pa.table(columns, schema=FLOWS)
+
+
+def transfers(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Collective chunks on one queue pair: bursts of 8 back-to-back 300-700 us transfers every
+    2 s, with jitter."""
+    bursts = T0 + np.arange(n // 8) * 2 * SECOND + rng.integers(0, 50 * MS, n // 8)
+    length = rng.integers(300_000, 700_000, (n // 8, 8))
+    starts = bursts[:, None] + np.cumsum(np.c_[np.zeros(n // 8, np.int64), length[:, :-1] + 2_000], axis=1)
+    return starts.ravel(), (starts + length).ravel()
+
+
+def profile_of(table: pa.Table) -> ExporterProfile:
+    [profile] = exporter_profiles(tally_exporters(table))
+    assert profile.kind in EXPORTER_KINDS
+    return profile
+
+
+def test_a_nanosecond_exporter_that_reports_each_transfer():
+    start, end = transfers(400, np.random.default_rng(0))
+    profile = profile_of(records(start + 17, end + 3, "10.255.0.1"))
+    assert (profile.kind, profile.clock_ns, profile.sampling_rate) == ("per_transfer", 1, 1)
+    assert profile.merge_gap_s < 0.005
+
+
+@pytest.mark.parametrize("clock_ns", [1_000, MS])
+def test_the_clock_is_the_lattice_its_timestamps_sit_on(clock_ns):
+    start, end = transfers(400, np.random.default_rng(1))
+    profile = profile_of(records(start // clock_ns * clock_ns, end // clock_ns * clock_ns, "10.255.0.1"))
+    assert profile.clock_ns == clock_ns
+    assert profile.kind == "per_transfer"  # at ms, transfers in one millisecond touch or overlap
+
+
+def test_sampled_records_are_instants_or_carry_their_rate():
+    start, _ = transfers(400, np.random.default_rng(2))
+    instants = profile_of(records(start // MS * MS, start // MS * MS, "10.255.0.1", rate=1))
+    assert (instants.kind, instants.instant_share) == ("sampled", 1.0)
+    rated = profile_of(records(start, start + 1000, "10.255.0.1", rate=2048))
+    assert (rated.kind, rated.sampling_rate) == ("sampled", 2048)
+    # 1 in 4 still sees every transfer of a collective: its records are per transfer
+    assert profile_of(records(*transfers(400, np.random.default_rng(2)), "10.255.0.1", rate=4)).kind == "per_transfer"
+
+
+def test_a_flow_cache_is_told_by_the_gaps_its_idle_timeout_leaves():
+    """A cache with a 0.4 s idle timeout merges each burst of transfers into one record: two
+    records of a queue pair are never closer than 0.4 s, which estimates the timeout."""
+    rng = np.random.default_rng(3)
+    start = T0 + np.cumsum(rng.uniform(0.45, 3.0, 300) * SECOND).astype(np.int64)
+    end = start + rng.integers(5 * MS, 40 * MS, 300)
+    start[1:] = np.maximum(start[1:], end[:-1] + int(0.4 * SECOND))
+    profile = profile_of(records(start, end, "10.255.0.1"))
+    assert profile.kind == "flow_cache"
+    assert 0.3 <= profile.merge_gap_s <= 0.45
+    # records as long as its active timeout, back to back: longer than any transfer
+    start = T0 + np.arange(200) * 5 * SECOND
+    cut = profile_of(records(start, start + 5 * SECOND, "10.255.0.1"))
+    assert cut.kind == "flow_cache"
+    assert 4.0 <= cut.long_record_s <= 5.0
+
+
+def test_tallies_add_up_over_minutes():
+    start, end = transfers(800, np.random.default_rng(4))
+    table = records(start, end, "10.255.0.1")
+    minute = (start - T0) // (60 * SECOND)
+    halves = [tally_exporters(table.filter(pa.array(minute == m))) for m in np.unique(minute)]
+    merged = halves[0]
+    for tally in halves[1:]:
+        merged = merged.merge(tally)
+    whole = tally_exporters(table)
+    assert merged.records.tolist() == whole.records.tolist() == [800]
+    assert merged.durations.tolist() == whole.durations.tolist()
+    assert exporter_profiles(merged)[0].kind == "per_transfer"
+
+
+def job_records(rng: np.random.Generator, step_s: float = 3.0, steps: int = 200) -> pa.Table:
+    """A job's records: 4 DP pairs synchronizing at each step's end (one record each) and 4 PP
+    pairs sending 8 micro-batches during the step, with 2% step jitter."""
+    durations = step_s * (1 + 0.02 * rng.standard_normal(steps))
+    ends = T0 + (np.cumsum(durations) * SECOND).astype(np.int64)
+    parts = []
+    for k in range(4):
+        sync = ends - int(0.3 * SECOND) + rng.integers(0, 2 * MS, steps)
+        parts.append(records(sync, sync + 200 * MS, "10.255.0.1", src=f"10.0.0.{k}", dst=f"10.0.0.{k + 4}"))
+        micro = (ends[:, None] - ((step_s - 0.4) * SECOND) + np.arange(8) * int(0.3 * SECOND)).ravel().astype(np.int64)
+        parts.append(records(micro, micro + 20 * MS, "10.255.0.2", src=f"10.0.1.{k}", dst=f"10.0.1.{k + 4}"))
+    return pa.concat_tables(parts)
+
+
+def test_the_step_period_shows_in_the_rhythm_of_the_records_not_in_the_micro_batches():
+    period = rhythm_period_s(job_records(np.random.default_rng(5)))
+    assert period == pytest.approx(3.0, rel=0.02)
+
+
+def test_records_without_a_rhythm_show_no_period():
+    rng = np.random.default_rng(6)
+    start = T0 + np.sort(rng.integers(0, 600 * SECOND, 4000))
+    table = records(start, start + MS, "10.255.0.1", src_port=49152 + rng.integers(0, 8, 4000))
+    assert rhythm_period_s(table) is None
+
+
+def test_steps_are_resolved_from_the_exporters_that_report_transfers():
+    table = job_records(np.random.default_rng(7))
+    cache = ExporterProfile("10.255.0.1", 800, "flow_cache", MS, 0.0, 1, 0.4, 5.0)
+    each = ExporterProfile("10.255.0.2", 6400, "per_transfer", MS, 0.0, 1, 1e-6, 0.02)
+    mixed = job_resolution(table, {p.sampler_address: p for p in (cache, each)})
+    assert (mixed.resolution, mixed.resolving_exporters) == ("steps", frozenset({"10.255.0.2"}))
+    cached = job_resolution(table, {p.sampler_address: replace(p, kind="flow_cache") for p in (cache, each)})
+    assert cached.resolution == "period"
+    assert cached.period_s == pytest.approx(3.0, rel=0.02)
+
+
+def test_a_flow_cache_hour_reports_no_steps_but_the_step_period(tmp_path):
+    """One job with 3 s steps behind flow caches whose idle timeout (0.2-0.4 s) merges each
+    burst of transfers but not the quiet between steps: no step rows, the period estimated.
+    The same job behind per-transfer exporters has its steps."""
+    job = JobSpec(2, tp=8, pp=1, start_s=-60, end_s=1e9, step_s=3.0, hosts=(0, 1))
+    base = replace(SCENARIOS["tiny"], name="tiny", minutes=8, jobs=(job,), duplicate_rate=0.0, malformed_rate=0.0)
+    found = {}
+    cache = ExportOptions(flow_cache=1.0, idle_timeout_s=(0.2, 0.4), active_timeout_s=(30.0, 60.0))
+    for name, export in (("cache", cache), ("per_transfer", ExportOptions())):
+        write_scenario(replace(base, export=export), tmp_path / name, seed=1)
+        flows, flow_minutes, topology, _ = scenario_flows(tmp_path / name)
+        hour = int(pc.min(flow_minutes["minute"]).cast(pa.int64()).as_py()) // HOUR_NS * HOUR_NS
+        found[name] = analyze_hour(flows, flow_minutes, topology, None, hour).tables
+    [cached] = found["cache"]["jobs"].select(["resolution", "step_period_s"]).to_pylist()
+    assert cached["resolution"] == "period"
+    assert cached["step_period_s"] == pytest.approx(3.0, rel=0.03)
+    assert found["cache"]["steps"].num_rows == 0
+    [each] = found["per_transfer"]["jobs"].select(["resolution", "step_period_s"]).to_pylist()
+    assert each["resolution"] == "steps"
+    assert found["per_transfer"]["steps"].num_rows > 100
+    assert each["step_period_s"] == pytest.approx(3.0, rel=0.03)
+
+
+def test_divided_steps_that_do_not_keep_time_are_not_reported():
+    rng = np.random.default_rng(8)
+    steady = 3.0 * (1 + 0.02 * rng.standard_normal(40))
+    steady[[7, 21]] = 9.5  # two checkpoints
+    steady[30:] *= 1.3  # a degradation keeps time around it
+    assert steps_keep_time(steady)
+    # boundaries found on a few rails: steps split and merged at random
+    scrambled = rng.choice([1.5, 3.0, 4.5, 6.0], 40) * (1 + 0.02 * rng.standard_normal(40))
+    assert not steps_keep_time(scrambled)
+    assert steps_keep_time(scrambled[:6])  # too few to judge
