@@ -1,12 +1,14 @@
-"""Fleet benchmark: one hour of the 2,880-GPU `fleet` scenario through the whole pipeline.
+"""Fleet benchmark: one hour of the 2,880-GPU platform through the whole pipeline.
 
-    python -m benchmarks.fleet [--fractions 0.25,0.5,1] [--beam-arg=--direct_running_mode=...]
+    python -m benchmarks.fleet [--scenario fleet|dense] [--fractions 0.25,0.5,1] [--beam-arg=--local_workers=1]
 
-Generates (and caches) the scenario, then for each fraction of the flow files runs, in a fresh
-process so peak memory is its own: the Prism pipeline on the default runner (per-stage wall time,
-records per second, peak RSS), and a single-process DuckDB reference of the same ingest and
-per-minute stages, and `prism report` over the warehouse it wrote. Figures go to
-benchmarks/results/fleet.json.
+`fleet` is the hour of 10 M records, `dense` the same jobs with 5 queue pairs per NCCL channel
+(50 M records). Generates (and caches) the scenario, then for each fraction of the flow files runs,
+in a fresh process so peak memory is its own: the Prism pipeline on the default runner (wall time,
+CPU time and peak memory of every process of the run, per stage: ingest, recognition, analysis,
+and the partition writes of the sink inside ingest and analysis), a DuckDB reference of the same
+ingest and per-minute stages on every core and on one thread, and `prism report` over the
+warehouse it wrote. Figures go to benchmarks/results/<scenario>.json.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import platform
 import resource
@@ -21,13 +24,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
-RESULTS = HERE / "results" / "fleet.json"
+RESULTS = HERE / "results"  # <scenario>.json
+SCENARIOS = {"fleet": "0.25,0.5,1", "dense": "1"}  # the benchmark's scenarios and their default fractions
 
 
 def scenario(seed: int, name: str = "fleet") -> Path:
@@ -77,34 +82,143 @@ def cpu_s() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Processes below `pid`: the local workers (pipelines/local_workers.py) and their fork server."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process and of its finished children."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS
+
+
+def _pss_mb(pid: int) -> float:
+    """Proportional set size: a page shared by n processes (memory-mapped staging files, pages a
+    fork shares) counts 1/n in each, so the sum over processes is the memory they hold."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Usage:
+    """CPU and memory of this process and every process below it (local workers), per stage: the
+    CPU of live workers is read from /proc (a pool's workers are not children that have ended), and
+    memory is sampled every SAMPLE_S as the sum of their proportional set sizes."""
+
+    SAMPLE_S = 0.2
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.peak_mb = 0.0
+        self._lock = threading.Lock()  # a sample taken before a stage ends is that stage's
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def cpu_s(self) -> float:
+        return cpu_s() + sum(_proc_cpu_s(pid) for pid in _descendants(self.pid))
+
+    def memory_mb(self) -> float:
+        return sum(_pss_mb(pid) for pid in [self.pid, *_descendants(self.pid)])
+
+    def take_peak_mb(self) -> float:
+        """The peak since the last call (at least the memory held now)."""
+        with self._lock:
+            peak, self.peak_mb = max(self.peak_mb, self.memory_mb()), 0.0
+        return peak
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.SAMPLE_S):
+            with self._lock:
+                self.peak_mb = max(self.peak_mb, self.memory_mb())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class PartitionWrites(logging.Handler):
+    """The sink's log of each partition written (pipelines.sink.WRITE_LOG): wall and CPU seconds."""
+
+    def __init__(self):
+        from pipelines.sink import WRITE_LOG
+
+        super().__init__(logging.INFO)
+        self.message = WRITE_LOG
+        self.wall_s = self.cpu_s = 0.0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg == self.message:
+            *_, wall_s, cpu_s = record.args
+            self.wall_s += wall_s
+            self.cpu_s += cpu_s
+
+
 def measure_prism(flows: str, topology: str, root: str, beam_args: list[str]) -> dict:
+    """The whole run, per stage (ingest, then recognition and analysis of each hour, DuckDB views):
+    wall and CPU seconds (workers included) and the peak memory of every process of the run; and
+    the partition writes (the sink, inside ingest and analysis) as the sink logs them."""
+    from pipelines import local_workers
     from pipelines.run import infer_range, run_hours
 
-    wall: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    clock = {"stage": None, "at": time.perf_counter(), "cpu": cpu_s()}
+    usage, writes = Usage(), PartitionWrites()
+    sink_log = logging.getLogger("pipelines.sink")
+    sink_log.addHandler(writes)
+    sink_log.setLevel(logging.INFO)
+    stages: dict[str, dict[str, float]] = {}
+    clock = {"stage": None, "at": time.perf_counter(), "cpu": usage.cpu_s()}
+    usage.take_peak_mb()
 
     def on_stage(stage: str) -> None:
-        now, used = time.perf_counter(), cpu_s()
+        now, used, peak = time.perf_counter(), usage.cpu_s(), usage.take_peak_mb()
         if clock["stage"]:
-            wall[clock["stage"]] = wall.get(clock["stage"], 0.0) + now - clock["at"]
-            cpu[clock["stage"]] = cpu.get(clock["stage"], 0.0) + used - clock["cpu"]
+            figures = stages.setdefault(clock["stage"], {"wall_s": 0.0, "cpu_s": 0.0, "peak_mb": 0.0})
+            figures["wall_s"] += now - clock["at"]
+            figures["cpu_s"] += used - clock["cpu"]
+            figures["peak_mb"] = max(figures["peak_mb"], peak)
         clock.update(stage=stage.split(" ")[0], at=now, cpu=used)
 
-    started, started_cpu = time.perf_counter(), cpu_s()
+    started, started_cpu = time.perf_counter(), usage.cpu_s()
     first, end = infer_range(flows)
     summary = run_hours(flows, root, first, end, topology_path=topology, beam_args=beam_args, on_stage=on_stage)
     on_stage("done")
-    total = time.perf_counter() - started
+    total, total_cpu = time.perf_counter() - started, usage.cpu_s() - started_cpu
+    local_workers.shutdown()
+    usage.stop()
     records = summary.counters.get("rows_read", 0)
+    stages["sink"] = {"wall_s": writes.wall_s, "cpu_s": writes.cpu_s}  # summed over partitions, some at once
     return {
         "wall_s": round(total, 2),
-        "cpu_s": round(cpu_s() - started_cpu, 2),
-        "stages_s": {k: round(v, 2) for k, v in wall.items()},
-        "stages_cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+        "cpu_s": round(total_cpu, 2),
+        "stages": {name: {k: round(v, 2) for k, v in figures.items()} for name, figures in stages.items()},
         "records": records,
         "records_per_s": round(records / total),
+        "peak_mb": round(max(figures.get("peak_mb", 0.0) for figures in stages.values())),
         "peak_rss_mb": round(peak_rss_mb()),
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }
 
 
@@ -160,7 +274,9 @@ def in_subprocess(kind: str, *args: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fractions", default="0.25,0.5,1")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="fleet",
+                        help="fleet (10 M records) or dense (the same jobs, 5 queue pairs per channel: 50 M)")
+    parser.add_argument("--fractions", help="of the flow files; default: 0.25,0.5,1 for fleet, 1 for dense")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--beam-arg", action="append", default=[])
     parser.add_argument("--measure", help=argparse.SUPPRESS)
@@ -176,10 +292,10 @@ def main() -> None:
         print(json.dumps(measure_reference(options.args[0], int(options.args[1]) if len(options.args) > 1 else None)))
         return
 
-    data = scenario(options.seed)
+    data = scenario(options.seed, options.scenario)
     runs = []
     with tempfile.TemporaryDirectory(prefix="prism-bench-") as scratch:
-        for fraction in [float(f) for f in options.fractions.split(",")]:
+        for fraction in [float(f) for f in (options.fractions or SCENARIOS[options.scenario]).split(",")]:
             flows = subset(data / "flows", fraction, Path(scratch) / f"flows-{fraction}")
             load_before = os.getloadavg()[0]
             prism = in_subprocess("prism", str(flows), str(data / "topology.csv"),
@@ -187,11 +303,9 @@ def main() -> None:
             report = in_subprocess("report", str(Path(scratch) / f"wh-{fraction}"))
             reference = in_subprocess("reference", str(flows))
             one_thread = in_subprocess("reference", str(flows), "1")
-            ingest_s = prism["stages_s"].get("ingest", prism["wall_s"])
-            ingest_cpu_s = prism["stages_cpu_s"].get("ingest", prism["cpu_s"])
-            # Wall and CPU ratios both: the reference uses every core, the default runner one (so
-            # also against DuckDB on one thread), and other users' load moves wall times more
-            # than CPU times.
+            ingest_s, ingest_cpu_s = prism["stages"]["ingest"]["wall_s"], prism["stages"]["ingest"]["cpu_s"]
+            # Wall and CPU ratios both, against DuckDB on every core and on one thread: other
+            # users' load moves wall times more than CPU times.
             run = {"fraction": fraction, "prism": prism, "report": report, "reference": reference,
                    "reference_1_thread": one_thread,
                    "ingest_vs_reference": round(ingest_s / reference["wall_s"], 2),
@@ -202,6 +316,8 @@ def main() -> None:
             runs.append(run)
     full, half = (next((r for r in runs if r["fraction"] == f), None) for f in (1.0, 0.5))
     result = {
+        "scenario": options.scenario,
+        "seed": options.seed,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "beam_args": options.beam_arg,
@@ -209,9 +325,10 @@ def main() -> None:
         "time_ratio_2x_records": round(full["prism"]["wall_s"] / half["prism"]["wall_s"], 2) if full and half else None,
         "cpu_ratio_2x_records": round(full["prism"]["cpu_s"] / half["prism"]["cpu_s"], 2) if full and half else None,
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    written = RESULTS / f"{options.scenario}.json"
+    RESULTS.mkdir(exist_ok=True)
+    written.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {written}")
 
 
 if __name__ == "__main__":

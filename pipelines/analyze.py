@@ -19,17 +19,19 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipelines import warehouse
-from pipelines.shuffle_staging import read_staged, stage_tables
+from pipelines.local_workers import PooledDoFn
+from pipelines.shuffle_staging import TableRef, read_staged, stage_tables
 from pipelines.sink import HourTables
-from prism_core.config import DEFAULT_PARAMS, PrismParams
-from prism_core.recognition import Recognition
 from prism_core.analysis import (
-    JOB_FLOW_COLUMNS, HourAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
+    JOB_FLOW_COLUMNS, HourAnalysis, JobAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
     profiles_by_address, split_flows_by_job,
 )
+from prism_core.config import DEFAULT_PARAMS, PrismParams
+from prism_core.recognition import Recognition
 from prism_core.resolution import ExporterProfile
 
 NAMESPACE = "prism.analyze"
+ANALYZED_FLOWS_AT_ONCE = 12_000_000
 
 
 def row_groups(path: str) -> list[tuple[str, int]]:
@@ -38,40 +40,72 @@ def row_groups(path: str) -> list[tuple[str, int]]:
         return [(path, index) for index in range(pq.ParquetFile(handle).num_row_groups)]
 
 
-class SplitByJob(beam.DoFn):
-    """A row group of the hour's flows -> (job_id, (row group index, staged flows of the job)), by
-    the spans each job holds its hosts for (prism_core.analysis.open_membership)."""
+def split_row_group(path: str, index: int, membership: pa.Table, shuffle_dir: str
+                    ) -> tuple[list[tuple[str, tuple[int, TableRef]]], int]:
+    """A row group of the hour's flows split by job (prism_core.analysis.split_flows_by_job) and
+    staged: (job_id, (row group index, staged flows of the job)) for each job, and the number of
+    flows of no job."""
+    with FileSystems.open(path) as handle:
+        flows = pq.ParquetFile(handle).read_row_group(index, columns=list(JOB_FLOW_COLUMNS))
+    staged = stage_tables(shuffle_dir, split_flows_by_job(flows, membership))
+    return [(job_id, (index, rows)) for job_id, rows in staged], flows.num_rows - sum(r.num_rows for _, r in staged)
 
-    def __init__(self, shuffle_dir: str):
+
+class SplitByJob(PooledDoFn):
+    """A row group of the hour's flows -> (job_id, (row group index, staged flows of the job)), by
+    the spans each job holds its hosts for (prism_core.analysis.open_membership); on the local
+    workers."""
+
+    def __init__(self, shuffle_dir: str, workers: int = 1):
+        super().__init__(workers)
         self.shuffle_dir = shuffle_dir
         self.unassigned = Metrics.counter(NAMESPACE, "flows_without_job")
 
-    def process(self, row_group: tuple[str, int], membership: pa.Table):
+    def process(self, row_group: tuple[str, int], membership: pa.Table,
+                window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
         path, index = row_group
-        with FileSystems.open(path) as handle:
-            flows = pq.ParquetFile(handle).read_row_group(index, columns=list(JOB_FLOW_COLUMNS))
-        staged = stage_tables(self.shuffle_dir, split_flows_by_job(flows, membership))
-        for job_id, rows in staged:
-            yield job_id, (index, rows)
-        self.unassigned.inc(flows.num_rows - sum(rows.num_rows for _, rows in staged))
+        self.defer(split_row_group, (path, index, membership, self.shuffle_dir), window, timestamp)
+
+    def outputs(self, result):
+        pieces, unassigned = result
+        self.unassigned.inc(unassigned)
+        yield from pieces
 
 
-class AnalyzeJob(beam.DoFn):
-    """(job_id, its staged flows) -> the job's JobAnalysis; counts the jobs whose analysis raised
-    (reported as analysis_error issues; prism_core.analysis.analyze_job)."""
+def analyze_staged_job(job_id: str, pieces: list[tuple[int, TableRef]], recognition: Recognition, previous: dict,
+                       hour_start_ns: int, hour_end_ns: int, params: PrismParams,
+                       exporters: dict[str, ExporterProfile]) -> JobAnalysis:
+    """prism_core.analysis.analyze_job over the job's staged flows, taken in file order whatever
+    order the runner grouped them in."""
+    pieces = sorted(pieces, key=lambda piece: piece[0])
+    batches = read_staged([rows for _, rows in pieces])
+    return analyze_job(job_id, batches, recognition, previous, hour_start_ns, hour_end_ns, params, exporters)
+
+
+class AnalyzeJob(PooledDoFn):
+    """(job_id, its staged flows) -> the job's JobAnalysis, on the local workers, the jobs with the
+    most flows first; counts the jobs whose analysis raised (reported as analysis_error issues;
+    prism_core.analysis.analyze_job)."""
+
+    # A job's analysis holds ~400 bytes per flow at its peak (the dense hour's largest job, ~11 M
+    # flows: 5 GB), so two jobs whose flows together exceed this are not analyzed at once.
+    cost_limit = ANALYZED_FLOWS_AT_ONCE
 
     def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int, params: PrismParams,
-                 exporters: dict[str, ExporterProfile]):
+                 exporters: dict[str, ExporterProfile], workers: int = 1):
+        super().__init__(workers)
         self.previous, self.params, self.exporters = previous or {}, params, exporters
         self.hour = (hour_start_ns, hour_end_ns)
         self.errors = Metrics.counter(NAMESPACE, "analysis_errors")
 
-    def process(self, element, recognition):
+    def process(self, element, recognition, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
         job_id, pieces = element
-        # In file order whatever order the runner grouped them in.
-        pieces = sorted((p for p in pieces if p is not None), key=lambda piece: piece[0])
-        batches = read_staged([rows for _, rows in pieces])
-        analysis = analyze_job(job_id, batches, recognition, self.previous, *self.hour, self.params, self.exporters)
+        pieces = [p for p in pieces if p is not None]
+        self.defer(analyze_staged_job,
+                   (job_id, pieces, recognition, self.previous, *self.hour, self.params, self.exporters),
+                   window, timestamp, cost=sum(rows.num_rows for _, rows in pieces))
+
+    def outputs(self, analysis: JobAnalysis):
         if analysis.failed_stage is not None:
             self.errors.inc()
         yield analysis
@@ -79,16 +113,18 @@ class AnalyzeJob(beam.DoFn):
 
 class AnalyzeHour(beam.PTransform):
     """An hour's recognition and flows partition -> one HourAnalysis element. `exporters`: the
-    hour's ingest state `exporters` (what each exporter's records show; prism_core.resolution)."""
+    hour's ingest state `exporters` (what each exporter's records show; prism_core.resolution).
+    Row groups are split and jobs analyzed on `workers` local worker processes
+    (pipelines/local_workers.py)."""
 
     def __init__(self, recognition: Recognition, flows_path: str, previous: dict | None,
                  hour_start_ns: int, hour_end_ns: int, shuffle_dir: str, params: PrismParams = DEFAULT_PARAMS,
-                 exporters: dict | None = None):
+                 exporters: dict | None = None, workers: int = 1):
         super().__init__()
         self.exporters = profiles_by_address(
             [ExporterProfile.from_json(values) for values in (exporters or {}).get("exporters", [])])
         self.recognition, self.flows_path, self.shuffle_dir = recognition, flows_path, shuffle_dir
-        self.params = params
+        self.params, self.workers = params, workers
         self.previous = previous or {}
         self.hour = (hour_start_ns, hour_end_ns)
 
@@ -103,13 +139,14 @@ class AnalyzeHour(beam.PTransform):
         job_flows = (
             pipeline
             | "FlowsRowGroups" >> beam.Create(row_groups(self.flows_path))
-            | "SplitByJob" >> beam.ParDo(SplitByJob(self.shuffle_dir), beam.pvalue.AsSingleton(spans))
+            | "SplitByJob" >> beam.ParDo(SplitByJob(self.shuffle_dir, self.workers), beam.pvalue.AsSingleton(spans))
         )
         return (
             (every_job, job_flows)
             | "WithEveryJob" >> beam.Flatten()
             | "GroupByJob" >> beam.GroupByKey()
-            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour, self.params, self.exporters),
+            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour, self.params, self.exporters,
+                                                    self.workers),
                                          recognition_side)
             | "AllJobs" >> beam.combiners.ToList()
             | "AssembleHour" >> beam.Map(assemble_hour, recognition_side)

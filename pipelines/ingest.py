@@ -25,7 +25,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines.shuffle_staging import StagingFile, TableRef, read_staged
+from pipelines.local_workers import PooledDoFn, run_tasks
+from pipelines.shuffle_staging import StagingFile, TableRef, read_staged, stage_tables
 from pipelines.sink import HourTables
 from prism_core.arrays import group_indices
 from prism_core.ingest import deduplicated_order, parquet_time_bounds, parse_flow_file
@@ -89,61 +90,110 @@ def quarantine_hours(parsed_start_ns: np.ndarray, file_starts_ns: np.ndarray, mo
     return own // HOUR_NS * HOUR_NS
 
 
-class ParseFlowFiles(beam.DoFn):
-    """Reads one file, validates every record, stages the in-range clean rows as one table per
-    event-time minute and emits the quarantined rows per hour. The staged minutes of the whole
-    bundle go out when it finishes, as one element per minute (timestamped for the minute
-    windows) listing its tables: ~60 elements per bundle instead of one per file and minute
-    (8.5 k for the fleet hour), which the runner encodes, windows and groups one by one."""
+@dataclass
+class ParsedFiles:
+    """What `parse_files` made of a batch of files: each minute's staged tables (in file order),
+    the quarantined rows per hour and the counters' increments."""
 
-    def __init__(self, hours: HourRange, shuffle_dir: str):
-        self.hours, self.shuffle_dir = hours, shuffle_dir
-        self.rows_read = Metrics.counter(NAMESPACE, "rows_read")
-        self.quarantined = Metrics.counter(NAMESPACE, "quarantined")
-        self.out_of_range = Metrics.counter(NAMESPACE, "out_of_range")
-        self.files = Metrics.counter(NAMESPACE, "files")
-        self.files_skipped = Metrics.counter(NAMESPACE, "files_skipped")
+    minutes: dict[int, list[TableRef]]
+    quarantine: list[tuple[int, pa.Table]]
+    counts: dict[str, int]
+
+
+def parse_files(paths: list[str], hours: HourRange, shuffle_dir: str) -> ParsedFiles:
+    """Reads each file, validates every record, stages its in-range clean rows as one table per
+    event-time minute (all the batch's tables in one staging file) and sets its quarantined rows
+    apart by hour."""
+    parsed_files = ParsedFiles({}, [], dict.fromkeys(COUNTERS, 0))
+    staged = StagingFile(shuffle_dir)
+    try:
+        for path in paths:
+            parse_file(path, hours, staged, parsed_files)
+    finally:
+        staged.close()  # its references are readable from here on
+    return parsed_files
+
+
+def written_before(path: str, hours: HourRange) -> bool:
+    """Whether the file was last written well before the run's first hour began: a flow's record
+    is written after the flow starts, so no row of the run's hours can be in it. Skipping such
+    files unopened keeps an hourly run over a directory that keeps every past file from reading
+    (JSON lines: parsing) the whole history again each hour."""
+    return FileSystems.last_updated(path) * 1e9 < hours.first_ns - EXPORTER_CLOCK_LEAD_NS
+
+
+def parse_file(path: str, hours: HourRange, staged: StagingFile, into: ParsedFiles) -> None:
+    counts = into.counts
+    if written_before(path, hours):
+        counts["files_skipped"] += 1
+        return
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        bounds = parquet_time_bounds(handle)
+        if bounds is not None and not hours.overlaps(*bounds):
+            counts["files_skipped"] += 1  # its footer says no row of it falls in the run's hours
+            return
+        handle.seek(0)
+        parsed = parse_flow_file(handle.read(), path)
+    counts["files"] += 1
+    counts["rows_read"] += parsed.rows_read
+
+    starts = parsed.clean["time_flow_start_ns"].to_numpy()
+    in_range = hours.contains(starts)
+    counts["out_of_range"] += int((~in_range).sum())
+    clean = parsed.clean if in_range.all() else parsed.clean.filter(pa.array(in_range))
+    minutes = starts[in_range] // MINUTE_NS * MINUTE_NS
+    for minute_ns, rows in minute_runs(clean, minutes):
+        into.minutes.setdefault(minute_ns, []).append(staged.append(rows))
+
+    if parsed.quarantine.num_rows:
+        modified_ns = int(FileSystems.last_updated(path) * 1e9)
+        quarantined_hours = quarantine_hours(parsed.quarantine_start_ns, starts, modified_ns)
+        kept = hours.contains(quarantined_hours)
+        counts["quarantined"] += int(kept.sum())
+        counts["out_of_range"] += int((~kept).sum())
+        for hour_ns, rows in group_indices(quarantined_hours[kept]):
+            into.quarantine.append((hour_ns, parsed.quarantine.filter(pa.array(kept)).take(rows)))
+
+
+EXPORTER_CLOCK_LEAD_NS = HOUR_NS  # how far ahead of the file system's clock an exporter's may run, at most
+COUNTERS = ("rows_read", "quarantined", "out_of_range", "files", "files_skipped")
+BATCHES_PER_WORKER = 4  # with several workers: a few batches each, so that a slow batch does not idle a core
+
+
+class ParseFlowFiles(beam.DoFn):
+    """Parses the bundle's files (`parse_files`) in batches on the local workers
+    (pipelines/local_workers.py) when the bundle finishes, and emits the quarantined rows per hour
+    and the staged minutes: one element per minute (timestamped for the minute windows) listing
+    its tables, ~60 elements per bundle instead of one per file and minute (8.5 k for the fleet
+    hour), which the runner encodes, windows and groups one by one."""
+
+    def __init__(self, hours: HourRange, shuffle_dir: str, workers: int = 1):
+        self.hours, self.shuffle_dir, self.workers = hours, shuffle_dir, workers
+        self.counters = {name: Metrics.counter(NAMESPACE, name) for name in COUNTERS}
 
     def start_bundle(self):
-        self.staged = StagingFile(self.shuffle_dir)
-        self.minutes: dict[int, list[TableRef]] = {}
+        self.paths: list[str] = []
+
+    def process(self, path: str):
+        self.paths.append(path)
 
     def finish_bundle(self):
-        self.staged.close()  # its references are readable from here on
-        for minute_ns, tables in self.minutes.items():
+        # one batch (one staging file) per bundle on one worker
+        n_batches = 1 if self.workers == 1 else self.workers * BATCHES_PER_WORKER
+        batches = np.array_split(np.array(self.paths, object), max(1, min(len(self.paths), n_batches)))
+        tasks = [(parse_files, (list(batch), self.hours, self.shuffle_dir)) for batch in batches if len(batch)]
+        minutes: dict[int, list[TableRef]] = {}
+        for parsed in run_tasks(self.workers, tasks):
+            for name, value in parsed.counts.items():
+                self.counters[name].inc(value)
+            for hour_ns, rows in parsed.quarantine:
+                yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, window.GlobalWindows.windowed_value((hour_ns, rows)))
+            for minute_ns, tables in parsed.minutes.items():
+                minutes.setdefault(minute_ns, []).extend(tables)
+        for minute_ns, tables in minutes.items():
             hour_ns = minute_ns // HOUR_NS * HOUR_NS
             minute = Timestamp(micros=minute_ns // 1000)
             yield window.GlobalWindows.windowed_value((hour_ns, tables), minute)
-
-    def process(self, path: str):
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            bounds = parquet_time_bounds(handle)
-            if bounds is not None and not self.hours.overlaps(*bounds):
-                self.files_skipped.inc()  # its footer says no row of it falls in the run's hours
-                return
-            handle.seek(0)
-            parsed = parse_flow_file(handle.read(), path)
-        self.files.inc()
-        self.rows_read.inc(parsed.rows_read)
-
-        starts = parsed.clean["time_flow_start_ns"].to_numpy()
-        in_range = self.hours.contains(starts)
-        self.out_of_range.inc(int((~in_range).sum()))
-        clean = parsed.clean if in_range.all() else parsed.clean.filter(pa.array(in_range))
-        minutes = starts[in_range] // MINUTE_NS * MINUTE_NS
-        for minute_ns, rows in minute_runs(clean, minutes):
-            self.minutes.setdefault(minute_ns, []).append(self.staged.append(rows))
-
-        if parsed.quarantine.num_rows:
-            modified_ns = int(FileSystems.last_updated(path) * 1e9)
-            hours = quarantine_hours(parsed.quarantine_start_ns, starts, modified_ns)
-            kept = self.hours.contains(hours)
-            self.quarantined.inc(int(kept.sum()))
-            self.out_of_range.inc(int((~kept).sum()))
-            for hour_ns, rows in group_indices(hours[kept]):
-                yield beam.pvalue.TaggedOutput(
-                    QUARANTINE_TAG, (hour_ns, parsed.quarantine.filter(pa.array(kept)).take(rows))
-                )
 
 
 def minute_runs(rows: pa.Table, minutes: np.ndarray) -> Iterator[tuple[int, pa.Table]]:
@@ -158,60 +208,66 @@ def minute_runs(rows: pa.Table, minutes: np.ndarray) -> Iterator[tuple[int, pa.T
             yield int(minutes[start]), rows.slice(start, stop - start)
 
 
-class MergeMinute(beam.DoFn):
-    """All of one minute's batches: find the duplicates across files, aggregate per NIC pair, and
-    stage the order of the rows to keep for the hour's writer. The rows themselves are not
-    copied: the writer takes them from the parsed files (staging them again cost more than
+def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> MinuteResult:
+    """All of one minute's staged tables: find the duplicates across files, aggregate per NIC
+    pair, and stage the order of the rows to keep for the hour's writer. The rows themselves are
+    not copied: the writer takes them from the parsed files (staging them again cost more than
     taking them twice)."""
+    rows = pa.concat_tables(read_staged(parsed))
+    kept = deduplicated_order(rows)
+    counted = np.zeros(rows.num_rows, bool)
+    counted[kept] = True
+    return MinuteResult(
+        minute_ns=minute_ns,
+        flows=StagedFlows(parsed, stage_tables(shuffle_dir, [(None, pa.table({"row": kept}))])[0][1]),
+        aggregates=minute_aggregates(rows, counted),
+        duplicates=rows.num_rows - len(kept),
+        exporters=tally_exporters(rows.take(kept)),
+    )
 
-    def __init__(self, shuffle_dir: str):
+
+class MergeMinute(PooledDoFn):
+    """(hour, the tables of a minute's bundles) -> (hour, MinuteResult), by `merge_minute` on the
+    local workers."""
+
+    def __init__(self, shuffle_dir: str, workers: int = 1):
+        super().__init__(workers)
         self.shuffle_dir = shuffle_dir
         self.duplicates = Metrics.counter(NAMESPACE, "duplicates")
         self.clean = Metrics.counter(NAMESPACE, "flows")
 
-    def start_bundle(self):
-        self.staged = StagingFile(self.shuffle_dir)
-
-    def finish_bundle(self):
-        self.staged.close()
-
-    def process(self, element, minute=beam.DoFn.WindowParam):
-        hour_ns, tables_per_bundle = element
+    def process(self, element, minute=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+        _, tables_per_bundle = element  # keyed by hour; merge_minute's result keys itself
         parsed = [table for tables in tables_per_bundle for table in tables]
-        rows = pa.concat_tables(read_staged(parsed))
-        kept = deduplicated_order(rows)
-        duplicates = rows.num_rows - len(kept)
-        self.duplicates.inc(duplicates)
-        self.clean.inc(len(kept))
-        counted = np.zeros(rows.num_rows, bool)
-        counted[kept] = True
-        yield hour_ns, MinuteResult(
-            minute_ns=int(minute.start.micros) * 1000,
-            flows=StagedFlows(parsed, self.staged.append(pa.table({"row": kept}))),
-            aggregates=minute_aggregates(rows, counted),
-            duplicates=duplicates,
-            exporters=tally_exporters(rows.take(kept)),
-        )
+        minute_ns = int(minute.start.micros) * 1000
+        self.defer(merge_minute, (minute_ns, parsed, self.shuffle_dir), minute, timestamp,
+                   cost=sum(table.num_rows for table in parsed))
+
+    def outputs(self, result: MinuteResult):
+        self.duplicates.inc(result.duplicates)
+        self.clean.inc(result.flows.num_rows)
+        yield result.minute_ns // HOUR_NS * HOUR_NS, result
 
 
 class IngestFlows(beam.PTransform):
     """Paths of flow files -> {"minutes": (hour_ns, MinuteResult), "quarantine": (hour_ns, table)},
     both in the global window, keyed by the hour they belong to. Flow rows are staged under
-    `shuffle_dir` (pipelines/shuffle_staging.py), which must outlive the pipeline's run."""
+    `shuffle_dir` (pipelines/shuffle_staging.py), which must outlive the pipeline's run. Files are
+    parsed and minutes merged on `workers` local worker processes (pipelines/local_workers.py)."""
 
-    def __init__(self, hours: HourRange, shuffle_dir: str):
+    def __init__(self, hours: HourRange, shuffle_dir: str, workers: int = 1):
         super().__init__()
-        self.hours, self.shuffle_dir = hours, shuffle_dir
+        self.hours, self.shuffle_dir, self.workers = hours, shuffle_dir, workers
 
     def expand(self, paths):
-        parsed = paths | "Parse" >> beam.ParDo(ParseFlowFiles(self.hours, self.shuffle_dir)).with_outputs(
+        parsed = paths | "Parse" >> beam.ParDo(ParseFlowFiles(self.hours, self.shuffle_dir, self.workers)).with_outputs(
             QUARANTINE_TAG, main="clean"
         )
         minutes = (
             parsed.clean
             | "MinuteWindows" >> beam.WindowInto(window.FixedWindows(60))
             | "GroupMinute" >> beam.GroupByKey()
-            | "MergeMinute" >> beam.ParDo(MergeMinute(self.shuffle_dir))
+            | "MergeMinute" >> beam.ParDo(MergeMinute(self.shuffle_dir, self.workers))
             | "BackToGlobal" >> beam.WindowInto(window.GlobalWindows())
         )
         return {"minutes": minutes, "quarantine": parsed[QUARANTINE_TAG]}

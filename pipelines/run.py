@@ -25,9 +25,9 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineResult
 
-from pipelines import analyze, ingest, warehouse
+from pipelines import analyze, ingest, local_workers, warehouse
 from pipelines.analyze import AnalyzeHour, analysis_tables, previous_hour_state
-from pipelines.ingest import HourRange, IngestFlows, hour_tables
+from pipelines.ingest import HourRange, IngestFlows, hour_tables, written_before
 from pipelines.shuffle_staging import shuffle_staging_area
 from pipelines.sink import WriteTables
 from prism_core.analysis import RecognitionError, recognize
@@ -104,12 +104,18 @@ def file_time_bounds(path: str) -> tuple[int, int] | None:
     return bounds
 
 
-def pipeline_options(beam_args: Sequence[str] = ()) -> tuple[PipelineOptions, object | None]:
-    """Beam options from command-line style arguments. Without --runner, the in-process
+def pipeline_options(beam_args: Sequence[str] = ()) -> tuple[PipelineOptions, object | None, int]:
+    """Beam options from command-line style arguments, the runner and the number of local worker
+    processes (`--local_workers`, pipelines/local_workers.py). Without --runner, the in-process
     FnApiRunner: Beam's DirectRunner would first try to download its Prism runner binary."""
     options = PipelineOptions(list(beam_args))
     runner = None if options.view_as(StandardOptions).runner else FnApiRunner()
-    return options, runner
+    try:
+        workers = local_workers.local_workers(options)
+    except ValueError as error:
+        raise RunError(str(error)) from None
+    local_workers.start(workers)
+    return options, runner, workers
 
 
 def counters(result: PipelineResult, namespace: str) -> dict[str, int]:
@@ -125,14 +131,14 @@ def run_ingest(
     if not paths:
         raise RunError(f"no flow files in {flows_dir!r}")
     span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
-    options, runner = pipeline_options(beam_args)
+    options, runner, workers = pipeline_options(beam_args)
     with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
         ingested = (
             pipeline
             | "Files" >> beam.Create(paths)
             | "Spread" >> beam.Reshuffle()
-            | "Ingest" >> IngestFlows(span, shuffle_dir)
+            | "Ingest" >> IngestFlows(span, shuffle_dir, workers)
         )
         every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()])
         (
@@ -141,7 +147,7 @@ def run_ingest(
             | "HourTables" >> beam.MapTuple(
                 lambda hour_ns, grouped: hour_tables(hour_ns, list(grouped["minutes"]), list(grouped["quarantine"]))
             )
-            | "Write" >> WriteTables(str(root))
+            | "Write" >> WriteTables(str(root), workers)
         )
         result = pipeline.run()
         result.wait_until_finish()
@@ -174,8 +180,8 @@ def run_hours(
     summary = run_ingest(flows_dir, root, hours, beam_args)
     summary.warnings = inventory_warnings(topology, root, hours)
     for hour in hours:
-        on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
-        rows, analysis_counters = run_analysis(root, hour, topology, beam_args, params)
+        on_stage(f"recognition {hour:%Y-%m-%d %H}:00")
+        rows, analysis_counters = run_analysis(root, hour, topology, beam_args, params, on_stage)
         summary.per_hour[warehouse.hour_key(hour)].update(rows)
         for name, value in analysis_counters.items():
             summary.counters[name] = summary.counters.get(name, 0) + value
@@ -189,7 +195,8 @@ def require_flows_in(flows_dir: str, hours: list[datetime]) -> None:
     range must not replace good partitions with empty ones."""
     span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
     paths = list_flow_files(flows_dir)
-    if not any(bounds and span.overlaps(*bounds) for bounds in map(file_time_bounds, paths)):
+    candidates = (path for path in paths if not written_before(path, span))
+    if not any(bounds and span.overlaps(*bounds) for bounds in map(file_time_bounds, candidates)):
         raise RunError(
             f"no valid flow records between {hours[0]:%Y-%m-%d %H}:00 and {hours[-1]:%Y-%m-%d %H}:59 "
             f"in {flows_dir!r} ({len(paths)} files): nothing written"
@@ -257,12 +264,13 @@ def inventory_warnings(topology: Topology, root: str, hours: list[datetime]) -> 
 
 def run_analysis(
     root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = (),
-    params: PrismParams = DEFAULT_PARAMS,
+    params: PrismParams = DEFAULT_PARAMS, on_stage: Callable[[str], None] = lambda stage: None,
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Job analysis of one hour, continuing from the previous hour's state; the hour's ingest
     partitions must exist. Returns the rows written per table and the analysis counters
     (`analysis_errors`: jobs whose analysis raised, each written as an analysis_error issue).
-    A failed job recognition fails the hour before anything is written."""
+    A failed job recognition fails the hour before anything is written. `on_stage` hears when the
+    per-job analysis starts, after the recognition."""
     paths = [warehouse.partition_dir(root, t, hour) / warehouse.DATA_FILE for t in ("flow_minutes", "flows")]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
@@ -280,15 +288,16 @@ def run_analysis(
         warehouse.write_topology(root, topology.inventory)
     else:
         warehouse.topology_path(root).unlink(missing_ok=True)
-    options, runner = pipeline_options(beam_args)
+    on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
+    options, runner, workers = pipeline_options(beam_args)
     with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
         (
             pipeline
             | "Analyze" >> AnalyzeHour(recognition, str(paths[1]), previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir,
-                                       params, warehouse.read_stats(root, hour, "exporters"))
+                                       params, warehouse.read_stats(root, hour, "exporters"), workers)
             | "HourTables" >> beam.Map(analysis_tables, hour)
-            | "Write" >> WriteTables(str(root))
+            | "Write" >> WriteTables(str(root), workers)
         )
         result = pipeline.run()
         result.wait_until_finish()

@@ -9,7 +9,10 @@ write failed part-way is never continued from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -18,10 +21,15 @@ import apache_beam as beam
 import pyarrow as pa
 
 from pipelines import warehouse
+from pipelines.local_workers import PooledDoFn
+
+log = logging.getLogger(__name__)
 
 
 class LazyRows(Protocol):
     """Rows kept outside the element (staged for the shuffle) until their partition is written."""
+
+    num_rows: int
 
     def read(self) -> pa.Table: ...
 
@@ -41,16 +49,56 @@ def read_piece(piece: pa.Table | LazyRows) -> pa.Table:
     return piece if isinstance(piece, pa.Table) else piece.read()
 
 
-class WritePartition(beam.DoFn):
-    """(hour, table, pieces) -> the partition replaced; emits (hour key, table) once it is."""
+def read_ahead(pieces: Sequence[pa.Table | LazyRows]) -> Iterator[pa.Table]:
+    """The rows of each piece in order, the next piece read (from staging: a concatenation and a
+    take, which release the GIL) while the writer encodes this one, on another core."""
+    if not pieces:
+        return
+    with ThreadPoolExecutor(1) as reader:
+        upcoming = reader.submit(read_piece, pieces[0])
+        for following in pieces[1:]:
+            rows, upcoming = upcoming.result(), reader.submit(read_piece, following)
+            yield rows
+        yield upcoming.result()
 
-    def __init__(self, root: str):
+
+@dataclass(frozen=True)
+class PartitionWritten:
+    hour: datetime
+    table: str
+    rows: int
+    wall_s: float
+    cpu_s: float
+
+
+def write_partition(root: str, hour: datetime, table: str, pieces: Sequence[pa.Table | LazyRows]) -> PartitionWritten:
+    started, started_cpu = time.perf_counter(), time.process_time()
+    warehouse.write_partition_pieces(root, table, hour, read_ahead(pieces))
+    return PartitionWritten(hour, table, sum(piece.num_rows for piece in pieces),
+                            time.perf_counter() - started, time.process_time() - started_cpu)
+
+
+class WritePartition(PooledDoFn):
+    """(hour, table, pieces) -> the partition replaced, on the local workers (several partitions at
+    once); emits (hour key, table) once it is, and logs how long the write took."""
+
+    def __init__(self, root: str, workers: int = 1):
+        super().__init__(workers)
         self.root = root
 
-    def process(self, partition: tuple[datetime, str, Sequence[pa.Table | LazyRows]]):
+    def process(self, partition: tuple[datetime, str, Sequence[pa.Table | LazyRows]],
+                window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
         hour, table, pieces = partition
-        warehouse.write_partition_pieces(self.root, table, hour, map(read_piece, pieces))
-        yield warehouse.hour_key(hour), table
+        self.defer(write_partition, (self.root, hour, table, pieces), window, timestamp,
+                   cost=sum(piece.num_rows for piece in pieces))
+
+    def outputs(self, written: PartitionWritten):
+        log.info(WRITE_LOG, written.table, warehouse.hour_key(written.hour), written.rows, written.wall_s,
+                 written.cpu_s)
+        yield warehouse.hour_key(written.hour), written.table
+
+
+WRITE_LOG = "wrote %s for %s: %d rows in %.3f s, %.3f s CPU"
 
 
 class WriteState(beam.DoFn):
@@ -70,17 +118,18 @@ class WriteState(beam.DoFn):
 class WriteTables(beam.PTransform):
     """HourTables -> every partition written, then each hour's state files; outputs the hours
     whose state was written. The state waits for the hour's partitions through a CoGroupByKey,
-    which a batch runner fires only once all of its inputs are complete."""
+    which a batch runner fires only once all of its inputs are complete. Partitions are written on
+    `workers` local worker processes (pipelines/local_workers.py)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, workers: int = 1):
         super().__init__()
-        self.root = root
+        self.root, self.workers = root, workers
 
     def expand(self, hours):
         written = (
             hours
             | "Partitions" >> beam.FlatMap(lambda h: [(h.hour, name, pieces) for name, pieces in h.tables.items()])
-            | "WritePartition" >> beam.ParDo(WritePartition(self.root))
+            | "WritePartition" >> beam.ParDo(WritePartition(self.root, self.workers))
         )
         states = hours | "States" >> beam.Map(lambda h: (warehouse.hour_key(h.hour), (h.hour, h.state)))
         return (

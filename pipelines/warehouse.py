@@ -81,6 +81,10 @@ def _replace_atomically(final: Path, write) -> None:
 
 
 ROW_GROUP_ROWS = 1 << 20
+# Columns written without a dictionary: a flow's nanosecond times are all but unique, so the
+# writer built a dictionary for each row group, overflowed its page limit and dropped it again
+# (a third of the `flows` write, and the plain pages are smaller).
+UNIQUE_VALUED = {"time_flow_start_ns", "time_flow_end_ns", "time_received_ns"}
 
 
 def write_partition(root: str | Path, table: str, hour: datetime, rows: pa.Table) -> Path:
@@ -95,7 +99,8 @@ def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces:
     final = partition_dir(root, table, hour) / DATA_FILE
 
     def write(path: Path) -> None:
-        with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        dictionary = [name for name in schema.names if name not in UNIQUE_VALUED]
+        with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary) as writer:
             pending, written = schema.empty_table(), 0
             for piece in pieces:
                 pending = pa.concat_tables([pending, piece.cast(schema)])

@@ -79,7 +79,7 @@ def progress_bar(unit: str) -> Progress:
 @app.command()
 def simulate(
     out: Annotated[Path, typer.Option(help="Directory for flows/, topology.csv and truth/")],
-    scenario: Annotated[str, typer.Option(help="tiny, small, fleet, realistic, sealed, replay-ar, replay-st or replay-mix")] = "tiny",
+    scenario: Annotated[str, typer.Option(help="tiny, small, fleet, dense, realistic, sealed, replay-ar, replay-st or replay-mix")] = "tiny",
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files")] = 0,
     format: Annotated[str, typer.Option(help="parquet, jsonl or jsonl.gz")] = "parquet",
     whatif: Annotated[Optional[Path], typer.Option(help="Real traces the replay-* scenarios read "
@@ -157,8 +157,9 @@ def _run_with_progress(flows, warehouse, first, last, topology, beam_args, no_to
     from pipelines.warehouse import hours_between
     from prism_core.config import DEFAULT_PARAMS
 
-    # run_hours reports its stages in order: checking the input, ingest, one per hour, warehouse.
-    stages = len(hours_between(first, last)) + 3
+    # run_hours reports its stages in order: checking the input, ingest, recognition and analysis
+    # of each hour, warehouse.
+    stages = 2 * len(hours_between(first, last)) + 3
     finished = iter(range(stages))  # stages done when the next one starts
     with progress_bar("stages") as progress:
         task = progress.add_task("starting", total=stages)

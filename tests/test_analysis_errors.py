@@ -99,8 +99,9 @@ def test_the_pipeline_writes_every_other_job_and_counts_the_failed_one(clean_run
                                     for hour in hours)))
     poison(monkeypatch, "timeline", job_id)
     root = tmp_path / "warehouse"
+    # one local worker: the poisoned stage is patched in this process only
     result = CliRunner().invoke(app, ["run", "--flows", str(scenario / "flows"), "--warehouse", str(root),
-                                      "--topology", str(scenario / "topology.csv")])
+                                      "--topology", str(scenario / "topology.csv"), "--local_workers=1"])
 
     assert result.exit_code == 0, result.output
     assert f"{len(hours)} job analyses failed" in result.output and clean_summary.counters["analysis_errors"] == 0
@@ -118,8 +119,9 @@ def test_a_failed_recognition_fails_the_hour_with_a_clear_message(scenario_dir, 
         raise ValueError("flow_minutes lost its addresses")
 
     monkeypatch.setattr(analysis, "recognize_hour", unrecognizable)
+    # one local worker: the poisoned stage is patched in this process only
     result = CliRunner().invoke(app, ["run", "--flows", str(scenario / "flows"), "--warehouse", str(root),
-                                      "--topology", str(scenario / "topology.csv")])
+                                      "--topology", str(scenario / "topology.csv"), "--local_workers=1"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert (f"hour {warehouse.hour_key(first)} not analyzed, nothing written: job recognition failed: "
             "ValueError: flow_minutes lost its addresses") in " ".join(result.output.split())

@@ -3,7 +3,7 @@ hour assignment and the conservation of rows."""
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import apache_beam as beam
 import numpy as np
@@ -181,7 +181,8 @@ def test_a_staging_file_holds_every_table_appended_until_closed(tmp_path):
 
 def test_a_file_without_valid_rows_is_quarantined_once(tmp_path):
     """Its rows have no time of their own: they go to the hour the file was written, so runs of
-    other hours do not quarantine them again."""
+    other hours do not quarantine them again; a run of hours that began more than an hour after
+    it was written skips it unopened."""
     directory = tmp_path / "in"
     directory.mkdir()
     garbage = directory / "garbage.jsonl"
@@ -189,7 +190,11 @@ def test_a_file_without_valid_rows_is_quarantined_once(tmp_path):
     os.utime(garbage, (T0 / 1e9 + 600, T0 / 1e9 + 600))  # modified in the first hour
     counts = [
         run_ingest(str(directory), str(tmp_path / "wh"), [hour]).counters
-        for hour in (HOUR0, datetime(2026, 11, 22, 6, tzinfo=timezone.utc))
+        for hour in (HOUR0, HOUR0 + timedelta(hours=2))
     ]
     assert [c.get("quarantined", 0) for c in counts] == [2, 0]
-    assert [c.get("out_of_range", 0) for c in counts] == [0, 2]
+    assert [c.get("files_skipped", 0) for c in counts] == [0, 1]
+    assert [c.get("rows_read", 0) for c in counts] == [2, 0]
+    # of the hour after it was written: opened, its rows out of the range
+    next_hour = run_ingest(str(directory), str(tmp_path / "wh"), [HOUR0 + timedelta(hours=1)]).counters
+    assert (next_hour["quarantined"], next_hour["out_of_range"]) == (0, 2)

@@ -48,6 +48,8 @@ def test_partitions_stream_from_staged_and_in_memory_pieces_then_the_state(tmp_p
 class LostRows:
     """Staged rows whose file is gone when the partition is written."""
 
+    num_rows = 3
+
     def read(self) -> pa.Table:
         raise FileNotFoundError("staged file removed")
 

@@ -2,7 +2,8 @@
 
 `tiny` and `small` are written out job by job so that every shape and fault the scorers need is
 present; `fleet` draws its job mix from the seed (Acme-like: many one-host jobs, a few very large
-ones); `realistic` runs small's jobs through exporters as they are (`ExportOptions`); `sealed`
+ones); `realistic` runs small's jobs through exporters as they are (`ExportOptions`); `dense` is `fleet` with several queue pairs per
+NCCL channel (about 5x the records, the same jobs); `sealed`
 draws a smaller mix from its own streams with every `variation` dimension drawn per job (the
 evaluation set no rule is tuned on); `replay-*` replay real traces (`replay`). Times are seconds
 relative to the scenario start; a negative job start means the job was already running when the
@@ -143,6 +144,9 @@ class Scenario:
     export: ExportOptions = ExportOptions()
     seed_stream: int = 0  # another stream gives a seed other draws than the scenario it copies
     variation: Variation | None = None  # with `fleet`: draw the mix and each job's traits (`variation`)
+    # Queue pairs per NCCL channel (NCCL_IB_QPS_PER_CONNECTION): each is its own 5-tuple, so each
+    # job's transfers split into this many flow records, applied after the mix is drawn
+    queue_pairs: int = 1
 
     @property
     def window_s(self) -> float:
@@ -239,6 +243,11 @@ FLEET = Scenario(
     ),
 )
 
+# fleet's hour with 5 queue pairs per channel: the same platform, jobs and faults, 5x the job
+# records (each a fifth of the bytes), the density of a fleet whose NICs run several queue pairs per
+# connection; the benchmark of issue #19's 50 M-record hour
+DENSE = replace(FLEET, name="dense", queue_pairs=5)
+
 # small's jobs on small's cluster, seen through exporters as they are: each leaf draws its own
 # flow cache or sFlow sampling (binomial, instead of base noise's exact division), clock, header
 # accounting and loss; some export twice
@@ -288,12 +297,17 @@ REPLAY_MIX = Scenario(
 )
 
 SCENARIOS: dict[str, Scenario] = {
-    s.name: s for s in (TINY, SMALL, FLEET, REALISTIC, SEALED, REPLAY_AR, REPLAY_ST, REPLAY_MIX)
+    s.name: s for s in (TINY, SMALL, FLEET, DENSE, REALISTIC, SEALED, REPLAY_AR, REPLAY_ST, REPLAY_MIX)
 }
 
 
 def scenario_jobs(scenario: Scenario, seed: int) -> tuple[JobSpec, ...]:
-    """The scenario's jobs with every host placed (fleet jobs and their faults drawn from `seed`)."""
+    """The scenario's jobs with every host placed (fleet jobs and their faults drawn from `seed`),
+    each channel split into the scenario's queue pairs."""
+    return tuple(replace(job, channels=job.channels * scenario.queue_pairs) for job in _placed_jobs(scenario, seed))
+
+
+def _placed_jobs(scenario: Scenario, seed: int) -> tuple[JobSpec, ...]:
     if scenario.fleet is None:
         return allocate(scenario.jobs, scenario)
     if scenario.variation is not None:

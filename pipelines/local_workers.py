@@ -1,0 +1,173 @@
+"""Every core for the in-process runner: worker processes that the heavy DoFns hand their elements to.
+
+Beam's in-process FnApiRunner (the default runner) calls every DoFn on one core. Its own
+multi-processing mode (`--direct_running_mode=multi_processing`) starts SDK workers for every
+pipeline, loads the side inputs in each and sends elements through gRPC: no faster than one core
+on 2 cores (docs/performance.md). Here the DoFns whose elements are independent (parse a batch of
+files, merge a minute, split a row group, analyze a job, write a partition) defer each element to
+a task, and when the bundle finishes the tasks run in a pool of worker processes and the results
+go out in input order: the tables are the same whatever the number of workers. Flow rows never
+cross the pool: tasks get paths and staged-table references and return references
+(pipelines/shuffle_staging.py), so what is pickled is small.
+
+`--local_workers` (a pipeline option, `LocalWorkerOptions`): `auto` (the default) is every core
+this process may use with the in-process runner, and 1 (no pool) with any other runner, whose own
+workers spread the elements; `1` runs the tasks in the launching process, one after another, as
+they come (the least memory).
+
+The pool is started once per process, before the first pipeline runs (`start`, from
+pipelines/run.py: the launcher has no runner threads yet, whose locks a fork could copy held), and
+reused by every pipeline of the run. Its workers are forks of the launcher: they start in
+milliseconds with every module imported (a fork server or spawned workers would import the
+pipeline modules again, and the launcher's main module too: the `prism` command, Dagster, pytest).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.utils.windowed_value import WindowedValue
+
+AUTO = "auto"
+
+
+class LocalWorkerOptions(PipelineOptions):
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument(
+            "--local_workers", default=AUTO,
+            help="worker processes for the in-process runner's parsing, minute merges, job analyses and "
+                 "partition writes: 'auto' (every available core with the in-process runner, 1 with any "
+                 "other) or a number; 1 runs them in the launching process",
+        )
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0))
+
+
+def local_workers(options: PipelineOptions) -> int:
+    """The number of worker processes `options` ask for (`--local_workers`)."""
+    chosen = options.view_as(LocalWorkerOptions).local_workers
+    if chosen != AUTO:
+        workers = int(chosen)
+        if workers < 1:
+            raise ValueError(f"--local_workers must be 'auto' or at least 1, not {chosen!r}")
+        return workers
+    in_process = (options.view_as(StandardOptions).runner is None
+                  and options.view_as(DirectOptions).direct_running_mode in (None, "in_memory"))
+    return available_cores() if in_process else 1
+
+
+_pool: tuple[int, ProcessPoolExecutor] | None = None
+
+
+def start(workers: int) -> None:
+    """Starts the pool of `workers` processes now, unless it runs already (one worker: none)."""
+    if workers > 1:
+        _shared_pool(workers)
+
+
+def _shared_pool(workers: int) -> ProcessPoolExecutor:
+    global _pool
+    if _pool is None or _pool[0] != workers:
+        shutdown()
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        pool.submit(int).result()  # a fork context starts every worker with the first task
+        _pool = (workers, pool)
+    return _pool[1]
+
+
+@atexit.register
+def shutdown() -> None:
+    """Stops the worker processes (they are started again when needed)."""
+    global _pool
+    if _pool is not None:
+        _pool[1].shutdown()
+        _pool = None
+
+
+Task = tuple[Callable, tuple]  # a module-level function (pickled by name) and its arguments
+
+
+def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None = None,
+              cost_limit: float = math.inf) -> Iterator:
+    """The result of each task, in task order. With one worker each task runs here when its result
+    is asked for. With more, tasks start costliest first (`costs`: so that the largest jobs do not
+    start last and leave one core idle at the end), each as soon as a worker is free and the costs
+    of the tasks running stay within `cost_limit` with it (a task alone runs whatever its cost), so
+    that two tasks whose memory grows with their cost do not run at once when together they would
+    not fit."""
+    if workers <= 1 or len(tasks) <= 1:
+        yield from (task(*args) for task, args in tasks)
+        return
+    pool = _shared_pool(workers)
+    costs = costs if costs is not None else [0.0] * len(tasks)
+    waiting = sorted(range(len(tasks)), key=lambda i: -costs[i])
+    running: dict[Future, int] = {}
+    done: dict[int, object] = {}
+    for next_result in range(len(tasks)):
+        while next_result not in done:
+            for i in list(waiting):
+                if len(running) == workers:
+                    break
+                if not running or sum(costs[r] for r in running.values()) + costs[i] <= cost_limit:
+                    waiting.remove(i)
+                    running[pool.submit(_run_and_release, *tasks[i])] = i
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done[running.pop(future)] = future.result()
+        yield done.pop(next_result)
+
+
+def _run_and_release(task: Callable, args: tuple):
+    """In a worker: the task, then Arrow's freed memory handed back to the system; its allocator
+    keeps freed pages for reuse, so a worker that analyzed the largest job would hold that job's
+    peak through every later task and pipeline of the run."""
+    try:
+        return task(*args)
+    finally:
+        pa.default_memory_pool().release_unused()
+
+
+class PooledDoFn(beam.DoFn):
+    """A DoFn whose elements are worked on by tasks on the local workers. `process` calls `defer`
+    with the task of its element; when the bundle finishes, the tasks run (`run_tasks`) and
+    `outputs` turns each result into the element's outputs (values or TaggedOutputs), emitted in the
+    element's window and at its timestamp. Counters are incremented in `outputs`, in this process.
+    `cost_limit`: the most cost (`defer`) at once on the workers (`run_tasks`)."""
+
+    cost_limit = math.inf
+
+    def __init__(self, workers: int):
+        self.workers = workers
+
+    def start_bundle(self):
+        self._deferred: list[tuple[WindowedValue, Task, float]] = []
+
+    def defer(self, task: Callable, args: tuple, window, timestamp, cost: float = 0.0) -> None:
+        self._deferred.append((WindowedValue(None, timestamp, [window]), (task, args), cost))
+
+    def outputs(self, result) -> Iterator:
+        yield result
+
+    def finish_bundle(self):
+        deferred, self._deferred = self._deferred, []
+        results = run_tasks(self.workers, [task for _, task, _ in deferred], [cost for *_, cost in deferred],
+                            self.cost_limit)
+        for (where, _, _), result in zip(deferred, results):
+            for output in self.outputs(result):
+                if isinstance(output, TaggedOutput):
+                    yield TaggedOutput(output.tag, where.with_value(output.value))
+                else:
+                    yield where.with_value(output)

@@ -1,0 +1,56 @@
+"""Local worker processes (pipelines/local_workers.py): the same warehouse whatever their number,
+and `--local_workers` resolved from the runner."""
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from benchmarks.golden import warehouse_digest
+from pipelines.local_workers import available_cores, local_workers, run_tasks
+from pipelines.run import RunError, infer_range, pipeline_options, run_hours
+
+
+def test_two_workers_write_what_one_writes(scenario_dir, tmp_path):
+    tiny = scenario_dir("tiny")
+    first, end = infer_range(str(tiny / "flows"))
+    digests = {}
+    for workers in ("1", "2"):
+        root = tmp_path / f"workers-{workers}"
+        run_hours(str(tiny / "flows"), str(root), first, end, topology_path=str(tiny / "topology.csv"),
+                  beam_args=[f"--local_workers={workers}"])
+        digests[workers] = warehouse_digest(root, tiny / "flows")
+    assert digests["2"] == digests["1"]
+
+
+def test_auto_is_every_core_in_process_and_one_elsewhere():
+    assert local_workers(PipelineOptions([])) == available_cores()
+    assert local_workers(PipelineOptions(["--local_workers=3"])) == 3
+    assert local_workers(PipelineOptions(["--runner=FlinkRunner"])) == 1
+    assert local_workers(PipelineOptions(["--direct_running_mode=multi_processing"])) == 1
+    with pytest.raises(RunError, match="local_workers"):
+        pipeline_options(["--local_workers=0"])
+
+
+def test_results_come_in_task_order_whatever_runs_first():
+    tasks = [(pow, (2, n)) for n in range(6)]
+    assert list(run_tasks(2, tasks, costs=[0, 5, 1, 4, 2, 3])) == [2**n for n in range(6)]
+    assert list(run_tasks(1, tasks)) == [2**n for n in range(6)]
+
+
+def test_tasks_whose_costs_exceed_the_limit_together_run_one_after_the_other(tmp_path):
+    """Each task notes when it ran; the two costly ones never overlap, the cheap one runs beside them."""
+    marks = tmp_path / "marks"
+    tasks = [(_note_span, (str(marks), name)) for name in ("big", "cheap", "large")]
+    assert list(run_tasks(2, tasks, costs=[10, 1, 9], cost_limit=12)) == ["big", "cheap", "large"]
+    spans = {line.split()[0]: tuple(map(float, line.split()[1:])) for line in marks.read_text().splitlines()}
+    (big_start, big_end), (large_start, large_end) = spans["big"], spans["large"]
+    assert big_end <= large_start or large_end <= big_start
+
+
+def _note_span(path: str, name: str) -> str:
+    import time
+
+    started = time.time()
+    time.sleep(0.3)
+    with open(path, "a") as marks:
+        marks.write(f"{name} {started} {time.time()}\n")
+    return name
