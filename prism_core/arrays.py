@@ -137,6 +137,16 @@ def group_reduce(key: np.ndarray, values: np.ndarray, ufunc: np.ufunc) -> np.nda
     return out
 
 
+def group_spans(group: np.ndarray, n_groups: int, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group index 0..n_groups-1: the earliest of `first` and the latest of `last` of its rows
+    (int64 max and min for a group without rows)."""
+    earliest = np.full(n_groups, np.iinfo(np.int64).max)
+    latest = np.full(n_groups, np.iinfo(np.int64).min)
+    np.minimum.at(earliest, group, first)
+    np.maximum.at(latest, group, last)
+    return earliest, latest
+
+
 def group_mode(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Most frequent value of each key group (the smallest on ties), broadcast back to the rows;
     values are non-negative integers."""

@@ -15,10 +15,22 @@ import numpy as np
 import pyarrow as pa
 
 from prism_core.minutes import HOUR_NS
-from prism_core.recognition.observe import minute_of_rows, observe, rows_by_minute, saves
+from prism_core.recognition.observe import (
+    minute_of_rows,
+    observe,
+    rows_by_minute,
+    saves,
+)
 from prism_core.recognition.params import DEFAULT_PARAMS, RecognitionParams
 from prism_core.recognition.state import STATE_VERSION, RecognitionState
-from prism_core.recognition.tables import EVENTS, MEMBERSHIP, Recognition, events_table, jobs_table, membership_table
+from prism_core.recognition.tables import (
+    EVENTS,
+    MEMBERSHIP,
+    Recognition,
+    events_table,
+    jobs_table,
+    membership_table,
+)
 from prism_core.recognition.track import Track, Tracker
 from prism_core.recognition.vocabulary import NicVocabulary
 from prism_core.topology import Topology

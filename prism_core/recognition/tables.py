@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from prism_core.arrays import group_spans
 from prism_core.recognition.vocabulary import NicVocabulary
 from prism_core.schema import JOBS, TS, conform
 
@@ -82,10 +83,7 @@ def membership_table(presence: list[Presence], job_ids: list[str], vocabulary: N
     last = np.concatenate([np.full(len(n), l) for _, _, l, n in presence])
     keys, position = np.unique(np.stack([track_of, nics], axis=1), axis=0, return_inverse=True)
     position = position.ravel()
-    first_ns = np.full(len(keys), np.iinfo(np.int64).max)
-    last_ns = np.full(len(keys), np.iinfo(np.int64).min)
-    np.minimum.at(first_ns, position, first)
-    np.maximum.at(last_ns, position, last)
+    first_ns, last_ns = group_spans(position, len(keys), first, last)
     per_nic = pa.table(
         {
             "job_id": pa.array([job_ids[t] for t in keys[:, 0].tolist()], pa.string()),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prism_core.arrays import group_spans
 from prism_core.minutes import MINUTE_NS
 from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job
 from prism_core.recognition.merge import ranges
@@ -381,10 +382,7 @@ class Tracker:
         all_nics, is_first = self.vocabulary.nics_of_hosts(np.unique(host))
         keys, at = np.unique(np.stack([host, track_of], axis=1), axis=0, return_inverse=True)
         at = at.ravel()
-        span_first = np.full(len(keys), np.iinfo(np.int64).max)
-        span_last = np.full(len(keys), np.iinfo(np.int64).min)
-        np.minimum.at(span_first, at, first)
-        np.maximum.at(span_last, at, last)
+        span_first, span_last = group_spans(at, len(keys), first, last)
         holds_first = np.bincount(at, weights=np.isin(nics, all_nics[is_first]), minlength=len(keys)) > 0
         # (host, track) spans by host then first: alone when no other span on the host overlaps
         # it, neither one begun before it (their latest end reaches it) nor the next one
