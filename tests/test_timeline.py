@@ -764,3 +764,18 @@ def test_score_ignores_steps_the_truth_cannot_hold():
     warehouse = {"steps": _steps("p1", [-5, 0, 20, 40, 65]), "job_gpus": _gpus("p1", ["a"])}
     figures = score(truth, warehouse, noise)
     assert figures["prism_steps"].value == 2 and figures["job_hours_exact_count"].value == 1.0
+
+
+def test_all_to_all_on_a_rings_pairs_is_not_read_as_its_sync():
+    # a MoE job's all-to-all reaches the ring neighbours too: those pairs carry both, and only
+    # the gradient-sized flows are the sync (the all-to-all opens no step and closes none)
+    gib, mib = 1 << 30, 1 << 20
+    pairs = pa.table({"src_addr": ["a", "a", "b"], "dst_addr": ["b", "b", "a"], "kind": ["dp", "other", "dp"],
+                      "flows": [2, 4, 2], "bytes": [2 * gib, 16 * mib, 2 * gib]})
+    sizes = [gib, 3 * mib, 5 * mib, gib, gib]
+    flows = pa.table({"time_flow_start_ns": pa.array(range(0, 5_000, 1_000), pa.int64()),
+                      "time_flow_end_ns": pa.array(range(500, 5_500, 1_000), pa.int64()),
+                      "src_addr": ["a", "a", "a", "a", "b"], "dst_addr": ["b", "b", "b", "b", "a"],
+                      "bytes": pa.array(sizes, pa.int64()), "sampler_address": ["x"] * 5})
+    built = traffic.Traffic.build(flows, pairs, None)
+    assert (built.kind == OTHER).tolist() == [False, True, True, False, False]

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.constants import CHECKPOINT_FLOW_BYTES, KIND_CODES, OTHER, PP
+from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, KIND_CODES, OTHER, PP
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.rows import RowIndex
 
@@ -80,6 +80,7 @@ class Traffic:
         # the carried flows' codes point into the lists they were carried with
         carried["pair"] = _extend(pairs, carried["pairs"])[carried["pair"]]
         columns["kind"] = _activations_only(columns["kind"], columns["pair"], columns["nbytes"])
+        columns["kind"] = _syncs_only(columns["kind"], columns["pair"], columns["nbytes"], _mean_sizes(comm_pairs, kinds))
         columns = {name: np.concatenate([carried[name], values]).astype(np.int64) for name, values in columns.items()}
         start_order = columns["start"]
         if not np.all(start_order[1:] >= start_order[:-1]):  # flows usually come sorted already
@@ -190,6 +191,39 @@ def _activations_only(kind: np.ndarray, pair: np.ndarray, nbytes: np.ndarray) ->
     activation[size_pair[most][last_of_pair]] = sizes[most][last_of_pair]
     kind = kind.copy()
     kind[on_pipeline[key != activation[pair[on_pipeline]]]] = OTHER
+    return kind
+
+
+def _mean_sizes(comm_pairs: pa.Table, kinds: pa.Table) -> np.ndarray:
+    """(pairs of `kinds` x 2) the mean flow size of each pair's DP and of its other traffic (nan
+    where it has none, or where the pairs come without their flows and bytes)."""
+    means = np.full((kinds.num_rows, 2), np.nan)
+    if not {"flows", "bytes"} <= set(comm_pairs.column_names):
+        return means
+    for column, kind in enumerate(("dp", "other")):
+        rows = comm_pairs.filter(pc.equal(comm_pairs["kind"], kind))
+        at = pc.index_in(pc.binary_join_element_wise(rows["src_addr"], rows["dst_addr"], ">"),
+                         value_set=pc.binary_join_element_wise(kinds["src_addr"], kinds["dst_addr"], ">"))
+        known = pc.is_valid(at).to_numpy(zero_copy_only=False)
+        sizes = (pc.divide(rows["bytes"].cast(pa.float64()), rows["flows"].cast(pa.float64()))).to_numpy()
+        means[at.to_numpy(zero_copy_only=False)[known].astype(np.int64), column] = sizes[known]
+    return means
+
+
+def _syncs_only(kind: np.ndarray, pair: np.ndarray, nbytes: np.ndarray, mean_sizes: np.ndarray) -> np.ndarray:
+    """A pair that carries both a DP sync and other traffic (a MoE all-to-all between the same
+    GPUs as a ring's neighbours) is labelled DP as a whole; each of its flows is DP only if its
+    size is nearer, by ratio, to the pair's mean DP flow than to its mean other flow (all-to-all
+    chunks are orders of magnitude below gradient chunks), so the timeline does not read an
+    all-to-all as a sync or a parameter gather."""
+    dp_mean, other_mean = mean_sizes[pair, 0], mean_sizes[pair, 1]
+    mixed = (kind == DP) & np.isfinite(dp_mean) & np.isfinite(other_mean)
+    if not mixed.any():
+        return kind
+    size = np.maximum(nbytes[mixed], 1).astype(float)
+    nearer_other = np.abs(np.log(size / dp_mean[mixed])) > np.abs(np.log(size / other_mean[mixed]))
+    kind = kind.copy()
+    kind[np.flatnonzero(mixed)[nearer_other]] = OTHER
     return kind
 
 
