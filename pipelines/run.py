@@ -195,11 +195,14 @@ def require_flows_in(flows_dir: str, hours: list[datetime]) -> None:
     range must not replace good partitions with empty ones."""
     span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
     paths = list_flow_files(flows_dir)
-    candidates = (path for path in paths if not written_before(path, span))
+    candidates = [path for path in paths if not written_before(path, span)]
     if not any(bounds and span.overlaps(*bounds) for bounds in map(file_time_bounds, candidates)):
+        older = len(paths) - len(candidates)
         raise RunError(
             f"no valid flow records between {hours[0]:%Y-%m-%d %H}:00 and {hours[-1]:%Y-%m-%d %H}:59 "
-            f"in {flows_dir!r} ({len(paths)} files): nothing written"
+            f"in {flows_dir!r} ({len(paths)} files"
+            + (f", {older} of them last modified over an hour before the range and not read" if older else "")
+            + "): nothing written"
         )
 
 

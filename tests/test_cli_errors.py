@@ -1,5 +1,8 @@
 """Operator mistakes get one clear message and a non-zero exit, not a traceback."""
 
+import os
+import shutil
+
 import pytest
 from typer.testing import CliRunner
 
@@ -36,6 +39,18 @@ def test_empty_hour(scenario_dir, tmp_path):
     assert result.exit_code == 2
     assert "no valid flow records" in result.output
     assert not (tmp_path / "wh" / "flows").exists()  # refused before anything was written
+
+
+def test_files_modified_before_the_range_are_named_when_nothing_else_is_left(scenario_dir, tmp_path):
+    flows = tmp_path / "flows"
+    shutil.copytree(scenario_dir("tiny") / "flows", flows)
+    files = [path for path in flows.rglob("*") if path.is_file()]
+    for path in files:  # copied with times from before the simulated hour (an archive, a reset clock)
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    result = run("run", "--flows", str(flows), "--warehouse", str(tmp_path / "wh"), "--no-topology",
+                 "--start", "2026-11-22T05:00", "--end", "2026-11-22T06:00")
+    assert result.exit_code == 2
+    assert f"{len(files)} of them last modified over an hour before the range and not read" in result.output
 
 
 @pytest.mark.parametrize("text", ["yesterday", "2026-13-01T00:00"])
