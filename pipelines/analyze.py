@@ -2,9 +2,9 @@
 
 Recognition (over the hour's small flow_minutes) runs before the pipeline, in the launching
 process, so that its failure fails the hour with a clear error (pipelines/run.py). The hour's flows
-are read as Parquet row groups, split by job with the recognition as a side input, grouped by
-job_id, and each job is analyzed on its own, so jobs spread over workers on a distributed runner.
-The split flows are staged for the shuffle (pipelines/shuffle_staging.py): the grouping by job
+are read as Parquet row groups, split by job by the spans the recognition gives each job,
+grouped by job_id, and each job is analyzed on its own, so jobs spread over workers on a
+distributed runner. The split flows are staged for the shuffle (pipelines/shuffle_staging.py): the grouping by job
 moves references only. The result goes to the warehouse through pipelines/sink.py.
 """
 
@@ -56,15 +56,14 @@ class SplitByJob(PooledDoFn):
     the spans each job holds its hosts for (prism_core.analysis.open_membership); on the local
     workers."""
 
-    def __init__(self, shuffle_dir: str, workers: int = 1):
+    def __init__(self, membership: pa.Table, shuffle_dir: str, workers: int = 1):
         super().__init__(workers)
-        self.shuffle_dir = shuffle_dir
+        self.membership, self.shuffle_dir = membership, shuffle_dir
         self.unassigned = Metrics.counter(NAMESPACE, "flows_without_job")
 
-    def process(self, row_group: tuple[str, int], membership: pa.Table,
-                window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+    def process(self, row_group: tuple[str, int], window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
         path, index = row_group
-        self.defer(split_row_group, (path, index, membership, self.shuffle_dir), window, timestamp)
+        yield from self.defer(split_row_group, (path, index, self.membership, self.shuffle_dir), window, timestamp)
 
     def outputs(self, result):
         pieces, unassigned = result
@@ -91,19 +90,20 @@ class AnalyzeJob(PooledDoFn):
     # flows: 5 GB), so two jobs whose flows together exceed this are not analyzed at once.
     cost_limit = ANALYZED_FLOWS_AT_ONCE
 
-    def __init__(self, previous: dict | None, hour_start_ns: int, hour_end_ns: int, params: PrismParams,
-                 exporters: dict[str, ExporterProfile], workers: int = 1):
+    def __init__(self, recognition: Recognition, previous: dict | None, hour_start_ns: int, hour_end_ns: int,
+                 params: PrismParams, exporters: dict[str, ExporterProfile], workers: int = 1):
         super().__init__(workers)
-        self.previous, self.params, self.exporters = previous or {}, params, exporters
+        self.recognition, self.previous, self.params, self.exporters = recognition, previous or {}, params, exporters
         self.hour = (hour_start_ns, hour_end_ns)
         self.errors = Metrics.counter(NAMESPACE, "analysis_errors")
 
-    def process(self, element, recognition, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+    def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
         job_id, pieces = element
         pieces = [p for p in pieces if p is not None]
-        self.defer(analyze_staged_job,
-                   (job_id, pieces, recognition, self.previous, *self.hour, self.params, self.exporters),
-                   window, timestamp, cost=sum(rows.num_rows for _, rows in pieces))
+        yield from self.defer(analyze_staged_job,
+                              (job_id, pieces, self.recognition, self.previous, *self.hour, self.params,
+                               self.exporters),
+                              window, timestamp, cost=sum(rows.num_rows for _, rows in pieces))
 
     def outputs(self, analysis: JobAnalysis):
         if analysis.failed_stage is not None:
@@ -115,7 +115,13 @@ class AnalyzeHour(beam.PTransform):
     """An hour's recognition and flows partition -> one HourAnalysis element. `exporters`: the
     hour's ingest state `exporters` (what each exporter's records show; prism_core.resolution).
     Row groups are split and jobs analyzed on `workers` local worker processes
-    (pipelines/local_workers.py)."""
+    (pipelines/local_workers.py).
+
+    Only Create, ParDo, Flatten and GroupByKey, so that every runner executes it alike: the
+    recognition, known before the pipeline starts, is a parameter of the steps that need it rather
+    than a side input, and the hour's analyses are gathered by a GroupByKey on the hour (which its
+    own None element reaches when the hour has no job), not a combiner: Beam's Dask runner drops
+    what a DoFn emits when its bundle finishes, as combiners do."""
 
     def __init__(self, recognition: Recognition, flows_path: str, previous: dict | None,
                  hour_start_ns: int, hour_end_ns: int, shuffle_dir: str, params: PrismParams = DEFAULT_PARAMS,
@@ -129,27 +135,30 @@ class AnalyzeHour(beam.PTransform):
         self.hour = (hour_start_ns, hour_end_ns)
 
     def expand(self, pipeline):
-        recognition = pipeline | "Recognition" >> beam.Create([self.recognition])
-        recognition_side = beam.pvalue.AsSingleton(recognition)
-        spans = recognition | "HeldSpans" >> beam.Map(open_membership, self.hour[0])
         # Every job to analyze gets a key even without flows (None), so silent jobs are seen.
-        every_job = recognition | "EveryJob" >> beam.FlatMap(
-            lambda rec: [(job_id, None) for job_id in jobs_to_analyze(rec, self.previous)]
-        )
+        every_job = pipeline | "EveryJob" >> beam.Create(
+            [(job_id, None) for job_id in jobs_to_analyze(self.recognition, self.previous)])
+        membership = open_membership(self.recognition, self.hour[0])
         job_flows = (
             pipeline
             | "FlowsRowGroups" >> beam.Create(row_groups(self.flows_path))
-            | "SplitByJob" >> beam.ParDo(SplitByJob(self.shuffle_dir, self.workers), beam.pvalue.AsSingleton(spans))
+            | "SplitByJob" >> beam.ParDo(SplitByJob(membership, self.shuffle_dir, self.workers))
         )
-        return (
+        analyses = (
             (every_job, job_flows)
             | "WithEveryJob" >> beam.Flatten()
             | "GroupByJob" >> beam.GroupByKey()
-            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.previous, *self.hour, self.params, self.exporters,
-                                                    self.workers),
-                                         recognition_side)
-            | "AllJobs" >> beam.combiners.ToList()
-            | "AssembleHour" >> beam.Map(assemble_hour, recognition_side)
+            | "AnalyzeJob" >> beam.ParDo(AnalyzeJob(self.recognition, self.previous, *self.hour, self.params,
+                                                    self.exporters, self.workers))
+            | "KeyByHour" >> beam.Map(lambda analysis: (self.hour[0], analysis))
+        )
+        the_hour = pipeline | "TheHour" >> beam.Create([(self.hour[0], None)])
+        return (
+            (the_hour, analyses)
+            | "WithTheHour" >> beam.Flatten()
+            | "AllJobs" >> beam.GroupByKey()
+            | "AssembleHour" >> beam.MapTuple(
+                lambda _, analyses: assemble_hour([a for a in analyses if a is not None], self.recognition))
         )
 
 

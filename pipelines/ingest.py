@@ -1,9 +1,8 @@
 """Ingest: flow files -> validated, deduplicated, per-minute flows -> hourly partitions.
 
 Elements are Arrow tables, never single records: a DoFn parses a whole file with vectorized code
-and stages one table per event-time minute, and a bundle of files emits one element per minute, so
-only a few hundred small elements per hour travel through the minute windows and the hourly
-grouping (see DESIGN.md, "Elements are batches"). The flow rows are staged once, as parsed
+and stages one table per event-time minute, and a batch of files emits one element per minute, so
+only a few hundred small elements per hour travel through the grouping by minute and by hour (see DESIGN.md, "Elements are batches"). The flow rows are staged once, as parsed
 (pipelines/shuffle_staging.py): only references to them are shuffled, a minute's merge stages just
 the order of the rows it keeps, and the sink (pipelines/sink.py) streams the hour's partition
 minute by minute from the parsed rows in that order, so memory stays bounded by one minute and
@@ -22,10 +21,8 @@ import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from apache_beam.transforms import window
-from apache_beam.utils.timestamp import Timestamp
 
-from pipelines.local_workers import PooledDoFn, run_tasks
+from pipelines.local_workers import PooledDoFn
 from pipelines.shuffle_staging import StagingFile, TableRef, read_staged, stage_tables
 from pipelines.sink import HourTables
 from prism_core.arrays import group_indices
@@ -35,7 +32,6 @@ from prism_core.resolution import ExporterTally, exporter_profiles, tally_export
 from prism_core.schema import FLOW_MINUTES, QUARANTINE
 
 NAMESPACE = "prism.ingest"
-QUARANTINE_TAG = "quarantine"
 
 
 @dataclass(frozen=True)
@@ -160,40 +156,33 @@ COUNTERS = ("rows_read", "quarantined", "out_of_range", "files", "files_skipped"
 BATCHES_PER_WORKER = 4  # with several workers: a few batches each, so that a slow batch does not idle a core
 
 
-class ParseFlowFiles(beam.DoFn):
-    """Parses the bundle's files (`parse_files`) in batches on the local workers
-    (pipelines/local_workers.py) when the bundle finishes, and emits the quarantined rows per hour
-    and the staged minutes: one element per minute (timestamped for the minute windows) listing
-    its tables, ~60 elements per bundle instead of one per file and minute (8.5 k for the fleet
-    hour), which the runner encodes, windows and groups one by one."""
+def file_batches(paths: list[str], workers: int) -> list[list[str]]:
+    """The files in the batches `parse_files` takes, one element each. With local workers
+    (pipelines/local_workers.py), a few batches per worker: one staging file and one element per
+    minute for each. Otherwise one file per batch, so that a distributed runner spreads them over
+    its workers."""
+    if workers == 1:
+        return [[path] for path in paths]
+    batches = np.array_split(np.array(paths, object), max(1, min(len(paths), workers * BATCHES_PER_WORKER)))
+    return [list(batch) for batch in batches if len(batch)]
+
+
+class ParseFlowFiles(PooledDoFn):
+    """A batch of flow files -> what `parse_files` made of them (ParsedFiles), on the local workers
+    (pipelines/local_workers.py)."""
 
     def __init__(self, hours: HourRange, shuffle_dir: str, workers: int = 1):
-        self.hours, self.shuffle_dir, self.workers = hours, shuffle_dir, workers
+        super().__init__(workers)
+        self.hours, self.shuffle_dir = hours, shuffle_dir
         self.counters = {name: Metrics.counter(NAMESPACE, name) for name in COUNTERS}
 
-    def start_bundle(self):
-        self.paths: list[str] = []
+    def process(self, paths: list[str], window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+        yield from self.defer(parse_files, (paths, self.hours, self.shuffle_dir), window, timestamp, cost=len(paths))
 
-    def process(self, path: str):
-        self.paths.append(path)
-
-    def finish_bundle(self):
-        # one batch (one staging file) per bundle on one worker
-        n_batches = 1 if self.workers == 1 else self.workers * BATCHES_PER_WORKER
-        batches = np.array_split(np.array(self.paths, object), max(1, min(len(self.paths), n_batches)))
-        tasks = [(parse_files, (list(batch), self.hours, self.shuffle_dir)) for batch in batches if len(batch)]
-        minutes: dict[int, list[TableRef]] = {}
-        for parsed in run_tasks(self.workers, tasks):
-            for name, value in parsed.counts.items():
-                self.counters[name].inc(value)
-            for hour_ns, rows in parsed.quarantine:
-                yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, window.GlobalWindows.windowed_value((hour_ns, rows)))
-            for minute_ns, tables in parsed.minutes.items():
-                minutes.setdefault(minute_ns, []).extend(tables)
-        for minute_ns, tables in minutes.items():
-            hour_ns = minute_ns // HOUR_NS * HOUR_NS
-            minute = Timestamp(micros=minute_ns // 1000)
-            yield window.GlobalWindows.windowed_value((hour_ns, tables), minute)
+    def outputs(self, parsed: ParsedFiles):
+        for name, value in parsed.counts.items():
+            self.counters[name].inc(value)
+        yield parsed
 
 
 def minute_runs(rows: pa.Table, minutes: np.ndarray) -> Iterator[tuple[int, pa.Table]]:
@@ -227,8 +216,8 @@ def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> Mi
 
 
 class MergeMinute(PooledDoFn):
-    """(hour, the tables of a minute's bundles) -> (hour, MinuteResult), by `merge_minute` on the
-    local workers."""
+    """(minute, the tables of its batches) -> (hour, MinuteResult), by `merge_minute` on the local
+    workers."""
 
     def __init__(self, shuffle_dir: str, workers: int = 1):
         super().__init__(workers)
@@ -236,12 +225,11 @@ class MergeMinute(PooledDoFn):
         self.duplicates = Metrics.counter(NAMESPACE, "duplicates")
         self.clean = Metrics.counter(NAMESPACE, "flows")
 
-    def process(self, element, minute=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
-        _, tables_per_bundle = element  # keyed by hour; merge_minute's result keys itself
-        parsed = [table for tables in tables_per_bundle for table in tables]
-        minute_ns = int(minute.start.micros) * 1000
-        self.defer(merge_minute, (minute_ns, parsed, self.shuffle_dir), minute, timestamp,
-                   cost=sum(table.num_rows for table in parsed))
+    def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+        minute_ns, tables_per_batch = element
+        parsed = [table for tables in tables_per_batch for table in tables]
+        yield from self.defer(merge_minute, (minute_ns, parsed, self.shuffle_dir), window, timestamp,
+                              cost=sum(table.num_rows for table in parsed))
 
     def outputs(self, result: MinuteResult):
         self.duplicates.inc(result.duplicates)
@@ -250,27 +238,29 @@ class MergeMinute(PooledDoFn):
 
 
 class IngestFlows(beam.PTransform):
-    """Paths of flow files -> {"minutes": (hour_ns, MinuteResult), "quarantine": (hour_ns, table)},
-    both in the global window, keyed by the hour they belong to. Flow rows are staged under
-    `shuffle_dir` (pipelines/shuffle_staging.py), which must outlive the pipeline's run. Files are
-    parsed and minutes merged on `workers` local worker processes (pipelines/local_workers.py)."""
+    """Batches of flow files (`file_batches`) -> {"minutes": (hour_ns, MinuteResult), "quarantine":
+    (hour_ns, table)}, keyed by the hour they belong to. Flow rows are staged under `shuffle_dir`
+    (pipelines/shuffle_staging.py), which must outlive the pipeline's run. Files are parsed and
+    minutes merged on `workers` local worker processes (pipelines/local_workers.py).
+
+    Only portable primitives, so that every runner executes it alike (Beam's Dask runner has no
+    windows and no tagged outputs): a flow's event-time minute is the key its tables are grouped
+    by, and the minutes and the quarantined rows are two selections of the parsed batches."""
 
     def __init__(self, hours: HourRange, shuffle_dir: str, workers: int = 1):
         super().__init__()
         self.hours, self.shuffle_dir, self.workers = hours, shuffle_dir, workers
 
-    def expand(self, paths):
-        parsed = paths | "Parse" >> beam.ParDo(ParseFlowFiles(self.hours, self.shuffle_dir, self.workers)).with_outputs(
-            QUARANTINE_TAG, main="clean"
-        )
+    def expand(self, batches):
+        parsed = batches | "Parse" >> beam.ParDo(ParseFlowFiles(self.hours, self.shuffle_dir, self.workers))
         minutes = (
-            parsed.clean
-            | "MinuteWindows" >> beam.WindowInto(window.FixedWindows(60))
+            parsed
+            | "ByMinute" >> beam.FlatMap(lambda batch: batch.minutes.items())
             | "GroupMinute" >> beam.GroupByKey()
             | "MergeMinute" >> beam.ParDo(MergeMinute(self.shuffle_dir, self.workers))
-            | "BackToGlobal" >> beam.WindowInto(window.GlobalWindows())
         )
-        return {"minutes": minutes, "quarantine": parsed[QUARANTINE_TAG]}
+        quarantine = parsed | "Quarantine" >> beam.FlatMap(lambda batch: batch.quarantine)
+        return {"minutes": minutes, "quarantine": quarantine}
 
 
 def hour_tables(hour_ns: int, minutes: list[MinuteResult], quarantine: list[pa.Table]) -> HourTables:

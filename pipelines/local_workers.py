@@ -34,7 +34,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
-from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
 AUTO = "auto"
@@ -141,11 +140,14 @@ def _run_and_release(task: Callable, args: tuple):
 
 
 class PooledDoFn(beam.DoFn):
-    """A DoFn whose elements are worked on by tasks on the local workers. `process` calls `defer`
-    with the task of its element; when the bundle finishes, the tasks run (`run_tasks`) and
-    `outputs` turns each result into the element's outputs (values or TaggedOutputs), emitted in the
-    element's window and at its timestamp. Counters are incremented in `outputs`, in this process.
-    `cost_limit`: the most cost (`defer`) at once on the workers (`run_tasks`)."""
+    """A DoFn whose elements are worked on by tasks on the local workers. `process` yields from
+    `defer` with the task of its element, and `outputs` turns each result into the element's
+    outputs. With a pool, the tasks wait for the bundle to finish, then run together (`run_tasks`)
+    and their outputs are emitted in each element's window and at its timestamp. With one worker
+    (any runner but the in-process one) the task runs at once and its outputs come from `process`:
+    some runners (Beam's Dask runner) drop what `finish_bundle` emits. Counters are incremented in
+    `outputs`, in this process. `cost_limit`: the most cost (`defer`) at once on the workers
+    (`run_tasks`)."""
 
     cost_limit = math.inf
 
@@ -155,8 +157,11 @@ class PooledDoFn(beam.DoFn):
     def start_bundle(self):
         self._deferred: list[tuple[WindowedValue, Task, float]] = []
 
-    def defer(self, task: Callable, args: tuple, window, timestamp, cost: float = 0.0) -> None:
-        self._deferred.append((WindowedValue(None, timestamp, [window]), (task, args), cost))
+    def defer(self, task: Callable, args: tuple, window, timestamp, cost: float = 0.0) -> Iterator:
+        if self.workers == 1:
+            yield from self.outputs(task(*args))
+        else:
+            self._deferred.append((WindowedValue(None, timestamp, [window]), (task, args), cost))
 
     def outputs(self, result) -> Iterator:
         yield result
@@ -167,7 +172,4 @@ class PooledDoFn(beam.DoFn):
                             self.cost_limit)
         for (where, _, _), result in zip(deferred, results):
             for output in self.outputs(result):
-                if isinstance(output, TaggedOutput):
-                    yield TaggedOutput(output.tag, where.with_value(output.value))
-                else:
-                    yield where.with_value(output)
+                yield where.with_value(output)

@@ -118,9 +118,27 @@ def pipeline_options(beam_args: Sequence[str] = ()) -> tuple[PipelineOptions, ob
     return options, runner, workers
 
 
+def finished(result: PipelineResult) -> PipelineResult:
+    """`result` once its pipeline has finished."""
+    try:
+        result.wait_until_finish()
+    finally:
+        # Beam's Dask runner connects a client for each pipeline and leaves it open, retrying the
+        # scheduler for as long as the process lives.
+        client = getattr(result, "client", None)
+        if client is not None:
+            client.close()
+    return result
+
+
 def counters(result: PipelineResult, namespace: str) -> dict[str, int]:
-    """The committed values of a finished pipeline's counters in `namespace`, by name."""
-    found = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
+    """The committed values of a finished pipeline's counters in `namespace`, by name; none when
+    the runner collects no metrics (Beam's Dask runner)."""
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
+    except NotImplementedError:
+        log.warning("the %s collects no counters: the run summary has none", type(result).__name__)
+        return {}
     return {counter.key.metric.name: counter.committed for counter in found}
 
 
@@ -136,7 +154,7 @@ def run_ingest(
         pipeline = beam.Pipeline(runner=runner, options=options)
         ingested = (
             pipeline
-            | "Files" >> beam.Create(paths)
+            | "Files" >> beam.Create(ingest.file_batches(paths, workers))
             | "Spread" >> beam.Reshuffle()
             | "Ingest" >> IngestFlows(span, shuffle_dir, workers)
         )
@@ -149,8 +167,7 @@ def run_ingest(
             )
             | "Write" >> WriteTables(str(root), workers)
         )
-        result = pipeline.run()
-        result.wait_until_finish()
+        result = finished(pipeline.run())
     per_hour = {warehouse.hour_key(h): warehouse.read_stats(root, h, "ingest") for h in hours}
     return RunSummary(hours=hours, counters=counters(result, ingest.NAMESPACE), per_hour=per_hour)
 
@@ -302,8 +319,7 @@ def run_analysis(
             | "HourTables" >> beam.Map(analysis_tables, hour)
             | "Write" >> WriteTables(str(root), workers)
         )
-        result = pipeline.run()
-        result.wait_until_finish()
+        result = finished(pipeline.run())
     # A counter never incremented is not reported: no failed job is a count of 0, not a gap.
     analysis_counters = {"analysis_errors": 0, **counters(result, analyze.NAMESPACE)}
     return warehouse.read_stats(root, hour, "analysis_counts"), analysis_counters

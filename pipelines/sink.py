@@ -89,8 +89,8 @@ class WritePartition(PooledDoFn):
     def process(self, partition: tuple[datetime, str, Sequence[pa.Table | LazyRows]],
                 window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
         hour, table, pieces = partition
-        self.defer(write_partition, (self.root, hour, table, pieces), window, timestamp,
-                   cost=sum(piece.num_rows for piece in pieces))
+        yield from self.defer(write_partition, (self.root, hour, table, pieces), window, timestamp,
+                              cost=sum(piece.num_rows for piece in pieces))
 
     def outputs(self, written: PartitionWritten):
         log.info(WRITE_LOG, written.table, warehouse.hour_key(written.hour), written.rows, written.wall_s,

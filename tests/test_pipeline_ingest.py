@@ -13,7 +13,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import warehouse
-from pipelines.ingest import HourRange, IngestFlows, StagedFlows
+from pipelines.ingest import HourRange, IngestFlows, StagedFlows, file_batches
 from pipelines.shuffle_staging import SHUFFLE_STAGING_DIR, StagingFile, read_staged, stage_tables
 from pipelines.run import infer_range, run_ingest
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_of
@@ -57,14 +57,14 @@ def write_inputs(directory):
     (directory / "b.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def test_ingest_transform_windows_and_dedupes(tmp_path):
+def test_ingest_transform_groups_minutes_and_dedupes(tmp_path):
     write_inputs(tmp_path / "in")
     span = HourRange(T0, T0 + 2 * HOUR_NS)
     (tmp_path / "staging").mkdir()
     with BeamTestPipeline(runner="FnApiRunner") as pipeline:
         out = (
             pipeline
-            | beam.Create(sorted(str(p) for p in (tmp_path / "in").iterdir()))
+            | beam.Create(file_batches(sorted(str(p) for p in (tmp_path / "in").iterdir()), workers=1))
             | IngestFlows(span, str(tmp_path / "staging"))
         )
         minute_rows = out["minutes"] | beam.Map(
