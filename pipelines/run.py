@@ -34,6 +34,7 @@ from prism_core.analysis import RecognitionError, recognize
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.ingest import parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS
+from prism_core.recognition import Recognition
 from prism_core.topology import Topology, TopologyError, first_few
 
 log = logging.getLogger(__name__)
@@ -152,24 +153,31 @@ def run_ingest(
     options, runner, workers = pipeline_options(beam_args)
     with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
-        ingested = (
-            pipeline
-            | "Files" >> beam.Create(ingest.file_batches(paths, workers))
-            | "Spread" >> beam.Reshuffle()
-            | "Ingest" >> IngestFlows(span, shuffle_dir, workers)
-        )
-        every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()])
-        (
-            {"hour": every_hour, "minutes": ingested["minutes"], "quarantine": ingested["quarantine"]}
-            | "ByHour" >> beam.CoGroupByKey()
-            | "HourTables" >> beam.MapTuple(
-                lambda hour_ns, grouped: hour_tables(hour_ns, list(grouped["minutes"]), list(grouped["quarantine"]))
-            )
-            | "Write" >> WriteTables(str(root), workers)
-        )
+        build_ingest(pipeline, paths, root, span, shuffle_dir, workers)
         result = finished(pipeline.run())
     per_hour = {warehouse.hour_key(h): warehouse.read_stats(root, h, "ingest") for h in hours}
     return RunSummary(hours=hours, counters=counters(result, ingest.NAMESPACE), per_hour=per_hour)
+
+
+def build_ingest(pipeline: beam.Pipeline, paths: list[str], root: str, span: HourRange, shuffle_dir: str,
+                 workers: int) -> None:
+    """Adds to `pipeline` the ingest of the flow files at `paths` for the hours of `span`, and the
+    writes of their partitions and ingest state under `root`."""
+    ingested = (
+        pipeline
+        | "Files" >> beam.Create(ingest.file_batches(paths, workers))
+        | "Spread" >> beam.Reshuffle()
+        | "Ingest" >> IngestFlows(span, shuffle_dir, workers)
+    )
+    every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()])
+    (
+        {"hour": every_hour, "minutes": ingested["minutes"], "quarantine": ingested["quarantine"]}
+        | "ByHour" >> beam.CoGroupByKey()
+        | "HourTables" >> beam.MapTuple(
+            lambda hour_ns, grouped: hour_tables(hour_ns, list(grouped["minutes"]), list(grouped["quarantine"]))
+        )
+        | "Write" >> WriteTables(str(root), workers)
+    )
 
 
 def run_hours(
@@ -312,14 +320,23 @@ def run_analysis(
     options, runner, workers = pipeline_options(beam_args)
     with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
-        (
-            pipeline
-            | "Analyze" >> AnalyzeHour(recognition, str(paths[1]), previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir,
-                                       params, warehouse.read_stats(root, hour, "exporters"), workers)
-            | "HourTables" >> beam.Map(analysis_tables, hour)
-            | "Write" >> WriteTables(str(root), workers)
-        )
+        build_analysis(pipeline, root, hour, recognition, previous, shuffle_dir, params, workers)
         result = finished(pipeline.run())
     # A counter never incremented is not reported: no failed job is a count of 0, not a gap.
     analysis_counters = {"analysis_errors": 0, **counters(result, analyze.NAMESPACE)}
     return warehouse.read_stats(root, hour, "analysis_counts"), analysis_counters
+
+
+def build_analysis(pipeline: beam.Pipeline, root: str, hour: datetime, recognition: Recognition,
+                   previous: dict | None, shuffle_dir: str, params: PrismParams, workers: int) -> None:
+    """Adds to `pipeline` the analysis of the ingested `hour` under `root`, given its recognition
+    and the state of the hour before, and the writes of its tables and state."""
+    hour_ns = int(hour.timestamp()) * 10**9
+    flows_path = warehouse.partition_dir(root, "flows", hour) / warehouse.DATA_FILE
+    (
+        pipeline
+        | "Analyze" >> AnalyzeHour(recognition, str(flows_path), previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir,
+                                   params, warehouse.read_stats(root, hour, "exporters"), workers)
+        | "HourTables" >> beam.Map(analysis_tables, hour)
+        | "Write" >> WriteTables(str(root), workers)
+    )
