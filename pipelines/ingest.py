@@ -153,18 +153,13 @@ def parse_file(path: str, hours: HourRange, staged: StagingFile, into: ParsedFil
 
 EXPORTER_CLOCK_LEAD_NS = HOUR_NS  # how far ahead of the file system's clock an exporter's may run, at most
 COUNTERS = ("rows_read", "quarantined", "out_of_range", "files", "files_skipped")
-BATCHES_PER_WORKER = 4  # with several workers: a few batches each, so that a slow batch does not idle a core
 
 
-def file_batches(paths: list[str], workers: int) -> list[list[str]]:
-    """The files in the batches `parse_files` takes, one element each. With local workers
-    (pipelines/local_workers.py), a few batches per worker: one staging file and one element per
-    minute for each. Otherwise one file per batch, so that a distributed runner spreads them over
-    its workers."""
-    if workers == 1:
-        return [[path] for path in paths]
-    batches = np.array_split(np.array(paths, object), max(1, min(len(paths), workers * BATCHES_PER_WORKER)))
-    return [list(batch) for batch in batches if len(batch)]
+def file_batches(paths: list[str], batches: int) -> list[list[str]]:
+    """The files in `batches` runs of consecutive files (fewer when there are fewer files), each
+    an element that `parse_files` takes."""
+    return [list(batch) for batch in np.array_split(np.array(paths, object), max(1, min(len(paths), batches)))
+            if len(batch)]
 
 
 class ParseFlowFiles(PooledDoFn):

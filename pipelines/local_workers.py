@@ -63,9 +63,13 @@ def local_workers(options: PipelineOptions) -> int:
         if workers < 1:
             raise ValueError(f"--local_workers must be 'auto' or at least 1, not {chosen!r}")
         return workers
-    in_process = (options.view_as(StandardOptions).runner is None
-                  and options.view_as(DirectOptions).direct_running_mode in (None, "in_memory"))
-    return available_cores() if in_process else 1
+    return available_cores() if in_process(options) else 1
+
+
+def in_process(options: PipelineOptions) -> bool:
+    """Whether `options` choose the in-process runner, which calls every DoFn in this process."""
+    return (options.view_as(StandardOptions).runner is None
+            and options.view_as(DirectOptions).direct_running_mode in (None, "in_memory"))
 
 
 _pool: tuple[int, ProcessPoolExecutor] | None = None

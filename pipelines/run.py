@@ -39,6 +39,7 @@ from prism_core.topology import Topology, TopologyError, first_few
 
 log = logging.getLogger(__name__)
 
+BATCHES_PER_WORKER = 4  # with the in-process runner, so that a slow batch of files does not idle a core
 NO_INVENTORY = (
     "no NIC inventory: pass --topology FILE (a CSV of addr,host,gpu[,leaf,pod]), or --no-topology to "
     "take every address for its own host, which splits each multi-host job by rail and makes its issues unreliable"
@@ -151,21 +152,25 @@ def run_ingest(
         raise RunError(f"no flow files in {flows_dir!r}")
     span = HourRange(int(hours[0].timestamp()) * 10**9, int(hours[-1].timestamp()) * 10**9 + HOUR_NS)
     options, runner, workers = pipeline_options(beam_args)
+    # The in-process runner: a few batches per local worker, each one staging file and one element
+    # per minute (docs/performance.md). Any other: a file per batch, which its workers spread.
+    batches = ingest.file_batches(
+        paths, workers * BATCHES_PER_WORKER if local_workers.in_process(options) else len(paths))
     with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
-        build_ingest(pipeline, paths, root, span, shuffle_dir, workers)
+        build_ingest(pipeline, batches, root, span, shuffle_dir, workers)
         result = finished(pipeline.run())
     per_hour = {warehouse.hour_key(h): warehouse.read_stats(root, h, "ingest") for h in hours}
     return RunSummary(hours=hours, counters=counters(result, ingest.NAMESPACE), per_hour=per_hour)
 
 
-def build_ingest(pipeline: beam.Pipeline, paths: list[str], root: str, span: HourRange, shuffle_dir: str,
-                 workers: int) -> None:
-    """Adds to `pipeline` the ingest of the flow files at `paths` for the hours of `span`, and the
-    writes of their partitions and ingest state under `root`."""
+def build_ingest(pipeline: beam.Pipeline, batches: list[list[str]], root: str, span: HourRange,
+                 shuffle_dir: str, workers: int) -> None:
+    """Adds to `pipeline` the ingest of the batches of flow files (`ingest.file_batches`) for the
+    hours of `span`, and the writes of their partitions and ingest state under `root`."""
     ingested = (
         pipeline
-        | "Files" >> beam.Create(ingest.file_batches(paths, workers))
+        | "Files" >> beam.Create(batches)
         | "Spread" >> beam.Reshuffle()
         | "Ingest" >> IngestFlows(span, shuffle_dir, workers)
     )

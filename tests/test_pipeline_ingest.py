@@ -64,7 +64,7 @@ def test_ingest_transform_groups_minutes_and_dedupes(tmp_path):
     with BeamTestPipeline(runner="FnApiRunner") as pipeline:
         out = (
             pipeline
-            | beam.Create(file_batches(sorted(str(p) for p in (tmp_path / "in").iterdir()), workers=1))
+            | beam.Create(file_batches(sorted(str(p) for p in (tmp_path / "in").iterdir()), batches=2))
             | IngestFlows(span, str(tmp_path / "staging"))
         )
         minute_rows = out["minutes"] | beam.Map(

@@ -23,7 +23,7 @@ from dask.distributed import Client, LocalCluster
 from benchmarks.golden import RESULTS, differences, warehouse_digest
 from pipelines import warehouse
 from pipelines.analyze import previous_hour_state
-from pipelines.ingest import HourRange
+from pipelines.ingest import HourRange, file_batches
 from pipelines.run import build_analysis, build_ingest, infer_range, list_flow_files, load_topology, run_hours
 from prism_core.analysis import recognize
 from prism_core.config import DEFAULT_PARAMS
@@ -71,6 +71,7 @@ def test_the_dask_runner_writes_the_default_runner_tables(demo, dask_cluster, tm
     assert run_scenario(data, tmp_path / "dask", dask_args(dask_cluster)) == expected
 
 
+@pytest.mark.slow  # a pool of SDK worker processes for each of the three pipelines: over a minute
 def test_multi_processing_writes_the_default_runner_tables(demo, tmp_path):
     data, _, expected = demo
     args = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -86,6 +87,7 @@ def test_the_small_hour_writes_the_golden_tables_on_every_runner(scenario_dir, d
         assert differences(expected, actual) == [], name
 
 
+@pytest.mark.slow  # two runs on the Dask cluster
 def test_a_dask_worker_killed_mid_run_leaves_no_partial_partition(demo, dask_cluster, tmp_path):
     """The run is the `prism run` command in its own process; once it has staged parsed flows, one
     of the two Dask workers is killed. Whether the run then fails or Dask recomputes the lost tasks,
@@ -121,8 +123,8 @@ def test_the_pipelines_use_only_primitives_every_runner_executes(demo, tmp_path)
     hour = warehouse.hours_between(first, end)[-1]
     hour_ns = int(hour.timestamp()) * 10**9
     ingest = beam.Pipeline(runner=FnApiRunner())
-    build_ingest(ingest, list_flow_files(str(data / "flows")), str(tmp_path), HourRange(hour_ns, hour_ns + HOUR_NS),
-                 str(tmp_path), workers=1)
+    build_ingest(ingest, file_batches(list_flow_files(str(data / "flows")), batches=4), str(tmp_path),
+                 HourRange(hour_ns, hour_ns + HOUR_NS), str(tmp_path), workers=1)
     previous = previous_hour_state(str(root), hour)
     recognition = recognize(warehouse.read_partition(root, "flow_minutes", hour),
                             load_topology(str(data / "topology.csv")), previous, hour_ns, DEFAULT_PARAMS)
