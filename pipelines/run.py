@@ -325,22 +325,22 @@ def run_analysis(
     options, runner, workers = pipeline_options(beam_args)
     with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
-        build_analysis(pipeline, root, hour, recognition, previous, shuffle_dir, params, workers)
+        build_analysis(pipeline, root, hour, str(paths[1]), recognition, previous, shuffle_dir, params, workers)
         result = finished(pipeline.run())
     # A counter never incremented is not reported: no failed job is a count of 0, not a gap.
     analysis_counters = {"analysis_errors": 0, **counters(result, analyze.NAMESPACE)}
     return warehouse.read_stats(root, hour, "analysis_counts"), analysis_counters
 
 
-def build_analysis(pipeline: beam.Pipeline, root: str, hour: datetime, recognition: Recognition,
+def build_analysis(pipeline: beam.Pipeline, root: str, hour: datetime, flows_path: str, recognition: Recognition,
                    previous: dict | None, shuffle_dir: str, params: PrismParams, workers: int) -> None:
-    """Adds to `pipeline` the analysis of the ingested `hour` under `root`, given its recognition
-    and the state of the hour before, and the writes of its tables and state."""
+    """Adds to `pipeline` the analysis of the ingested `hour` under `root` (its `flows` partition
+    at `flows_path`), given its recognition and the state of the hour before, and the writes of its
+    tables and state."""
     hour_ns = int(hour.timestamp()) * 10**9
-    flows_path = warehouse.partition_dir(root, "flows", hour) / warehouse.DATA_FILE
     (
         pipeline
-        | "Analyze" >> AnalyzeHour(recognition, str(flows_path), previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir,
+        | "Analyze" >> AnalyzeHour(recognition, flows_path, previous, hour_ns, hour_ns + HOUR_NS, shuffle_dir,
                                    params, warehouse.read_stats(root, hour, "exporters"), workers)
         | "HourTables" >> beam.Map(analysis_tables, hour)
         | "Write" >> WriteTables(str(root), workers)
