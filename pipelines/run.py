@@ -1,6 +1,6 @@
 """The hourly run: every stage for every hour of a range, on any Beam runner.
 
-Ingest and the minute windows run as one Beam pipeline over the whole range (hours are
+Ingest and the grouping by minute run as one Beam pipeline over the whole range (hours are
 independent there). Job analysis runs hour after hour, because each hour continues the job ids
 and step numbers of the one before it.
 """

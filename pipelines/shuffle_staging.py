@@ -63,10 +63,10 @@ def shuffle_staging_area(root: str | Path) -> Iterator[str]:
 
 class StagingFile:
     """Tables of one schema appended to a new staged file, which is created with the first table.
-    Its references can be read once `close()` has written the file's footer: a DoFn closes it in
-    `finish_bundle`, before the runner commits the bundle's output, so one file serves a whole
-    bundle (one open, one footer and one removal instead of one per element). A fresh name per
-    file, so a retried bundle never clobbers the file of an attempt whose output the runner kept."""
+    Its references can be read once `close()` has written the file's footer: the parse of a batch
+    of flow files closes it before the batch's references leave it, so one file serves the whole
+    batch (one open, one footer and one removal instead of one per file). A fresh name per file,
+    so a retried element never clobbers the file of an attempt whose output the runner kept."""
 
     def __init__(self, directory: str):
         self.path = str(Path(directory) / f"{uuid.uuid4().hex}.arrow")
@@ -105,7 +105,7 @@ def stage_tables(directory: str, parts: Iterable[tuple[Key, pa.Table]]) -> list[
 
 def read_staged(refs: Sequence[TableRef]) -> list[pa.Table]:
     """The rows of each reference, memory-mapped (no copy; the mapping lives as long as its rows).
-    Only the referenced batches are read: a file holds every minute of a bundle of flow files,
+    Only the referenced batches are read: a file holds every minute of a batch of flow files,
     and each minute's merge needs a few of them. Each file is opened once per call."""
     readers = {path: pa.ipc.open_file(pa.memory_map(path)) for path in {ref.path for ref in refs}}
     schema = readers[refs[0].path].schema if refs else None
