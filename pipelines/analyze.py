@@ -4,8 +4,9 @@ Recognition (over the hour's small flow_minutes) runs before the pipeline, in th
 process, so that its failure fails the hour with a clear error (pipelines/run.py). The hour's flows
 are read as Parquet row groups, split by job by the spans the recognition gives each job,
 grouped by job_id, and each job is analyzed on its own, so jobs spread over workers on a
-distributed runner. The split flows are staged for the shuffle (pipelines/shuffle_staging.py): the grouping by job
-moves references only. The result goes to the warehouse through pipelines/sink.py.
+distributed runner. The split flows are staged for the shuffle (pipelines/shuffle_staging.py):
+the grouping by job moves references only. The result goes to the warehouse through
+pipelines/sink.py.
 """
 
 from __future__ import annotations

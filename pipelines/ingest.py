@@ -2,7 +2,8 @@
 
 Elements are Arrow tables, never single records: a DoFn parses a whole file with vectorized code
 and stages one table per event-time minute, and a batch of files emits one element per minute, so
-only a few hundred small elements per hour travel through the grouping by minute and by hour (see DESIGN.md, "Elements are batches"). The flow rows are staged once, as parsed
+only a few hundred small elements per hour travel through the grouping by minute and by hour (see
+DESIGN.md, "Elements are batches"). The flow rows are staged once, as parsed
 (pipelines/shuffle_staging.py): only references to them are shuffled, a minute's merge stages just
 the order of the rows it keeps, and the sink (pipelines/sink.py) streams the hour's partition
 minute by minute from the parsed rows in that order, so memory stays bounded by one minute and
