@@ -44,6 +44,10 @@ NO_INVENTORY = (
     "no NIC inventory: pass --topology FILE (a CSV of addr,host,gpu[,leaf,pod]), or --no-topology to "
     "take every address for its own host, which splits each multi-host job by rail and makes its issues unreliable"
 )
+NO_COUNTERS = (
+    "the runner collects no Beam counters, so the records read, quarantined and dropped as duplicates and "
+    "the failed job analyses are not counted here: the tables hold them (quarantine, analysis_error issues)"
+)
 WITHOUT_INVENTORY = (
     "no NIC inventory (--no-topology): every address was taken for its own GPU on its own host, so a job "
     "spanning hosts is reported once per rail, and its parallelism and issues are not reliable"
@@ -133,14 +137,13 @@ def finished(result: PipelineResult) -> PipelineResult:
     return result
 
 
-def counters(result: PipelineResult, namespace: str) -> dict[str, int]:
-    """The committed values of a finished pipeline's counters in `namespace`, by name; none when
+def counters(result: PipelineResult, namespace: str) -> dict[str, int] | None:
+    """The committed values of a finished pipeline's counters in `namespace`, by name; None when
     the runner collects no metrics (Beam's Dask runner)."""
     try:
         found = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
     except NotImplementedError:
-        log.warning("the %s collects no counters: the run summary has none", type(result).__name__)
-        return {}
+        return None
     return {counter.key.metric.name: counter.committed for counter in found}
 
 
@@ -161,7 +164,11 @@ def run_ingest(
         build_ingest(pipeline, batches, root, span, shuffle_dir, workers)
         result = finished(pipeline.run())
     per_hour = {warehouse.hour_key(h): warehouse.read_stats(root, h, "ingest") for h in hours}
-    return RunSummary(hours=hours, counters=counters(result, ingest.NAMESPACE), per_hour=per_hour)
+    found = counters(result, ingest.NAMESPACE)
+    if found is None:
+        log.warning(NO_COUNTERS)
+    return RunSummary(hours=hours, counters=found or {}, per_hour=per_hour,
+                      warnings=[NO_COUNTERS] if found is None else [])
 
 
 def build_ingest(pipeline: beam.Pipeline, batches: list[list[str]], root: str, span: HourRange,
@@ -208,7 +215,7 @@ def run_hours(
     require_flows_in(flows_dir, hours)
     on_stage("ingest")
     summary = run_ingest(flows_dir, root, hours, beam_args)
-    summary.warnings = inventory_warnings(topology, root, hours)
+    summary.warnings += inventory_warnings(topology, root, hours)
     for hour in hours:
         on_stage(f"recognition {hour:%Y-%m-%d %H}:00")
         rows, analysis_counters = run_analysis(root, hour, topology, beam_args, params, on_stage)
@@ -328,7 +335,8 @@ def run_analysis(
         build_analysis(pipeline, root, hour, str(paths[1]), recognition, previous, shuffle_dir, params, workers)
         result = finished(pipeline.run())
     # A counter never incremented is not reported: no failed job is a count of 0, not a gap.
-    analysis_counters = {"analysis_errors": 0, **counters(result, analyze.NAMESPACE)}
+    found = counters(result, analyze.NAMESPACE)
+    analysis_counters = {} if found is None else {"analysis_errors": 0, **found}
     return warehouse.read_stats(root, hour, "analysis_counts"), analysis_counters
 
 

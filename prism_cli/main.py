@@ -185,11 +185,12 @@ def _print_run(summary, warehouse: Path) -> None:
         table.add_row(name, *[f"{(counts or {}).get(name, 0):,}" for counts in summary.per_hour.values()])
     console.print(table)
     counters = summary.counters
-    console.print(
-        f"read {counters.get('rows_read', 0):,} records from {counters.get('files', 0)} files: "
-        f"{counters.get('flows', 0):,} flows, {counters.get('quarantined', 0):,} quarantined, "
-        f"{counters.get('duplicates', 0):,} duplicates, {counters.get('out_of_range', 0):,} outside the range"
-    )
+    if counters:  # none from a runner that collects no metrics (a warning says so)
+        console.print(
+            f"read {counters.get('rows_read', 0):,} records from {counters.get('files', 0)} files: "
+            f"{counters.get('flows', 0):,} flows, {counters.get('quarantined', 0):,} quarantined, "
+            f"{counters.get('duplicates', 0):,} duplicates, {counters.get('out_of_range', 0):,} outside the range"
+        )
     for warning in summary.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
     if counters.get("analysis_errors"):
