@@ -23,8 +23,8 @@ partition, one JSON file per hour and stage, the topology, the DuckDB catalog):
 
 One difference remains: a local reader that has opened a partition keeps reading the file it
 opened when a re-run replaces it; a reader of an object that is replaced while it reads may fetch
-ranges of both versions. Re-run an hour while nothing reads it (runs of one hour are serialized by
-the orchestration; reports read the warehouse between runs).
+ranges of both versions. Re-run an hour while nothing reads it (the Dagster instance runs one run at
+a time, orchestration/dagster.yaml).
 """
 
 from __future__ import annotations

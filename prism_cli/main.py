@@ -204,7 +204,9 @@ def _print_run(summary, warehouse: str) -> None:
             f"[yellow]{counters['analysis_errors']} job analyses failed[/]: each is an analysis_error row of "
             "issues, naming the stage and the exception"
         )
-    console.print(f"warehouse: {warehouse}/  (DuckDB: duckdb -readonly {warehouse}/prism.duckdb)")
+    duckdb_hint = (f"duckdb -readonly {warehouse}/prism.duckdb" if "://" not in warehouse
+                   else "ATTACH it through httpfs: docs/object-storage.md")
+    console.print(f"warehouse: {warehouse}/  (DuckDB: {duckdb_hint})")
 
 
 @app.command()
