@@ -45,10 +45,6 @@ def stored_hours(root: str, table: str) -> list[datetime]:
     )
 
 
-def partition_file(root: str, table: str, hour: datetime) -> str:
-    return storage.join(tables.partition_dir(root, table, hour), tables.DATA_FILE)
-
-
 def footer(location: str) -> pq.FileMetaData:
     with storage.open_input(location) as handle:
         return pq.read_metadata(handle)
@@ -94,7 +90,7 @@ def build_schema_check(stage: str, names: tuple[str, ...]) -> AssetChecksDefinit
             hours = hours_to_check(context, warehouse.root, name)
             problems = {}
             for hour in hours:
-                path = partition_file(warehouse.root, name, hour)
+                path = tables.partition_file(warehouse.root, name, hour)
                 if not storage.exists(path):
                     problems[tables.hour_key(hour)] = ["partition missing"]
                 elif differences := schema_differences(footer(path).schema.to_arrow_schema(), TABLES[name]):
@@ -112,7 +108,7 @@ def build_schema_check(stage: str, names: tuple[str, ...]) -> AssetChecksDefinit
 def hour_conservation(root: str, hour: datetime) -> dict:
     """An hour's input rows as ingest counted them, against the rows its partitions hold."""
     counts = tables.read_stats(root, hour, "ingest")
-    paths = {name: partition_file(root, name, hour) for name in ("flows", "quarantine", "flow_minutes")}
+    paths = {name: tables.partition_file(root, name, hour) for name in ("flows", "quarantine", "flow_minutes")}
     if counts is None or not all(storage.exists(path) for path in paths.values()):
         return {"conserved": False, "problem": "not ingested"}
     flows = footer(paths["flows"]).num_rows

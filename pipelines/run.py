@@ -239,7 +239,7 @@ def inventory_warnings(topology: Topology, root: str, hours: list[datetime]) -> 
         log.warning(WITHOUT_INVENTORY)
         return [WITHOUT_INVENTORY]
     warnings = [skipped_rows(topology)] if topology.topology_problems else []
-    paths = [storage.join(warehouse.partition_dir(root, "flow_minutes", hour), warehouse.DATA_FILE) for hour in hours]
+    paths = [warehouse.partition_file(root, "flow_minutes", hour) for hour in hours]
     minutes = pa.concat_tables(warehouse.read_parquet(path, columns=["src_addr", "dst_addr"]) for path in paths)
     unlisted = topology.unlisted(pa.chunked_array(minutes["src_addr"].chunks + minutes["dst_addr"].chunks, pa.string()))
     if len(unlisted):
@@ -260,7 +260,7 @@ def run_analysis(
     (`analysis_errors`: jobs whose analysis raised, each written as an analysis_error issue).
     A failed job recognition fails the hour before anything is written. `on_stage` hears when the
     per-job analysis starts, after the recognition."""
-    paths = [storage.join(warehouse.partition_dir(root, t, hour), warehouse.DATA_FILE) for t in ("flow_minutes", "flows")]
+    paths = [warehouse.partition_file(root, t, hour) for t in ("flow_minutes", "flows")]
     missing = [p for p in paths if not storage.exists(p)]
     if missing:
         raise RunError(f"hour {hour:%Y-%m-%d %H}:00 has not been ingested: {', '.join(missing)} missing")

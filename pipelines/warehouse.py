@@ -55,6 +55,10 @@ def partition_dir(root: str | Path, table: str, hour: datetime) -> str:
     return storage.join(root, table, f"date={hour:%Y-%m-%d}", f"hour={hour:%H}")
 
 
+def partition_file(root: str | Path, table: str, hour: datetime) -> str:
+    return storage.join(partition_dir(root, table, hour), DATA_FILE)
+
+
 
 ROW_GROUP_ROWS = 1 << 20
 # Columns written without a dictionary: a flow's nanosecond times are all but unique, so the
@@ -72,7 +76,7 @@ def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces:
     """Replace the partition of `table` for `hour` with the rows of `pieces`, in order, streamed
     into row groups of ROW_GROUP_ROWS, so only one row group is ever held at once."""
     schema = TABLES[table]
-    final = storage.join(partition_dir(root, table, hour), DATA_FILE)
+    final = partition_file(root, table, hour)
 
     def write(path: str) -> None:
         dictionary = [name for name in schema.names if name not in UNIQUE_VALUED]
@@ -96,7 +100,7 @@ def read_parquet(location: str, **options) -> pa.Table:
 
 
 def read_partition(root: str | Path, table: str, hour: datetime) -> pa.Table | None:
-    path = storage.join(partition_dir(root, table, hour), DATA_FILE)
+    path = partition_file(root, table, hour)
     return read_parquet(path) if storage.exists(path) else None
 
 

@@ -138,7 +138,7 @@ def test_a_failed_analysis_run_leaves_no_shuffle_staging_and_no_state(clean_run,
     root = tmp_path / "warehouse"
     shutil.copytree(clean_root, root)
     Path(warehouse.stats_path(root, hours[1], "analysis")).unlink()
-    path = Path(warehouse.partition_dir(root, "flows", hours[1])) / warehouse.DATA_FILE
+    path = warehouse.partition_file(root, "flows", hours[1])
     pq.write_table(pq.read_table(path).drop_columns(["sampler_address"]), path)
     with pytest.raises(Exception, match="sampler_address"):
         run_analysis(str(root), hours[1], load_topology(str(scenario / "topology.csv")))

@@ -227,8 +227,7 @@ def test_checks_pass_on_good_data_and_fail_on_a_broken_partition(orchestrated, c
         steps = warehouse.read_partition(copied_warehouse, "steps", first)
         warehouse.write_partition(copied_warehouse, "steps", hours[1], steps.slice(0, 1))  # a step twice
         quarantine = warehouse.read_partition(copied_warehouse, "quarantine", first)
-        pq.write_table(quarantine.drop_columns(["raw"]), Path(warehouse.partition_dir(copied_warehouse, "quarantine", first))
-                       / warehouse.DATA_FILE)
+        pq.write_table(quarantine.drop_columns(["raw"]), warehouse.partition_file(copied_warehouse, "quarantine", first))
         warehouse.refresh_database(copied_warehouse)
 
         result = run_job(defs, instance, "prism_checks")
