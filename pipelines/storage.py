@@ -75,14 +75,6 @@ def resolve(location: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
     return filesystem, f"{parts.netloc}{parts.path}".rstrip("/")
 
 
-def _location(path: str, below: str | os.PathLike) -> str:
-    """The location of `path`, a path on the filesystem of `below` under it, in the form of
-    `below`: relative when `below` is, a URI when `below` is one."""
-    if is_local(below):
-        return os.path.join(str(below), os.path.relpath(path, resolve(below)[1]))
-    return f"{urlsplit(str(below)).scheme}://{path}"
-
-
 def exists(location: str | os.PathLike) -> bool:
     """Whether a file is at `location`."""
     filesystem, path = resolve(location)
@@ -106,12 +98,19 @@ def read_bytes(location: str | os.PathLike) -> bytes:
         return handle.read()
 
 
-def files_below(location: str | os.PathLike) -> list[str]:
-    """Every file below `location`, at any depth, sorted; none when it does not exist."""
+def _files_below(location: str | os.PathLike) -> list[tuple[str, str]]:
+    """(path relative to `location`, location) of every file below `location`, at any depth, the
+    location in the form of `location`: relative when it is, a URI when it is one."""
     filesystem, path = resolve(location)
     selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
-    return sorted(_location(info.path, location) for info in filesystem.get_file_info(selector)
-                  if info.type == pafs.FileType.File)
+    relative = [info.path[len(path) + 1:] for info in filesystem.get_file_info(selector)
+                if info.type == pafs.FileType.File]
+    return [(name, join(location, name)) for name in relative]
+
+
+def files_below(location: str | os.PathLike) -> list[str]:
+    """Every file below `location`, at any depth, sorted; none when it does not exist."""
+    return sorted(found for _, found in _files_below(location))
 
 
 def files_matching(location: str | os.PathLike, pattern: str) -> list[str]:
@@ -120,9 +119,7 @@ def files_matching(location: str | os.PathLike, pattern: str) -> list[str]:
     levels = pattern.split("/")
     if is_local(location):  # a glob reads only the levels it needs, not every file below
         return sorted(glob.glob(os.path.join(str(location), *levels)))
-    prefix = len(resolve(location)[1]) + 1
-    return [found for found in files_below(location)
-            if _matches(resolve(found)[1][prefix:].split("/"), levels)]
+    return sorted(found for name, found in _files_below(location) if _matches(name.split("/"), levels))
 
 
 def _matches(parts: list[str], levels: list[str]) -> bool:

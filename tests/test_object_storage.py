@@ -161,3 +161,21 @@ def test_writer_killed_mid_upload_leaves_the_previous_partition(s3):
     warehouse.refresh_database(root)
     with warehouse.connect(root) as con:
         assert con.execute("SELECT count(*) FROM quarantine").fetchone()[0] == table.num_rows
+
+
+def test_a_bucket_is_listed_as_a_local_directory_is(s3, tmp_path):
+    names = ["t/date=1/hour=2/data.parquet", "t/date=1/hour=2/deeper/data.parquet", "t/data.parquet", "t/date=1/x.json"]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    bucket = upload(tmp_path / "t", "listed/t")
+
+    def relative(found: list[str], base) -> list[str]:
+        return [path[len(str(base)) + 1:] for path in found]
+
+    for pattern in ("*/*/data.parquet", "*/x.json", "data.parquet"):
+        local = relative(storage.files_matching(tmp_path / "t", pattern), tmp_path / "t")
+        assert relative(storage.files_matching(bucket, pattern), bucket) == local != []
+    assert relative(storage.files_below(bucket), bucket) == relative(storage.files_below(tmp_path / "t"), tmp_path / "t")
+    assert storage.files_below(f"s3://{BUCKET}/nothing-here") == []
+    assert storage.read_bytes(f"{bucket}/date=1/x.json") == b"t/date=1/x.json"
