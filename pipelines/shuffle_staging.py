@@ -7,9 +7,9 @@ staging directory and passes on `TableRef`s of a few dozen bytes; the next step 
 file and reads its rows without a copy. The directory is `<warehouse>/_shuffle_staging/<run id>/`
 for a local warehouse, on the warehouse's filesystem, which every worker shares; for a warehouse on
 an object store, where files cannot be memory-mapped, it is under this machine's temporary
-directory, so such a run's workers must share this machine (as the local runners' do). These files are intermediate data of one run, never part
-of the warehouse (pipelines/sink.py writes that): the directory is removed when the run ends,
-whether it succeeded or failed.
+directory, so such a run's workers must share this machine (as the local runners' do). These files
+are intermediate data of one run, never part of the warehouse (pipelines/sink.py writes that): the
+directory is removed when the run ends, whether it succeeded or failed.
 """
 
 from __future__ import annotations

@@ -59,7 +59,6 @@ def partition_file(root: str | Path, table: str, hour: datetime) -> str:
     return storage.join(partition_dir(root, table, hour), DATA_FILE)
 
 
-
 ROW_GROUP_ROWS = 1 << 20
 # Columns written without a dictionary: a flow's nanosecond times are all but unique, so the
 # writer built a dictionary for each row group, overflowed its page limit and dropped it again
