@@ -61,7 +61,7 @@ def connect(
     con.execute("SET enable_progress_bar = false")  # reports run under the CLI's own progress
     if topology is not None:
         try:
-            inventory = Topology.from_csv_bytes(Path(topology).read_bytes(), str(topology)).inventory
+            inventory = Topology.from_csv_bytes(storage.read_bytes(topology), str(topology)).inventory
         except (OSError, TopologyError) as error:
             con.close()
             raise ReportError(f"inventory {topology}: {error}") from None
