@@ -22,7 +22,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from benchmarks.golden import RESULTS, differences, warehouse_digest
-from pipelines import storage, warehouse
+from pipelines import local_workers, storage, warehouse
 from pipelines.run import infer_range, run_hours
 from prism_core.schema import QUARANTINE
 
@@ -47,9 +47,13 @@ def s3():
     with pytest.MonkeyPatch.context() as patch:
         for name, value in environment.items():
             patch.setenv(name, value)
+        # Local workers are forked once, with the environment of their first use: an earlier
+        # test's would not know the server.
+        local_workers.shutdown()
         client = boto3.client("s3")
         client.create_bucket(Bucket=BUCKET)
         yield client
+        local_workers.shutdown()
     server.stop()
 
 
