@@ -89,7 +89,7 @@ def row_metadata(table: str, rows_per_hour: dict[str, dict[str, int]], hours: li
 def flows_time_range(root: str, hours: list[datetime]) -> dict:
     """First and last flow start written, from the partitions' Parquet footers."""
     bounds = [
-        file_time_bounds(str(tables.partition_dir(root, "flows", hour) / tables.DATA_FILE)) for hour in hours
+        file_time_bounds(tables.partition_file(root, "flows", hour)) for hour in hours
     ]
     bounds = [b for b in bounds if b is not None]
     if not bounds:

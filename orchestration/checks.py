@@ -8,7 +8,6 @@ latest hour runs on its own schedule, since a backfill of old hours says nothing
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +26,7 @@ from dagster import (
 
 from orchestration.assets import ANALYSIS_TABLES, INGEST_TABLES, hours_of
 from orchestration.resources import Warehouse
+from pipelines import storage
 from pipelines import warehouse as tables
 from prism_core.schema import TABLES
 
@@ -38,17 +38,16 @@ def hours_to_check(context: AssetCheckExecutionContext, root: str, table: str) -
 
 
 def stored_hours(root: str, table: str) -> list[datetime]:
-    """Every hour that has a partition of `table` on disk."""
+    """Every hour that has a partition of `table` in the warehouse."""
     return sorted(
-        datetime.strptime(f"{path.parent.parent.name} {path.parent.name}", "date=%Y-%m-%d hour=%H").replace(
-            tzinfo=timezone.utc
-        )
-        for path in (Path(root) / table).glob(f"date=*/hour=*/{tables.DATA_FILE}")
+        datetime.strptime(" ".join(path.split("/")[-3:-1]), "date=%Y-%m-%d hour=%H").replace(tzinfo=timezone.utc)
+        for path in storage.files_matching(storage.join(root, table), f"date=*/hour=*/{tables.DATA_FILE}")
     )
 
 
-def partition_file(root: str, table: str, hour: datetime) -> Path:
-    return tables.partition_dir(root, table, hour) / tables.DATA_FILE
+def footer(location: str) -> pq.FileMetaData:
+    with storage.open_input(location) as handle:
+        return pq.read_metadata(handle)
 
 
 def hours_label(hours: list[datetime]) -> str:
@@ -91,10 +90,10 @@ def build_schema_check(stage: str, names: tuple[str, ...]) -> AssetChecksDefinit
             hours = hours_to_check(context, warehouse.root, name)
             problems = {}
             for hour in hours:
-                path = partition_file(warehouse.root, name, hour)
-                if not path.exists():
+                path = tables.partition_file(warehouse.root, name, hour)
+                if not storage.exists(path):
                     problems[tables.hour_key(hour)] = ["partition missing"]
-                elif differences := schema_differences(pq.read_schema(path), TABLES[name]):
+                elif differences := schema_differences(footer(path).schema.to_arrow_schema(), TABLES[name]):
                     problems[tables.hour_key(hour)] = differences
             yield AssetCheckResult(
                 asset_key=name,
@@ -109,12 +108,12 @@ def build_schema_check(stage: str, names: tuple[str, ...]) -> AssetChecksDefinit
 def hour_conservation(root: str, hour: datetime) -> dict:
     """An hour's input rows as ingest counted them, against the rows its partitions hold."""
     counts = tables.read_stats(root, hour, "ingest")
-    paths = {name: partition_file(root, name, hour) for name in ("flows", "quarantine", "flow_minutes")}
-    if counts is None or not all(path.exists() for path in paths.values()):
+    paths = {name: tables.partition_file(root, name, hour) for name in ("flows", "quarantine", "flow_minutes")}
+    if counts is None or not all(storage.exists(path) for path in paths.values()):
         return {"conserved": False, "problem": "not ingested"}
-    flows = pq.ParquetFile(paths["flows"]).metadata.num_rows
-    quarantine = pq.ParquetFile(paths["quarantine"]).metadata.num_rows
-    aggregated = pc.sum(pq.read_table(paths["flow_minutes"], columns=["flows"])["flows"]).as_py() or 0
+    flows = footer(paths["flows"]).num_rows
+    quarantine = footer(paths["quarantine"]).num_rows
+    aggregated = pc.sum(tables.read_parquet(paths["flow_minutes"], columns=["flows"])["flows"]).as_py() or 0
     return {
         "conserved": (flows, quarantine, aggregated) == (counts["flows"], counts["quarantine"], flows),
         "input": counts["flows"] + counts["quarantine"] + counts["duplicates"],

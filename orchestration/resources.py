@@ -9,12 +9,10 @@ import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 
-from apache_beam.io.filesystems import FileSystems
 from dagster import ConfigurableResource, EnvVar
 
-from pipelines import warehouse
+from pipelines import storage, warehouse
 from pipelines.run import list_flow_files, load_topology
 from prism_core.topology import Topology
 
@@ -26,7 +24,7 @@ DEFAULT_PARTITION_START = "2026-11-22-00:00"  # the simulator's day
 
 
 class FlowSource(ConfigurableResource):
-    """The directory (or Beam filesystem URL, e.g. gs://bucket/flows) that collectors write into."""
+    """The directory (or object store prefix, e.g. s3://bucket/flows) that collectors write into."""
 
     directory: str
 
@@ -36,8 +34,8 @@ class FlowSource(ConfigurableResource):
         mtime preserved (rsync -a, cp -p) still counts as new when it lands."""
         changed = []
         for path in list_flow_files(self.directory):
-            if "://" in path:
-                changed_at = FileSystems.match([path])[0].metadata_list[0].last_updated_in_seconds
+            if not storage.is_local(path):
+                changed_at = storage.modified_ns(path) / 1e9
             else:
                 status = os.stat(path)
                 changed_at = max(status.st_mtime, status.st_ctime)
@@ -57,11 +55,12 @@ class TopologyFile(ConfigurableResource):
 
 
 class Warehouse(ConfigurableResource):
-    """Hive-partitioned Parquet tables and the DuckDB file of views over them."""
+    """Hive-partitioned Parquet tables and the DuckDB file of views over them, in a directory or
+    under an object store prefix (pipelines/storage.py)."""
 
     root: str
 
-    def refresh_views(self) -> Path:
+    def refresh_views(self) -> str:
         return warehouse.refresh_database(self.root)
 
 

@@ -16,10 +16,9 @@ from datetime import datetime, timedelta
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from pipelines import warehouse
+from pipelines import storage, warehouse
 from pipelines.local_workers import PooledDoFn
 from pipelines.shuffle_staging import TableRef, read_staged, stage_tables
 from pipelines.sink import HourTables
@@ -37,7 +36,7 @@ ANALYZED_FLOWS_AT_ONCE = 12_000_000
 
 def row_groups(path: str) -> list[tuple[str, int]]:
     """(path, index) of each row group of a Parquet file, so that workers read them in parallel."""
-    with FileSystems.open(path) as handle:
+    with storage.open_input(path) as handle:
         return [(path, index) for index in range(pq.ParquetFile(handle).num_row_groups)]
 
 
@@ -46,7 +45,7 @@ def split_row_group(path: str, index: int, membership: pa.Table, shuffle_dir: st
     """A row group of the hour's flows split by job (prism_core.analysis.split_flows_by_job) and
     staged: (job_id, (row group index, staged flows of the job)) for each job, and the number of
     flows of no job."""
-    with FileSystems.open(path) as handle:
+    with storage.open_input(path) as handle:
         flows = pq.ParquetFile(handle).read_row_group(index, columns=list(JOB_FLOW_COLUMNS))
     staged = stage_tables(shuffle_dir, split_flows_by_job(flows, membership))
     return [(job_id, (index, rows)) for job_id, rows in staged], flows.num_rows - sum(r.num_rows for _, r in staged)

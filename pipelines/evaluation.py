@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipelines import warehouse
+from pipelines import storage, warehouse
 from prism_core.evaluate import score_warehouse
 from prism_core.truth import TRUTH_TABLES
 
@@ -20,7 +20,7 @@ def evaluate_warehouse(truth_dir: str | Path, root: str | Path) -> dict[str, dic
     truth_dir = Path(truth_dir)
     if not (truth_dir / "noise.json").exists():
         raise EvaluationError(f"{truth_dir} is not a simulator truth directory (no noise.json)")
-    if not (Path(root) / warehouse.DATABASE_FILE).exists():
+    if not storage.exists(storage.join(root, warehouse.DATABASE_FILE)):
         raise EvaluationError(f"{root} is not a Prism warehouse (no {warehouse.DATABASE_FILE}): run `prism run` first")
     truth = {name: pq.read_table(truth_dir / f"{name}.parquet", schema=schema) for name, schema in TRUTH_TABLES.items()}
     noise = json.loads((truth_dir / "noise.json").read_text())

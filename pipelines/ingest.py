@@ -19,10 +19,9 @@ from datetime import datetime, timezone
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from pipelines import storage
 from pipelines.local_workers import PooledDoFn
 from pipelines.shuffle_staging import StagingFile, TableRef, read_staged, stage_tables
 from pipelines.sink import HourTables
@@ -116,7 +115,7 @@ def written_before(path: str, hours: HourRange) -> bool:
     is written after the flow starts, so no row of the run's hours can be in it. Skipping such
     files unopened keeps an hourly run over a directory that keeps every past file from reading
     (JSON lines: parsing) the whole history again each hour."""
-    return FileSystems.last_updated(path) * 1e9 < hours.first_ns - EXPORTER_CLOCK_LEAD_NS
+    return storage.modified_ns(path) < hours.first_ns - EXPORTER_CLOCK_LEAD_NS
 
 
 def parse_file(path: str, hours: HourRange, staged: StagingFile, into: ParsedFiles) -> None:
@@ -124,7 +123,7 @@ def parse_file(path: str, hours: HourRange, staged: StagingFile, into: ParsedFil
     if written_before(path, hours):
         counts["files_skipped"] += 1
         return
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+    with storage.open_input(path) as handle:
         bounds = parquet_time_bounds(handle)
         if bounds is not None and not hours.overlaps(*bounds):
             counts["files_skipped"] += 1  # its footer says no row of it falls in the run's hours
@@ -143,7 +142,7 @@ def parse_file(path: str, hours: HourRange, staged: StagingFile, into: ParsedFil
         into.minutes.setdefault(minute_ns, []).append(staged.append(rows))
 
     if parsed.quarantine.num_rows:
-        modified_ns = int(FileSystems.last_updated(path) * 1e9)
+        modified_ns = storage.modified_ns(path)
         quarantined_hours = quarantine_hours(parsed.quarantine_start_ns, starts, modified_ns)
         kept = hours.contains(quarantined_hours)
         counts["quarantined"] += int(kept.sum())

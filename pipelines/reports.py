@@ -19,7 +19,7 @@ import plotly.offline
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines import warehouse
+from pipelines import storage, warehouse
 from prism_core.topology import Topology, TopologyError
 
 REPORTS_DIR = warehouse.SQL_DIR / "reports"
@@ -51,17 +51,17 @@ def connect(
     else every address seen in flow_minutes as its own one-GPU host (the contract's rule without
     an inventory). `start` / `end` bound the report range (UTC; default: every hour with flows).
     """
-    database = Path(root) / warehouse.DATABASE_FILE
-    if not database.exists():
+    database = storage.join(root, warehouse.DATABASE_FILE)
+    if not storage.exists(database):
         raise ReportError(f"{database} does not exist: run the pipeline on {root} first")
-    if not any((Path(root) / "flow_minutes").glob(f"*/*/{warehouse.DATA_FILE}")):
+    if not warehouse.partition_files(root, "flow_minutes"):
         raise ReportError(f"the warehouse at {root} has no flow_minutes: nothing to report")
     con = warehouse.connect(root)
     con.execute("SET TimeZone = 'UTC'")  # instants in results print and convert as UTC
     con.execute("SET enable_progress_bar = false")  # reports run under the CLI's own progress
     if topology is not None:
         try:
-            inventory = Topology.from_csv_bytes(Path(topology).read_bytes(), str(topology)).inventory
+            inventory = Topology.from_csv_bytes(storage.read_bytes(topology), str(topology)).inventory
         except (OSError, TopologyError) as error:
             con.close()
             raise ReportError(f"inventory {topology}: {error}") from None
@@ -135,7 +135,7 @@ def build_report(
         }
         tables["waste"] = run_report(con, "waste", waste_period="hour")
         tables["traffic_rollup"] = run_report(con, "traffic_rollup", bucket_minutes=60)
-    page = render_report(tables, range_start, range_end, title=f"Prism report: {Path(root).name}")
+    page = render_report(tables, range_start, range_end, title=f"Prism report: {storage.base_name(root)}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")

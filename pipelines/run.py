@@ -12,20 +12,16 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineResult
 
-from pipelines import analyze, ingest, local_workers, warehouse
+from pipelines import analyze, ingest, local_workers, storage, warehouse
 from pipelines.analyze import AnalyzeHour, analysis_tables, previous_hour_state
 from pipelines.ingest import HourRange, IngestFlows, hour_tables, written_before
 from pipelines.shuffle_staging import shuffle_staging_area
@@ -68,20 +64,11 @@ class RunSummary:
 
 
 def list_flow_files(flows_dir: str) -> list[str]:
-    """Every data file below `flows_dir`, sorted; hidden files (temporary writes) are skipped."""
-    if "://" in flows_dir:
-        matched = FileSystems.match([flows_dir.rstrip("/") + "/**"])[0].metadata_list
-        paths = [m.path for m in matched]
-    else:
-        if not os.path.isdir(flows_dir):
-            raise RunError(f"flow directory {flows_dir!r} does not exist or is not a directory")
-        paths = [
-            os.path.join(top, name)
-            for top, dirs, names in os.walk(flows_dir)
-            for name in names
-            if not name.startswith(".")
-        ]
-    return sorted(p for p in paths if not os.path.basename(p).startswith("."))
+    """Every data file below `flows_dir` (a directory or an object store prefix), sorted; hidden
+    files (temporary writes) are skipped."""
+    if storage.is_local(flows_dir) and not os.path.isdir(flows_dir):
+        raise RunError(f"flow directory {flows_dir!r} does not exist or is not a directory")
+    return [path for path in storage.files_below(flows_dir) if not storage.base_name(path).startswith(".")]
 
 
 def infer_range(flows_dir: str) -> tuple[datetime, datetime]:
@@ -101,7 +88,7 @@ def infer_range(flows_dir: str) -> tuple[datetime, datetime]:
 def file_time_bounds(path: str) -> tuple[int, int] | None:
     """Earliest and latest valid flow start in a file: from Parquet footer statistics when it has
     them, otherwise by parsing the file."""
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+    with storage.open_input(path) as handle:
         bounds = parquet_time_bounds(handle)
         if bounds is None:
             handle.seek(0)
@@ -210,7 +197,7 @@ def run_hours(
     if not hours:
         raise RunError(f"empty hour range: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}")
     topology = load_topology(topology_path, no_topology=no_topology)
-    Path(root).mkdir(parents=True, exist_ok=True)
+    storage.make_dirs(root)
     on_stage("checking the input")
     require_flows_in(flows_dir, hours)
     on_stage("ingest")
@@ -265,9 +252,8 @@ def load_topology(path: str | None, *, no_topology: bool = False) -> Topology:
     if no_topology:
         raise RunError("--topology and --no-topology exclude each other")
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            payload = handle.read()
-    except (OSError, IOError) as error:
+        payload = storage.read_bytes(path)
+    except OSError as error:
         raise RunError(f"cannot read topology file {path!r}: {error}") from None
     try:
         topology = Topology.from_csv_bytes(payload, path)
@@ -290,8 +276,8 @@ def inventory_warnings(topology: Topology, root: str, hours: list[datetime]) -> 
         log.warning(WITHOUT_INVENTORY)
         return [WITHOUT_INVENTORY]
     warnings = [skipped_rows(topology)] if topology.topology_problems else []
-    paths = [warehouse.partition_dir(root, "flow_minutes", hour) / warehouse.DATA_FILE for hour in hours]
-    minutes = pa.concat_tables(pq.read_table(path, columns=["src_addr", "dst_addr"]) for path in paths)
+    paths = [warehouse.partition_file(root, "flow_minutes", hour) for hour in hours]
+    minutes = pa.concat_tables(warehouse.read_parquet(path, columns=["src_addr", "dst_addr"]) for path in paths)
     unlisted = topology.unlisted(pa.chunked_array(minutes["src_addr"].chunks + minutes["dst_addr"].chunks, pa.string()))
     if len(unlisted):
         warnings.append(
@@ -311,8 +297,8 @@ def run_analysis(
     (`analysis_errors`: jobs whose analysis raised, each written as an analysis_error issue).
     A failed job recognition fails the hour before anything is written. `on_stage` hears when the
     per-job analysis starts, after the recognition."""
-    paths = [warehouse.partition_dir(root, t, hour) / warehouse.DATA_FILE for t in ("flow_minutes", "flows")]
-    missing = [str(p) for p in paths if not p.exists()]
+    paths = [warehouse.partition_file(root, t, hour) for t in ("flow_minutes", "flows")]
+    missing = [p for p in paths if not storage.exists(p)]
     if missing:
         raise RunError(f"hour {hour:%Y-%m-%d %H}:00 has not been ingested: {', '.join(missing)} missing")
     require_previous_hour_analyzed(root, hour)
@@ -327,12 +313,12 @@ def run_analysis(
     if topology.from_inventory:
         warehouse.write_topology(root, topology.inventory)
     else:
-        warehouse.topology_path(root).unlink(missing_ok=True)
+        storage.delete(warehouse.topology_path(root))
     on_stage(f"analysis {hour:%Y-%m-%d %H}:00")
     options, runner, workers = pipeline_options(beam_args)
     with shuffle_staging_area(root) as shuffle_dir:
         pipeline = beam.Pipeline(runner=runner, options=options)
-        build_analysis(pipeline, root, hour, str(paths[1]), recognition, previous, shuffle_dir, params, workers)
+        build_analysis(pipeline, root, hour, paths[1], recognition, previous, shuffle_dir, params, workers)
         result = finished(pipeline.run())
     # A counter never incremented is not reported: no failed job is a count of 0, not a gap.
     found = counters(result, analyze.NAMESPACE)

@@ -3,16 +3,19 @@
 Pickling millions of flow rows into a `GroupByKey` costs more than the work around it: the runner
 copies the bytes several times and the in-process runner keeps every shuffled PCollection in memory.
 So a step writes its output tables to an uncompressed Arrow IPC file under the run's shuffle
-staging directory (`<warehouse>/_shuffle_staging/<run id>/`, on the warehouse's filesystem, which
-every worker shares) and passes on `TableRef`s of a few dozen bytes; the next step memory-maps the
-file and reads its rows without a copy. These files are intermediate data of one run, never part
-of the warehouse (pipelines/sink.py writes that): the directory is removed when the run ends,
-whether it succeeded or failed.
+staging directory and passes on `TableRef`s of a few dozen bytes; the next step memory-maps the
+file and reads its rows without a copy. The directory is `<warehouse>/_shuffle_staging/<run id>/`
+for a local warehouse, on the warehouse's filesystem, which every worker shares; for a warehouse on
+an object store, where files cannot be memory-mapped, it is under this machine's temporary
+directory, so such a run's workers must share this machine (as the local runners' do). These files
+are intermediate data of one run, never part of the warehouse (pipelines/sink.py writes that): the
+directory is removed when the run ends, whether it succeeded or failed.
 """
 
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,7 +26,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 
-from pipelines.warehouse import ABANDONED_AFTER_S
+from pipelines import storage
 
 SHUFFLE_STAGING_DIR = "_shuffle_staging"
 WRITE_BUFFER_BYTES = 1 << 20
@@ -45,11 +48,11 @@ class TableRef:
 def shuffle_staging_area(root: str | Path) -> Iterator[str]:
     """A new directory for one run's staged tables, removed when the run ends or fails. Directories
     left by runs killed more than an hour ago are removed first; younger ones may be running."""
-    base = Path(root) / SHUFFLE_STAGING_DIR
+    base = (Path(root) if storage.is_local(root) else Path(tempfile.gettempdir()) / "prism") / SHUFFLE_STAGING_DIR
     if base.is_dir():
         for leftover in base.iterdir():
             try:
-                if time.time() - leftover.stat().st_mtime > ABANDONED_AFTER_S:
+                if time.time() - leftover.stat().st_mtime > storage.ABANDONED_AFTER_S:
                     shutil.rmtree(leftover, ignore_errors=True)
             except FileNotFoundError:
                 pass

@@ -1,17 +1,17 @@
-"""The warehouse on disk: hive-partitioned Parquet per table and hour, and a DuckDB file of views.
+"""The warehouse: hive-partitioned Parquet per table and hour, and a DuckDB file of views, in a
+local directory or under an object store prefix (pipelines/storage.py).
 
-Every write lands under a hidden temporary name in its final directory and is `os.replace`d into
-place, so readers (and a run killed at any instant) see either the previous partition or the new
-one, never a half-written file. The DuckDB file is rebuilt aside and swapped in the same way, so an
-analyst holding it open read-only never blocks a run and never sees a half-built catalog.
+Every file is published atomically (storage.publish): readers, and a run killed at any instant, see
+either the previous partition or the new one, never a half-written file. The DuckDB file is built
+aside and published the same way, so an analyst holding it open read-only never blocks a run and
+never sees a half-built catalog.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
-import uuid
+import tempfile
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,6 +20,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines import storage
 from prism_core.schema import TABLES
 
 DATA_FILE = "data.parquet"
@@ -50,34 +51,12 @@ def hour_key(hour: datetime) -> str:
     return hour.strftime("%Y-%m-%d-%H:00")
 
 
-def partition_dir(root: str | Path, table: str, hour: datetime) -> Path:
-    return Path(root) / table / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}"
+def partition_dir(root: str | Path, table: str, hour: datetime) -> str:
+    return storage.join(root, table, f"date={hour:%Y-%m-%d}", f"hour={hour:%H}")
 
 
-ABANDONED_AFTER_S = 3600  # a temporary file this old belongs to a writer that was killed
-
-
-def _remove_abandoned(final: Path) -> None:
-    """Temporary files of writers killed mid-write; younger ones may be a concurrent writer's."""
-    for leftover in final.parent.glob(f".{final.name}.*.tmp"):
-        try:
-            if time.time() - leftover.stat().st_mtime > ABANDONED_AFTER_S:
-                leftover.unlink()
-        except FileNotFoundError:
-            pass
-
-
-def _replace_atomically(final: Path, write) -> None:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(final)
-    temporary = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        write(temporary)
-        with open(temporary, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, final)
-    finally:
-        temporary.unlink(missing_ok=True)
+def partition_file(root: str | Path, table: str, hour: datetime) -> str:
+    return storage.join(partition_dir(root, table, hour), DATA_FILE)
 
 
 ROW_GROUP_ROWS = 1 << 20
@@ -87,18 +66,18 @@ ROW_GROUP_ROWS = 1 << 20
 UNIQUE_VALUED = {"time_flow_start_ns", "time_flow_end_ns", "time_received_ns"}
 
 
-def write_partition(root: str | Path, table: str, hour: datetime, rows: pa.Table) -> Path:
+def write_partition(root: str | Path, table: str, hour: datetime, rows: pa.Table) -> str:
     """Replace the partition of `table` for `hour` with `rows` (possibly empty)."""
     return write_partition_pieces(root, table, hour, [rows])
 
 
-def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces: Iterable[pa.Table]) -> Path:
+def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces: Iterable[pa.Table]) -> str:
     """Replace the partition of `table` for `hour` with the rows of `pieces`, in order, streamed
     into row groups of ROW_GROUP_ROWS, so only one row group is ever held at once."""
     schema = TABLES[table]
-    final = partition_dir(root, table, hour) / DATA_FILE
+    final = partition_file(root, table, hour)
 
-    def write(path: Path) -> None:
+    def write(path: str) -> None:
         dictionary = [name for name in schema.names if name not in UNIQUE_VALUED]
         with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary) as writer:
             pending, written = schema.empty_table(), 0
@@ -110,36 +89,46 @@ def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces:
             if pending.num_rows or not written:  # an empty partition still gets its empty row group
                 writer.write_table(pending, row_group_size=ROW_GROUP_ROWS)
 
-    _replace_atomically(final, write)
+    storage.publish(final, write)
     return final
 
 
+def read_parquet(location: str, **options) -> pa.Table:
+    with storage.open_input(location) as handle:
+        return pq.read_table(handle, **options)
+
+
 def read_partition(root: str | Path, table: str, hour: datetime) -> pa.Table | None:
-    path = partition_dir(root, table, hour) / DATA_FILE
-    return pq.read_table(path) if path.exists() else None
+    path = partition_file(root, table, hour)
+    return read_parquet(path) if storage.exists(path) else None
 
 
-def write_json(path: Path, payload: dict) -> None:
-    _replace_atomically(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, sort_keys=True)))
+def write_json(path: str, payload: dict) -> None:
+    storage.publish(path, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=2, sort_keys=True)))
 
 
-def stats_path(root: str | Path, hour: datetime, stage: str) -> Path:
+def stats_path(root: str | Path, hour: datetime, stage: str) -> str:
     """Per-hour bookkeeping of a stage (row counts, job state handed to the next hour)."""
-    return Path(root) / "_state" / f"date={hour:%Y-%m-%d}" / f"hour={hour:%H}" / f"{stage}.json"
+    return storage.join(root, "_state", f"date={hour:%Y-%m-%d}", f"hour={hour:%H}", f"{stage}.json")
 
 
 def read_stats(root: str | Path, hour: datetime, stage: str) -> dict | None:
     path = stats_path(root, hour, stage)
-    return json.loads(path.read_text()) if path.exists() else None
+    return json.loads(storage.read_bytes(path)) if storage.exists(path) else None
 
 
-def topology_path(root: str | Path) -> Path:
-    return Path(root) / "topology" / DATA_FILE
+def topology_path(root: str | Path) -> str:
+    return storage.join(root, "topology", DATA_FILE)
 
 
 def write_topology(root: str | Path, inventory: pa.Table) -> None:
     """The NIC inventory the run used, for the reports (not partitioned: it describes the fleet)."""
-    _replace_atomically(topology_path(root), lambda path: pq.write_table(inventory, path))
+    storage.publish(topology_path(root), lambda path: pq.write_table(inventory, path))
+
+
+def partition_files(root: str | Path, table: str) -> list[str]:
+    """The `data.parquet` of every partition of `table`, in hour order."""
+    return storage.files_matching(storage.join(root, table), f"*/*/{DATA_FILE}")
 
 
 def client_columns(schema: pa.Schema) -> str:
@@ -155,53 +144,72 @@ RANGE_PRUNED_TABLES = ("flows", "flow_minutes")  # see sql/views.sql
 def views_sql(root: str | Path) -> str:
     """The DDL of sql/views.sql for this warehouse; tables with no partition yet get an empty
     table of the right columns instead of a view, since DuckDB cannot bind a glob of no files."""
-    root = Path(root).resolve()
+    location = str(Path(root).resolve()) if storage.is_local(root) else str(root).rstrip("/")
     statements = []
     template = (SQL_DIR / "views.sql").read_text()
     for name in TABLES:
-        if any((root / name).glob(f"*/*/{DATA_FILE}")):
-            statements.append(template.replace("@TABLE@", name).replace("@WAREHOUSE@", str(root))
+        if partition_files(root, name):
+            statements.append(template.replace("@TABLE@", name).replace("@WAREHOUSE@", location)
                               .replace("@COLUMNS@", client_columns(TABLES[name]))
                               .replace("@UNION_BY_NAME@", str(name not in RANGE_PRUNED_TABLES).lower()))
-    if any((root / "jobs").glob(f"*/*/{DATA_FILE}")):
+    if partition_files(root, "jobs"):
         statements.append((SQL_DIR / "job_latest.sql").read_text())
-    if topology_path(root).exists():
-        statements.append((SQL_DIR / "topology.sql").read_text().replace("@WAREHOUSE@", str(root)))
+    if storage.exists(topology_path(root)):
+        statements.append((SQL_DIR / "topology.sql").read_text().replace("@WAREHOUSE@", location))
     return "\n".join(statements)
 
 
-def refresh_database(root: str | Path) -> Path:
-    """Rebuild `prism.duckdb` aside and swap it in."""
-    root = Path(root)
-    final = root / DATABASE_FILE
+def _register_filesystem(con: duckdb.DuckDBPyConnection, root: str | Path) -> None:
+    """Lets DuckDB read a warehouse on an object store (storage.duckdb_filesystem)."""
+    filesystem = storage.duckdb_filesystem(root)
+    if filesystem is not None:
+        con.register_filesystem(filesystem)
 
-    def build(path: Path) -> None:
-        path.unlink(missing_ok=True)
-        with duckdb.connect(str(path), config={"storage_compatibility_version": CLIENT_STORAGE_VERSION}) as con:
+
+def refresh_database(root: str | Path) -> str:
+    """Rebuild `prism.duckdb` aside and publish it."""
+    final = storage.join(root, DATABASE_FILE)
+
+    def build(path: str) -> None:
+        Path(path).unlink(missing_ok=True)
+        with duckdb.connect(path, config={"storage_compatibility_version": CLIENT_STORAGE_VERSION}) as con:
+            _register_filesystem(con, root)
             con.execute(views_sql(root))
             for name, schema in TABLES.items():
-                if not any((root / name).glob(f"*/*/{DATA_FILE}")):
+                if not partition_files(root, name):
                     placeholder = schema.empty_table()  # noqa: F841 - read by DuckDB's replacement scan
                     # the partition columns too, so queries read an empty table as they read a view
                     con.execute(f"CREATE TABLE {name} AS SELECT {client_columns(schema)}, "
                                 "NULL::DATE AS date, NULL::INTEGER AS hour FROM placeholder")
 
-    _replace_atomically(final, build)
+    storage.publish(final, build)
     return final
 
 
 def connect(root: str | Path, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(str(Path(root) / DATABASE_FILE), read_only=read_only)
+    """The warehouse's catalog. On an object store, a read-only copy of it, whose views read the
+    store's partitions through storage.duckdb_filesystem."""
+    if storage.is_local(root):
+        return duckdb.connect(str(Path(root) / DATABASE_FILE), read_only=read_only)
+    copy = tempfile.NamedTemporaryFile(prefix="prism-", suffix=".duckdb", delete=False)
+    with copy:
+        copy.write(storage.read_bytes(storage.join(root, DATABASE_FILE)))
+    try:
+        con = duckdb.connect(copy.name, read_only=True)
+    finally:
+        os.unlink(copy.name)  # the open connection keeps it readable
+    _register_filesystem(con, root)
+    return con
 
 
 def load_tables(root: str | Path) -> dict[str, pa.Table]:
     """Every table of the warehouse over all hours (for scoring and small reports), plus
     `ingest_stats`: the per-hour ingest counts."""
-    root = Path(root)
     tables = {}
     for name, schema in TABLES.items():
-        files = sorted((root / name).glob(f"*/*/{DATA_FILE}"))
-        tables[name] = pa.concat_tables([pq.read_table(f, schema=schema) for f in files]) if files else schema.empty_table()
-    stats = [json.loads(p.read_text()) for p in sorted((root / "_state").glob("*/*/ingest.json"))]
+        files = partition_files(root, name)
+        tables[name] = pa.concat_tables([read_parquet(f, schema=schema) for f in files]) if files else schema.empty_table()
+    state_files = storage.files_matching(storage.join(root, "_state"), "*/*/ingest.json")
+    stats = [json.loads(storage.read_bytes(path)) for path in state_files]
     tables["ingest_stats"] = pa.Table.from_pylist(stats) if stats else pa.table({"duplicates": pa.array([], pa.int64())})
     return tables

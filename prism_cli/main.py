@@ -40,8 +40,15 @@ def check_range(first: datetime | None, end: datetime | None) -> None:
         fail(f"the range is empty: --to/--end {end:%Y-%m-%d %H:%M} is not after its start {first:%Y-%m-%d %H:%M}")
 
 
-def check_warehouse(warehouse: Path) -> None:
-    """The warehouse is a directory, or a path one can be made at."""
+WAREHOUSE_HELP = "Warehouse directory, or object store prefix (s3://bucket/prefix; docs/object-storage.md)"
+
+
+def check_warehouse(location: str) -> None:
+    """A local warehouse is a directory, or a path one can be made at (an object store prefix
+    always can be)."""
+    if "://" in location:
+        return
+    warehouse = Path(location)
     existing = next((p for p in (warehouse, *warehouse.parents) if p.exists()), None)
     if warehouse.exists() and not warehouse.is_dir():
         fail(f"--warehouse {warehouse} is a file, not a directory")
@@ -120,8 +127,8 @@ def simulate(
 @app.command(context_settings=BEAM_ARGS)
 def run(
     ctx: typer.Context,
-    flows: Annotated[str, typer.Option(help="Directory of flow files (Parquet, goflow2 JSONL, CSV)")],
-    warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
+    flows: Annotated[str, typer.Option(help="Directory (or object store prefix) of flow files (Parquet, goflow2 JSONL, CSV)")],
+    warehouse: Annotated[str, typer.Option(help=WAREHOUSE_HELP)] = "prism-warehouse",
     topology: Annotated[Optional[Path], typer.Option(help="NIC inventory CSV")] = None,
     no_topology: Annotated[bool, typer.Option(help="Run without an inventory: every address its own host")] = False,
     start: Annotated[Optional[str], typer.Option(help="First hour (UTC); default: first flow")] = None,
@@ -164,7 +171,7 @@ def _run_with_progress(flows, warehouse, first, last, topology, beam_args, no_to
     with progress_bar("stages") as progress:
         task = progress.add_task("starting", total=stages)
         summary = run_hours(
-            flows, str(warehouse), first, last,
+            flows, warehouse, first, last,
             topology_path=str(topology) if topology else None,
             no_topology=no_topology,
             beam_args=beam_args,
@@ -175,7 +182,7 @@ def _run_with_progress(flows, warehouse, first, last, topology, beam_args, no_to
         return summary
 
 
-def _print_run(summary, warehouse: Path) -> None:
+def _print_run(summary, warehouse: str) -> None:
     table = Table(title="rows written per hour")
     table.add_column("table")
     for hour in summary.per_hour:
@@ -198,13 +205,15 @@ def _print_run(summary, warehouse: Path) -> None:
             f"[yellow]{counters['analysis_errors']} job analyses failed[/]: each is an analysis_error row of "
             "issues, naming the stage and the exception"
         )
-    console.print(f"warehouse: {warehouse}/  (DuckDB: duckdb -readonly {warehouse}/prism.duckdb)")
+    duckdb_hint = (f"duckdb -readonly {warehouse}/prism.duckdb" if "://" not in warehouse
+                   else "ATTACH it through httpfs: docs/object-storage.md")
+    console.print(f"warehouse: {warehouse}/  (DuckDB: {duckdb_hint})")
 
 
 @app.command()
 def evaluate(
     truth: Annotated[Path, typer.Option(help="The simulator's truth/ directory")],
-    warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
+    warehouse: Annotated[str, typer.Option(help=WAREHOUSE_HELP)] = "prism-warehouse",
     as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the figures as JSON")] = False,
     fail_on_miss: Annotated[
         bool, typer.Option("--fail/--no-fail", help="Exit 1 when a figure misses its target (--no-fail: report only)")
@@ -247,7 +256,7 @@ def _print_scores(scores: dict) -> None:
 
 @app.command()
 def report(
-    warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
+    warehouse: Annotated[str, typer.Option(help=WAREHOUSE_HELP)] = "prism-warehouse",
     start: Annotated[Optional[str], typer.Option("--from", help="First instant (UTC)")] = None,
     end: Annotated[Optional[str], typer.Option("--to", help="End, exclusive (UTC)")] = None,
     out: Annotated[Path, typer.Option(help="HTML file")] = Path("prism-report.html"),
@@ -268,7 +277,7 @@ def report(
 @app.command("export-trace")
 def export_trace(
     job: Annotated[str, typer.Option(help="job_id")],
-    warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
+    warehouse: Annotated[str, typer.Option(help=WAREHOUSE_HELP)] = "prism-warehouse",
     out: Annotated[Path, typer.Option(help="Trace JSON file")] = Path("trace.json"),
 ) -> None:
     """One job's timeline (attempts, steps, DP sync, issues) as trace-event JSON for Perfetto."""
@@ -285,7 +294,7 @@ def export_trace(
 @app.command()
 def demo(
     data: Annotated[Path, typer.Option(help="Where the simulated cluster is written")] = Path("prism-data"),
-    warehouse: Annotated[Path, typer.Option(help="Warehouse directory")] = Path("prism-warehouse"),
+    warehouse: Annotated[str, typer.Option(help=WAREHOUSE_HELP)] = "prism-warehouse",
     scenario: Annotated[str, typer.Option(help="Simulator scenario")] = "tiny",
 ) -> None:
     """Simulate a small cluster, run the pipeline on the DirectRunner, and score the result."""

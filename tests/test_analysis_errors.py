@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -136,8 +137,8 @@ def test_a_failed_analysis_run_leaves_no_shuffle_staging_and_no_state(clean_run,
     scenario, clean_root, hours, _ = clean_run
     root = tmp_path / "warehouse"
     shutil.copytree(clean_root, root)
-    warehouse.stats_path(root, hours[1], "analysis").unlink()
-    path = warehouse.partition_dir(root, "flows", hours[1]) / warehouse.DATA_FILE
+    Path(warehouse.stats_path(root, hours[1], "analysis")).unlink()
+    path = warehouse.partition_file(root, "flows", hours[1])
     pq.write_table(pq.read_table(path).drop_columns(["sampler_address"]), path)
     with pytest.raises(Exception, match="sampler_address"):
         run_analysis(str(root), hours[1], load_topology(str(scenario / "topology.csv")))

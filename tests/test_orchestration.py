@@ -227,8 +227,7 @@ def test_checks_pass_on_good_data_and_fail_on_a_broken_partition(orchestrated, c
         steps = warehouse.read_partition(copied_warehouse, "steps", first)
         warehouse.write_partition(copied_warehouse, "steps", hours[1], steps.slice(0, 1))  # a step twice
         quarantine = warehouse.read_partition(copied_warehouse, "quarantine", first)
-        pq.write_table(quarantine.drop_columns(["raw"]), warehouse.partition_dir(copied_warehouse, "quarantine", first)
-                       / warehouse.DATA_FILE)
+        pq.write_table(quarantine.drop_columns(["raw"]), warehouse.partition_file(copied_warehouse, "quarantine", first))
         warehouse.refresh_database(copied_warehouse)
 
         result = run_job(defs, instance, "prism_checks")
@@ -245,7 +244,7 @@ def test_checks_pass_on_good_data_and_fail_on_a_broken_partition(orchestrated, c
 
 
 def test_analysis_does_not_start_over_after_an_unanalyzed_hour(copied_warehouse, tiny, hours, tmp_path):
-    warehouse.stats_path(copied_warehouse, hours[1], "analysis").unlink()
+    Path(warehouse.stats_path(copied_warehouse, hours[1], "analysis")).unlink()
     defs = definitions_for(tiny, copied_warehouse, hours)
     before = warehouse.read_partition(copied_warehouse, "jobs", hours[2])
     with DagsterInstance.local_temp(str(make_home(tmp_path / "home"))) as instance:

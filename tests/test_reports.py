@@ -9,6 +9,7 @@ import json
 import shutil
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -215,7 +216,7 @@ def test_reports_read_only_the_partitions_of_their_range(small, tmp_path):
     shutil.copytree(small.root, root)
     warehouse.refresh_database(root)  # views of the copy
     for table in ("flows", "flow_minutes"):
-        (warehouse.partition_dir(root, table, HOUR_10) / warehouse.DATA_FILE).write_bytes(b"not parquet")
+        Path(warehouse.partition_file(root, table, HOUR_10)).write_bytes(b"not parquet")
     with reports.connect(root, HOUR_10 - timedelta(hours=1), HOUR_10, small.topology) as con:
         results = {name: reports.run_report(con, name) for name in reports.report_names()}
     assert results["traffic_rollup"].num_rows == 2  # 09:50 and 09:55

@@ -36,11 +36,11 @@ def test_partitions_stream_from_staged_and_in_memory_pieces_then_the_state(tmp_p
                    state={"ingest": {"flows": 9}}),
         HourTables(HOUR1, {"flows": [], "quarantine": [QUARANTINE.empty_table()]}, state={"ingest": {"flows": 0}}),
     ])
-    flows = pq.ParquetFile(warehouse.partition_dir(root, "flows", HOUR0) / warehouse.DATA_FILE)
+    flows = pq.ParquetFile(warehouse.partition_file(root, "flows", HOUR0))
     assert [flows.metadata.row_group(i).num_rows for i in range(flows.num_row_groups)] == [4, 4, 1]
     assert flows.read().equals(pa.concat_tables(minutes).combine_chunks())
     assert warehouse.read_partition(root, "quarantine", HOUR0)["reason"].to_pylist() == ["a", "a", "b"]
-    empty = pq.ParquetFile(warehouse.partition_dir(root, "flows", HOUR1) / warehouse.DATA_FILE)
+    empty = pq.ParquetFile(warehouse.partition_file(root, "flows", HOUR1))
     assert (empty.num_row_groups, empty.metadata.num_rows) == (1, 0)  # still one (empty) row group
     assert [warehouse.read_stats(root, h, "ingest") for h in (HOUR0, HOUR1)] == [{"flows": 9}, {"flows": 0}]
 

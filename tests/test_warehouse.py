@@ -7,13 +7,14 @@ import sys
 import textwrap
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import warehouse
+from pipelines import storage, warehouse
 from prism_core.schema import QUARANTINE
 
 HOUR = datetime(2026, 11, 22, 5, tzinfo=timezone.utc)
@@ -31,7 +32,7 @@ def test_partition_is_replaced_not_appended(tmp_path):
     warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(3, "new"))
     table = warehouse.read_partition(tmp_path, "quarantine", HOUR)
     assert table.num_rows == 3 and set(table["reason"].to_pylist()) == {"new"}
-    assert [p.name for p in warehouse.partition_dir(tmp_path, "quarantine", HOUR).iterdir()] == ["data.parquet"]
+    assert [p.name for p in Path(warehouse.partition_dir(tmp_path, "quarantine", HOUR)).iterdir()] == ["data.parquet"]
 
 
 def test_views_read_partitions_with_typed_hive_columns(tmp_path):
@@ -47,7 +48,7 @@ def test_views_read_partitions_with_typed_hive_columns(tmp_path):
 
 def test_views_read_partitions_written_before_a_column_was_added(tmp_path):
     later = HOUR.replace(hour=6)
-    old = warehouse.partition_dir(tmp_path, "quarantine", HOUR)
+    old = Path(warehouse.partition_dir(tmp_path, "quarantine", HOUR))
     old.mkdir(parents=True)
     pq.write_table(quarantine_rows(2, "old").drop_columns(["raw"]), old / "data.parquet")
     warehouse.write_partition(tmp_path, "quarantine", later, quarantine_rows(1, "new"))
@@ -90,7 +91,7 @@ def test_writer_killed_mid_write_leaves_previous_partition(tmp_path):
     )
     writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=os.getcwd())
     assert writer.stdout.readline().strip() == b"writing"
-    directory = warehouse.partition_dir(tmp_path, "quarantine", HOUR)
+    directory = Path(warehouse.partition_dir(tmp_path, "quarantine", HOUR))
     deadline = time.monotonic() + 60
     while not list(directory.glob(".data.parquet.*.tmp")):  # kill while a temporary file is open
         assert time.monotonic() < deadline, "writer never started a write"
@@ -106,7 +107,7 @@ def test_writer_killed_mid_write_leaves_previous_partition(tmp_path):
     # A killed writer's temporary file is hidden from readers, and removed once it is old enough
     # to be nobody's.
     leftovers = list(directory.glob(".data.parquet.*.tmp"))
-    hour_ago = time.time() - warehouse.ABANDONED_AFTER_S - 1
+    hour_ago = time.time() - storage.ABANDONED_AFTER_S - 1
     for leftover in leftovers:
         os.utime(leftover, (hour_ago, hour_ago))
     warehouse.write_partition(tmp_path, "quarantine", HOUR, quarantine_rows(2, "next"))
