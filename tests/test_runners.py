@@ -137,7 +137,7 @@ def test_the_pipelines_use_only_primitives_every_runner_executes(demo, tmp_path)
     recognition = recognize(warehouse.read_partition(root, "flow_minutes", hour),
                             load_topology(str(data / "topology.csv")), previous, hour_ns, DEFAULT_PARAMS)
     analysis = beam.Pipeline(runner=FnApiRunner())
-    flows_path = str(warehouse.partition_dir(root, "flows", hour) / warehouse.DATA_FILE)
+    flows_path = warehouse.partition_file(str(root), "flows", hour)
     build_analysis(analysis, str(root), hour, flows_path, recognition, previous, str(tmp_path), DEFAULT_PARAMS,
                    workers=1)
 
