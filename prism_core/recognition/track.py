@@ -113,8 +113,8 @@ class Track:
 
 def hosts_held_in_part(src: np.ndarray, dst: np.ndarray, size: np.ndarray, vocabulary: NicVocabulary,
                        tolerance: float) -> np.ndarray:
-    """Hosts on which a job's traffic rows (NIC codes `src` -> `dst`, top `size`) show it holds
-    GPUs only up to one below the host's last. Ranks are consecutive on a host, so a pipeline hop
+    """Hosts on which a job's traffic rows (NIC codes `src` -> `dst`, top `size`) show it ends
+    before the host's last GPU. Ranks are consecutive on a host, so a pipeline hop
     between two hosts (or the embedding exchange between the first and last stage) joins the job's
     last GPUs on one with its first on the other, and with PXN each way arrives on the receiver's
     rail: one transfer size (within `tolerance`, exporters' header bytes) crossing between two
@@ -143,8 +143,8 @@ def hosts_held_in_part(src: np.ndarray, dst: np.ndarray, size: np.ndarray, vocab
         np.bincount(crossing_of, weights=~upward, minlength=n) > 0) & ~shared_rail
     top = np.full(n, -1)
     np.maximum.at(top, crossing_of, rail)
-    arrives = hop[crossing_of] & (rail == top[crossing_of]) & ~vocabulary.on_last_rail(dst)
-    return np.unique(dst_host[arrives])
+    arrives = np.flatnonzero(hop[crossing_of] & (rail == top[crossing_of]))
+    return np.unique(dst_host[arrives[~vocabulary.on_last_rail(dst[arrives])]])
 
 
 def job_id(minute_ns: int, addrs: list[str]) -> str:
