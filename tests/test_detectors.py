@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from prism_core.constants import DP, UNCLASSIFIED
+from prism_core.constants import DP, PP, UNCLASSIFIED
 from prism_core.constants import NS_PER_S as NS
 from prism_core.diagnosis import DEFAULT_PARAMS as PARAMS
 from prism_core.diagnosis import (
@@ -339,6 +339,43 @@ def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
     assert issue.subject == "gpu2" and issue.kind == "straggler"
     assert issue.wasted_gpu_s == pytest.approx(0.2 * 15 * 8, rel=0.1)  # 0.2 s a step, 15 steps, 8 GPUs
     assert json.loads(issue.evidence)["late_steps"] == 15
+
+
+def _pipeline_job(slow_replica: int | None, n: int = 40) -> JobHour:
+    """Two stages of two DP replicas on one-GPU hosts (stage 0: hosts 0, 1; stage 1: hosts 2, 3;
+    replica r on hosts r and r + 2), four micro-batches a step: each forward send from stage 0
+    answered by a backward send from stage 1. In every step the stage-0 host of `slow_replica`
+    computes slowly: its i-th forward leaves 0.1 * (i + 1) s after its peer's, and its replica's
+    backward sends follow as late."""
+    durations = jittered(n) + (0.4 if slow_replica is not None else 0.0)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
+    step, replica, micro = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(2), np.arange(4), indexing="ij"))
+    delay = np.where(replica == slow_replica, 0.1 * (micro + 1), 0.0)
+    forward = step_start[step] + 0.05 + 0.15 * micro + delay
+    backward = forward + 0.08
+    jitter = np.random.default_rng(4).uniform(0, 0.001, 2 * len(step))
+    start = np.r_[forward, backward] + jitter
+    flows = {"start": start, "end": start + 0.01, "src": np.r_[replica, replica + 2],
+             "dst": np.r_[replica + 2, replica], "nbytes": np.full(len(start), 4 << 20),
+             "kind": np.full(len(start), PP, np.int8)}
+    stages = np.array([0, 0, 1, 1])
+    return make_hour(durations, hosts=4, flows=flows, stage_of_host=stages, stage_of_addr=stages,
+                     replica_of_addr=np.array([0, 1, 0, 1]))
+
+
+def test_a_replica_slow_in_every_step_is_the_straggler_its_peers_wait_for():
+    # no step is without it, so its own timing is no reference: its stage peer's is
+    job = _pipeline_job(slow_replica=0)
+    culprit, behind_s = stragglers.straggler_steps(job, np.zeros(job.n_steps, bool), PARAMS)
+    assert (culprit == 0).all()  # host 0, not host 2 whose backward sends only follow it
+    assert behind_s[10] == pytest.approx(0.4, abs=0.01)  # its last forward, 0.4 s behind its peer's
+    (window,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
+    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
+    fit = fit_without_writes(job, masks)
+    (issue,), _ = stragglers.straggler_issues(job, [window], None, masks, np.zeros(job.n_steps, bool), fit, PARAMS)
+    assert issue.subject == "gpu0"
+    assert issue.wasted_gpu_s == pytest.approx(0.4 * 40 * 4, rel=0.1)  # 0.4 s a step, 40 steps, 4 GPUs
+    assert (stragglers.straggler_steps(_pipeline_job(slow_replica=None), np.zeros(40, bool), PARAMS)[0] == -1).all()
 
 
 # --- degradation -----------------------------------------------------------------------------------

@@ -162,6 +162,30 @@ def test_a_job_on_part_of_its_hosts_leaves_their_silent_nics_out():
     assert sorted(set(found.membership["gpu"].to_pylist())) == [4, 5, 6, 7]
 
 
+def pipeline_hop(sender, receiver, minutes, size, forward_rail, backward_rail):
+    """flow_minutes rows of a pipeline hop between two hosts through PXN: the forward activations
+    arrive on `forward_rail` of the receiver, the gradients back on `backward_rail` of the sender."""
+    return [pair_row(HOUR0 + m * MINUTE_NS, f"10.0.{a}.{rail}", f"10.0.{b}.{rail}", size, 12,
+                     HOUR0 + m * MINUTE_NS + SECOND, HOUR0 + m * MINUTE_NS + 59 * SECOND)
+            for m in minutes for a, b, rail in ((sender, receiver, forward_rail), (receiver, sender, backward_rail))]
+
+
+def test_pipeline_hops_tell_a_job_on_the_first_gpus_of_idle_hosts_from_a_job_of_whole_hosts():
+    # two replicas of a 4-stage pipeline, two stages per host, alone on GPUs 0-1 of four hosts:
+    # the DP ring shows rails 0 and 1 as a job of whole hosts whose other GPUs stay on NVLink would,
+    # but the hop from stage 1 to 2 comes back on rail 1, so the host's GPUs end at GPU 1: 8 GPUs
+    topology = inventory(4)
+    minutes = range(5)
+    rows = ring([0, 2], minutes, 64 << 20, rails=[0, 1]) + ring([1, 3], minutes, 64 << 20, rails=[0, 1])
+    hops = pipeline_hop(0, 1, minutes, 4 << 20, 0, 1) + pipeline_hop(2, 3, minutes, 4 << 20, 0, 1)
+    found = recognize_hour(table(rows + hops), topology, None, HOUR0)
+    assert found.jobs["n_gpus"].to_pylist() == [8]
+    assert sorted(set(found.membership["gpu"].to_pylist())) == [0, 1]
+    # the same hop coming back on the host's last rail is the last stage of a host held whole
+    hops = pipeline_hop(0, 1, minutes, 4 << 20, 0, 7) + pipeline_hop(2, 3, minutes, 4 << 20, 0, 7)
+    assert recognize_hour(table(rows + hops), topology, None, HOUR0).jobs["n_gpus"].to_pylist() == [32]
+
+
 def test_a_job_on_hosts_another_left_this_hour_holds_them_whole():
     # a job of whole hosts ends at minute 10; from minute 20 another on the same hosts shows only
     # rails 0-3 (its other GPUs' NICs talked this hour, for the first job): both hold 16 GPUs

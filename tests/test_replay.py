@@ -10,11 +10,19 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from prism_core.diagnosis import DEFAULT_PARAMS as DIAGNOSIS_PARAMS
+from prism_core.diagnosis import stragglers
+from prism_core.diagnosis.job_hour import JobHour
+from prism_core.ingest import dedupe, parse_flow_file
+from prism_core.minutes import HOUR_NS, minute_aggregates
+from prism_core.recognition import recognize_hour
 from prism_core.simulate import SCENARIOS, write_scenario
 from prism_core.simulate.replay import DEFAULT_WHATIF, Trace, TraceError
+from prism_core.topology import Topology
 
 WHATIF = Path(os.environ.get("PRISM_WHATIF", DEFAULT_WHATIF))
 pytestmark = pytest.mark.skipif(not (WHATIF / "README.md").exists(),
@@ -38,6 +46,12 @@ def replayed(tmp_path_factory):
 
 def truth(out: Path, table: str) -> dict:
     return pq.read_table(out / "truth" / f"{table}.parquet").to_pydict()
+
+
+def clean_flows(out: Path) -> pa.Table:
+    """The replay's flow records as ingest keeps them: parsed, without duplicates."""
+    files = sorted((out / "flows").iterdir())
+    return dedupe(pa.concat_tables([parse_flow_file(f.read_bytes(), f.name).clean for f in files]))[0]
 
 
 @pytest.mark.parametrize("name, trace", [("replay-ar", "AR"), ("replay-st", "ST")])
@@ -78,6 +92,37 @@ def test_job_gpus_and_flows_follow_the_placement(replayed):
     pairs = truth(out, "pairs")
     assert {(s, d) for s, d in zip(pairs["src_addr"], pairs["dst_addr"])} <= set(flows)
     assert set(pairs["kind"]) == {"dp", "pp", "other"}
+
+
+def test_the_eight_gpu_replay_is_recognized_as_its_eight_gpus(replayed):
+    """ST holds GPUs 0-1 of four otherwise idle hosts: its DP ring shows the rails a job of whole
+    hosts would, but its pipeline hops show where its GPUs on each host end."""
+    out = replayed("replay-st")
+    flows = clean_flows(out)
+    topology = Topology.from_csv_bytes((out / "topology.csv").read_bytes())
+    found = recognize_hour(minute_aggregates(flows), topology, None, SCENARIOS["replay-st"].start_ns)
+    assert found.jobs["n_gpus"].to_pylist() == [8]
+    members = {(row["host"], row["gpu"]) for row in found.membership.to_pylist()}
+    assert members == {(f"gpu000{h}", g) for h in range(4) for g in (0, 1)}
+
+
+def test_the_slow_worker_is_the_straggler_its_stage_peers_wait_for(replayed):
+    """AR's slow worker (dp rank 0 of stage 0, on gpu0000) is slow in every step: on the true
+    steps and pairs, the straggler detector names its host in most steps, as far behind its stage
+    peer as the what-if analysis says it costs (half of each step: 46.3 s measured, 23.4 s without it)."""
+    out = replayed("replay-ar", minutes=12)
+    flows = clean_flows(out)
+    tables = {name: pq.read_table(out / "truth" / f"{name}.parquet") for name in ("job_gpus", "pairs", "steps")}
+    start_ns = SCENARIOS["replay-ar"].start_ns
+    job = JobHour.build("sim-job-000", flows, tables["job_gpus"], tables["pairs"], tables["steps"], None, None,
+                        start_ns, start_ns + HOUR_NS, DIAGNOSIS_PARAMS)
+    everything = np.zeros(job.n_steps, bool)
+    culprit, behind_s = stragglers.straggler_steps(job, everything, DIAGNOSIS_PARAMS)
+    named = culprit == list(job.hosts).index("gpu0000")
+    assert named.mean() >= 0.6
+    assert 0.4 < np.median(behind_s[named] / job.duration[named]) < 0.6
+    longest = max(stragglers.straggler_windows(job, everything, None, DIAGNOSIS_PARAMS), key=lambda w: len(w.run))
+    assert job.hosts[longest.code] == "gpu0000"
 
 
 def test_a_pipeline_send_starts_when_the_receiver_is_ready(replayed):

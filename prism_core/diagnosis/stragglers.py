@@ -3,14 +3,19 @@
 Each DP/PP flow is compared with the same flow (same kind, size, order) of the hosts of the same
 pipeline stage in the same step; a host alone in its stage is compared with its own timing in the
 other steps, as a share of the step (a flow whose stage peers' flows were left out is not
-compared: its share moves with the job's pace). The host that sends the earliest late flow of a
-step is that step's culprit; a host that is the culprit of enough nearby steps is a straggler.
+compared: its share moves with the job's pace). A pipeline send is late by how far it trails its
+stage peers' (the DP replicas of a stage send their micro-batches at the same moments, so a
+replica that trails them in every step is the slow one, however long it has been); a DP flow by
+how much more than usual it trails them (a ring's members start their sends in turn, the same
+ones later every step). The host that sends the earliest late flow of a step is that step's
+culprit; a host that is the culprit of enough nearby steps is a straggler.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from prism_core import waste
 from prism_core.arrays import MAD_TO_SIGMA, combined_key, group_first_index, group_median, group_mode, group_reduce
 from prism_core.constants import PP
 
@@ -24,22 +29,22 @@ from .windows import Window, excess, find_windows, measure, position, still_open
 
 def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams) -> tuple[np.ndarray, np.ndarray]:
     """Per step (but the `excluded` ones and those split across hours): the host that sent the
-    earliest late DP/PP flow (-1 when none), and how late that flow was (seconds, or share of the
-    step for a host alone in its stage)."""
+    earliest late DP/PP flow (-1 when none), and how far behind its peers that host fell (seconds:
+    its latest flow's lateness)."""
     culprit = np.full(job.n_steps, -1)
-    lateness = np.zeros(job.n_steps)
+    behind_s = np.zeros(job.n_steps)
     sel = (job.step >= 0) & (job.kind <= PP)
     sel &= ~(excluded | job.split)[np.maximum(job.step, 0)]
     if not sel.any():
-        return culprit, lateness
+        return culprit, behind_s
     host = job.host_of_addr[job.src[sel]]
     # a transfer class: kind, size and direction along the pipeline (forward or backward)
     direction = np.sign(job.stage_of_host[job.host_of_addr[job.dst[sel]]] - job.stage_of_host[host]) + 1
     size = np.unique(job.nbytes[sel], return_inverse=True)[1]
     kind = combined_key(job.kind[sel], size, direction)
-    step, start = job.step[sel], job.start[sel]
+    step, start, pipeline = job.step[sel], job.start[sel], job.kind[sel] == PP
     order = np.lexsort((start, host, kind, step))
-    step, kind, start, host = step[order], kind[order], start[order], host[order]
+    step, kind, start, host, pipeline = step[order], kind[order], start[order], host[order], pipeline[order]
     # The n-th flow of a host is compared with the n-th flow of its peers. So a host that sent
     # an unusual number of flows in a step (a lost record, a flow across the step boundary)
     # is left out of that step, and classes whose count varies from step to step (MoE
@@ -50,9 +55,10 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     usual = sent == group_mode(class_of_host, sent)
     regular = group_reduce(class_of_host, usual / sent, np.add) / group_reduce(class_of_host, 1.0 / sent, np.add)
     kept = usual & (regular >= params.regular_share)
-    step, kind, start, host, sender_group = (a[kept] for a in (step, kind, start, host, sender_group))
+    step, kind, start, host, pipeline, sender_group = (
+        a[kept] for a in (step, kind, start, host, pipeline, sender_group))
     if not len(step):
-        return culprit, lateness
+        return culprit, behind_s
     ordinal = np.arange(len(step)) - group_first_index(sender_group)
     stage = job.stage_of_host[host]
     peers = combined_key(step, kind, stage, ordinal)
@@ -64,52 +70,63 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # only a host alone in its stage has to live with.
     alone = np.bincount(job.stage_of_host + 1)[stage + 1] < 2  # hosts in the stage
     compared = alone | (peer_hosts >= 2)
-    step, kind, start, host, ordinal, peer_first, alone = (
-        a[compared] for a in (step, kind, start, host, ordinal, peer_first, alone))
+    step, kind, start, host, pipeline, ordinal, peer_first, alone = (
+        a[compared] for a in (step, kind, start, host, pipeline, ordinal, peer_first, alone))
     position_in_step = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
     structure = combined_key(kind, host, ordinal)
     # median and MAD: robust while a straggler makes up to half of the steps late
     usual = group_median(structure, position_in_step)
     noise = MAD_TO_SIGMA * group_median(structure, np.abs(position_in_step - usual))
+    usual[pipeline & ~alone] = 0.0  # stage peers' pipeline sends keep in step: trailing them is late
     seen = group_reduce(structure, np.ones(len(step)), np.add)
     excess_s = position_in_step - usual
     late = (excess_s > np.where(alone, params.late_min_share, params.late_min_s))
     late &= (excess_s > params.late_sigmas * noise) & (seen >= params.late_min_samples)
     if not late.any():
-        return culprit, lateness
+        return culprit, behind_s
     late_idx = np.flatnonzero(late)
     earliest = late_idx[np.lexsort((start[late_idx], step[late_idx]))]
     first = np.r_[True, step[earliest][1:] != step[earliest][:-1]]
     chosen = earliest[first]
     culprit[step[chosen]] = host[chosen]
-    lateness[step[chosen]] = excess_s[chosen]
-    return culprit, lateness
+    late_s = np.where(alone, excess_s * job.duration[step], excess_s)
+    culprits_flows = late & (host == culprit[step])
+    np.maximum.at(behind_s, step[culprits_flows], late_s[culprits_flows])
+    return culprit, behind_s
 
 
 def straggler_windows(job: JobHour, excluded: np.ndarray, previous: OpenWindow | None,
                       params: DiagnosisParams) -> list[Window]:
     """The stragglers' windows, from the steps not `excluded` (slow links make their receivers
     late too)."""
-    culprit, lateness = straggler_steps(job, excluded, params)
+    culprit, behind_s = straggler_steps(job, excluded, params)
     carried = position(job.hosts, previous.name) if previous else -1
-    return find_windows(job, culprit, lateness, carried, params)
+    return find_windows(job, culprit, behind_s, carried, params)
 
 
 def straggler_issues(job: JobHour, windows: list[Window], previous: OpenWindow | None, masks: StepMasks,
                      slow: np.ndarray, fit: Baseline, params: DiagnosisParams
                      ) -> tuple[list[Issue], OpenWindow | None]:
     """An issue per straggler window that slowed the steps, and the window still open at the
-    hour's end. A straggler's cost is the whole steps' excess over the job's pace."""
+    hour's end. A straggler's cost is the whole steps' excess over the job's pace; when the job
+    shows fewer steps without it than with it (a straggler from the job's start, so its pace is the
+    straggler's), how far behind its peers it fell, which they waited for."""
     issues, open_window = [], None
     for window in windows:
         name = str(job.hosts[window.code])
         span = measure(job, window, name, previous, masks, slow, fit)
-        cost, share = excess(window, span, job.duration, span.measured, span.baseline)
+        if fit.clean_steps >= len(window.steps):
+            cost, share = excess(window, span, job.duration, span.measured, span.baseline)
+        else:
+            run = window.run
+            cost = waste.window_excess_gpu_s(job.duration[run], job.duration[run] - window.scores,
+                                             len(window.steps), span.n_gpus)
+            share = float(np.median(window.scores / job.duration[run]))
         noticeable = params.straggler_min_sigmas * fit.sigma / np.sqrt(max(len(span.measured), 1))
         if not span.continued and share <= noticeable:
             continue  # late, but nobody waited long enough to slow the steps: no straggler
         evidence = {"late_steps": len(window.run), "window_steps": len(window.steps),
-                    "median_lateness": float(np.median(window.scores)),
+                    "median_behind_s": float(np.median(window.scores)),
                     "alone_in_stage": bool(np.sum(job.stage_of_host == job.stage_of_host[window.code]) < 2),
                     "runner_up": _runner_up(job, windows, window)}
         issues.append(window_issue(job, "straggler", name, window, span, share=share,

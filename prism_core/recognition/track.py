@@ -46,6 +46,8 @@ class Track:
     # its observations in the latest minute it was seen this hour, and that minute's presence entry
     last_observations: np.ndarray = field(default_factory=_no_int64)
     last_presence: int = -1
+    # hosts its pipeline hops this hour show it holds only in part (`hosts_held_in_part`)
+    held_in_part: np.ndarray = field(default_factory=_no_int64)
 
     @classmethod
     def from_state(cls, carried: CarriedTrack, vocabulary: NicVocabulary) -> Track:
@@ -107,6 +109,42 @@ class Track:
         minutes = np.bincount(position, weights=minutes).astype(np.int64) + np.isin(distinct, sizes)
         keep = np.argsort(-totals, kind="stable")[: params.signature_sizes]
         self.sizes, self.size_flows, self.size_minutes = distinct[keep], totals[keep], minutes[keep]
+
+
+def hosts_held_in_part(src: np.ndarray, dst: np.ndarray, size: np.ndarray, vocabulary: NicVocabulary,
+                       tolerance: float) -> np.ndarray:
+    """Hosts on which a job's traffic rows (NIC codes `src` -> `dst`, top `size`) show it ends
+    before the host's last GPU. Ranks are consecutive on a host, so a pipeline hop
+    between two hosts (or the embedding exchange between the first and last stage) joins the job's
+    last GPUs on one with its first on the other, and with PXN each way arrives on the receiver's
+    rail: one transfer size (within `tolerance`, exporters' header bytes) crossing between two
+    hosts each way on other rails. The highest of those rails is the job's last GPU on the host
+    it arrives at. A ring or a tree crosses on the same rails both ways, or one way only."""
+    crossing = vocabulary.hosts(src) != vocabulary.hosts(dst)
+    src, dst, size = src[crossing], dst[crossing], size[crossing]
+    if not len(src):
+        return _no_int64()
+    src_host, dst_host, rail = vocabulary.hosts(src), vocabulary.hosts(dst), vocabulary.rails(dst)
+    sizes, size_at = np.unique(size, return_inverse=True)
+    family = np.cumsum(np.r_[True, sizes[1:] > sizes[:-1] * (1 + tolerance)])[size_at.ravel()]
+    low, high = np.minimum(src_host, dst_host), np.maximum(src_host, dst_host)
+    _, crossing_of = np.unique(np.stack([low, high, family], axis=1), axis=0, return_inverse=True)
+    crossing_of = crossing_of.ravel()
+    n = int(crossing_of.max()) + 1
+    upward = src_host < dst_host
+    _, rail_of = np.unique(np.stack([crossing_of, rail], axis=1), axis=0, return_inverse=True)
+    rail_of = rail_of.ravel()
+    rail_up = np.bincount(rail_of, weights=upward) > 0
+    rail_down = np.bincount(rail_of, weights=~upward) > 0
+    rail_crossing = np.zeros(len(rail_up), np.int64)
+    rail_crossing[rail_of] = crossing_of
+    shared_rail = np.bincount(rail_crossing, weights=rail_up & rail_down, minlength=n) > 0
+    hop = (np.bincount(crossing_of, weights=upward, minlength=n) > 0) & (
+        np.bincount(crossing_of, weights=~upward, minlength=n) > 0) & ~shared_rail
+    top = np.full(n, -1)
+    np.maximum.at(top, crossing_of, rail)
+    arrives = np.flatnonzero(hop[crossing_of] & (rail == top[crossing_of]))
+    return np.unique(dst_host[arrives[~vocabulary.on_last_rail(dst[arrives])]])
 
 
 def job_id(minute_ns: int, addrs: list[str]) -> str:
@@ -310,6 +348,7 @@ class Tracker:
     def _absorb(self, survivor: int, part: int) -> None:
         keeper, merged = self.tracks[survivor], self.tracks[part]
         keeper.nics = np.union1d(keeper.nics, merged.nics)
+        keeper.held_in_part = np.union1d(keeper.held_in_part, merged.held_in_part)
         self.owners.relabel(part, survivor)
         self.presence = [(survivor if t == part else t, f, l, h) for t, f, l, h in self.presence]
         self.events = [e for e in self.events if e[0] != merged.job_id]
@@ -361,6 +400,9 @@ class Tracker:
         track.status = "ended" if superseded else "running"
         track.seen_this_hour = True
         track.add_sizes(*obs.signatures(ks), self.params)
+        src, dst, size, _, _ = obs.edges(ks)
+        track.held_in_part = np.union1d(track.held_in_part,
+                                        hosts_held_in_part(src, dst, size, self.vocabulary, self.params.same_size))
         track.last_observations, track.last_presence = ks, len(self.presence)
         self.presence.append((index, first_ns, last_ns, seen if superseded else track.nics))
 
@@ -369,8 +411,9 @@ class Tracker:
         never showed: with NCCL's PXN a send leaves through the NIC of the receiver's rail, so GPUs
         whose peers are all on their own host or reached on other rails (a tensor-parallel group
         smaller than the host, its DP ring crossing hosts on the first rails) never show their NIC.
-        A job holds a host whole when it holds the host's first NIC (its lowest GPU) and no other
-        job is present on the host while it is; it holds its hosts whole when it does each of them.
+        A job holds a host whole when it holds the host's first NIC (its lowest GPU), no other job
+        is present on the host while it is, and its pipeline hops do not show it ending before the
+        host's last GPU (`hosts_held_in_part`); it holds its hosts whole when it does each of them.
         A job on part of a host, beside others or idle GPUs, keeps the NICs it showed."""
         if not self.presence or not self.vocabulary.topology.from_inventory:
             return
@@ -399,6 +442,7 @@ class Tracker:
         alone = np.empty(len(keys), bool)
         alone[order] = (earlier_reach < start_at) & (next_start > end_at)
         partial = np.bincount(keys[:, 1], weights=~(alone & holds_first), minlength=len(self.tracks)) > 0
+        partial |= np.array([len(track.held_in_part) > 0 for track in self.tracks], bool)
         whole = {t for t in np.unique(keys[:, 1]).tolist() if not partial[t]}
         by_host = np.argsort(self.vocabulary.hosts(all_nics), kind="stable")
         by_host_nics = all_nics[by_host]

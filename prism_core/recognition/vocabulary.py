@@ -22,10 +22,13 @@ class NicVocabulary:
         self._host_codes: dict[str, int] = {}
         self._host_of = np.zeros(0, np.int64)  # host code of every NIC code
         self._gpus_of = np.zeros(0, np.int64)  # GPUs every NIC code serves
+        self._gpu_of = np.zeros(0, np.int64)  # the first GPU every NIC code serves (its rail; -1 unknown)
         self._nic_table = topology.table.select(["addr", "host", "gpu"])
         served = topology.inventory.filter(pc.is_valid(topology.inventory["gpu"]))
         per_addr = served.group_by("addr", use_threads=False).aggregate([("gpu", "count")])
         self._gpus_of_addr = dict(zip(per_addr["addr"].to_pylist(), per_addr["gpu_count"].to_pylist()))
+        last = self._nic_table.group_by("host", use_threads=False).aggregate([("gpu", "max")])
+        self._last_rail_of = dict(zip(last["host"].to_pylist(), last["gpu_max"].to_pylist()))
 
     def encode(self, addrs: pa.Array | list[str]) -> np.ndarray:
         """Codes of the NIC `addrs`, adding unseen addresses to the vocabulary."""
@@ -35,7 +38,8 @@ class NicVocabulary:
         new = np.flatnonzero(codes < 0)
         if len(new):
             new_addrs = distinct.take(pa.array(new))
-            hosts = self.topology.lookup(new_addrs)["host"].to_pylist()
+            found = self.topology.lookup(new_addrs)
+            hosts = found["host"].to_pylist()
             host_codes = [self._host_code(host) for host in hosts]
             served = [self._gpus_of_addr.get(addr, 1) for addr in new_addrs.to_pylist()]
             for position, addr in zip(new.tolist(), new_addrs.to_pylist()):
@@ -43,6 +47,7 @@ class NicVocabulary:
                 self.addrs.append(addr)
             self._host_of = np.r_[self._host_of, np.array(host_codes, np.int64)]
             self._gpus_of = np.r_[self._gpus_of, np.array(served, np.int64)]
+            self._gpu_of = np.r_[self._gpu_of, found["gpu"].to_numpy(zero_copy_only=False).astype(np.int64)]
         return codes[encoded.indices.to_numpy(zero_copy_only=False)] if len(codes) else codes
 
     def _host_code(self, name: str) -> int:
@@ -65,6 +70,15 @@ class NicVocabulary:
     def hosts(self, codes: np.ndarray) -> np.ndarray:
         """Host code of each NIC code."""
         return self._host_of[codes]
+
+    def rails(self, codes: np.ndarray) -> np.ndarray:
+        """The rail of each NIC code: the first GPU it serves (-1 for no GPU NIC)."""
+        return self._gpu_of[codes]
+
+    def on_last_rail(self, codes: np.ndarray) -> np.ndarray:
+        """Whether each NIC code serves its host's last GPUs."""
+        last = np.array([self._last_rail_of.get(self.host_names[h], -1) for h in self.hosts(codes).tolist()], np.int64)
+        return self.rails(codes) == last
 
     def addr_list(self, codes: np.ndarray) -> list[str]:
         return sorted(self.addrs[c] for c in codes.tolist())
