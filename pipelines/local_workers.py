@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import math
 import multiprocessing
+import multiprocessing.util
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -88,6 +89,9 @@ def _shared_pool(workers: int) -> ProcessPoolExecutor:
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
         pool.submit(int).result()  # a fork context starts every worker with the first task
         _pool = (workers, pool)
+        # A process started by multiprocessing (a benchmark's child) ends without running atexit
+        # handlers, after joining its children: the pool's idle workers would be waited for forever.
+        multiprocessing.util.Finalize(pool, shutdown, exitpriority=10)
     return _pool[1]
 
 

@@ -1,6 +1,8 @@
 """Local worker processes (pipelines/local_workers.py): the same warehouse whatever their number,
 and `--local_workers` resolved from the runner."""
 
+import multiprocessing
+
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -54,3 +56,18 @@ def _note_span(path: str, name: str) -> str:
     with open(path, "a") as marks:
         marks.write(f"{name} {started} {time.time()}\n")
     return name
+
+
+def _use_the_pool():
+    assert list(run_tasks(2, [(abs, (-1,)), (abs, (-2,))])) == [1, 2]
+
+
+def test_a_process_started_by_multiprocessing_ends_after_using_the_pool():
+    """Such a process joins its children before exiting and never runs atexit handlers: the
+    benchmarks' per-run children waited for their idle pool workers forever."""
+    child = multiprocessing.get_context("spawn").Process(target=_use_the_pool)
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    child.kill()
+    assert not alive and child.exitcode == 0
