@@ -369,6 +369,41 @@ def test_a_distributed_optimizers_gather_after_bucketed_syncs_opens_each_step():
     assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
 
 
+@pytest.mark.parametrize("micro_batches, gather_bytes, buckets", [(4, 436 << 20, 1), (1, 1600 << 20, 4)])
+def test_a_zero3_parameter_gather_after_the_sync_opens_the_next_step(micro_batches, gather_bytes, buckets):
+    """ZeRO-3: every micro-batch's forward opens with a parameter all-gather, the gradients are
+    reduce-scattered after the last backward, then the optimizer runs. The first gather after the
+    sync moves the parameters' transfer sizes, not the gradients' (9% larger here, as many flows;
+    or 4 times the size of each of the sync's 4 buckets, which weigh as one heavier burst): it is
+    the next step's start, neither the sync's next bucket, nor ZeRO-1/2's gather of the updated
+    shards, nor a gather opening a step after a bucketed sync."""
+    rng = np.random.default_rng(5)
+    gpus = ["g0", "g1", "g2", "g3"]
+    sync_bytes = (400 << 20) * 4 // buckets
+    rows, bounds, t = [], [], 10 * HOUR_NS
+    for _ in range(40):
+        bounds.append(t)
+        step = int(6.2e9 * rng.uniform(0.99, 1.01))
+        for m in range(micro_batches):
+            at = t + m * step * 93 // (100 * micro_batches)
+            rows += [(at + 1_000_000 * c, at + 45_000_000, src, gpus[(k + 1) % 4], gather_bytes // 4)
+                     for k, src in enumerate(gpus) for c in range(4)]
+        sync = t + step * 93 // 100 - 180_000_000
+        rows += [(sync + 45_000_000 * b + 1_000_000 * c, sync + 45_000_000 * (b + 1), src, gpus[(k + 1) % 4],
+                  sync_bytes // 4) for b in range(buckets) for k, src in enumerate(gpus) for c in range(4)]
+        t += step
+    bounds.append(t)
+    start, end, src, dst, nbytes = map(list, zip(*rows))
+    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
+                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
+    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends, bounds = _ns(found.steps["end"]), np.array(bounds, np.int64)
+    assert len(ends) >= 38
+    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
+    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 6.2 * SECOND
+
+
 def test_a_short_job_that_ended_in_view_gets_its_steps_from_what_was_seen():
     """Timings are learned from eight steps or from the previous hours, but a job that ran six
     steps and fell silent for longer than it ran will show no more: its steps come from those."""
@@ -777,7 +812,7 @@ def test_flows_keep_the_kind_and_size_family_parallelism_gave_each():
     assert built.kind.tolist() == [DP, OTHER, OTHER, DP, DP]
     assert built.family.tolist() == [gib, 3 * mib, 5 * mib, gib, gib]
     unlabelled = traffic.Traffic.build(flows, pairs, None)
-    assert unlabelled.kind.tolist() == [DP] * 5 and unlabelled.family.tolist() == sizes
+    assert unlabelled.kind.tolist() == [DP] * 5 and unlabelled.family.tolist() == sizes  # each size once
 
 
 def test_a_carry_written_before_flows_had_families_gives_each_flow_its_own():

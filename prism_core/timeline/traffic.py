@@ -17,6 +17,8 @@ from prism_core.constants import (
     KIND_CODES,
     PP,
 )
+from prism_core.parallelism import DEFAULT_PARAMS as PARALLELISM
+from prism_core.parallelism import size_families
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.rows import RowIndex
 
@@ -50,7 +52,7 @@ class Traffic:
               job_gpus: pa.Table | None = None) -> Traffic:
         """From the job's flows, labelled by parallelism (`Parallelism.labelled`: each flow's kind
         and size family), or, where they come without labels, each taking its pair's kind and
-        being a size family of its own."""
+        the size family parallelism's defaults give its size."""
         kinds = _pair_kinds(comm_pairs)
         gpus = _job_gpus(kinds)
         # only GPU-to-GPU pairs carry training traffic (not storage, monitoring or NFS pairs)
@@ -86,7 +88,7 @@ class Traffic:
             "end": job_flows["time_flow_end_ns"].to_numpy()[on_pair],
             "nbytes": nbytes[on_pair],
             "kind": job_flows[FLOW_KIND].to_numpy()[on_pair] if labelled else kinds["kind"].to_numpy()[pair],
-            "family": job_flows[FLOW_FAMILY_BYTES].to_numpy()[on_pair] if labelled else nbytes[on_pair],
+            "family": job_flows[FLOW_FAMILY_BYTES].to_numpy()[on_pair] if labelled else _families(nbytes[on_pair]),
             "pair": pair,
             "exporter": exporter[on_pair],
         }
@@ -185,6 +187,12 @@ def _job_gpus(kinds: pa.Table) -> pa.Array:
     collective = kinds.filter(pc.less_equal(kinds["kind"], PP))
     ends = collective if collective.num_rows else kinds
     return pc.unique(pa.concat_arrays([ends["src_addr"].combine_chunks(), ends["dst_addr"].combine_chunks()]))
+
+
+def _families(nbytes: np.ndarray) -> np.ndarray:
+    """Smallest size of each flow's size family, as parallelism's defaults draw the families."""
+    smallest, family = size_families(nbytes, PARALLELISM.size_tolerance, PARALLELISM.pipeline_min_flows)
+    return smallest[family]
 
 
 def _extend(names: list[str], more: list[str]) -> np.ndarray:
