@@ -247,15 +247,13 @@ def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(sm
 
 
 def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: list[float] | None = None,
-                       optimizer_s: float = 0.4, gather: bool = False, shards: bool = False,
+                       optimizer_s: float = 0.4, gather: bool = False,
                        buckets: bool = False) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Flows of a 4-GPU data-parallel job whose only traffic is the gradient sync at the end of
     each 10 s step (a tree all-reduce: nothing marks a step's start), its DP pairs and the steps'
     bounds. The optimizer runs `optimizer_s` after the sync; with `gather`, each step opens with a
     parameter all-gather (a quarter of the sync's bytes, in one flow per pair: the distributed
-    optimizer's) and its compute follows it; with `shards`, the all-gather of the updated shards
-    instead (the sync's bytes in its sizes and flows: ZeRO-1/2's, the distributed optimizer's after
-    a reduce-scatter). With `buckets`, the sync moves four gradient buckets
+    optimizer's) and its compute follows it. With `buckets`, the sync moves four gradient buckets
     one after another, 10 ms apart, except that in every twentieth step the second follows the
     first at once (the two make one burst of twice the bytes and flows). Every `save_every`-th step saves a checkpoint after
     its optimizer: each GPU writes 4 chunks to storage over the save, the last ending 7.5% of the
@@ -266,9 +264,6 @@ def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: 
     for step in range(steps):
         if gather:
             rows += [(t, t + 50_000_000, src, gpus[(k + 1) % 4], 256 << 20) for k, src in enumerate(gpus)]
-        if shards:
-            rows += [(t + 1_000_000 * c, t + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20)
-                     for k, src in enumerate(gpus) for c in range(4)]
         compute = int((9.8e9 - optimizer_s * 1e9) * rng.uniform(0.99, 1.01) * (pace[step] if pace else 1.0))
         sync = t + compute
         for k, src in enumerate(gpus):
@@ -332,20 +327,6 @@ def test_a_parameter_gather_opening_each_step_dates_it_whatever_the_optimizer_ta
     assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
     assert np.abs(starts[1:] - bounds[nearest[1:] - 1]).max() < 0.01 * 10 * SECOND
     assert json.loads(json.dumps(found.state))["baseline"]["close_to_end_ns"] == pytest.approx(1.2e9, rel=0.05)
-
-
-def test_the_gather_of_the_updated_shards_opens_each_step_even_after_a_save():
-    """After the reduce-scatter and the optimizer, the all-gather of the updated shards (the sync's
-    bytes, sizes and flows again) is the next step's first traffic (the truth's convention). A
-    checkpoint save between the optimizer and the gather keeps it apart from the sync: it still
-    opens the step after the save, and is no sync closing a step of its own."""
-    flows, pairs, bounds = _data_parallel_job(steps=40, save_every=10, save_s=3.0, shards=True)
-    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
-    ends = _ns(found.steps["end"])
-    assert len(ends) >= 38
-    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
-    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
-    assert len(np.unique(nearest)) == len(ends)  # one step per boundary
 
 
 def test_gradient_buckets_synced_one_after_another_are_one_sync():
