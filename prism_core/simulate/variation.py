@@ -23,7 +23,7 @@ DIMENSIONS = (
     "placement",  # GPU-granular jobs sharing hosts, 4-NIC hosts, other rank orders, shuffled host order
     "optimizer",  # optimizer share of the step 2-15%
     "backward",  # backward / forward 1.5-3.5
-    "distributed_optimizer",  # buckets synced under the last backward, parameters gathered under the first forward, or not
+    "distributed_optimizer",  # all-gather at step start, reduce-scatter at the end; sync overlapped or not
     "embedding",  # every pipeline job all-reduces its embedding between first and last stage, before the DP sync
     "interleaved",  # interleaved 1F1B: 2-4 model chunks per stage
     "imbalance",  # per-stage compute imbalance (the last stage heaviest)
@@ -48,8 +48,8 @@ class Traits:
     rank_order: str = "tp-dp-pp"
     optimizer_share: float = 0.04  # optimizer time / nominal step
     backward_ratio: float = 2.0  # backward / forward compute of one micro-batch
-    distributed_optimizer: bool = False  # rs_ag jobs overlap the parameter gather opening a step with its first forward
-    overlap: bool = False  # gradient buckets sync during the last backward; with distributed_optimizer, the gather too
+    distributed_optimizer: bool = False  # rs_ag jobs gather parameters at the step start, not after the optimizer
+    overlap: bool = False  # gradient buckets sync during the last backward; parameter gather under the first forward
     embedding_before_sync: bool = False  # the embedding all-reduce ends before the first and last stage's DP sync
     virtual_stages: int = 1  # interleaved 1F1B model chunks per stage
     stage_factors: tuple[float, ...] = ()  # compute time of each stage relative to the mean; (): balanced

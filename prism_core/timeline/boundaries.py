@@ -1,7 +1,7 @@
 """Where each step ends, from two marks around the gap after its sync phase.
 
-A, from the closing sync: its end plus the optimizer. B, from the next step's start: a parameter
-gather opening it (the all-gather of the updated shards after the optimizer included), or its first
+A, from the closing sync: its end plus the optimizer (none when the phase ends with the all-gather
+after the optimizer). B, from the next step's start: a parameter gather opening it, or its first
 pipeline sends less the forward passes before them, whichever comes first, else its first traffic.
 A gap much longer than usual is a checkpoint save (bulk writes out of the job) or a stall.
 """
@@ -79,7 +79,7 @@ def next_sync(phases: Phases) -> np.ndarray:
 
 def after_sync(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
     """A: the end of each phase plus the optimizer."""
-    return (phases.close_ns + typical.close_to_end(params)).astype(np.int64)
+    return phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.close_to_end(params)).astype(np.int64)
 
 
 def saved_until(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:

@@ -26,6 +26,7 @@ class Phases:
     close_ns: np.ndarray  # its last burst ends
     nbytes: np.ndarray
     nflows: np.ndarray
+    after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
     opens_step: np.ndarray  # bool: the phase is the parameter gather opening the next step (see below)
     closed: np.ndarray  # bool: nothing later can still join the phase
     next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
@@ -76,7 +77,7 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     first = _join_partial_phases(first, b_bytes[candidates], b_start[candidates], b_end[candidates], params)
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
-    flows, opening_burst, close_ns, nbytes, gathered = [], [], [], [], []
+    flows, opening_burst, close_ns, nbytes, after_optimizer = [], [], [], [], []
     gathered_every_stage = False  # of the last phase: see below
     burst_from = np.searchsorted(burst, np.arange(len(b_start) + 1))  # signal positions of each burst
     for lo, hi in zip(first, last):
@@ -84,68 +85,35 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         rows = [signal[burst_from[b] : burst_from[b + 1]] for b in members]
         repeated, same_flows, every_pair = _repeated_share(traffic, rows, params) if has_dp else (0.0, False, False)
         # the same collective again moves the same transfer sizes: another gradient bucket, or the
-        # all-gather of the shards a reduce-scatter left (ZeRO-1/2, the distributed optimizer); a
-        # ZeRO-3 parameter gather moves the parameters' sizes, however close its bytes come
+        # all-gather of the shards a reduce-scatter left (ZeRO-1/2); a parameter gather moves the
+        # parameters' sizes, however close its bytes come to the gradients'
         same_sizes = has_dp and len(rows) > 1 and _in_families_of(traffic, rows[-1], rows[:-1], params)
         all_gather = same_flows and abs(repeated - 1.0) <= params.same_shape and same_sizes
-        next_bucket = same_sizes and _same_burst(traffic, rows, params)
-        gathered.append(repeated >= params.repeat_share and (all_gather or not next_bucket))
-        if gathered[-1]:
-            # a collective on the same pairs after the optimizer, the gather of the parameters
-            # (the updated shards, or ZeRO-3's), is the next step's first traffic, not part of
-            # this sync; one like the burst before it is the sync's next gradient bucket
-            members, rows = members[:-1], rows[:-1]
+        if repeated >= params.repeat_share and not all_gather and not (same_sizes and _same_burst(traffic, rows, params)):
+            # a different collective on the same pairs right after the optimizer: the next
+            # step's ZeRO-3 parameter gather, its first traffic, not part of this sync (one
+            # like the burst before it is the sync's next gradient bucket)
+            members, rows, repeated = members[:-1], rows[:-1], 0.0
+        elif repeated >= params.repeat_share and not all_gather:
+            repeated = 0.0
         flows.append(np.concatenate(rows))
         opening_burst.append(members[0])
         close_ns.append(traffic.cluster_end(rows[-1], params))
         nbytes.append(float(b_bytes[members].sum()))
+        after_optimizer.append(repeated >= params.repeat_share)
         # every stage's updated shards gathered at once: the optimizer ran, the sync is over
         gathered_every_stage = all_gather and every_pair
     opening_burst = np.array(opening_burst, np.int64)
     start_ns = signal_index.cluster_starts(burst_from[opening_burst], burst_from[opening_burst + 1])
-    # a gather on its own is the start of a step, no phase: the phase before it closed that step
-    lone = _lone_gathers(traffic, flows, np.array(gathered, bool), params)
-    delayed, delayed_start = np.flatnonzero(lone[1:]) + 1, start_ns[1:][lone[1:]]
-    kept = np.flatnonzero(~lone)
-    flows = [flows[p] for p in kept]
-    start_ns, close, nbytes = start_ns[kept], np.array(close_ns, np.int64)[kept], np.array(nbytes)[kept]
-    opens_step = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, nbytes, params)
-    closed = np.ones(len(flows), bool)
-    if len(flows):
+    opens_step = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, np.array(nbytes), params)
+    close = np.array(close_ns, np.int64)
+    closed = np.ones(len(first), bool)
+    if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
-    follows = _what_follows(traffic, flows, close, has_dp, params)
-    gather_ns = follows[3]  # of the phase before each lone gather: that gather
-    gather_ns[np.searchsorted(kept, delayed) - 1] = delayed_start
-    return Phases(flows, start_ns, close, nbytes, np.array([len(rows) for rows in flows], float),
-                  opens_step, closed, *follows,
+    return Phases(flows, start_ns, close, np.array(nbytes), np.array([len(rows) for rows in flows], float),
+                  np.array(after_optimizer, bool), opens_step, closed, *_what_follows(traffic, flows, close, has_dp, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
-
-
-def _lone_gathers(traffic: Traffic, flows: list[np.ndarray], gathered: np.ndarray,
-                  params: TimelineParams) -> np.ndarray:
-    """Per phase, whether it is a parameter gather on its own rather than a sync. Where most
-    phases are followed by a gather (`gathered`), a phase followed by none that moves a
-    neighbour's bytes in its transfer sizes on its pairs (a reduce-scatter's shards gathered back):
-    after a phase followed by none, its gather that a pause (a checkpoint save) kept from it;
-    first in view and before a phase followed by one, the gather opening the job's first step."""
-    lone = np.zeros(len(flows), bool)
-    if len(flows) < 2 or 2 * gathered.sum() <= len(flows):
-        return lone
-    for p in np.flatnonzero(~gathered):
-        if p == 0 and gathered[1]:
-            lone[p] = _repeats(traffic, flows[1], flows[0], params)
-        elif p > 0 and not (gathered[p - 1] or lone[p - 1]):
-            lone[p] = _repeats(traffic, flows[p - 1], flows[p], params)
-    return lone
-
-
-def _repeats(traffic: Traffic, earlier: np.ndarray, later: np.ndarray, params: TimelineParams) -> bool:
-    """Whether `later` moves the bytes of `earlier` on its pairs in as many flows and the same
-    transfer sizes (within `same_shape`)."""
-    repeated, same_flows, _ = _repeated_share(traffic, [earlier, later], params)
-    return same_flows and abs(repeated - 1.0) <= params.same_shape and _in_families_of(traffic, later, [earlier],
-                                                                                        params)
 
 
 def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, has_dp: bool,
@@ -176,9 +144,9 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
     forward_ns[followed] = np.where(found, forward, -1)
     gather_ns = np.full(len(close), -1, np.int64)
     if has_dp:
-        # DP traffic early in the quiet before the next sync gathers parameters at the next step's
-        # start (the all-gather of the updated shards after the optimizer, ZeRO-3's gathers;
-        # gradient buckets synced during the last backward come late in it)
+        # lighter DP traffic early in the quiet before the next sync gathers parameters at the next
+        # step's start (an all-gather after the optimizer joins the phase that ran it; gradient
+        # buckets synced during the last backward come late in it)
         gathers = traffic.index(DP, params)
         next_phase = np.array([traffic.start[rows].min() for rows in flows[1:]] + [max_ns], np.int64)
         lo, hi = gathers.positions(after_phase), gathers.positions(after_phase + (next_phase - after_phase) // 2)

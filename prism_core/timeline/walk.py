@@ -38,10 +38,6 @@ def emit_steps(
             # the job was silent for steps without a restart reported: what came before was
             # another job's tail or a stop; this phase opens the view again
             end = close = None
-        if phases.has_dp and end is not None and phases.start_ns[p] < end + params.cluster_ns:
-            # the parameter gather that opened the step (its boundary placed at the gather's
-            # start), carried into this hour without the sync before it: no sync comes as its step begins
-            continue
         followed = phases.next_ns[p] >= 0
         quiet = hour_end_ns - phases.close_ns[p]
         # the last phase is over once quiet longer than inside any phase, or once the next step
