@@ -220,7 +220,7 @@ def analyze_job(
                     else resolution.JobResolution("steps", None, frozenset()))
         stage = "timeline"
         steps = timeline.divide_steps(
-            job_id, resolving_flows(sent, resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
+            job_id, resolving_flows(found.labelled(sent), resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
             hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
         )
         stage = "diagnosis"

@@ -12,6 +12,10 @@ NS_PER_S = 1_000_000_000
 DP, PP, OTHER = (COMM_KINDS.index(kind) for kind in ("dp", "pp", "other"))
 UNCLASSIFIED = len(COMM_KINDS)
 KIND_CODES = {kind: COMM_KINDS.index(kind) for kind in COMM_KINDS}
+# Columns parallelism adds to a job's flows for the timeline (Parallelism.labelled): each flow's
+# kind code, and the smallest size of its size family (flows of one family are one transfer size).
+FLOW_KIND = "kind"
+FLOW_FAMILY_BYTES = "family_bytes"
 
 # One flow at least this large between a job's GPU and an address of no job is checkpoint I/O (a
 # save's shard write, or its read back on a resume): checkpoint shards are hundreds of MiB to GiB,

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import group_median, stable_order, unique_inverse
-from prism_core.constants import DP, OTHER, PP
+from prism_core.constants import DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
 
@@ -96,6 +96,20 @@ class Parallelism:
     dp: int | None  # None: no traffic between members this hour to tell
     pp: int | None
     tp: int | None
+    # per flow handed in: its kind code (DP | PP | OTHER; OTHER for flows sent outside a
+    # membership) and the smallest size of its size family (its own bytes where it has none)
+    flow_kind: np.ndarray | None = None
+    flow_family_bytes: np.ndarray | None = None
+
+    def labelled(self, job_flows: pa.Table) -> pa.Table:
+        """The flows `identify_parallelism` was given, with each one's kind (FLOW_KIND) and size
+        family (FLOW_FAMILY_BYTES): the labels the timeline splits steps by, so that it reads each
+        flow as the group that made its pair DP or PP did (a MoE all-to-all or a tied embedding
+        on a DP or PP pair keeps its own kind). Unchanged when there were no members to label by."""
+        if self.flow_kind is None:
+            return job_flows
+        return job_flows.append_column(FLOW_KIND, pa.array(self.flow_kind, pa.int8())).append_column(
+            FLOW_FAMILY_BYTES, pa.array(self.flow_family_bytes, pa.int64()))
 
 
 def identify_parallelism(
@@ -104,18 +118,22 @@ def identify_parallelism(
     """Pairs, stages and degrees of one job from the flows its members sent (an hour of them), and
     its GPUs with the span of their traffic for the job this hour (the membership's).
     Flows a member sent outside its membership interval belong to another job and are ignored."""
-    job_flows = _sent_while_member(job_flows, members)
+    handed_bytes = job_flows["bytes"].to_numpy().astype(np.int64)
+    sent = _sent_while_member(job_flows, members)
+    job_flows = job_flows.filter(pa.array(sent))
     gpus = _member_gpus(members)
     inside = pc.is_in(job_flows["dst_addr"], value_set=gpus["addr"]).to_numpy(zero_copy_only=False)
     internal = job_flows.filter(pa.array(inside))
     kind = np.full(job_flows.num_rows, OTHER, np.int8)
+    family_bytes = job_flows["bytes"].to_numpy().astype(np.int64)
     job_gpus = conform(
         pa.table({"job_id": pa.array([job_id] * gpus.num_rows, pa.string()),
                   **{c: gpus[c] for c in ("addr", "host", "gpu", "first_seen", "last_seen")}}),
         JOB_GPUS,
     )
     if internal.num_rows == 0:  # nothing between members this hour: stages and degrees unknown
-        return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), None, None, None)
+        return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), None, None, None,
+                           *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
     flows = _InternalFlows.of(internal, gpus)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
@@ -126,12 +144,27 @@ def identify_parallelism(
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
     kind[inside] = np.where(pipeline_sends, PP, group_kind[groups.of_flow])
+    # a sampled record's bytes are no transfer's size: it is a family of its own
+    family_bytes[inside] = np.where(flows.sampled, flows.size, groups.size[groups.of_flow])
     job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
     job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
-    return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), layout.dp, layout.pp, layout.tp)
+    return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), layout.dp, layout.pp, layout.tp,
+                       *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
 
 
-def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> pa.Table:
+def _per_flow_handed(handed_bytes: np.ndarray, sent: np.ndarray, kind: np.ndarray,
+                     family_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Kinds and families of the flows sent while a member, spread over all the flows handed in
+    (bytes of each): a flow sent outside its sender's membership is another job's, OTHER and a
+    family of its own."""
+    all_kinds = np.full(len(handed_bytes), OTHER, np.int8)
+    all_kinds[sent] = kind
+    all_families = handed_bytes.copy()
+    all_families[sent] = family_bytes
+    return all_kinds, all_families
+
+
+def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> np.ndarray:
     index = pc.index_in(job_flows["src_addr"], value_set=members["addr"])
     row = pc.fill_null(index, 0).to_numpy()
     start = job_flows["time_flow_start_ns"].to_numpy()
@@ -140,7 +173,7 @@ def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> pa.Table:
         & (start >= members["first_ns"].to_numpy()[row])
         & (start <= members["last_ns"].to_numpy()[row])
     )
-    return job_flows.filter(pa.array(within))
+    return within
 
 
 def _member_gpus(members: pa.Table) -> pa.Table:

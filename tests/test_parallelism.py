@@ -9,6 +9,7 @@ import pytest
 
 from prism_core import parallelism
 from prism_core.analysis import split_flows_by_job
+from prism_core.constants import FLOW_FAMILY_BYTES, FLOW_KIND, KIND_CODES, OTHER
 from prism_core.evaluate import jobs as job_scores
 from prism_core.minutes import HOUR_NS
 from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster, Placement
@@ -352,3 +353,23 @@ def test_fleet_scenario_scores(scenario_dir):
     flows, flow_minutes, topology, truth = scenario_flows(scenario_dir("fleet"))
     figures = job_scores.score(truth, analyze_scenario(flows, flow_minutes, topology), {})
     check_figures(figures, degrees_at_least=0.95)
+
+
+@pytest.mark.parametrize("shape, shared", [("ring, tied embeddings", "pp"), ("moe", "dp")])
+def test_each_flow_keeps_the_kind_of_its_own_size_family_on_a_shared_pair(shape, shared):
+    # the tied embedding all-reduce rides the pipeline's pairs between the first and the last
+    # stage, a MoE all-to-all the DP ring's: the pair is PP or DP, its other flows are OTHER
+    flows, members, truth = simulated_job(SHAPES[shape])
+    found = parallelism.identify_parallelism("job", flows, members)
+    labelled = found.labelled(flows)
+    pair = pa.array([f"{s}>{d}" for s, d in zip(flows["src_addr"].to_pylist(), flows["dst_addr"].to_pylist())])
+    on_shared = pc.is_in(pair, value_set=pa.array([f"{s}>{d}" for s, d in truth[shared]])).to_numpy(zero_copy_only=False)
+    kind, size = labelled[FLOW_KIND].to_numpy()[on_shared], flows["bytes"].to_numpy()[on_shared]
+    family = labelled[FLOW_FAMILY_BYTES].to_numpy()[on_shared]
+    own, other = kind == KIND_CODES[shared], kind == OTHER
+    assert own.any() and other.any() and (own | other).all()
+    assert set(size[other].tolist()).isdisjoint(size[own].tolist())
+    # one family per transfer size, named by its smallest size
+    assert (family <= size).all() and (family[own] >= size[own].min()).all()
+    if shared == "pp":  # one activation size per micro-batch
+        assert len(np.unique(family[own])) == 1

@@ -150,21 +150,24 @@ def test_rank_order_decides_which_traffic_crosses_hosts():
     assert kinds == {"tp-dp-pp": {PP}, "tp-pp-dp": {DP}}
 
 
-def test_distributed_optimizer_gathers_parameters_before_the_first_forward():
+def test_distributed_optimizer_with_overlap_gathers_parameters_under_the_first_forward():
     spec = dict(n_hosts=4, tp=8, pp=2, collective="rs_ag")
-    for overlap in (False, True):
-        model, step = template(Traits(distributed_optimizer=True, overlap=overlap), **spec)
-        first_pp = step.rel_start[step.kind == PP].min()
-        gather = (step.kind == DP) & (step.rel_start < first_pp)
-        assert step.rel_start[gather].min() == pytest.approx(0.0, abs=1e-9)
-        # the first forward waits for the first bucket with overlap, for all of them without
-        bucket_ends = np.unique(step.rel_end[gather])
-        assert first_pp - model.fwd_s == pytest.approx(bucket_ends[0] if overlap else bucket_ends[-1], abs=1e-9)
-        assert len(bucket_ends) > 1
-        # the reduce-scatter ends the step, then the optimizer: nothing moves after it
-        assert step.duration - step.rel_end.max() == pytest.approx(model.opt_s, rel=1e-6)
-    _, zero_style = template(Traits(), **spec)
-    assert zero_style.rel_start[zero_style.kind == DP].min() > zero_style.rel_start[zero_style.kind == PP].min()
+    model, step = template(Traits(distributed_optimizer=True, overlap=True), **spec)
+    first_pp = step.rel_start[step.kind == PP].min()
+    gather = (step.kind == DP) & (step.rel_start < first_pp)
+    assert step.rel_start[gather].min() == pytest.approx(0.0, abs=1e-9)
+    # the first forward waits for the first bucket only
+    bucket_ends = np.unique(step.rel_end[gather])
+    assert first_pp - model.fwd_s == pytest.approx(bucket_ends[0], abs=1e-9)
+    assert len(bucket_ends) > 1
+    # the reduce-scatter ends the step, then the optimizer: nothing moves after it
+    assert step.duration - step.rel_end.max() == pytest.approx(model.opt_s, rel=1e-6)
+    # without overlap, the distributed optimizer's step is ZeRO-1/2's (the truth's convention): its
+    # traffic starts after the first forward and the gather after the optimizer closes the step
+    for traits in (Traits(distributed_optimizer=True), Traits()):
+        model, step = template(traits, **spec)
+        assert step.rel_start[step.kind == DP].min() > step.rel_start[step.kind == PP].min()
+        assert step.duration == pytest.approx(step.rel_end.max(), abs=1e-3)
 
 
 def test_overlap_starts_the_gradient_sync_during_the_last_backward():

@@ -7,7 +7,9 @@ the job's first flow after each downtime.
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prism_core import timeline
-from prism_core.constants import OTHER, PP
+from prism_core.constants import DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER
 from prism_core.evaluate.steps import score
 from prism_core.ingest import dedupe, parse_flow_file
 from prism_core.minutes import HOUR_NS
@@ -367,6 +369,41 @@ def test_a_distributed_optimizers_gather_after_bucketed_syncs_opens_each_step():
     assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
 
 
+@pytest.mark.parametrize("micro_batches, gather_bytes, buckets", [(4, 436 << 20, 1), (1, 1600 << 20, 4)])
+def test_a_zero3_parameter_gather_after_the_sync_opens_the_next_step(micro_batches, gather_bytes, buckets):
+    """ZeRO-3: every micro-batch's forward opens with a parameter all-gather, the gradients are
+    reduce-scattered after the last backward, then the optimizer runs. The first gather after the
+    sync moves the parameters' transfer sizes, not the gradients' (9% larger here, as many flows;
+    or 4 times the size of each of the sync's 4 buckets, which weigh as one heavier burst): it is
+    the next step's start, neither the sync's next bucket, nor ZeRO-1/2's gather of the updated
+    shards, nor a gather opening a step after a bucketed sync."""
+    rng = np.random.default_rng(5)
+    gpus = ["g0", "g1", "g2", "g3"]
+    sync_bytes = (400 << 20) * 4 // buckets
+    rows, bounds, t = [], [], 10 * HOUR_NS
+    for _ in range(40):
+        bounds.append(t)
+        step = int(6.2e9 * rng.uniform(0.99, 1.01))
+        for m in range(micro_batches):
+            at = t + m * step * 93 // (100 * micro_batches)
+            rows += [(at + 1_000_000 * c, at + 45_000_000, src, gpus[(k + 1) % 4], gather_bytes // 4)
+                     for k, src in enumerate(gpus) for c in range(4)]
+        sync = t + step * 93 // 100 - 180_000_000
+        rows += [(sync + 45_000_000 * b + 1_000_000 * c, sync + 45_000_000 * (b + 1), src, gpus[(k + 1) % 4],
+                  sync_bytes // 4) for b in range(buckets) for k, src in enumerate(gpus) for c in range(4)]
+        t += step
+    bounds.append(t)
+    start, end, src, dst, nbytes = map(list, zip(*rows))
+    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
+                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
+    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends, bounds = _ns(found.steps["end"]), np.array(bounds, np.int64)
+    assert len(ends) >= 38
+    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
+    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 6.2 * SECOND
+
+
 def test_a_short_job_that_ended_in_view_gets_its_steps_from_what_was_seen():
     """Timings are learned from eight steps or from the previous hours, but a job that ran six
     steps and fell silent for longer than it ran will show no more: its steps come from those."""
@@ -548,14 +585,6 @@ def test_short_phases_join_until_they_weigh_a_phase_but_not_across_a_silence():
     joined = phases._join_partial_phases(first, nbytes, start.astype(np.int64), end.astype(np.int64),
                                          DEFAULT_PARAMS)
     assert joined.tolist() == [0, 1, 2, 3, 7, 8, 9, 10]
-
-
-def test_other_sizes_on_pipeline_pairs_are_not_pipeline_sends():
-    kind = np.full(7, PP)
-    pair = np.array([0, 0, 0, 1, 1, 1, 0])
-    nbytes = np.array([3, 3, 3, 5, 5, 5, 40]) << 20  # the 40 MiB flow: a tied embedding all-reduce
-    marked = traffic._activations_only(kind, pair, nbytes)
-    assert marked.tolist() == [PP] * 6 + [OTHER]
 
 
 def _two_stage_pipeline(paces: list[float], micro_batches: int = 16, forward_ns: int = 60_000_000,
@@ -766,16 +795,37 @@ def test_score_ignores_steps_the_truth_cannot_hold():
     assert figures["prism_steps"].value == 2 and figures["job_hours_exact_count"].value == 1.0
 
 
-def test_all_to_all_on_a_rings_pairs_is_not_read_as_its_sync():
-    # a MoE job's all-to-all reaches the ring neighbours too: those pairs carry both, and only
-    # the gradient-sized flows are the sync (the all-to-all opens no step and closes none)
+def test_flows_keep_the_kind_and_size_family_parallelism_gave_each():
+    # a MoE job's all-to-all reaches the ring neighbours too: on those DP pairs parallelism labels
+    # the all-to-all's flows OTHER, and the timeline reads each flow by its own label (the
+    # all-to-all opens no step and closes none); flows without labels take their pair's kind
     gib, mib = 1 << 30, 1 << 20
-    pairs = pa.table({"src_addr": ["a", "a", "b"], "dst_addr": ["b", "b", "a"], "kind": ["dp", "other", "dp"],
-                      "flows": [2, 4, 2], "bytes": [2 * gib, 16 * mib, 2 * gib]})
-    sizes = [gib, 3 * mib, 5 * mib, gib, gib]
+    pairs = pa.table({"src_addr": ["a", "a", "b"], "dst_addr": ["b", "b", "a"], "kind": ["dp", "other", "dp"]})
+    sizes = [gib, 3 * mib, 5 * mib, gib + 512, gib]
     flows = pa.table({"time_flow_start_ns": pa.array(range(0, 5_000, 1_000), pa.int64()),
                       "time_flow_end_ns": pa.array(range(500, 5_500, 1_000), pa.int64()),
                       "src_addr": ["a", "a", "a", "a", "b"], "dst_addr": ["b", "b", "b", "b", "a"],
                       "bytes": pa.array(sizes, pa.int64()), "sampler_address": ["x"] * 5})
-    built = traffic.Traffic.build(flows, pairs, None)
-    assert (built.kind == OTHER).tolist() == [False, True, True, False, False]
+    labelled = flows.append_column(FLOW_KIND, pa.array([DP, OTHER, OTHER, DP, DP], pa.int8())).append_column(
+        FLOW_FAMILY_BYTES, pa.array([gib, 3 * mib, 5 * mib, gib, gib], pa.int64()))
+    built = traffic.Traffic.build(labelled, pairs, None)
+    assert built.kind.tolist() == [DP, OTHER, OTHER, DP, DP]
+    assert built.family.tolist() == [gib, 3 * mib, 5 * mib, gib, gib]
+    unlabelled = traffic.Traffic.build(flows, pairs, None)
+    assert unlabelled.kind.tolist() == [DP] * 5 and unlabelled.family.tolist() == sizes  # each size once
+
+
+def test_a_carry_written_before_flows_had_families_gives_each_flow_its_own():
+    flows = pa.table({"time_flow_start_ns": pa.array([0, 1_000], pa.int64()),
+                      "time_flow_end_ns": pa.array([500, 1_500], pa.int64()), "src_addr": ["a", "b"],
+                      "dst_addr": ["b", "a"], "bytes": pa.array([7 << 20, 9 << 20], pa.int64()),
+                      "sampler_address": ["x", "x"]})
+    pairs = pa.table({"src_addr": ["a", "b"], "dst_addr": ["b", "a"], "kind": ["dp", "dp"]})
+    carry = traffic.Traffic.build(flows, pairs, None).carry(0)
+    columns = list(traffic.CARRIED_BEFORE_FAMILIES)
+    packed = np.frombuffer(zlib.decompress(base64.b64decode(carry["flows"])), "<i8").reshape(len(carry["columns"]), -1)
+    old = {**carry, "flows": base64.b64encode(zlib.compress(
+        np.stack([packed[carry["columns"].index(name)] for name in columns]).astype("<i8").tobytes())).decode()}
+    del old["columns"]
+    built = traffic.Traffic.build(flows.slice(0, 0), pairs, old)
+    assert built.family.tolist() == [7 << 20, 9 << 20] and built.start.tolist() == [0, 1_000]

@@ -3,11 +3,19 @@
 A *template* is every flow of one step of one job under one condition (attempt, slowdowns), with
 times relative to the start of the step's compute: PP activation and gradient sends at the times
 the 1F1B schedule dictates, the DP gradient collective when each stage's replicas are ready, MoE
-all-to-all inside forward and backward, ZeRO-3 parameter gathers; with the job's traits, the
-distributed optimizer's parameter all-gather at the step start, gradient buckets synced during the
-last backward, interleaved pipeline chunks (the last stage sends on to the first). A step of the
+all-to-all inside forward and backward, ZeRO-3 parameter gathers; with the job's traits, gradient
+buckets synced during the last backward, the distributed optimizer's parameter all-gather under the
+first forward, interleaved pipeline chunks (the last stage sends on to the first). A step of the
 plan is its template shifted to the step start and scaled by the step's jitter, plus per-flow
 launch noise.
+
+Where a step ends (the truth's convention): at the end of its optimizer, and after a reduce-scatter
+sync (`rs_ag`) at the end of the all-gather of the updated shards that follows the optimizer:
+ZeRO-1/2 and the distributed optimizer without overlap send the same traffic at the same moment,
+and both take the gather as the end of the step that ran the optimizer (nothing else on the
+network tells where the next step begins; Megatron's profiler, whose What-if traces start each
+step with `params-all-gather`, would place the boundary one gather earlier). With overlap, the
+distributed optimizer's gather runs under the next step's first forward: it opens that step.
 
 Rank layout is Megatron's by default: rank = tp_rank + tp * (dp_rank + dp * pp_stage)
 (`JobModel.rank`); rank r runs on the GPU of slot r of the job's `Placement` (GPU r % 8 of job
@@ -198,12 +206,14 @@ def step_template(model: JobModel, placement: Placement, gpu_nic: np.ndarray, co
     t, s, d = (x.reshape(tp * pp, dp) for x in np.meshgrid(np.arange(tp), np.arange(pp), np.arange(dp), indexing="ij"))
     member, succ = rank(t, d, s), rank(t, (d + 1) % dp, s)
 
-    lead = 0.0  # the distributed optimizer gathers the parameters before the first forward
-    if dp > 1 and model.traits.distributed_optimizer:
+    # the distributed optimizer with overlap gathers the parameters under the first forward, which
+    # waits for the first bucket; without overlap the gather follows the optimizer (below)
+    gathers_at_start = model.traits.distributed_optimizer and model.traits.overlap
+    lead = 0.0
+    if dp > 1 and gathers_at_start:
         at_start = np.zeros((len(member), 1))
-        gathered = _ring(links, member, succ, align(buckets * (dp - 1) / dp, model.channels), at_start[:, :, None],
-                         at_start)
-        lead = gathered[:, 0 if model.traits.overlap else -1].max()
+        lead = _ring(links, member, succ, align(buckets * (dp - 1) / dp, model.channels), at_start[:, :, None],
+                     at_start)[:, 0].max()
 
     # Chunk c of stage s is virtual stage c * pp + s (one chunk per stage without interleaving);
     # hop k moves an activation from virtual stage k to k + 1.
@@ -267,8 +277,9 @@ def step_template(model: JobModel, placement: Placement, gpu_nic: np.ndarray, co
         if model.moe:
             _all_to_all(links, model, rank, fwd_start, bwd_start, chunk_fwd, chunk_bwd)
     step_end = sync_end + model.opt_s
-    if dp > 1 and model.collective == "rs_ag" and not model.traits.distributed_optimizer:
-        # ZeRO-1/2: updated parameter shards all-gathered after the optimizer
+    if dp > 1 and model.collective == "rs_ag" and not gathers_at_start:
+        # ZeRO-1/2, the distributed optimizer without overlap: the updated shards all-gathered
+        # after the optimizer close the step
         after = np.full((len(member), 1), step_end)
         step_end = _ring(links, member, succ, align(buckets * (dp - 1) / dp, model.channels),
                          after[:, :, None], after)[:, -1].max()

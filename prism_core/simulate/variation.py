@@ -48,7 +48,7 @@ class Traits:
     rank_order: str = "tp-dp-pp"
     optimizer_share: float = 0.04  # optimizer time / nominal step
     backward_ratio: float = 2.0  # backward / forward compute of one micro-batch
-    distributed_optimizer: bool = False  # rs_ag jobs gather parameters at the step start, not after the optimizer
+    distributed_optimizer: bool = False  # with overlap, rs_ag jobs gather parameters under the next step's first forward
     overlap: bool = False  # gradient buckets sync during the last backward; parameter gather under the first forward
     embedding_before_sync: bool = False  # the embedding all-reduce ends before the first and last stage's DP sync
     virtual_stages: int = 1  # interleaved 1F1B model chunks per stage

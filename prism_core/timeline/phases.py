@@ -84,8 +84,12 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         members = candidates[lo : hi + 1]
         rows = [signal[burst_from[b] : burst_from[b + 1]] for b in members]
         repeated, same_flows, every_pair = _repeated_share(traffic, rows, params) if has_dp else (0.0, False, False)
-        all_gather = same_flows and abs(repeated - 1.0) <= params.same_shape
-        if repeated >= params.repeat_share and not all_gather and not _same_burst(traffic, rows, params):
+        # the same collective again moves the same transfer sizes: another gradient bucket, or the
+        # all-gather of the shards a reduce-scatter left (ZeRO-1/2); a parameter gather moves the
+        # parameters' sizes, however close its bytes come to the gradients'
+        same_sizes = has_dp and len(rows) > 1 and _in_families_of(traffic, rows[-1], rows[:-1], params)
+        all_gather = same_flows and abs(repeated - 1.0) <= params.same_shape and same_sizes
+        if repeated >= params.repeat_share and not all_gather and not (same_sizes and _same_burst(traffic, rows, params)):
             # a different collective on the same pairs right after the optimizer: the next
             # step's ZeRO-3 parameter gather, its first traffic, not part of this sync (one
             # like the burst before it is the sync's next gradient bucket)
@@ -242,9 +246,19 @@ def _gathers_after_bucketed_syncs(traffic: Traffic, signal: np.ndarray, heavy_fl
     hi = np.searchsorted(light_start, begins)
     for p in np.flatnonzero(hi > lo):
         between = light[lo[p] : hi[p]]
-        on_pairs = np.isin(traffic.pair[between], traffic.pair[flows[p]])
-        opens[p] = abs(traffic.nbytes[between][on_pairs].sum() / nbytes[p] - 1.0) <= params.same_shape
+        # the reduce-scatter moves the gather's transfer sizes (both the shards of the same
+        # buckets); a ZeRO-3 parameter gather after a sync moves the parameters' sizes
+        same = np.isin(traffic.pair[between], traffic.pair[flows[p]]) & np.isin(traffic.family[between],
+                                                                                 traffic.family[flows[p]])
+        opens[p] = abs(traffic.nbytes[between][same].sum() / nbytes[p] - 1.0) <= params.same_shape
     return opens
+
+
+def _in_families_of(traffic: Traffic, rows: np.ndarray, earlier: list[np.ndarray], params: TimelineParams) -> bool:
+    """Whether `rows` move their bytes, all but a `same_shape` share, in size families the
+    `earlier` bursts moved too."""
+    known = np.isin(traffic.family[rows], traffic.family[np.concatenate(earlier)])
+    return bool(traffic.nbytes[rows][known].sum() >= (1.0 - params.same_shape) * traffic.nbytes[rows].sum())
 
 
 def _same_burst(traffic: Traffic, burst_rows: list[np.ndarray], params: TimelineParams) -> bool:

@@ -10,11 +10,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, KIND_CODES, OTHER, PP
+from prism_core.constants import (
+    CHECKPOINT_FLOW_BYTES,
+    FLOW_FAMILY_BYTES,
+    FLOW_KIND,
+    KIND_CODES,
+    PP,
+)
+from prism_core.parallelism import DEFAULT_PARAMS as PARALLELISM
+from prism_core.parallelism import size_families
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.rows import RowIndex
 
-SIZE_BITS = 40  # flow sizes up to 1 TB fit below a pair's code in one int64 key
+# the carried columns of a state written before the flows came with their size families
+CARRIED_BEFORE_FAMILIES = ("start", "end", "nbytes", "kind", "pair", "exporter")
 
 
 @dataclass
@@ -25,6 +34,7 @@ class Traffic:
     end: np.ndarray
     nbytes: np.ndarray
     kind: np.ndarray  # DP | PP | OTHER
+    family: np.ndarray  # smallest size of the flow's size family (one transfer size as exporters count it)
     pair: np.ndarray  # index into `pairs`
     exporter: np.ndarray  # index into `exporters`
     pairs: list[str]  # "src>dst"
@@ -35,11 +45,14 @@ class Traffic:
     indexes: dict = field(default_factory=dict, repr=False)  # (kind, params) -> RowIndex, built on first use
     _quiet_before: np.ndarray | None = field(default=None, repr=False)
 
-    COLUMNS = ("start", "end", "nbytes", "kind", "pair", "exporter")
+    COLUMNS = ("start", "end", "nbytes", "kind", "family", "pair", "exporter")
 
     @classmethod
     def build(cls, job_flows: pa.Table, comm_pairs: pa.Table, carry: dict | None,
               job_gpus: pa.Table | None = None) -> Traffic:
+        """From the job's flows, labelled by parallelism (`Parallelism.labelled`: each flow's kind
+        and size family), or, where they come without labels, each taking its pair's kind and
+        the size family parallelism's defaults give its size."""
         kinds = _pair_kinds(comm_pairs)
         gpus = _job_gpus(kinds)
         # only GPU-to-GPU pairs carry training traffic (not storage, monitoring or NFS pairs)
@@ -69,18 +82,18 @@ class Traffic:
         exporter_text = pc.fill_null(job_flows["sampler_address"], "").combine_chunks().dictionary_encode()
         exporters = list(carried["exporters"])
         exporter = _extend(exporters, exporter_text.dictionary.to_pylist())[exporter_text.indices.to_numpy()]
+        labelled = FLOW_KIND in job_flows.column_names
         columns = {
             "start": start[on_pair],
             "end": job_flows["time_flow_end_ns"].to_numpy()[on_pair],
             "nbytes": nbytes[on_pair],
-            "kind": kinds["kind"].to_numpy()[pair],
+            "kind": job_flows[FLOW_KIND].to_numpy()[on_pair] if labelled else kinds["kind"].to_numpy()[pair],
+            "family": job_flows[FLOW_FAMILY_BYTES].to_numpy()[on_pair] if labelled else _families(nbytes[on_pair]),
             "pair": pair,
             "exporter": exporter[on_pair],
         }
         # the carried flows' codes point into the lists they were carried with
         carried["pair"] = _extend(pairs, carried["pairs"])[carried["pair"]]
-        columns["kind"] = _activations_only(columns["kind"], columns["pair"], columns["nbytes"])
-        columns["kind"] = _syncs_only(columns["kind"], columns["pair"], columns["nbytes"], _mean_sizes(comm_pairs, kinds))
         columns = {name: np.concatenate([carried[name], values]).astype(np.int64) for name, values in columns.items()}
         start_order = columns["start"]
         if not np.all(start_order[1:] >= start_order[:-1]):  # flows usually come sorted already
@@ -121,6 +134,7 @@ class Traffic:
         packed = np.stack([values[name] for name in self.COLUMNS]).astype("<i8")
         later_writes = self.bulk_writes >= from_ns
         return {
+            "columns": list(self.COLUMNS),
             "flows": base64.b64encode(zlib.compress(packed.tobytes(), 6)).decode("ascii"),
             "pairs": [self.pairs[i] for i in pair_used],
             "exporters": [self.exporters[i] for i in exporter_used],
@@ -175,56 +189,10 @@ def _job_gpus(kinds: pa.Table) -> pa.Array:
     return pc.unique(pa.concat_arrays([ends["src_addr"].combine_chunks(), ends["dst_addr"].combine_chunks()]))
 
 
-def _activations_only(kind: np.ndarray, pair: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-    """Pipeline pairs carry one activation size per micro-batch; other sizes on them (the tied
-    embedding all-reduce between the first and last stage of a 2-stage pipeline) are not
-    pipeline sends: kind OTHER."""
-    on_pipeline = np.flatnonzero(kind == PP)
-    if not len(on_pipeline):
-        return kind
-    key = pair[on_pipeline] << SIZE_BITS | np.minimum(nbytes[on_pipeline], (1 << SIZE_BITS) - 1)
-    sizes, count = np.unique(key, return_counts=True)
-    size_pair = sizes >> SIZE_BITS
-    most = np.lexsort((count, size_pair))  # per pair, its most frequent size comes last
-    last_of_pair = np.r_[size_pair[most][1:] != size_pair[most][:-1], True]
-    activation = np.full(int(pair.max()) + 1, -1, np.int64)
-    activation[size_pair[most][last_of_pair]] = sizes[most][last_of_pair]
-    kind = kind.copy()
-    kind[on_pipeline[key != activation[pair[on_pipeline]]]] = OTHER
-    return kind
-
-
-def _mean_sizes(comm_pairs: pa.Table, kinds: pa.Table) -> np.ndarray:
-    """(pairs of `kinds` x 2) the mean flow size of each pair's DP and of its other traffic (nan
-    where it has none, or where the pairs come without their flows and bytes)."""
-    means = np.full((kinds.num_rows, 2), np.nan)
-    if not {"flows", "bytes"} <= set(comm_pairs.column_names):
-        return means
-    for column, kind in enumerate(("dp", "other")):
-        rows = comm_pairs.filter(pc.equal(comm_pairs["kind"], kind))
-        at = pc.index_in(pc.binary_join_element_wise(rows["src_addr"], rows["dst_addr"], ">"),
-                         value_set=pc.binary_join_element_wise(kinds["src_addr"], kinds["dst_addr"], ">"))
-        known = pc.is_valid(at).to_numpy(zero_copy_only=False)
-        sizes = (pc.divide(rows["bytes"].cast(pa.float64()), rows["flows"].cast(pa.float64()))).to_numpy()
-        means[at.to_numpy(zero_copy_only=False)[known].astype(np.int64), column] = sizes[known]
-    return means
-
-
-def _syncs_only(kind: np.ndarray, pair: np.ndarray, nbytes: np.ndarray, mean_sizes: np.ndarray) -> np.ndarray:
-    """A pair that carries both a DP sync and other traffic (a MoE all-to-all between the same
-    GPUs as a ring's neighbours) is labelled DP as a whole; each of its flows is DP only if its
-    size is nearer, by ratio, to the pair's mean DP flow than to its mean other flow (all-to-all
-    chunks are orders of magnitude below gradient chunks), so the timeline does not read an
-    all-to-all as a sync or a parameter gather."""
-    dp_mean, other_mean = mean_sizes[pair, 0], mean_sizes[pair, 1]
-    mixed = (kind == DP) & np.isfinite(dp_mean) & np.isfinite(other_mean)
-    if not mixed.any():
-        return kind
-    size = np.maximum(nbytes[mixed], 1).astype(float)
-    nearer_other = np.abs(np.log(size / dp_mean[mixed])) > np.abs(np.log(size / other_mean[mixed]))
-    kind = kind.copy()
-    kind[np.flatnonzero(mixed)[nearer_other]] = OTHER
-    return kind
+def _families(nbytes: np.ndarray) -> np.ndarray:
+    """Smallest size of each flow's size family, as parallelism's defaults draw the families."""
+    smallest, family = size_families(nbytes, PARALLELISM.size_tolerance, PARALLELISM.pipeline_min_flows)
+    return smallest[family]
 
 
 def _extend(names: list[str], more: list[str]) -> np.ndarray:
@@ -242,7 +210,10 @@ def _decode_carry(carry: dict | None) -> dict:
     if not carry:
         return {**empty, "pairs": [], "exporters": [], "bulk_writes": np.empty(0, np.int64),
                 "bulk_write_ends": np.empty(0, np.int64)}
-    packed = np.frombuffer(zlib.decompress(base64.b64decode(carry["flows"])), "<i8").reshape(len(Traffic.COLUMNS), -1)
-    return {**dict(zip(Traffic.COLUMNS, packed)), "pairs": list(carry["pairs"]),
+    names = carry.get("columns", CARRIED_BEFORE_FAMILIES)
+    packed = np.frombuffer(zlib.decompress(base64.b64decode(carry["flows"])), "<i8").reshape(len(names), -1)
+    columns = dict(zip(names, packed))
+    columns.setdefault("family", columns["nbytes"])  # carried before flows had families: each its own
+    return {**columns, "pairs": list(carry["pairs"]),
             "exporters": list(carry["exporters"]), "bulk_writes": np.asarray(carry["bulk_writes"], np.int64),
             "bulk_write_ends": np.asarray(carry["bulk_write_ends"], np.int64)}
