@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import fields
 from typing import ClassVar
@@ -59,6 +60,9 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def combination_ids(*columns: np.ndarray) -> np.ndarray:
     """An id per row, the same for rows equal in every column; ids count up in the order of
     `np.lexsort(columns)` (last column first)."""
+    packed = _packed_key(columns[::-1])
+    if packed is not None:  # the distinct combinations hashed and ranked, not every row sorted
+        return unique_inverse(packed)[1]
     order = np.lexsort(columns)
     changes = np.zeros(len(order), bool)
     for column in columns:
@@ -67,6 +71,32 @@ def combination_ids(*columns: np.ndarray) -> np.ndarray:
     ids = np.empty(len(order), np.int64)
     ids[order] = np.cumsum(changes)
     return ids
+
+
+def _packed_key(columns) -> np.ndarray | None:
+    """One int64 per row that orders rows as their integer columns do (the first column most
+    significant), or None when a column is not integer or the combinations do not fit in int64."""
+    if not len(columns[0]) or not all(np.issubdtype(c.dtype, np.signedinteger) for c in columns):
+        return None
+    lows = [int(c.min()) for c in columns]
+    spans = [int(c.max()) - low + 1 for c, low in zip(columns, lows)]
+    if math.prod(spans) >= 1 << 62:
+        return None
+    key = np.zeros(len(columns[0]), np.int64)
+    for column, low, span in zip(columns, lows, spans):
+        key *= span
+        key += column.astype(np.int64, copy=False) - low
+    return key
+
+
+def sorted_within_groups(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`values` (integers) sorted within each run of equal `group` codes (`group` sorted: the
+    runs stay where they are); the values of `np.lexsort((values, group))`, without sorting indices."""
+    packed = _packed_key((group, values))
+    if packed is None:
+        return values[np.lexsort((values, group))]
+    low = int(values.min())
+    return np.sort(packed) % (int(values.max()) - low + 1) + low
 
 
 def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
