@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import group_median, stable_order, unique_inverse
+from prism_core.arrays import filter_rows, group_median, stable_order, unique_inverse
 from prism_core.constants import DP, OTHER, PP
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
@@ -106,22 +106,22 @@ def identify_parallelism(
     Flows a member sent outside its membership interval belong to another job and are ignored."""
     job_flows = _sent_while_member(job_flows, members)
     gpus = _member_gpus(members)
-    inside = pc.is_in(job_flows["dst_addr"], value_set=gpus["addr"]).to_numpy(zero_copy_only=False)
-    internal = job_flows.filter(pa.array(inside))
+    dst = pc.fill_null(pc.index_in(job_flows["dst_addr"], value_set=gpus["addr"]), -1).to_numpy()
+    inside = dst >= 0
     kind = np.full(job_flows.num_rows, OTHER, np.int8)
     job_gpus = conform(
         pa.table({"job_id": pa.array([job_id] * gpus.num_rows, pa.string()),
                   **{c: gpus[c] for c in ("addr", "host", "gpu", "first_seen", "last_seen")}}),
         JOB_GPUS,
     )
-    if internal.num_rows == 0:  # nothing between members this hour: stages and degrees unknown
+    if not inside.any():  # nothing between members this hour: stages and degrees unknown
         return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), None, None, None)
-    flows = _InternalFlows.of(internal, gpus)
+    flows = _InternalFlows.of(job_flows, inside, dst[inside], gpus)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
     pipeline_sends = pipeline[groups.of_flow] | _merged_pipeline_sends(flows, groups, pipeline, params)
-    external = job_flows.filter(pa.array(~inside))
+    external = filter_rows(job_flows, ~inside)
     layout = _Layout.infer(gpus, flows, external, groups, pipeline, pipeline_sends, all_to_all)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
@@ -140,7 +140,7 @@ def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> pa.Table:
         & (start >= members["first_ns"].to_numpy()[row])
         & (start <= members["last_ns"].to_numpy()[row])
     )
-    return job_flows.filter(pa.array(within))
+    return filter_rows(job_flows, within)
 
 
 def _member_gpus(members: pa.Table) -> pa.Table:
@@ -193,23 +193,24 @@ class _InternalFlows:
     n_hosts: int
 
     @classmethod
-    def of(cls, internal: pa.Table, gpus: pa.Table) -> _InternalFlows:
-        src = pc.index_in(internal["src_addr"], value_set=gpus["addr"]).to_numpy()
-        dst = pc.index_in(internal["dst_addr"], value_set=gpus["addr"]).to_numpy()
+    def of(cls, job_flows: pa.Table, inside: np.ndarray, dst: np.ndarray, gpus: pa.Table) -> _InternalFlows:
+        """The flows of `job_flows` where `inside` (`dst`: their destinations' rows of `gpus`);
+        read as arrays, the table is not copied."""
+        src = pc.index_in(job_flows["src_addr"], value_set=gpus["addr"]).to_numpy()[inside]
         host_code, rail = gpus["host_code"].to_numpy(), gpus["local"].to_numpy()
-        start, end = internal["time_flow_start_ns"].to_numpy(), internal["time_flow_end_ns"].to_numpy()
+        start, end = (job_flows[c].to_numpy()[inside] for c in ("time_flow_start_ns", "time_flow_end_ns"))
         # packet sampling (sFlow) has no flow start or end; a sampled NetFlow exporter's records
         # keep their span and their bytes scaled back are the transfer's
-        sampled = np.zeros(internal.num_rows, bool)
-        if "sampling_rate" in internal.column_names:
-            rate = pc.fill_null(internal["sampling_rate"], 1).to_numpy()
+        sampled = np.zeros(len(start), bool)
+        if "sampling_rate" in job_flows.column_names:
+            rate = pc.fill_null(job_flows["sampling_rate"], 1).to_numpy()[inside]
             sampled = (rate > 1) & (end == start)
         return cls(
             src_host=host_code[src],
             dst_host=host_code[dst],
             rail=rail[src],
             src_gpus=gpus["gpus"].to_numpy()[src],
-            size=internal["bytes"].to_numpy(),
+            size=job_flows["bytes"].to_numpy()[inside],
             start=start,
             end=end,
             sampled=sampled,
