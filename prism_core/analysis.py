@@ -223,6 +223,7 @@ def analyze_job(
             job_id, resolving_flows(sent, resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
             hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
         )
+        del sent  # a copy of most of the flows: not held through the diagnosis, which reads them all
         stage = "diagnosis"
         diagnosed = diagnosis.diagnose_job(
             job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
