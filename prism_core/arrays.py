@@ -209,16 +209,16 @@ def group_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Median of `values` over each key group, broadcast back to the rows."""
     if not len(key):
         return np.empty(0)
-    # sorted by value, then stably by key: what lexsort does, ~20% faster on a million rows
-    by_value = np.argsort(values, kind="stable")
-    order = by_value[stable_order(key[by_value])]
-    sorted_key, sorted_values = key[order], values[order]
-    starts = _group_starts(sorted_key)
+    # keys and values both replaced by their ranks (hashed: only the distinct ones are sorted),
+    # then one sort of packed (group, value rank) integers: no sort of row indices
+    _, group = unique_inverse(key)
+    distinct, rank = unique_inverse(values)
+    packed = np.sort(group * len(distinct) + rank)
+    starts = _group_starts(packed // len(distinct))
     counts = np.diff(np.r_[starts, len(key)])
-    median = (sorted_values[starts + (counts - 1) // 2] + sorted_values[starts + counts // 2]) / 2
-    out = np.empty(len(key))
-    out[order] = np.repeat(median, counts)
-    return out
+    ordered = distinct[packed % len(distinct)]
+    median = (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2]) / 2
+    return median[group]
 
 
 def rolling_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray, half: int) -> np.ndarray:
