@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import filter_rows, group_median, stable_order, unique_inverse
+from prism_core.arrays import combined_key, filter_rows, group_median, stable_order, unique_inverse
 from prism_core.constants import DP, OTHER, PP
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
@@ -632,9 +632,14 @@ def _tensor_parallel(
 def _gpus_behind_rails(flows: _InternalFlows, chosen: np.ndarray, key: np.ndarray) -> np.ndarray:
     """Per distinct `key` of the `chosen` flows: the GPUs served by the distinct rails (source
     NICs) those flows leave through (a NIC may serve two GPUs, and carry both GPUs' sends)."""
-    keyed = np.unique(np.stack([key[chosen], flows.rail[chosen], flows.src_gpus[chosen]], axis=1), axis=0)
-    _, of_key = np.unique(keyed[:, 0], return_inverse=True)
-    return np.bincount(of_key.ravel(), weights=keyed[:, 2]).astype(np.int64)
+    columns = (key[chosen], flows.rail[chosen], flows.src_gpus[chosen])
+    # the distinct (key, rail, gpus) triples in lexicographic order, by hashing packed integers
+    # (np.unique over rows sorts every flow's triple as a structured value: ~10x slower)
+    _, triple = unique_inverse(combined_key(*columns))
+    row = np.empty(int(triple.max(initial=-1)) + 1, np.int64)
+    row[triple] = np.arange(len(triple))  # any row of each triple: they are equal
+    _, of_key = np.unique(columns[0][row], return_inverse=True)
+    return np.bincount(of_key.ravel(), weights=columns[2][row]).astype(np.int64)
 
 
 def _slot_in_stage(host_code: np.ndarray, level: np.ndarray) -> np.ndarray:
