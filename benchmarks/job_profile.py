@@ -8,7 +8,8 @@ largest jobs, from a warehouse the pipeline already wrote (e.g. the dense hour's
 by job and keeps the largest jobs' flows (Arrow IPC), the recognition, the previous hour's state
 and the exporter profiles in CACHE, so that `run` measures the analysis alone. `run` analyzes
 each cached job in turn and prints, per stage, CPU seconds (process time) and the peak resident
-memory above what the process held before the job; with `--profile`, a cProfile of the whole run.
+memory above what the process held before the stage (sampled every 5 ms), then the process's
+peak resident memory; with `--profile`, a cProfile (CPU time) of the whole run.
 The first `run` records a digest of every job's output in CACHE and later runs compare against it:
 a change meant to keep the output must print `output unchanged`.
 """
@@ -20,6 +21,7 @@ import cProfile
 import hashlib
 import json
 import pickle
+import resource
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -129,7 +131,7 @@ def run(cache: Path, only: str | None, profile_to: str | None) -> None:
     report = {}
     for job_id in [only] if only else context["jobs"]:
         flows = pa.ipc.open_file(pa.memory_map(str(cache / f"{job_id}.arrow"))).read_all()
-        flows = pa.concat_tables([flows]).combine_chunks()  # in memory, as the pipeline hands it
+        flows = flows.combine_chunks()  # read into memory (the pipeline hands a job its staged pieces)
         figures.clear()
         cpu, base = time.process_time(), memory.reset()
         if profiler:
@@ -147,6 +149,7 @@ def run(cache: Path, only: str | None, profile_to: str | None) -> None:
         print(json.dumps({job_id: report[job_id]}), flush=True)
         del flows, result
     memory.stop()
+    print(json.dumps({"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
     digests_path.write_text(json.dumps(recorded, indent=1))
     if profiler:
         profiler.dump_stats(profile_to)
