@@ -24,7 +24,7 @@ import pickle
 import resource
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,7 +40,7 @@ def prepare(root: str, topology_path: str, hour_text: str, cache: Path, jobs: in
     from pipelines import warehouse
     from pipelines.run import load_topology
 
-    hour = datetime.fromisoformat(hour_text).replace(tzinfo=timezone.utc)
+    hour = datetime.fromisoformat(hour_text).replace(tzinfo=UTC)
     hour_ns = int(hour.timestamp()) * 10**9
     topology = load_topology(topology_path)
     # The previous hour's state is computed afresh (from no state before it), so that a warehouse

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prism_core.arrays import (MAD_TO_SIGMA, combined_key, group_first_index, group_median, group_mode, group_reduce,
-                               unique_inverse)
+from prism_core.arrays import MAD_TO_SIGMA, combined_key, group_first_index, group_median, group_mode, group_reduce, unique_inverse
 from prism_core.constants import PP
 
 from .baseline import Baseline
