@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core import diagnosis, parallelism, resolution, timeline
-from prism_core.arrays import group_indices
+from prism_core.arrays import filter_rows, group_indices
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import MINUTE_NS
@@ -207,7 +207,7 @@ def analyze_job(
         restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
 
         # the stages before diagnosis read what members sent, not the reads into them
-        sent = flows.filter(pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
+        sent = filter_rows(flows, pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
         stage = "parallelism"
         found = (
             parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism)
@@ -223,6 +223,7 @@ def analyze_job(
             job_id, resolving_flows(found.labelled(sent), resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
             hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
         )
+        del sent  # a copy of most of the flows: not held through the diagnosis, which reads them all
         stage = "diagnosis"
         diagnosed = diagnosis.diagnose_job(
             job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
@@ -264,7 +265,7 @@ def resolving_flows(flows: pa.Table, resolved: resolution.JobResolution) -> pa.T
         return flows
     exporters = pc.fill_null(flows["sampler_address"], resolution.NO_EXPORTER)
     resolving = pc.is_in(exporters, value_set=pa.array(sorted(resolved.resolving_exporters), pa.string()))
-    return flows if pc.all(resolving).as_py() is not False else flows.filter(resolving)
+    return filter_rows(flows, resolving)
 
 
 def failed_job(job_id: str, stage: str, error: Exception, previous: dict, hour_start_ns: int,

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combination_ids
+from prism_core.arrays import combination_ids, sorted_within_groups, stable_order
 
 EXPORTER_KINDS = ("per_transfer", "flow_cache", "sampled", "unknown")
 # Log-spaced bins of gaps and durations (seconds): 1 us to ~3 hours, 20 bins per decade.
@@ -366,21 +366,25 @@ def _major_onsets(flows: pa.Table, params: ResolutionParams) -> tuple[np.ndarray
     end = flows["time_flow_end_ns"].to_numpy()
     exporter = _codes(flows["sampler_address"])
     pair = combination_ids(exporter, _codes(flows["src_addr"]), _codes(flows["dst_addr"]))
-    order = np.lexsort((start, pair))
+    # records usually come in start order: then a stable order by pair alone (linear) is that
+    order = stable_order(pair) if np.all(start[1:] >= start[:-1]) else np.lexsort((start, pair))
     pair, start = pair[order], start[order]
     first = np.r_[True, pair[1:] != pair[:-1]]
-    quiet = (start - np.r_[0, end[order][:-1]]).astype(np.float64)
-    quiet[first] = np.nan
-    # each pair's longest regular quiet: a high quantile of its gaps
-    by_quiet = np.lexsort((quiet, pair))  # NaN (a pair's first record) sorts last
-    opens = np.flatnonzero(np.r_[True, pair[by_quiet][1:] != pair[by_quiet][:-1]])
+    quiet_ns = start - np.r_[0, end[order][:-1]]
+    opens = np.flatnonzero(first)
     gaps_of_pair = np.diff(np.r_[opens, len(pair)]) - 1
     usable = gaps_of_pair >= params.min_pair_records
     if not usable.any():
         return None
+    # each pair's longest regular quiet: a high quantile of its gaps (a pair's first record has
+    # none: it sorts last, above every gap)
+    quiet_ns[first] = quiet_ns[~first].max(initial=0) + 1
+    sorted_quiet = sorted_within_groups(pair, quiet_ns)
+    quiet = quiet_ns.astype(np.float64)
+    quiet[first] = np.nan
     long_gap = np.full(int(pair.max()) + 1, np.inf)
     at = opens + np.floor(params.long_gap_quantile * np.maximum(gaps_of_pair - 1, 0)).astype(np.int64)
-    long_gap[pair[by_quiet][opens[usable]]] = quiet[by_quiet][at[usable]]
+    long_gap[pair[opens[usable]]] = sorted_quiet[at[usable]].astype(np.float64)
     major = ~first & (quiet >= params.major_gap_share * long_gap[pair])
     return start[major], pair[major]
 

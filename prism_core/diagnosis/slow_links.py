@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prism_core import waste
-from prism_core.arrays import combined_key, group_median, group_mode, group_reduce, time_segments
+from prism_core.arrays import combined_key, group_median, group_mode, group_reduce, time_segments, unique_inverse
 from prism_core.constants import DP, PP, UNCLASSIFIED
 
 from .baseline import Baseline
@@ -50,7 +50,7 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     sel = (job.step >= 0) & (job.kind != UNCLASSIFIED) & (job.nbytes >= params.throughput_min_bytes) & (seconds > 0)
     sel &= ~(excluded | job.split)[np.maximum(job.step, 0)]
     step, rate = job.step[sel], job.nbytes[sel] / np.maximum(seconds[sel], 1e-9)
-    size = np.unique(job.nbytes[sel], return_inverse=True)[1]
+    size = unique_inverse(job.nbytes[sel])[1]
     ratio = rate / group_median(combined_key(step, size), rate)
     flows = (step, job.src[sel], job.dst[sel], ratio)
     if not sel.any():

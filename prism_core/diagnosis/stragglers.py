@@ -16,7 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from prism_core import waste
-from prism_core.arrays import MAD_TO_SIGMA, combined_key, group_first_index, group_median, group_mode, group_reduce
+from prism_core.arrays import (
+    MAD_TO_SIGMA, combined_key, group_first_index, group_median, group_mode, group_reduce, unique_inverse,
+)
 from prism_core.constants import PP
 
 from .baseline import Baseline
@@ -40,7 +42,7 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     host = job.host_of_addr[job.src[sel]]
     # a transfer class: kind, size and direction along the pipeline (forward or backward)
     direction = np.sign(job.stage_of_host[job.host_of_addr[job.dst[sel]]] - job.stage_of_host[host]) + 1
-    size = np.unique(job.nbytes[sel], return_inverse=True)[1]
+    size = unique_inverse(job.nbytes[sel])[1]
     kind = combined_key(job.kind[sel], size, direction)
     step, start, pipeline = job.step[sel], job.start[sel], job.kind[sel] == PP
     order = np.lexsort((start, host, kind, step))

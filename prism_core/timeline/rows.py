@@ -119,7 +119,11 @@ class RowIndex:
         if self._by_pair is None:
             self._by_pair = _FirstOfEach(self.pair)
             later = self.positions(self.start + self.params.transfer_ns, side="right")
-            self._next_send = self._by_pair.first_at_or_after(later, self.pair)
+            # asked in the index's own (pair, position) order the lookups come sorted, which
+            # binary search serves from its cache: the same answers, several times faster
+            order = self._by_pair.order
+            self._next_send = np.empty(len(self), np.int64)
+            self._next_send[order] = self._by_pair.first_at_or_after(later[order], self.pair[order])
         return self._by_pair, self._next_send
 
 
@@ -130,8 +134,8 @@ class _FirstOfEach:
     def __init__(self, codes: np.ndarray):
         self.n = len(codes)
         self.codes = np.unique(codes)
-        order = np.argsort(codes, kind="stable")
-        self.keys = codes[order].astype(np.int64) * (self.n + 1) + order
+        self.order = np.argsort(codes, kind="stable")
+        self.keys = codes[self.order].astype(np.int64) * (self.n + 1) + self.order
 
     def first_at_or_after(self, positions: np.ndarray, codes: np.ndarray | None = None) -> np.ndarray:
         """Per position, the first at or after it holding `codes` (elementwise, broadcast); by
