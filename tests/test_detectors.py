@@ -83,7 +83,8 @@ def ring_flows(step_start: np.ndarray, hosts: int, seconds: np.ndarray, phase_s:
 
 
 def no_masks(n: int) -> StepMasks:
-    return StepMasks(warmup=np.zeros(n, bool), checkpoint=np.zeros(n, bool), windowed=np.zeros(n, bool))
+    return StepMasks(warmup=np.zeros(n, bool), checkpoint=np.zeros(n, bool), windowed=np.zeros(n, bool),
+                     merged=np.zeros(n, bool))
 
 
 def find_checkpoints(job: JobHour) -> tuple[checkpoints.Checkpoints, CheckpointState]:
@@ -135,7 +136,8 @@ def test_checkpoints_are_the_written_steps_and_the_long_steps_on_their_rhythm():
 def test_a_checkpoint_step_is_not_a_slow_step_but_a_stall_is():
     job, durations = _saving_job()
     found, _ = find_checkpoints(job)
-    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool),
+                      merged=np.zeros(job.n_steps, bool))
     fit = fit_baseline(job, masks, found, (), (), PARAMS)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
     assert np.flatnonzero(slow).tolist() == [45, 53]
@@ -160,7 +162,8 @@ def test_unwritten_saves_of_varying_length_on_a_rhythm_numbered_one_off_are_no_s
     found, state = find_checkpoints(job)
     assert np.flatnonzero(found.step).tolist() == saves.tolist()
     assert state.checkpoint_rhythm[0] == 40
-    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool),
+                      merged=np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
     assert not slow_steps.find_slow_steps(job, fit, masks, PARAMS).any()
 
@@ -174,7 +177,8 @@ def test_a_save_is_judged_against_the_spread_of_the_jobs_own_saving_times():
     durations[saves] += saving
     job = make_hour(durations)
     found, _ = find_checkpoints(job)
-    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool),
+                      merged=np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
     assert np.flatnonzero(slow_steps.find_slow_steps(job, fit, masks, PARAMS)).tolist() == [saves[5]]
     # the allowance is the spread measured (20%, robustly from ten saves) times save_sigmas
@@ -195,7 +199,8 @@ def test_a_save_whose_end_fell_into_the_next_step_is_one_save():
     job = make_hour(durations, writes=writes)
     found, _ = find_checkpoints(job)
     assert np.flatnonzero(found.step).tolist() == [9, 19, 20, 29]
-    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool),
+                      merged=np.zeros(job.n_steps, bool))
     fit = fit_baseline(job, masks, found, (), (2.0, 2.0), PARAMS)
     assert fit.save_first.tolist() == [9, 19, 29]
     assert fit.saving == pytest.approx([2.0, 2.0, 2.0], abs=0.05)  # step 20's part counted in step 19's save
@@ -310,7 +315,8 @@ def test_a_slow_link_window_names_the_slow_address():
     assert found.score[15] == pytest.approx(0.1 / 0.25, rel=0.05)  # its fastest transfer, over the usual
     (window,) = slow_links.link_windows(job, found, None, PARAMS)
     assert window.run.tolist() == list(range(10, 30))
-    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
+    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps),
+                      np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
     (issue,), open_window = slow_links.link_issues(job, [window], None, masks, slow, fit, found, PARAMS)
@@ -331,7 +337,8 @@ def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
     assert set(culprit[20:35].tolist()) == {2} and (culprit[:20] == -1).all()
     assert lateness[25] == pytest.approx(0.2, abs=0.01)
     (window,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
-    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
+    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps),
+                      np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
     assert not slow.any()  # the window's steps are the straggler's, not slow steps
