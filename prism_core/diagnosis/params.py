@@ -51,7 +51,7 @@ class DiagnosisParams:
     # share of the hour's median step traffic (bytes between members); a step carrying this much
     # is two steps whose boundary the records missed (a sync lost with its export datagram), not
     # a slow one: halfway between one step's traffic and two
-    merged_step_traffic: float = 1.5
+    merged_step_traffic: float = 1.3
     degradation_min_shift: float = 0.03  # level rise, as a share of the baseline
     degradation_min_steps: int = 10  # steps the new level must hold
 
