@@ -151,6 +151,43 @@ def test_a_checkpoint_step_is_not_a_slow_step_but_a_stall_is():
     assert checkpoints.saving_times((), fit.saving, slow[fit.save_first], PARAMS) == pytest.approx((2.0,) * 4, abs=0.05)
 
 
+def test_a_long_step_carrying_two_steps_traffic_is_merged_not_slow():
+    # 60 ring steps of ~1 s; step 20 stalls (2 s, one step's transfers), step 40 is two steps the
+    # timeline could not divide (2 s, two steps' transfers); a flow cache's record runs over
+    # steps 50-53 (its bytes shared by the four)
+    durations = jittered(60)
+    durations[[20, 40]] += 1.0
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
+    flows = ring_flows(step_start, 4, np.full((60, 4), 0.05))
+    second = ring_flows(step_start[[40]] + 1.0, 4, np.full((1, 4), 0.05))
+    flows = {name: np.r_[flows[name], second[name]] for name in flows}
+    flows = {name: np.r_[flows[name], value] for name, value in
+             {"start": [step_start[50]], "end": [step_start[54] - 0.01], "src": [0], "dst": [1],
+              "nbytes": [4 * BULK]}.items()}
+    job = make_hour(durations, flows=flows)
+    merged = slow_steps.merged_steps(job, PARAMS)
+    assert np.flatnonzero(merged).tolist() == [39, 40, 41]  # and its neighbours: the boundary may be off
+    masks = StepMasks(np.zeros(60, bool), np.zeros(60, bool), np.zeros(60, bool), merged)
+    fit = fit_without_writes(job, masks)
+    assert np.flatnonzero(slow_steps.find_slow_steps(job, fit, masks, PARAMS)).tolist() == [20]
+
+
+def test_a_silence_between_steps_with_transfers_in_it_is_no_restart():
+    # the timeline found no step in a 40 s stretch before step 30 (records that blur the steps),
+    # but transfers went on through it: no restart; a true 40 s silence before step 50 is one
+    durations = jittered(60)
+    gap = np.where(np.arange(60) >= 30, 40.0, 0.0) + np.where(np.arange(60) >= 50, 40.0, 0.0)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + gap
+    flows = ring_flows(step_start, 4, np.full((60, 4), 0.05))
+    during = step_start[29] + durations[29] + np.arange(1.0, 40.0, 2.0)
+    flows = {name: np.r_[flows[name], value] for name, value in
+             {"start": during, "end": during + 0.05, "src": np.zeros(len(during), int),
+              "dst": np.ones(len(during), int), "nbytes": np.full(len(during), BULK)}.items()}
+    job = make_hour(durations, step_start=step_start, flows=flows)
+    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, PARAMS)
+    assert found.steps.tolist() == [50]
+
+
 def test_unwritten_saves_of_varying_length_on_a_rhythm_numbered_one_off_are_no_slow_steps():
     # a save every 40 steps that the flow logs do not see (a storage network), each 0.3-3 steps
     # long; the timeline numbered the steps after step 100 one off (a step split near a save)
