@@ -241,7 +241,10 @@ def analyze_job(
         # The timeline's steps still carry the job's step numbers and the diagnosis' restarts and
         # hangs, but are no steps to report, nor to judge a step, a host or a link by.
         step_rows, durations = STEPS.empty_table(), np.zeros(0)
-    shown = resolution.issue_kinds_shown(resolved, params.resolution)
+    # a silent hour has no record to judge a step, a host or a link by (the step it closes was
+    # divided from the previous hour's records, resolved or not): only the job's silences
+    shown = (resolution.issue_kinds_shown(resolved, params.resolution) if sent.num_rows
+             else params.resolution.unresolved_issue_kinds)
     issues = issues.filter(pc.is_in(issues["kind"], value_set=pa.array(shown, pa.string())))
     return JobAnalysis(
         job_id,
