@@ -193,8 +193,8 @@ def analyze_job(
     (prism_core.resolution, decided before the timeline): elsewhere the job-hour has no step rows,
     its `step_period_s` is the records' rhythm, and of its issues only those that need no step
     (`ResolutionParams.unresolved_issue_kinds`) are reported; a straggler or a slow link only where
-    the records also time single transfers (`resolution.issue_kinds_shown`). If a stage raises, the job's analysis
-    is `failed_job`'s instead, and the hour goes on for every other job."""
+    the records also time single transfers (`resolution.issue_kinds_shown`). If a stage raises,
+    the job's analysis is `failed_job`'s instead, and the hour goes on for every other job."""
     # A stage may update the state it is handed in place, so it gets a copy: the previous hour's
     # states stay as they were for a failed job to carry on and for a retried bundle to start from.
     before = previous

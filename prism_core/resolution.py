@@ -285,13 +285,14 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     counts = pc.value_counts(names)
     one_by_one = {item["values"]: item["counts"] for item in counts.to_pylist()
                   if _one_by_one(profiles.get(item["values"]))}
-    resolving = {name for name in one_by_one if _clock_ns(profiles.get(name)) * 1e-9 <= params.max_clock_share * period
-                 } if period is not None else set(one_by_one)
+    # a clock coarser than a share of the step period blurs the boundaries
+    resolving = {name for name in one_by_one
+                 if period is None or _clock_ns(profiles.get(name)) * 1e-9 <= params.max_clock_share * period}
     resolving_records = sum(one_by_one[name] for name in resolving)
     if (resolving_records >= params.min_resolving_records
             and resolving_records >= params.min_resolving_share * flows.num_rows):
-        return JobResolution("steps", period, frozenset(resolving), _transfers_timed(flows, names, one_by_one, profiles,
-                                                                                    params))
+        timed = _transfers_timed(flows, names, one_by_one, profiles, params)
+        return JobResolution("steps", period, frozenset(resolving), timed)
     return JobResolution("period" if period is not None else "jobs_only", period, frozenset(), False)
 
 

@@ -1,8 +1,8 @@
 """Baseline: what a step of the job normally takes.
 
 BOCD (prism_core.bocd) segments the log durations of the clean steps (not warm-up, checkpoint,
-inside a straggler or slow-link window or merged with the next), after the last clean durations of earlier hours; the
-baseline is a rolling median inside a segment. A checkpoint step is expected to take a step plus
+inside a straggler or slow-link window, or merged: slow_steps.merged_steps), after the last clean
+durations of earlier hours; the baseline is a rolling median inside a segment. A checkpoint step is expected to take a step plus
 the job's usual saving time.
 """
 

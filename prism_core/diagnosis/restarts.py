@@ -67,9 +67,10 @@ def find_resumes(job: JobHour, progress: Progress, saves_rhythm: tuple[int, int]
 
 def _last_end_before(job: JobHour, at: np.ndarray) -> np.ndarray:
     """Per time of `at`: the latest end of the job's flows that started before it (-inf: none)."""
-    latest = np.maximum.accumulate(job.end) if len(job.end) else np.zeros(0)
+    if not len(job.end):
+        return np.full(len(at), -np.inf)
     before = np.searchsorted(job.start, at, side="left") - 1
-    return np.where(before >= 0, latest[np.maximum(before, 0)] if len(latest) else -np.inf, -np.inf)
+    return np.where(before >= 0, np.maximum.accumulate(job.end)[np.maximum(before, 0)], -np.inf)
 
 
 def restart_issues(job: JobHour, resumes: Resumes, progress: Progress, stop: Stop | None, checkpoints: Checkpoints,
