@@ -192,8 +192,9 @@ def analyze_job(
     transfers one by one). Steps are reported only where the records resolve them
     (prism_core.resolution, decided before the timeline): elsewhere the job-hour has no step rows,
     its `step_period_s` is the records' rhythm, and of its issues only those that need no step
-    (`ResolutionParams.unresolved_issue_kinds`) are reported. If a stage raises, the job's analysis
-    is `failed_job`'s instead, and the hour goes on for every other job."""
+    (`ResolutionParams.unresolved_issue_kinds`) are reported; a straggler or a slow link only where
+    the records also time single transfers (`resolution.issue_kinds_shown`). If a stage raises,
+    the job's analysis is `failed_job`'s instead, and the hour goes on for every other job."""
     # A stage may update the state it is handed in place, so it gets a copy: the previous hour's
     # states stay as they were for a failed job to carry on and for a retried bundle to start from.
     before = previous
@@ -216,8 +217,9 @@ def analyze_job(
         )
         stage = "resolution"
         # a silent hour only closes the step the previous hour carried: nothing in it blurs that
-        resolved = (resolution.job_resolution(sent, exporters or {}, params.resolution) if sent.num_rows
-                    else resolution.JobResolution("steps", None, frozenset()))
+        silent = sent.num_rows == 0
+        resolved = (resolution.JobResolution("steps", None, frozenset(), True) if silent
+                    else resolution.job_resolution(sent, exporters or {}, params.resolution))
         stage = "timeline"
         steps = timeline.divide_steps(
             job_id, resolving_flows(found.labelled(sent), resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
@@ -241,7 +243,11 @@ def analyze_job(
         # The timeline's steps still carry the job's step numbers and the diagnosis' restarts and
         # hangs, but are no steps to report, nor to judge a step, a host or a link by.
         step_rows, durations = STEPS.empty_table(), np.zeros(0)
-        issues = issues.filter(pc.is_in(issues["kind"], value_set=pa.array(params.resolution.unresolved_issue_kinds)))
+    # a silent hour has no record to judge a step, a host or a link by (the step it closes was
+    # divided from the previous hour's records, resolved or not): only the job's silences
+    shown = (params.resolution.unresolved_issue_kinds if silent
+             else resolution.issue_kinds_shown(resolved, params.resolution))
+    issues = issues.filter(pc.is_in(issues["kind"], value_set=pa.array(shown, pa.string())))
     return JobAnalysis(
         job_id,
         tables={"job_gpus": found.job_gpus, "comm_pairs": found.comm_pairs,

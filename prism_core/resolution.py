@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import combination_ids, sorted_within_groups, stable_order
+from prism_core.schema import ISSUE_KINDS
 
 EXPORTER_KINDS = ("per_transfer", "flow_cache", "sampled", "unknown")
 # Log-spaced bins of gaps and durations (seconds): 1 us to ~3 hours, 20 bins per decade.
@@ -88,6 +89,16 @@ class ResolutionParams:
     # issue kinds reported for a job-hour whose steps are not resolved: a restart or a hang is a
     # silence of the whole job, the others judge a step, a host or a link by its steps
     unresolved_issue_kinds: tuple[str, ...] = ("restart", "hang")
+    # issue kinds that judge a host or a link by single transfers (a straggler's late sends, a
+    # slow link's throughput; a slow link makes its receivers late, so a straggler is told from
+    # one only where the link's throughput shows): reported where the steps are resolved and...
+    transfer_issue_kinds: tuple[str, ...] = ("straggler", "slow_link")
+    # share; ... at least this share of the job's records comes from exporters that report
+    # transfers one by one (a cache's merged records or a sampler's instants time no transfer) ...
+    min_transfer_share: float = 0.9
+    # share; ... whose clock is at most this share of the job's median transfer (a millisecond
+    # clock truncates a transfer of a few hundred microseconds to nothing or a whole tick)
+    max_transfer_clock_share: float = 0.1
 
     # --- the records' rhythm ----------------------------------------------------------------------
     # count; a pair's rhythm needs at least this many gaps between its records
@@ -261,6 +272,7 @@ class JobResolution:
     resolution: str  # schema.RESOLUTIONS
     period_s: float | None  # the step period the records' rhythm shows (None: no rhythm)
     resolving_exporters: frozenset[str]  # the exporters whose records the timeline reads
+    transfers_timed: bool  # the records time single transfers (`transfer_issue_kinds` shown)
 
 
 def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
@@ -271,16 +283,41 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     period = rhythm_period_s(flows, params)
     names = pc.fill_null(flows["sampler_address"], NO_EXPORTER)
     counts = pc.value_counts(names)
-    resolving, resolving_records = set(), 0
-    for item in counts.to_pylist():
-        profile = profiles.get(item["values"])
-        if profile is None or _reports_transfers(profile, period, params):
-            resolving.add(item["values"])
-            resolving_records += item["counts"]
+    one_by_one = {item["values"]: item["counts"] for item in counts.to_pylist()
+                  if _one_by_one(profiles.get(item["values"]))}
+    # a clock coarser than a share of the step period blurs the boundaries
+    resolving = {name for name in one_by_one
+                 if period is None or _clock_ns(profiles.get(name)) * 1e-9 <= params.max_clock_share * period}
+    resolving_records = sum(one_by_one[name] for name in resolving)
     if (resolving_records >= params.min_resolving_records
             and resolving_records >= params.min_resolving_share * flows.num_rows):
-        return JobResolution("steps", period, frozenset(resolving))
-    return JobResolution("period" if period is not None else "jobs_only", period, frozenset())
+        timed = _transfers_timed(flows, names, one_by_one, profiles, params)
+        return JobResolution("steps", period, frozenset(resolving), timed)
+    return JobResolution("period" if period is not None else "jobs_only", period, frozenset(), False)
+
+
+def issue_kinds_shown(resolved: JobResolution, params: ResolutionParams = DEFAULT_PARAMS) -> tuple[str, ...]:
+    """The issue kinds a job-hour's records can show: every kind where they resolve its steps and
+    time its transfers; without the transfers' timing, none that judges a host or a link by
+    single transfers; without steps, only the job's silences (a restart, a hang)."""
+    if resolved.resolution != "steps":
+        return params.unresolved_issue_kinds
+    return tuple(kind for kind in ISSUE_KINDS if resolved.transfers_timed or kind not in params.transfer_issue_kinds)
+
+
+def _transfers_timed(flows: pa.Table, names: pa.ChunkedArray, one_by_one: dict[str, int],
+                     profiles: dict[str, ExporterProfile], params: ResolutionParams) -> bool:
+    """Whether nearly all the job's records (`min_transfer_share`) come from exporters that report
+    transfers one by one on a clock well below the transfers' length (`max_transfer_clock_share`
+    of the median record of those exporters)."""
+    mine = pc.is_in(names, value_set=pa.array(sorted(one_by_one), pa.string()))
+    duration_s = pc.subtract(flows["time_flow_end_ns"], flows["time_flow_start_ns"]).filter(mine).to_numpy() * 1e-9
+    if not len(duration_s):
+        return False
+    transfer_s = float(np.median(duration_s))
+    timed = sum(n for name, n in one_by_one.items()
+                if _clock_ns(profiles.get(name)) * 1e-9 <= params.max_transfer_clock_share * transfer_s)
+    return timed >= params.min_transfer_share * flows.num_rows
 
 
 def steps_keep_time(durations_s: np.ndarray, params: ResolutionParams = DEFAULT_PARAMS) -> bool:
@@ -301,13 +338,18 @@ def steps_keep_time(durations_s: np.ndarray, params: ResolutionParams = DEFAULT_
 
 def demoted(resolved: JobResolution) -> JobResolution:
     """What is left of a `steps` resolution whose steps do not keep time: the period, if any."""
-    return JobResolution("period" if resolved.period_s is not None else "jobs_only", resolved.period_s, frozenset())
+    return JobResolution("period" if resolved.period_s is not None else "jobs_only", resolved.period_s, frozenset(),
+                         False)
 
 
-def _reports_transfers(profile: ExporterProfile, period_s: float | None, params: ResolutionParams) -> bool:
-    if profile.kind not in ("per_transfer", "unknown"):
-        return False
-    return period_s is None or profile.clock_ns * 1e-9 <= params.max_clock_share * period_s
+def _one_by_one(profile: ExporterProfile | None) -> bool:
+    """Whether the exporter reports transfers one by one (one without a profile: nothing says
+    otherwise)."""
+    return profile is None or profile.kind in ("per_transfer", "unknown")
+
+
+def _clock_ns(profile: ExporterProfile | None) -> int:
+    return profile.clock_ns if profile is not None else 1
 
 
 def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) -> float | None:

@@ -83,7 +83,8 @@ def ring_flows(step_start: np.ndarray, hosts: int, seconds: np.ndarray, phase_s:
 
 
 def no_masks(n: int) -> StepMasks:
-    return StepMasks(warmup=np.zeros(n, bool), checkpoint=np.zeros(n, bool), windowed=np.zeros(n, bool))
+    return StepMasks(warmup=np.zeros(n, bool), checkpoint=np.zeros(n, bool), windowed=np.zeros(n, bool),
+                     merged=np.zeros(n, bool))
 
 
 def find_checkpoints(job: JobHour) -> tuple[checkpoints.Checkpoints, CheckpointState]:
@@ -135,7 +136,8 @@ def test_checkpoints_are_the_written_steps_and_the_long_steps_on_their_rhythm():
 def test_a_checkpoint_step_is_not_a_slow_step_but_a_stall_is():
     job, durations = _saving_job()
     found, _ = find_checkpoints(job)
-    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool),
+                      merged=np.zeros(job.n_steps, bool))
     fit = fit_baseline(job, masks, found, (), (), PARAMS)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
     assert np.flatnonzero(slow).tolist() == [45, 53]
@@ -149,6 +151,43 @@ def test_a_checkpoint_step_is_not_a_slow_step_but_a_stall_is():
     assert checkpoints.saving_times((), fit.saving, slow[fit.save_first], PARAMS) == pytest.approx((2.0,) * 4, abs=0.05)
 
 
+def test_a_long_step_carrying_two_steps_traffic_is_merged_not_slow():
+    # 60 ring steps of ~1 s; step 20 stalls (2 s, one step's transfers), step 40 is two steps the
+    # timeline could not divide (2 s, two steps' transfers); a flow cache's record runs over
+    # steps 50-53 (its bytes shared by the four)
+    durations = jittered(60)
+    durations[[20, 40]] += 1.0
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
+    flows = ring_flows(step_start, 4, np.full((60, 4), 0.05))
+    second = ring_flows(step_start[[40]] + 1.0, 4, np.full((1, 4), 0.05))
+    flows = {name: np.r_[flows[name], second[name]] for name in flows}
+    flows = {name: np.r_[flows[name], value] for name, value in
+             {"start": [step_start[50]], "end": [step_start[54] - 0.01], "src": [0], "dst": [1],
+              "nbytes": [4 * BULK]}.items()}
+    job = make_hour(durations, flows=flows)
+    merged = slow_steps.merged_steps(job, PARAMS)
+    assert np.flatnonzero(merged).tolist() == [39, 40, 41]  # and its neighbours: the boundary may be off
+    masks = StepMasks(np.zeros(60, bool), np.zeros(60, bool), np.zeros(60, bool), merged)
+    fit = fit_without_writes(job, masks)
+    assert np.flatnonzero(slow_steps.find_slow_steps(job, fit, masks, PARAMS)).tolist() == [20]
+
+
+def test_a_silence_between_steps_with_transfers_in_it_is_no_restart():
+    # the timeline found no step in a 40 s stretch before step 30 (records that blur the steps),
+    # but transfers went on through it: no restart; a true 40 s silence before step 50 is one
+    durations = jittered(60)
+    gap = np.where(np.arange(60) >= 30, 40.0, 0.0) + np.where(np.arange(60) >= 50, 40.0, 0.0)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + gap
+    flows = ring_flows(step_start, 4, np.full((60, 4), 0.05))
+    during = step_start[29] + durations[29] + np.arange(1.0, 40.0, 2.0)
+    flows = {name: np.r_[flows[name], value] for name, value in
+             {"start": during, "end": during + 0.05, "src": np.zeros(len(during), int),
+              "dst": np.ones(len(during), int), "nbytes": np.full(len(during), BULK)}.items()}
+    job = make_hour(durations, step_start=step_start, flows=flows)
+    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, PARAMS)
+    assert found.steps.tolist() == [50]
+
+
 def test_unwritten_saves_of_varying_length_on_a_rhythm_numbered_one_off_are_no_slow_steps():
     # a save every 40 steps that the flow logs do not see (a storage network), each 0.3-3 steps
     # long; the timeline numbered the steps after step 100 one off (a step split near a save)
@@ -160,7 +199,8 @@ def test_unwritten_saves_of_varying_length_on_a_rhythm_numbered_one_off_are_no_s
     found, state = find_checkpoints(job)
     assert np.flatnonzero(found.step).tolist() == saves.tolist()
     assert state.checkpoint_rhythm[0] == 40
-    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool),
+                      merged=np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
     assert not slow_steps.find_slow_steps(job, fit, masks, PARAMS).any()
 
@@ -174,7 +214,8 @@ def test_a_save_is_judged_against_the_spread_of_the_jobs_own_saving_times():
     durations[saves] += saving
     job = make_hour(durations)
     found, _ = find_checkpoints(job)
-    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool),
+                      merged=np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
     assert np.flatnonzero(slow_steps.find_slow_steps(job, fit, masks, PARAMS)).tolist() == [saves[5]]
     # the allowance is the spread measured (20%, robustly from ten saves) times save_sigmas
@@ -195,7 +236,8 @@ def test_a_save_whose_end_fell_into_the_next_step_is_one_save():
     job = make_hour(durations, writes=writes)
     found, _ = find_checkpoints(job)
     assert np.flatnonzero(found.step).tolist() == [9, 19, 20, 29]
-    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool))
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool),
+                      merged=np.zeros(job.n_steps, bool))
     fit = fit_baseline(job, masks, found, (), (2.0, 2.0), PARAMS)
     assert fit.save_first.tolist() == [9, 19, 29]
     assert fit.saving == pytest.approx([2.0, 2.0, 2.0], abs=0.05)  # step 20's part counted in step 19's save
@@ -310,7 +352,8 @@ def test_a_slow_link_window_names_the_slow_address():
     assert found.score[15] == pytest.approx(0.1 / 0.25, rel=0.05)  # its fastest transfer, over the usual
     (window,) = slow_links.link_windows(job, found, None, PARAMS)
     assert window.run.tolist() == list(range(10, 30))
-    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
+    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps),
+                      np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
     (issue,), open_window = slow_links.link_issues(job, [window], None, masks, slow, fit, found, PARAMS)
@@ -331,7 +374,8 @@ def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
     assert set(culprit[20:35].tolist()) == {2} and (culprit[:20] == -1).all()
     assert lateness[25] == pytest.approx(0.2, abs=0.01)
     (window,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
-    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
+    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps),
+                      np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
     slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
     assert not slow.any()  # the window's steps are the straggler's, not slow steps
@@ -370,7 +414,8 @@ def test_a_replica_slow_in_every_step_is_the_straggler_its_peers_wait_for():
     assert (culprit == 0).all()  # host 0, not host 2 whose backward sends only follow it
     assert behind_s[10] == pytest.approx(0.4, abs=0.01)  # its last forward, 0.4 s behind its peer's
     (window,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
-    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps))
+    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps),
+                      np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
     (issue,), _ = stragglers.straggler_issues(job, [window], None, masks, np.zeros(job.n_steps, bool), fit, PARAMS)
     assert issue.subject == "gpu0"

@@ -15,6 +15,7 @@ from prism_core.resolution import (
     EXPORTER_KINDS,
     ExporterProfile,
     exporter_profiles,
+    issue_kinds_shown,
     job_resolution,
     rhythm_period_s,
     steps_keep_time,
@@ -153,6 +154,25 @@ def test_steps_are_resolved_from_the_exporters_that_report_transfers():
     cached = job_resolution(table, {p.sampler_address: replace(p, kind="flow_cache") for p in (cache, each)})
     assert cached.resolution == "period"
     assert cached.period_s == pytest.approx(3.0, rel=0.02)
+
+
+def test_stragglers_and_slow_links_need_every_transfer_timed():
+    table = job_records(np.random.default_rng(7))
+    durations = pc.subtract(table["time_flow_end_ns"], table["time_flow_start_ns"]).to_numpy()
+    median_s = float(np.median(durations)) * 1e-9
+
+    def shown(clock_ns: int, cache_kind: str = "per_transfer") -> tuple[str, ...]:
+        profiles = [ExporterProfile("10.255.0.1", 800, cache_kind, clock_ns, 0.0, 1, 1e-6, 0.02),
+                    ExporterProfile("10.255.0.2", 6400, "per_transfer", clock_ns, 0.0, 1, 1e-6, 0.02)]
+        return issue_kinds_shown(job_resolution(table, {p.sampler_address: p for p in profiles}))
+
+    assert set(shown(1)) >= {"slow_step", "straggler", "slow_link", "hang", "restart"}
+    # a clock over a tenth of the median transfer times none of them
+    coarse = int(median_s * 0.2 * 1e9)
+    assert "straggler" not in shown(coarse) and "slow_link" not in shown(coarse) and "slow_step" in shown(coarse)
+    # a flow cache's records (a tenth of the job's here) time no transfer either
+    assert "straggler" not in shown(1, "flow_cache") and "slow_step" in shown(1, "flow_cache")
+    assert set(shown(1, "sampled")) - {"straggler", "slow_link"} == set(shown(1, "sampled"))
 
 
 def test_a_flow_cache_hour_reports_no_steps_but_the_step_period(tmp_path):

@@ -69,7 +69,8 @@ def diagnose_job(
         straggler_windows = stragglers.straggler_windows(job, resumes.warmup | link_windowed, previous_straggler,
                                                          params)
         masks = StepMasks(warmup=resumes.warmup, checkpoint=checkpoints_found.step,
-                          windowed=link_windowed | span_mask(straggler_windows, job.n_steps))
+                          windowed=link_windowed | span_mask(straggler_windows, job.n_steps),
+                          merged=slow_steps.merged_steps(job, params))
         fit = fit_baseline(job, masks, checkpoints_found, state.level.recent_s, checkpoint_state.checkpoint_save_s,
                            params)
         slow = slow_steps.find_slow_steps(job, fit, masks, params)

@@ -1,8 +1,8 @@
 """Baseline: what a step of the job normally takes.
 
-BOCD (prism_core.bocd) segments the log durations of the clean steps (not warm-up, checkpoint or
-inside a straggler or slow-link window), after the last clean durations of earlier hours; the
-baseline is a rolling median inside a segment. A checkpoint step is expected to take a step plus
+BOCD (prism_core.bocd) segments the log durations of the clean steps (not warm-up, checkpoint,
+inside a straggler or slow-link window, or merged: slow_steps.merged_steps), after the last clean
+durations of earlier hours; the baseline is a rolling median inside a segment. A checkpoint step is expected to take a step plus
 the job's usual saving time.
 """
 
@@ -51,7 +51,7 @@ def fit_baseline(job: JobHour, masks: StepMasks, checkpoints: Checkpoints, recen
     `save_s` are the last checkpoints' saving times."""
     history = np.asarray(recent_s, float)
     durations = np.r_[history, job.duration]
-    clean = np.r_[np.ones(len(history), bool), ~(masks.checkpoint | masks.warmup | masks.windowed)]
+    clean = np.r_[np.ones(len(history), bool), ~(masks.checkpoint | masks.warmup | masks.windowed | masks.merged)]
     logs = np.log(durations)
     rough = rolling_median(logs, clean, np.zeros(len(logs), int), params.baseline_steps)
     sigma = jitter_sigma(logs, clean, params)

@@ -57,7 +57,8 @@ def _degradation(job: JobHour, fit: Baseline, masks: StepMasks, slow: np.ndarray
     steps = np.arange(first, stop)
     if not len(steps):
         return []
-    measured = steps[~(masks.checkpoint[steps] | masks.warmup[steps] | slow[steps] | masks.windowed[steps])]
+    measured = steps[~(masks.checkpoint[steps] | masks.warmup[steps] | slow[steps] | masks.windowed[steps]
+                       | masks.merged[steps])]
     baseline = opened.baseline_s
     n_gpus = job.gpus_active(job.step_start[first], job.step_end[stop - 1])
     cost = waste.window_excess_gpu_s(job.duration[measured], baseline, len(steps), n_gpus)

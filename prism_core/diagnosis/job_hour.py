@@ -175,6 +175,7 @@ class StepMasks:
     warmup: np.ndarray  # after a (re)start: slow by nature (restarts)
     checkpoint: np.ndarray  # the job saving its state (checkpoints)
     windowed: np.ndarray  # inside a straggler or slow-link window (windows)
+    merged: np.ndarray  # carrying several steps' traffic: a boundary the records missed (slow_steps)
 
 
 def _members(gpus: pa.Table) -> dict[str, np.ndarray]:

@@ -48,6 +48,11 @@ class DiagnosisParams:
     # units), the spread taken as at least save_spread_floor
     save_sigmas: float = 4.0
     save_spread_floor: float = 0.05
+    # share of the usual traffic of a step (bytes between members, the median of the steps around
+    # it); a step carrying this much holds two steps whose boundary the records missed (a sync lost
+    # with its export datagram), not a slow one: a step's traffic varies by a few percent (10%
+    # with loss), two steps' is twice it
+    merged_step_traffic: float = 1.3
     degradation_min_shift: float = 0.03  # level rise, as a share of the baseline
     degradation_min_steps: int = 10  # steps the new level must hold
 

@@ -42,6 +42,9 @@ def find_resumes(job: JobHour, progress: Progress, saves_rhythm: tuple[int, int]
     last_end = job.seconds(progress.last_step_end_ns) if progress.last_step_end_ns is not None else np.nan
     silence = job.step_start - np.r_[last_end, job.step_end[:-1]]
     quiet = silence > params.restart_gap_steps * float(np.median(job.duration))  # longer than any step takes
+    # the job's records must fall silent too: where they do not resolve its steps (a flow cache's
+    # merged records, a sampler's instants) the timeline may find none while transfers go on
+    quiet &= job.step_start - _last_end_before(job, job.step_start - params.boundary_slack_s) > params.restart_gap_s
     resumed = (job.attempt > previous_attempt) | (quiet & (silence > params.restart_gap_s))
     # A save over a network the flow logs do not see leaves the job quiet between two steps (and
     # recognition may take the job's return for a restart): resumes after steps on the rhythm of
@@ -60,6 +63,14 @@ def find_resumes(job: JobHour, progress: Progress, saves_rhythm: tuple[int, int]
         first_traffic = job.start.min() if len(job.start) else job.step_start[0]
         first_step_ns = job.ns(max(job.step_start[0], first_traffic))
     return Resumes(resumes, warmup, first_step_ns)
+
+
+def _last_end_before(job: JobHour, at: np.ndarray) -> np.ndarray:
+    """Per time of `at`: the latest end of the job's flows that started before it (-inf: none)."""
+    if not len(job.end):
+        return np.full(len(at), -np.inf)
+    before = np.searchsorted(job.start, at, side="left") - 1
+    return np.where(before >= 0, np.maximum.accumulate(job.end)[np.maximum(before, 0)], -np.inf)
 
 
 def restart_issues(job: JobHour, resumes: Resumes, progress: Progress, stop: Stop | None, checkpoints: Checkpoints,

@@ -1,7 +1,9 @@
 """Slow steps (Holmes' delta-irregular steps): longer than max(delta, 1 + k sigma) x baseline, not
 warm-up and not inside a straggler or slow-link window. A checkpoint step is slow when it takes
 longer than a step plus the usual saving time, by a wider margin (saving times vary more than
-compute). No step is judged before the job has shown `min_steps` clean ones.
+compute). No step is judged before the job has shown `min_steps` clean ones. A long step that
+carries the traffic of two is two steps whose boundary the records did not show (its DP sync lost
+with an export datagram, say), not a slow one (`merged_steps`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from prism_core import waste
+from prism_core.arrays import rolling_median
 
 from .baseline import Baseline
 from .issues import Issue, confidence
@@ -16,11 +19,50 @@ from .job_hour import JobHour, StepMasks
 from .params import DiagnosisParams
 
 
+def merged_steps(job: JobHour, params: DiagnosisParams) -> np.ndarray:
+    """Per step: it, or a step beside it, carries at least `merged_step_traffic` x the bytes
+    between members of the steps around it (the rolling median over `baseline_steps` each side:
+    a job's members, and so its traffic, may change within the hour). A slow step moves the usual
+    bytes, later; two steps the timeline could not divide move twice as many, and the boundary it
+    missed may have been read in the wrong place, leaving a neighbour long with the usual bytes
+    or short with more. A record's bytes are spread evenly over its span (a flow cache's record
+    may cover several steps); steps the hour's edges cut are no measure of the usual traffic.
+    Behind a cache whose records run through a step's quiet, a slow step's share grows with its
+    length too: it is left unjudged, as the records cannot show it."""
+    whole = ~job.split
+    if whole.sum() < params.min_steps:  # too few steps to know the usual traffic
+        return np.zeros(job.n_steps, bool)
+    traffic = _bytes_until(job, job.step_end) - _bytes_until(job, job.step_start)
+    usual = rolling_median(traffic, whole, np.zeros(job.n_steps, int), params.baseline_steps)
+    merged = (traffic >= params.merged_step_traffic * usual) & (usual > 0)
+    return merged | np.r_[merged[1:], False] | np.r_[False, merged[:-1]]
+
+
+def _bytes_until(job: JobHour, at: np.ndarray) -> np.ndarray:
+    """The bytes between members carried before each time of `at` (seconds), each record's
+    bytes spread evenly from its start to its end (an instant's at its start)."""
+    span = job.end - job.start
+    ramp = span > 0
+    rate = np.where(ramp, job.nbytes / np.where(ramp, span, 1.0), 0.0)
+    instants = np.sort(job.start[~ramp])
+    instant_bytes = np.r_[0.0, np.cumsum(job.nbytes[~ramp][np.argsort(job.start[~ramp], kind="stable")])]
+
+    def ramps_from(edge: np.ndarray) -> np.ndarray:
+        """sum over the ramps whose `edge` time is at or before t of rate x (t - edge)"""
+        order = np.argsort(edge[ramp], kind="stable")
+        edges, rates = edge[ramp][order], rate[ramp][order]
+        upto = np.searchsorted(edges, at, side="right")
+        rate_sum, weighted = np.r_[0.0, np.cumsum(rates)], np.r_[0.0, np.cumsum(rates * edges)]
+        return at * rate_sum[upto] - weighted[upto]
+
+    return ramps_from(job.start) - ramps_from(job.end) + instant_bytes[np.searchsorted(instants, at, side="right")]
+
+
 def find_slow_steps(job: JobHour, fit: Baseline, masks: StepMasks, params: DiagnosisParams) -> np.ndarray:
     """Per step: slow."""
     margin = np.where(masks.checkpoint, np.maximum(max(fit.limit - 1, params.checkpoint_margin) * fit.baseline,
                                                    fit.save_allowance), (fit.limit - 1) * fit.baseline)
-    slow = (fit.judged - fit.expected > margin) & ~(masks.warmup | masks.windowed)
+    slow = (fit.judged - fit.expected > margin) & ~(masks.warmup | masks.windowed | masks.merged)
     return slow & (fit.clean_steps >= params.min_steps)  # too few steps to know what a normal one is
 
 
