@@ -48,6 +48,12 @@ class RecognitionParams:
     # within this much silence and on exactly the job's hosts: a new job can start on all or part
     # of the hosts another left seconds before.
     resume_check_ns: int = 10 * NS_PER_S
+    # threshold, ns: traffic on a running job's NICs that begins this much or more before the job's
+    # last traffic ended continues it whatever its flow sizes: a NIC serves one job at a time, so a
+    # new job on the NICs begins after the old one's last record, give or take the exporters' clock
+    # offsets of a few ms; a flow-cache record of the job (active timeouts up to a minute) reaches
+    # into the next minute, and its sizes, sums of several transfers, recur in no other minute.
+    continuing_overlap_ns: int = 100_000_000
     # prior, ns: how long a job may show its parts apart (pipelines before its first DP sync joins
     # them); tracks begun this recently may still be parts of one job not yet seen whole.
     young_ns: int = 3 * MINUTE_NS
