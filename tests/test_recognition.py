@@ -531,6 +531,41 @@ def test_same_hosts_after_a_pause_with_other_sizes_is_a_new_job():
     assert all(r["restarts"] == 0 for r in job_rows(found).values())
 
 
+def test_a_ring_whose_flows_differ_by_a_few_header_bytes_is_a_job():
+    topology = inventory(4)
+    # 12 transfers of one size per pair and minute, each told a few bytes apart: no exact repeat
+    rows = [dict(row, top_size_flows=1, distinct_sizes=row["flows"], bytes=row["bytes"] + 3000)
+            for row in ring([0, 1, 2, 3], range(5), 4 << 20)]
+    # and pairs whose two flows are of unlike sizes: no job traffic
+    rows += [dict(row, top_size_flows=1, distinct_sizes=2, bytes=(4 << 20) + (40 << 20))
+             for row in ring([4, 5], range(5), 4 << 20, flows=2)]
+    found = recognize_hour(table(rows), inventory(6), None, HOUR0)
+    assert [r["n_hosts"] for r in job_rows(found).values()] == [4]
+    assert [r["n_gpus"] for r in job_rows(found).values()] == [32]
+
+
+def test_traffic_on_part_of_a_jobs_nics_begun_before_its_last_record_ended_continues_it():
+    # behind a flow cache a job's records reach into the next minute, and their sizes (sums of
+    # transfers) change every minute; in minute 6 only half its rails report
+    rows = []
+    for minute in range(10):
+        rails = range(4) if minute == 6 else range(8)
+        rows += ring([0, 1, 2, 3], [minute], (4 << 20) + minute * 4096, rails=rails, first_s=0.5, last_s=61)
+    found = recognize_hour(table(rows), inventory(4), None, HOUR0)
+    assert [r["n_gpus"] for r in job_rows(found).values()] == [32]
+
+
+def test_a_part_of_a_running_job_talking_beside_it_in_the_minute_is_the_job():
+    # minute 10: the job's pipeline rails 6-7 between hosts 0 and 1 form a component of their own,
+    # out of step with the rest and with a size not seen before, while the job talks on its other rails
+    hosts = [0, 1, 2, 3, 4]
+    rows = ring(hosts, range(10), 4 << 20) + ring(hosts, range(10), 96 << 20, flows=4)
+    rows += ring(hosts, [10], 4 << 20, rails=range(6)) + ring(hosts, [10], 96 << 20, rails=range(6), flows=4)
+    rows += ring([0, 1], [10], 7 << 20, rails=(6, 7), first_s=5, last_s=50)
+    found = recognize_hour(table(rows), inventory(5), None, HOUR0)
+    assert [r["n_gpus"] for r in job_rows(found).values()] == [40]
+
+
 def parts_then_whole(hosts_a, hosts_b, minutes, size=4 << 20, bucket=96 << 20):
     """A 4-host job whose first minute shows two separate pipelines (no DP sync yet), then whole."""
     first, rest = minutes[0], minutes[1:]
@@ -636,6 +671,18 @@ def test_tiny_scenario_jobs_and_restarts(scenario_dir):
     assert figures["jobs_split_or_merged"].value == 0
     # the hung job and the job that later starts on its hosts are two jobs
     assert figures["prism_jobs"].value == figures["true_jobs"].value == 3
+
+
+# Behind realistic exporters (flow caches, sFlow sampling, ms clocks, loss, header bytes) a job's
+# records carry no exact repeated sizes and no fine timing; before tracking relied on neither,
+# recognition matched 1 of 9 true jobs on this dev hour (seed 3; seeds 0-2 are held out).
+REALISTIC_JOBS_EXACT = 0.3
+
+
+def test_realistic_exporters_keep_jobs_whole(scenario_dir):
+    _, flow_minutes, topology, truth = scenario_flows(scenario_dir("realistic", 3))
+    figures = job_scores.score(truth, membership_warehouse(recognize_hours(flow_minutes, topology)), {})
+    assert figures["jobs_matched_exactly"].value >= REALISTIC_JOBS_EXACT
 
 
 @pytest.mark.slow

@@ -165,16 +165,29 @@ def observe(
 
 
 def _job_edges(flow_minutes: pa.Table, topology: Topology, params: RecognitionParams) -> tuple[pa.Table, pa.Table]:
-    """The rows that are job traffic: between two different GPU NICs, with a repeated size; and
-    the other rows between two different GPU NICs (no size repeats on them that minute)."""
+    """The rows that are job traffic: between two different GPU NICs, with a repeated size, or
+    with flows all alike in size (`repeated_sizes`); and the other rows between two different GPU
+    NICs (no size repeats on them that minute)."""
     if flow_minutes.num_rows == 0:
         return flow_minutes, flow_minutes
     src, dst = flow_minutes["src_addr"], flow_minutes["dst_addr"]
     between_gpus = (
         topology.is_gpu_nic(src) & topology.is_gpu_nic(dst) & pc.not_equal(src, dst).to_numpy(zero_copy_only=False)
     )
-    repeated = flow_minutes["top_size_flows"].to_numpy(zero_copy_only=False) >= params.min_repeated_flows
+    repeated = repeated_sizes(flow_minutes, params)
     return flow_minutes.filter(pa.array(between_gpus & repeated)), flow_minutes.filter(pa.array(between_gpus & ~repeated))
+
+
+def repeated_sizes(flow_minutes: pa.Table, params: RecognitionParams) -> np.ndarray:
+    """Per row: does a flow size repeat on it, `params.min_repeated_flows` flows of its top size,
+    or as many flows whose mean size is within `params.same_size` of the top size? Exporters that
+    count header bytes per packet, or estimate a flow's bytes, tell a size that repeats a few
+    bytes apart each time, so no two of the flows match exactly."""
+    flows = flow_minutes["flows"].to_numpy(zero_copy_only=False)
+    top_size = flow_minutes["top_size"].to_numpy(zero_copy_only=False).astype(np.float64)
+    mean_size = flow_minutes["bytes"].to_numpy(zero_copy_only=False) / np.maximum(flows, 1)
+    alike = (flows >= params.min_repeated_flows) & (np.abs(mean_size - top_size) <= params.same_size * top_size)
+    return alike | (flow_minutes["top_size_flows"].to_numpy(zero_copy_only=False) >= params.min_repeated_flows)
 
 
 def _in_tracking_order(

@@ -48,6 +48,17 @@ class RecognitionParams:
     # within this much silence and on exactly the job's hosts: a new job can start on all or part
     # of the hosts another left seconds before.
     resume_check_ns: int = 10 * NS_PER_S
+    # threshold, ns: traffic on a running job's NICs that begins this much or more before the job's
+    # last traffic ended continues it whatever its flow sizes: a NIC serves one job at a time, so a
+    # new job on the NICs begins after the old one's last record, give or take the exporters' clock
+    # offsets of a few ms; a flow-cache record of the job (active timeouts up to a minute) reaches
+    # into the next minute, and its sizes, sums of several transfers, recur in no other minute.
+    continuing_overlap_ns: int = 100_000_000
+    # threshold, share of the union of two NIC sets: traffic within `resume_check_ns` on NICs this
+    # similar (Jaccard) to a running job's is the job without comparing sizes, as on exactly its
+    # NICs: exporters that lose records or sample packets leave a few of a job's NICs silent in a
+    # minute, while a new job on part of the NICs another left covers a part of them.
+    same_nics_jaccard: float = 0.9
     # prior, ns: how long a job may show its parts apart (pipelines before its first DP sync joins
     # them); tracks begun this recently may still be parts of one job not yet seen whole.
     young_ns: int = 3 * MINUTE_NS

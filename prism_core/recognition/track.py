@@ -216,6 +216,25 @@ class CheckpointSaves:
         self.applied = max(self.applied, upto)
 
 
+def _overlaps_another(group: np.ndarray, first_ns: np.ndarray, last_ns: np.ndarray) -> np.ndarray:
+    """Per interval [first_ns, last_ns]: does another interval of its group overlap it in time?
+    Group -1 is no group."""
+    if len(group) == 0:
+        return np.zeros(0, bool)
+    order = np.lexsort((first_ns, group))
+    group, first, last = group[order], first_ns[order], last_ns[order]
+    base, width = int(first.min()), int(last.max() - first.min()) + 1
+    rank = np.r_[0, np.cumsum(group[1:] != group[:-1])]
+    # one running maximum for all groups: each group's ends lie above every earlier group's
+    reach = np.maximum.accumulate(rank * width + (last - base))
+    same_as_previous = np.r_[False, group[1:] == group[:-1]]
+    earlier_reaches = same_as_previous & (np.r_[-1, reach[:-1]] > rank * width + (first - base))
+    next_starts_before = np.r_[same_as_previous[1:], False] & (np.r_[first[1:], 0] < last)
+    overlaps = np.empty(len(order), bool)
+    overlaps[order] = (group >= 0) & (earlier_reaches | next_starts_before)
+    return overlaps
+
+
 class Tracker:
     """Links each minute's observed jobs to tracks; collects membership and events."""
 
@@ -227,6 +246,7 @@ class Tracker:
         self.owners = NicOwners(tracks, len(vocabulary.addrs))
         self.events: list[Event] = []
         self.presence: list[Presence] = []  # per job-minute, for membership
+        self.alongside: dict[int, bool] = {}  # per observation of the minute (`observe_minute`)
 
     def observe_minute(self, obs: Observations, rows: np.ndarray) -> None:
         self.owners.cover(len(self.vocabulary.addrs))
@@ -235,6 +255,9 @@ class Tracker:
         self.last_end = np.array([t.last_end_ns for t in self.tracks], np.int64)
         claimed: dict[int, list[int]] = {}  # track -> observations it absorbs this minute
         resuming: dict[int, list[int]] = {}  # stopped track -> observations on its NICs
+        # per observation: does another of the minute, on NICs of the same track, talk at the same time?
+        owner = np.array([-1 if best is None else best for best, _ in map(self.owners.best, map(obs.nics, rows))])
+        self.alongside = dict(zip(rows.tolist(), _overlaps_another(owner, obs.first_ns[rows], obs.last_ns[rows])))
         for k in rows.tolist():
             best, shared = self.owners.best(obs.nics(k))
             if best is not None and self._stopped(best, obs, k):
@@ -322,7 +345,9 @@ class Tracker:
         """The running track observation `k` continues, or None for a new job on its NICs."""
         track, nics = self.tracks[best], obs.nics(k)
         gap = int(obs.first_ns[k]) - int(self.last_end[best])
-        if not same_job(track, nics, shared, gap, int(obs.minute_ns[k]), *obs.signature(k), self.params):
+        # on NICs only the job holds, while it talks on others of its NICs: the job seen in parts
+        alongside = shared == len(nics) and self.alongside[k]
+        if not same_job(track, nics, shared, gap, alongside, int(obs.minute_ns[k]), *obs.signature(k), self.params):
             self._supersede(best, nics)
             return None
         if shared < self.params.track_overlap * min(len(nics), len(track.nics)):
