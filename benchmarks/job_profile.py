@@ -53,7 +53,7 @@ def prepare(root: str, topology_path: str, hour_text: str, cache: Path, jobs: in
                                          hour_ns - 3600 * 10**9).state
     recognition = analysis.recognize(warehouse.read_partition(root, "flow_minutes", hour), topology, previous, hour_ns)
     exporters = (warehouse.read_stats(root, hour, "exporters") or {}).get("exporters", [])
-    flows = pq.read_table(warehouse.partition_dir(root, "flows", hour) / warehouse.DATA_FILE,
+    flows = pq.read_table(warehouse.partition_file(root, "flows", hour),
                           columns=list(analysis.JOB_FLOW_COLUMNS))
     by_job = dict(analysis.split_flows_by_job(flows, analysis.open_membership(recognition, hour_ns)))
     largest = sorted(by_job, key=lambda j: -by_job[j].num_rows)[:jobs]

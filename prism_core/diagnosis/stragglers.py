@@ -17,7 +17,8 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.arrays import (
-    MAD_TO_SIGMA, combined_key, group_first_index, group_median, group_mode, group_reduce, unique_inverse,
+    MAD_TO_SIGMA, combined_key, group_first_index, group_median, group_mode, group_reduce, stable_order,
+    unique_inverse,
 )
 from prism_core.constants import PP
 
@@ -45,13 +46,17 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     size = unique_inverse(job.nbytes[sel])[1]
     kind = combined_key(job.kind[sel], size, direction)
     step, start, pipeline = job.step[sel], job.start[sel], job.kind[sel] == PP
-    order = np.lexsort((start, host, kind, step))
-    step, kind, start, host, pipeline = step[order], kind[order], start[order], host[order], pipeline[order]
+    sender_group = combined_key(step, kind, host)
+    # by (step, kind, host, start): flows come in start order, so one stable sort does
+    in_start_order = bool(np.all(start[1:] >= start[:-1]))
+    order = stable_order(sender_group) if in_start_order else np.lexsort((start, sender_group))
+    step, kind, start, host, pipeline, sender_group = (
+        a[order] for a in (step, kind, start, host, pipeline, sender_group))
+    del order
     # The n-th flow of a host is compared with the n-th flow of its peers. So a host that sent
     # an unusual number of flows in a step (a lost record, a flow across the step boundary)
     # is left out of that step, and classes whose count varies from step to step (MoE
     # all-to-all sizes) are left out altogether.
-    sender_group = combined_key(step, kind, host)
     sent = group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
     class_of_host = combined_key(kind, host)
     usual = sent == group_mode(class_of_host, sent)
@@ -65,7 +70,7 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     stage = job.stage_of_host[host]
     peers = combined_key(step, kind, stage, ordinal)
     peer_first = group_reduce(peers, start, np.minimum)
-    peer_hosts = group_reduce(peers, np.ones(len(step)), np.add)
+    peer_hosts = group_reduce(peers, np.ones(len(step), np.int64), np.add)
     # against its stage peers in the same step (seconds), or alone against its own rhythm. A
     # flow whose stage peers' flows were left out has no reference in that step: as a share of
     # the step, its own rhythm moves with any change of the job's pace (a degradation), which
@@ -80,7 +85,7 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     usual = group_median(structure, position_in_step)
     noise = MAD_TO_SIGMA * group_median(structure, np.abs(position_in_step - usual))
     usual[pipeline & ~alone] = 0.0  # stage peers' pipeline sends keep in step: trailing them is late
-    seen = group_reduce(structure, np.ones(len(step)), np.add)
+    seen = group_reduce(structure, np.ones(len(step), np.int64), np.add)
     excess_s = position_in_step - usual
     late = (excess_s > np.where(alone, params.late_min_share, params.late_min_s))
     late &= (excess_s > params.late_sigmas * noise) & (seen >= params.late_min_samples)

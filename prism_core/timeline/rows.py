@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from prism_core.arrays import stable_order
 from prism_core.timeline.params import TimelineParams
 
 MAX_GRID_CELLS = 1 << 22  # ranges x pairs (or exporters) looked up at once: bounds the memory of a batch
@@ -133,9 +134,10 @@ class _FirstOfEach:
 
     def __init__(self, codes: np.ndarray):
         self.n = len(codes)
-        self.codes = np.unique(codes)
-        self.order = np.argsort(codes, kind="stable")
-        self.keys = codes[self.order].astype(np.int64) * (self.n + 1) + self.order
+        self.order = stable_order(codes)  # linear time for the few pairs or exporters of a job
+        ordered = codes[self.order]
+        self.codes = ordered[np.r_[True, ordered[1:] != ordered[:-1]][: self.n]]
+        self.keys = ordered.astype(np.int64) * (self.n + 1) + self.order
 
     def first_at_or_after(self, positions: np.ndarray, codes: np.ndarray | None = None) -> np.ndarray:
         """Per position, the first at or after it holding `codes` (elementwise, broadcast); by

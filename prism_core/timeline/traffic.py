@@ -66,11 +66,11 @@ class Traffic:
         pair_dst = pc.index_in(kinds["dst_addr"], value_set=dst.dictionary).to_numpy(zero_copy_only=False)
         pair_key = np.where(np.isnan(pair_src) | np.isnan(pair_dst), -1,
                             np.nan_to_num(pair_src) * n_dst + np.nan_to_num(pair_dst)).astype(np.int64)
-        by_key = np.argsort(pair_key)
         flow_key = src.indices.to_numpy().astype(np.int64) * n_dst + dst.indices.to_numpy()
-        found = np.minimum(np.searchsorted(pair_key[by_key], flow_key), len(by_key) - 1) if len(by_key) else None
-        on_pair = pair_key[by_key][found] == flow_key if found is not None else np.zeros(len(flow_key), bool)
-        pair = by_key[found[on_pair]] if found is not None else np.empty(0, np.int64)
+        # pairs are distinct (a flow key is never -1): a hashed lookup per flow, not a binary search
+        pair_row = pc.index_in(pa.array(flow_key), value_set=pa.array(pair_key, pa.int64()))
+        on_pair = pc.is_valid(pair_row).to_numpy(zero_copy_only=False)
+        pair = pair_row.drop_null().to_numpy().astype(np.int64)
 
         nbytes = job_flows["bytes"].to_numpy()
         outside = ~pc.is_in(dst.dictionary, value_set=gpus).to_numpy(zero_copy_only=False)
@@ -94,7 +94,7 @@ class Traffic:
         }
         # the carried flows' codes point into the lists they were carried with
         carried["pair"] = _extend(pairs, carried["pairs"])[carried["pair"]]
-        columns = {name: np.concatenate([carried[name], values]).astype(np.int64) for name, values in columns.items()}
+        columns = {name: np.concatenate([carried[name], values], dtype=np.int64) for name, values in columns.items()}
         start_order = columns["start"]
         if not np.all(start_order[1:] >= start_order[:-1]):  # flows usually come sorted already
             order = np.argsort(start_order, kind="stable")
