@@ -81,8 +81,9 @@ class ResolutionParams:
     merged_min_s: float = 0.05
     slow_rate_share: float = 0.25
     fast_rate_quantile: float = 0.9
-    # ... with no record of the exporter in the batch within this relative size that is neither
-    # long nor slow: a merged record (a sum of transfers) ...
+    # ... whose size no other record of the exporter in the hour has (sizes binned this wide,
+    # relative; a neighbouring bin counts: header bytes spread one transfer size by ~0.1%): a
+    # merged record (a sum of transfers) ...
     sibling_size_tolerance: float = 0.0025
     # share; ... and wide gaps (merge_gap above max_transfer_gap_s) make a flow cache when at
     # least this share of the records are merged ones (sparse per-transfer records have none)
