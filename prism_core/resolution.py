@@ -77,9 +77,10 @@ class ResolutionParams:
     long_record_quantile: float = 0.99
     # a record that may hold idle time: lasting at least merged_min_s (far above a millisecond
     # clock's error) at a rate below slow_rate_share of the exporter's fast rate (the
-    # fast_rate_quantile of its records' rates in the batch) ...
+    # fast_rate_quantile of its records' rates in the batch; a cache with an idle timeout of tens
+    # of ms merges sends with little idle between them, so its merges are only somewhat slow) ...
     merged_min_s: float = 0.05
-    slow_rate_share: float = 0.25
+    slow_rate_share: float = 0.6
     fast_rate_quantile: float = 0.9
     # ... whose size no other record of the exporter in the hour has (sizes binned this wide,
     # relative; a neighbouring bin counts: header bytes spread one transfer size by ~0.1%): a
