@@ -11,7 +11,12 @@ the records, but each leaves a mark on them:
   instant: the collector's or the agent's time of a sample);
 - a flow cache: two records of one 5-tuple are never closer than the idle timeout (quiet gaps
   shorter than it were merged into the record), so the low end of those gaps estimates it; and
-  records cut by the active timeout cluster at it (`long_record_s`).
+  records cut by the active timeout cluster at it (`long_record_s`). Sparse transfers leave
+  such gaps too (a queue pair sending a few large transfers per step of a minute), so wide gaps
+  alone are no cache: its *merged records* must show as well, records that hold idle time
+  (long, far slower than the exporter's fast records) and whose size no record without idle
+  time shares (a merge's bytes are a sum of transfers; a transfer that ran slow, or a small
+  one that waited, has siblings of its size that did not).
 
 `tally_exporters` counts these per exporter over a batch of records (a minute in the pipeline);
 tallies add up (`ExporterTally.merge`) and `exporter_profiles` turns the hour's into one profile
@@ -42,6 +47,7 @@ LOWEST_S = 1e-6
 N_BINS = 10 * BINS_PER_DECADE
 NO_EXPORTER = ""  # records without a sampler_address are tallied as one exporter of this name
 MS_NS, US_NS = 1_000_000, 1_000
+SIZE_BINS = 1 << 15  # log-spaced size bins per exporter (at 0.25% per bin, up to ~10^35 bytes)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,20 @@ class ResolutionParams:
     max_transfer_gap_s: float = 0.005
     # quantile of record durations read as the longest records (a cache's active timeout)
     long_record_quantile: float = 0.99
+    # a record that may hold idle time: lasting at least merged_min_s (far above a millisecond
+    # clock's error) at a rate below slow_rate_share of the exporter's fast rate (the
+    # fast_rate_quantile of its records' rates in the batch; a cache with an idle timeout of tens
+    # of ms merges sends with little idle between them, so its merges are only somewhat slow) ...
+    merged_min_s: float = 0.05
+    slow_rate_share: float = 0.6
+    fast_rate_quantile: float = 0.9
+    # ... whose size no other record of the exporter in the hour has (sizes binned this wide,
+    # relative; a neighbouring bin counts: header bytes spread one transfer size by ~0.1%): a
+    # merged record (a sum of transfers) ...
+    sibling_size_tolerance: float = 0.0025
+    # share; ... and wide gaps (merge_gap above max_transfer_gap_s) make a flow cache when at
+    # least this share of the records are merged ones (sparse per-transfer records have none)
+    min_merged_share: float = 0.0001
 
     # --- deciding per job and hour ----------------------------------------------------------------
     # share; steps are resolved when at least this share of the job's records comes from
@@ -151,6 +171,13 @@ class ExporterTally:
     max_rate: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     gaps: np.ndarray = field(default_factory=lambda: np.zeros((0, N_BINS), np.int64))  # after short records
     durations: np.ndarray = field(default_factory=lambda: np.zeros((0, N_BINS), np.int64))  # positive
+    # sizes (exporter * SIZE_BINS + size bin) of the records that may hold idle time
+    # (`_sizes_by_speed`) and of the others, with their counts: a size the others hold too is a
+    # transfer's that sometimes ran slow, one they never hold is a merge's
+    slow_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    slow_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    plain_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    plain_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def merge(self, other: ExporterTally) -> ExporterTally:
         names = sorted(set(self.exporters) | set(other.exporters))
@@ -163,10 +190,34 @@ class ExporterTally:
                     np.maximum.at(merged.max_rate, at, tally.max_rate)
                 else:
                     np.add.at(getattr(merged, name), at, getattr(tally, name))
+        for kind in ("slow", "plain"):
+            keys, counts = [], []
+            for tally in (self, other):
+                at = np.searchsorted(names, tally.exporters).astype(np.int64)
+                own = getattr(tally, f"{kind}_sizes")
+                keys.append(at[own // SIZE_BINS] * SIZE_BINS + own % SIZE_BINS)
+                counts.append(getattr(tally, f"{kind}_counts"))
+            unique, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+            summed = np.bincount(inverse, weights=np.concatenate(counts), minlength=len(unique)).astype(np.int64)
+            setattr(merged, f"{kind}_sizes", unique)
+            setattr(merged, f"{kind}_counts", summed)
+        return merged
+
+    def merged_records(self) -> np.ndarray:
+        """Per exporter, its records that look like a flow cache's merges: slow long records
+        of a size (bin or neighbour: bins are `sibling_size_tolerance` wide) none of its other
+        records holds."""
+        plain_below = np.r_[0, np.cumsum(self.plain_counts)]
+        lo = np.searchsorted(self.plain_sizes, self.slow_sizes - 1, side="left")
+        hi = np.searchsorted(self.plain_sizes, self.slow_sizes + 1, side="right")
+        explained = plain_below[hi] > plain_below[lo]
+        merged = np.zeros(len(self.exporters), np.int64)
+        np.add.at(merged, self.slow_sizes[~explained] // SIZE_BINS, self.slow_counts[~explained])
         return merged
 
 
 _COUNTS = ("records", "on_us", "on_ms", "instants", "sampled", "max_rate", "gaps", "durations")
+
 
 
 def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) -> ExporterTally:
@@ -218,7 +269,32 @@ def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
         max_rate=max_rate,
         gaps=_histogram(gap_exporter, gap, n),
         durations=_histogram(exporter[duration > 0], duration[duration > 0], n),
+        **_sizes_by_speed(exporter, duration, pc.fill_null(flows["bytes"], 0).to_numpy(), n, params),
     )
+
+
+def _sizes_by_speed(exporter: np.ndarray, duration_ns: np.ndarray, nbytes: np.ndarray, n: int,
+                    params: ResolutionParams) -> dict[str, np.ndarray]:
+    """The size bins of the records that may hold idle time, long (`merged_min_s`) and slow
+    (below `slow_rate_share` of their exporter's fast rate in the batch), with counts, and of the
+    others. A transfer slowed by contention, or a small one that waited on its peer, shares its
+    size with transfers that did not; a cache's merge is a sum of transfers that single
+    transfers seldom match."""
+    positive = duration_ns > 0
+    rate = np.where(positive, nbytes / np.maximum(duration_ns, 1), np.inf)
+    # each exporter's fast rate: a high quantile of its records' rates (infinite ones sort last)
+    order = np.lexsort((rate, exporter))
+    opens = np.r_[0, np.cumsum(np.bincount(exporter, minlength=n))[:-1]]
+    finite = np.bincount(exporter[positive], minlength=n)
+    at = opens + np.floor(params.fast_rate_quantile * np.maximum(finite - 1, 0)).astype(np.int64)
+    fast_rate = np.where(finite > 0, rate[order][np.minimum(at, len(rate) - 1)], np.inf)
+    slow = (duration_ns >= params.merged_min_s * 1e9) & (rate < params.slow_rate_share * fast_rate[exporter])
+    size_bin = np.floor(np.log(np.maximum(nbytes, 1)) / np.log1p(params.sibling_size_tolerance)).astype(np.int64)
+    key = exporter.astype(np.int64) * SIZE_BINS + np.minimum(size_bin, SIZE_BINS - 1)
+    slow_sizes, slow_counts = np.unique(key[slow], return_counts=True)
+    plain_sizes, plain_counts = np.unique(key[~slow], return_counts=True)
+    return {"slow_sizes": slow_sizes, "slow_counts": slow_counts.astype(np.int64),
+            "plain_sizes": plain_sizes, "plain_counts": plain_counts.astype(np.int64)}
 
 
 @dataclass(frozen=True)
@@ -233,6 +309,7 @@ class ExporterProfile:
     sampling_rate: int  # 1-in-N (1: every packet)
     merge_gap_s: float | None  # estimated idle timeout: no two records of a 5-tuple are closer
     long_record_s: float | None  # the longest records' duration (a cache's active timeout)
+    merged_share: float = 0.0  # records that look like merges of transfers (`ExporterTally.merged_records`)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -245,6 +322,7 @@ class ExporterProfile:
 def exporter_profiles(tally: ExporterTally, params: ResolutionParams = DEFAULT_PARAMS) -> list[ExporterProfile]:
     """One profile per exporter of the tally (an hour's, in the pipeline), in address order."""
     profiles = []
+    merged_records = tally.merged_records()
     for i, name in enumerate(tally.exporters):
         records = int(tally.records[i])
         clock_ns = (MS_NS if tally.on_ms[i] >= params.lattice_share * records
@@ -253,17 +331,20 @@ def exporter_profiles(tally: ExporterTally, params: ResolutionParams = DEFAULT_P
         rate = int(tally.max_rate[i]) if tally.sampled[i] * 2 >= records else 1
         merge_gap = _quantile(tally.gaps[i], params.merge_gap_quantile)
         long_records = int(tally.durations[i][_bin_of(params.max_transfer_s):].sum())
+        # wide gaps are a cache's only where its merged records show: sparse transfers leave them too
+        merges = (merge_gap is not None and merge_gap > params.max_transfer_gap_s
+                  and merged_records[i] >= params.min_merged_share * records)
         if records < params.min_records:
             kind = "unknown"
         elif instant_share >= params.instant_share or rate > params.max_sampling_rate:
             kind = "sampled"
-        elif ((merge_gap is not None and merge_gap > params.max_transfer_gap_s)
-              or long_records > params.long_share * records):
+        elif merges or long_records > params.long_share * records:
             kind = "flow_cache"
         else:
             kind = "per_transfer"
         profiles.append(ExporterProfile(name, records, kind, clock_ns, round(instant_share, 4), rate,
-                                        merge_gap, _quantile(tally.durations[i], params.long_record_quantile)))
+                                        merge_gap, _quantile(tally.durations[i], params.long_record_quantile),
+                                        round(float(merged_records[i] / records), 5) if records else 0.0))
     return profiles
 
 

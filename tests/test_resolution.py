@@ -31,14 +31,17 @@ MS = 1_000_000
 SECOND = 1_000_000_000
 
 
-def records(start_ns, end_ns, exporter: str, src_port=None, rate: int = 1, src="10.0.0.1", dst="10.0.0.2") -> pa.Table:
-    """FLOWS rows of one queue pair (or one per `src_port`) reported by `exporter`."""
+def records(start_ns, end_ns, exporter: str, src_port=None, rate: int = 1, src="10.0.0.1", dst="10.0.0.2",
+            nbytes=None) -> pa.Table:
+    """FLOWS rows of one queue pair (or one per `src_port`) reported by `exporter`, of 40,960
+    bytes each unless `nbytes` says."""
     start_ns, end_ns = np.asarray(start_ns, np.int64), np.asarray(end_ns, np.int64)
     n = len(start_ns)
     columns = {
         "time_flow_start_ns": start_ns, "time_flow_end_ns": end_ns,
         "src_addr": [src] * n, "dst_addr": [dst] * n,
-        "bytes": np.full(n, 40_960, np.int64), "packets": np.full(n, 10, np.int64),
+        "bytes": np.full(n, 40_960, np.int64) if nbytes is None else np.asarray(nbytes, np.int64),
+        "packets": np.full(n, 10, np.int64),
         "src_port": np.full(n, 49152, np.int32) if src_port is None else np.asarray(src_port, np.int32),
         "dst_port": np.full(n, 4791, np.int32), "proto": np.full(n, 17, np.int16),
         "sampler_address": [exporter] * n, "time_received_ns": end_ns + 5 * MS,
@@ -88,21 +91,66 @@ def test_sampled_records_are_instants_or_carry_their_rate():
     assert profile_of(records(*transfers(400, np.random.default_rng(2)), "10.255.0.1", rate=4)).kind == "per_transfer"
 
 
-def test_a_flow_cache_is_told_by_the_gaps_its_idle_timeout_leaves():
-    """A cache with a 0.4 s idle timeout merges each burst of transfers into one record: two
-    records of a queue pair are never closer than 0.4 s, which estimates the timeout."""
+def cached(start, end, nbytes, idle_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A flow cache's records of one queue pair's transfers (in time order): a run of transfers
+    with no pause above `idle_ns` is one record holding their bytes."""
+    opens = np.r_[True, start[1:] - end[:-1] > idle_ns]
+    run = np.cumsum(opens) - 1
+    last = np.r_[np.flatnonzero(opens)[1:], len(start)] - 1
+    return start[opens], end[last], np.bincount(run, weights=nbytes).astype(np.int64)
+
+
+def test_a_flow_cache_is_told_by_its_gaps_and_merged_records():
+    """A cache with a 0.4 s idle timeout merges each burst of transfers (idle tens of ms apart)
+    into one record holding idle time, while a lone transfer keeps its own record: records of a
+    queue pair are never closer than 0.4 s (which estimates the timeout) and the merged ones are
+    slow, of sizes (sums) no lone transfer has."""
     rng = np.random.default_rng(3)
-    start = T0 + np.cumsum(rng.uniform(0.45, 3.0, 300) * SECOND).astype(np.int64)
-    end = start + rng.integers(5 * MS, 40 * MS, 300)
-    start[1:] = np.maximum(start[1:], end[:-1] + int(0.4 * SECOND))
-    profile = profile_of(records(start, end, "10.255.0.1"))
+    starts, ends, sizes = [], [], []
+    at = T0
+    for _ in range(400):
+        burst = int(rng.choice([1, 3, 4, 5]))
+        size = rng.choice([4_000_000, 6_500_000], burst) + rng.integers(0, 2_000, burst)
+        length = (size / 10e9 * SECOND).astype(np.int64)  # 10 GB/s
+        idle = np.r_[0, rng.integers(10 * MS, 80 * MS, burst - 1)]
+        start = at + np.cumsum(idle + np.r_[0, length[:-1]])
+        starts.append(start), ends.append(start + length), sizes.append(size)
+        at = start[-1] + length[-1] + int(rng.uniform(0.41, 2.0) * SECOND)
+    start, end, nbytes = cached(*map(np.concatenate, (starts, ends, sizes)), idle_ns=int(0.4 * SECOND))
+    profile = profile_of(records(start, end, "10.255.0.1", nbytes=nbytes))
     assert profile.kind == "flow_cache"
-    assert 0.3 <= profile.merge_gap_s <= 0.45
+    assert 0.35 <= profile.merge_gap_s <= 0.45
+    assert profile.long_record_s < 0.5  # no record is long enough to tell alone
+    assert profile.merged_share > 0.3
     # records as long as its active timeout, back to back: longer than any transfer
     start = T0 + np.arange(200) * 5 * SECOND
     cut = profile_of(records(start, start + 5 * SECOND, "10.255.0.1"))
     assert cut.kind == "flow_cache"
     assert 4.0 <= cut.long_record_s <= 5.0
+
+
+def test_sparse_transfers_leave_wide_gaps_without_a_cache():
+    """A per-transfer exporter whose queue pairs each send two large transfers a step, far
+    apart, and a small message that waits on its peer (as a real Megatron job's do): no two
+    records of a pair are close, yet none is a merge. The slow ones (a transfer slowed by
+    contention, a message that waited) have siblings of their size that ran at speed."""
+    rng = np.random.default_rng(5)
+    parts = []
+    for pair in range(4):
+        step = T0 + np.arange(200) * 3 * SECOND + rng.integers(0, 20 * MS, 200)
+        big = np.r_[step, step + rng.integers(600 * MS, 1_000 * MS, 200)]
+        big_bytes = 64_000_000 + rng.integers(0, 30_000, 400)  # header bytes
+        big_end = big + (big_bytes / 10e9 * SECOND).astype(np.int64) * np.where(
+            rng.random(400) < 0.05, rng.integers(3, 20, 400), 1)  # contention
+        small = step + 2_000 * MS
+        small_end = small + np.where(rng.random(200) < 0.03, rng.integers(200 * MS, 400 * MS, 200), 20_000)
+        start, end = np.r_[big, small], np.r_[big_end, small_end]
+        parts.append(records(start, end, "10.255.0.1", src_port=np.full(600, 49152 + pair),
+                             nbytes=np.r_[big_bytes, np.full(200, 1_024)]))
+    profile = profile_of(pa.concat_tables(parts))
+    assert profile.merge_gap_s > 0.3  # the gaps alone would say a cache with a 0.3 s timeout
+    assert profile.merged_share == 0.0
+    assert profile.kind == "per_transfer"
 
 
 def test_tallies_add_up_over_minutes():

@@ -290,3 +290,18 @@ def test_sealed_draws_every_dimension_from_its_own_streams():
     # and the fleet's own draws are not the sealed family's
     assert [j.step_s for j in scenario_jobs(SCENARIOS["fleet"], 0)][:5] != [j.step_s for j in jobs][:5]
     assert set(DIMENSIONS) == set(sealed.variation.dimensions)
+
+
+@pytest.mark.parametrize("dimensions", [(), ("distributed_optimizer",)])
+def test_every_seed_places_its_faults_or_fewer_when_no_job_fits(dimensions):
+    """A 48-host hour can run out of jobs a hang fits (at most 32 hosts, with room for the
+    watchdog and a restart): the hangs left over are dropped (seeds 1 and 3 raised StopIteration)."""
+    sealed = SCENARIOS["sealed"]
+    hour = replace(sealed, n_hosts=48, drained=(), variation=Variation(dimensions),
+                   fleet=replace(sealed.fleet, resident=sealed.fleet.resident[1:], arrivals=24))
+    hangs_asked = dict(hour.fleet.faults)["hang"]
+    hung = {seed: [job.n_hosts for job in scenario_jobs(hour, seed) for f in job.faults if f.kind == "hang"]
+            for seed in range(12)}
+    assert all(len(sizes) <= hangs_asked and all(n <= 32 for n in sizes) for sizes in hung.values())
+    assert len(hung[1]) < hangs_asked and len(hung[3]) < hangs_asked
+    assert any(len(sizes) == hangs_asked for sizes in hung.values())

@@ -453,7 +453,10 @@ def _with_faults(
             # a hung 1k-GPU job would leave the fleet silent for the rest of the hour; allotments
             # run for hours or days, so the watchdog, not the time limit, kills a hung job: a
             # hang goes to a job whose allotment outlasts the watchdog and a restart after it
-            i = next(i for i in reversed(order) if kind != "hang" or (jobs[i].n_hosts <= 32 and room(jobs[i]) > 0))
+            i = next((i for i in reversed(order) if kind != "hang" or (jobs[i].n_hosts <= 32 and room(jobs[i]) > 0)),
+                     None)
+            if i is None:  # no job left that this kind fits: fewer faults, not a crash
+                break
             order.remove(i)
             lo, hi = seen(jobs[i])
             at = round(float(lo + rng.uniform(0.15, 0.55) * (hi - lo)), 1)
