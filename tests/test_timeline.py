@@ -358,15 +358,23 @@ def test_a_distributed_optimizers_gather_after_bucketed_syncs_opens_each_step():
         rows += [(t + compute + b * 100_000_000, t + compute + b * 100_000_000 + 40_000_000, src, gpus[(k + 1) % 4],
                   256 << 20) for b in range(4) for k, src in enumerate(gpus)]
         t += compute + 400_000_000 + 1_200_000_000  # the last bucket, then an optimizer of 12% of the step
+    ends = _ring_step_ends(rows, gpus)
+    assert len(ends) >= 37
+    assert _distance_to_nearest(ends, bounds).max() < 0.01 * 10 * SECOND
+
+
+def _ring_step_ends(rows: list[tuple], gpus: list[str]) -> np.ndarray:
+    """The step ends divided from `rows` (start, end, src, dst, bytes) of a DP ring over `gpus`."""
     start, end, src, dst, nbytes = map(list, zip(*rows))
     flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
                       "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
-    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
-    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
-    ends, bounds = _ns(found.steps["end"]), np.array(bounds, np.int64)
-    assert len(ends) >= 37
-    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
-    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
+    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * len(gpus)})
+    return _ns(timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS).steps["end"])
+
+
+def _distance_to_nearest(ends: np.ndarray, bounds: list[int]) -> np.ndarray:
+    bounds = np.array(bounds, np.int64)
+    return np.abs(ends - bounds[np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)])
 
 
 @pytest.mark.parametrize("micro_batches, gather_bytes, buckets", [(4, 436 << 20, 1), (1, 1600 << 20, 4)])
@@ -393,15 +401,9 @@ def test_a_zero3_parameter_gather_after_the_sync_opens_the_next_step(micro_batch
                   sync_bytes // 4) for b in range(buckets) for k, src in enumerate(gpus) for c in range(4)]
         t += step
     bounds.append(t)
-    start, end, src, dst, nbytes = map(list, zip(*rows))
-    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
-                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
-    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
-    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
-    ends, bounds = _ns(found.steps["end"]), np.array(bounds, np.int64)
+    ends = _ring_step_ends(rows, gpus)
     assert len(ends) >= 38
-    nearest = np.abs(ends[:, None] - bounds[None, :]).argmin(axis=1)
-    assert np.abs(ends - bounds[nearest]).max() < 0.01 * 6.2 * SECOND
+    assert _distance_to_nearest(ends, bounds).max() < 0.01 * 6.2 * SECOND
 
 
 def test_a_short_job_that_ended_in_view_gets_its_steps_from_what_was_seen():
