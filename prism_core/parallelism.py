@@ -125,7 +125,7 @@ def identify_parallelism(
     dst = pc.fill_null(pc.index_in(job_flows["dst_addr"], value_set=gpus["addr"]), -1).to_numpy()
     inside = dst >= 0
     kind = np.full(job_flows.num_rows, OTHER, np.int8)
-    family_bytes = job_flows["bytes"].to_numpy().astype(np.int64)
+    family_bytes = handed_bytes[sent]
     job_gpus = conform(
         pa.table({"job_id": pa.array([job_id] * gpus.num_rows, pa.string()),
                   **{c: gpus[c] for c in ("addr", "host", "gpu", "first_seen", "last_seen")}}),
