@@ -536,9 +536,10 @@ def test_a_ring_whose_flows_differ_by_a_few_header_bytes_is_a_job():
     # 12 transfers of one size per pair and minute, each told a few bytes apart: no exact repeat
     rows = [dict(row, top_size_flows=1, distinct_sizes=row["flows"], bytes=row["bytes"] + 3000)
             for row in ring([0, 1, 2, 3], range(5), 4 << 20)]
-    # and pairs whose two flows are of unlike sizes: no job traffic
+    # and pairs whose two flows are of unlike sizes for two minutes: no job traffic (a job's pairs
+    # behind a flow cache, whose sizes never repeat either, talk minute after minute)
     rows += [dict(row, top_size_flows=1, distinct_sizes=2, bytes=(4 << 20) + (40 << 20))
-             for row in ring([4, 5], range(5), 4 << 20, flows=2)]
+             for row in ring([4, 5], range(2), 4 << 20, flows=2)]
     found = recognize_hour(table(rows), inventory(6), None, HOUR0)
     assert [r["n_hosts"] for r in job_rows(found).values()] == [4]
     assert [r["n_gpus"] for r in job_rows(found).values()] == [32]
@@ -713,3 +714,25 @@ def test_fleet_minute_recognition_time(scenario_dir):
     figures = job_scores.score(truth, membership_warehouse(recognize_hours(flow_minutes, topology)), {})
     assert figures["jobs_matched_exactly"].value >= 0.99
     assert figures["jobs_split_or_merged"].value == 0
+
+
+def test_a_job_behind_flow_caches_is_one_job_with_one_id_across_hours():
+    # Behind flow caches every record is a sum of transfers: no size repeats on any pair, and each
+    # rail's leaf cuts its records at its own moments, so the rails' minutes are out of step. The
+    # pairs talk minute after minute; a one-off copy to a host of another job does not.
+    rows = []
+    for minute in range(50, 70):
+        rails = range(4) if minute == 60 else range(8)  # half the rails' records of minute 60 lost
+        for rail in rails:
+            for pair, row in enumerate(ring([0, 1, 2, 3], [minute], 1, rails=[rail], flows=3,
+                                            first_s=0.4 + 6.1 * rail, last_s=59.9 - 3.3 * rail)):
+                rows.append(dict(row, top_size_flows=1, distinct_sizes=3,
+                                 bytes=7_000_003 * (minute + 1) + 104_729 * rail + 1_301 * pair))
+    rows += ring([4, 5], range(50, 70), 4 << 20)  # another job, to receive the copy
+    copy_at = HOUR0 + 55 * MINUTE_NS
+    rows.append(pair_row(copy_at, "10.0.0.0", "10.0.4.0", 3 << 30, 1, copy_at + 20 * SECOND, copy_at + 22 * SECOND))
+    (_, first), (_, second) = recognize_hours(table(rows), inventory(6))
+    cached = {r["job_id"]: r for r in first.jobs.to_pylist() if r["n_hosts"] == 4}
+    assert [r["n_gpus"] for r in cached.values()] == [32]
+    assert [r["job_id"] for r in second.jobs.to_pylist() if r["n_hosts"] == 4] == list(cached)
+    assert sorted(r["n_hosts"] for r in first.jobs.to_pylist()) == [2, 4]

@@ -17,12 +17,14 @@ if TYPE_CHECKING:  # the tracker, in track.py, decides with these functions
 
 
 def same_job(
-    track: Track, nics: np.ndarray, shared: int, gap_ns: int, alongside: bool, minute_ns: int, sizes: np.ndarray,
-    flows: np.ndarray, params: RecognitionParams,
+    track: Track, nics: np.ndarray, shared: int, all_hosts: bool, gap_ns: int, alongside: bool, minute_ns: int,
+    sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams,
 ) -> bool:
-    """Is an observation in minute `minute_ns` on `nics`, `shared` of them running `track`'s,
-    `gap_ns` after the track's last traffic, with repeated flow `sizes` (and their `flows`), the
-    track's job? Without comparing sizes when it comes soon on (nearly) the job's NICs; else by
+    """Is an observation in minute `minute_ns` on `nics`, `shared` of them running `track`'s, on
+    `all_hosts` of the track or not, `gap_ns` after the track's last traffic, with repeated flow
+    `sizes` (and their `flows`), the track's job? Without comparing sizes when it comes soon on
+    (nearly) the job's NICs, or on NICs of the job on all its hosts (a job holding its hosts whole
+    holds NICs it never shows); else by
     its sizes (a new job can start on all or part of the NICs another left seconds before), unless
     it began before the job's last traffic ended (`params.continuing_overlap_ns`) or comes
     `alongside` the job's traffic on its other NICs in the minute: a NIC serves one job at a time,
@@ -30,7 +32,7 @@ def same_job(
     overlapping = alongside or gap_ns <= -params.continuing_overlap_ns
     within_check = gap_ns < params.resume_check_ns
     union = len(nics) + len(track.nics) - shared
-    unchanged = within_check and shared >= params.same_nics_jaccard * union
+    unchanged = within_check and (shared >= params.same_nics_jaccard * union or (shared == len(nics) and all_hosts))
     # A job minutes old may not have shown all its flow sizes yet (no DP sync in its parts), but
     # its parts join into more NICs while it talks: traffic on only some of the NICs it already
     # showed, or after a silence, is judged by its sizes (a new job on NICs a short job left).

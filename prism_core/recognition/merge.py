@@ -17,7 +17,7 @@ from prism_core.recognition.params import RecognitionParams
 class Graph:
     """The graph's nodes, each an address's traffic in one minute: its host in that minute
     (`host_key`, so no label spans two minutes), its NIC (the same code every minute) and span;
-    and the source node and top flow size of every edge."""
+    and the source node, top flow size and whether that size recurs exactly, of every edge."""
 
     host_key: np.ndarray
     nic: np.ndarray
@@ -25,6 +25,7 @@ class Graph:
     last_ns: np.ndarray
     edge_node: np.ndarray
     edge_size: np.ndarray
+    edge_exact: np.ndarray  # bool: the edge's top size recurs byte for byte (no cache's sum, sampler's estimate or header count)
 
 
 def job_of_nodes(src_node: np.ndarray, dst_node: np.ndarray, graph: Graph, params: RecognitionParams) -> np.ndarray:
@@ -96,7 +97,14 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, param
     anchor_sizes = np.stack([keys // width, keys % width], axis=1)
     shared = np.zeros(len(a), bool)
     shared[out_of_step] = _share_a_size(anchor_sizes, anchor_a[out_of_step], anchor_b[out_of_step], params.same_size)
-    return in_step[meeting] | shared
+    # a part whose sizes mostly do not recur byte for byte (behind flow caches, packet samplers or
+    # exporters counting header bytes) can show neither a common size nor, with a cache's or a
+    # sampler's timing, its rhythm: its life decides
+    n_anchors = int(anchor.max()) + 1
+    exact_share = np.bincount(edge_anchor, weights=graph.edge_exact, minlength=n_anchors) / np.maximum(
+        np.bincount(edge_anchor, minlength=n_anchors), 1)
+    sized = exact_share >= params.sized_share
+    return in_step[meeting] | shared | (out_of_step & ~(sized[anchor_a] & sized[anchor_b]))
 
 
 def _share_a_size(anchor_sizes: np.ndarray, a: np.ndarray, b: np.ndarray, tolerance: float) -> np.ndarray:

@@ -122,7 +122,9 @@ def observe(
     node_minute_pos = node_key // n_addrs
     node_nic = nic_of_addr[node_key % n_addrs]
     node_host_key = node_minute_pos * len(vocabulary.host_names) + host_of_addr[node_key % n_addrs]
-    graph = Graph(node_host_key, node_nic, node_first_ns, node_last_ns, src_node, edges["top_size"].to_numpy())
+    repeated = edges["_repeated"].to_numpy(zero_copy_only=False)
+    exact = edges["top_size_flows"].to_numpy() >= params.min_repeated_flows
+    graph = Graph(node_host_key, node_nic, node_first_ns, node_last_ns, src_node, edges["top_size"].to_numpy(), exact)
     job = job_of_nodes(src_node, node_of_end[n_edges:], graph, params)
     job, job_nic_pairs, job_minute_pos = _in_tracking_order(job, node_minute_pos, node_nic, node_first_ns, vocabulary)
     n_jobs = len(job_minute_pos)
@@ -139,10 +141,12 @@ def observe(
     np.minimum.at(first_ns, loose_job, loose_first_ns)
     np.maximum.at(last_ns, loose_job, loose_last_ns)
 
-    # Signature: flows per repeated size, per job.
-    size_keys = np.stack([edge_job, edges["top_size"].to_numpy()], axis=1)
+    # Signature: flows per repeated size, per job (a flow cache's sums and a sampler's estimates
+    # recur nowhere else).
+    size_keys = np.stack([edge_job[repeated], edges["top_size"].to_numpy()[repeated]], axis=1)
     size_pairs, size_of_edge = np.unique(size_keys, axis=0, return_inverse=True)
-    size_flows = np.bincount(size_of_edge.ravel(), weights=edges["top_size_flows"].to_numpy(), minlength=len(size_pairs))
+    size_flows = np.bincount(size_of_edge.ravel(), weights=edges["top_size_flows"].to_numpy()[repeated],
+                             minlength=len(size_pairs))
 
     by_job = np.argsort(edge_job, kind="stable")
     return Observations(
@@ -166,7 +170,8 @@ def observe(
 
 def _job_edges(flow_minutes: pa.Table, topology: Topology, params: RecognitionParams) -> tuple[pa.Table, pa.Table]:
     """The rows that are job traffic: between two different GPU NICs, with a repeated size, or
-    with flows all alike in size (`repeated_sizes`); and the other rows between two different GPU
+    with flows all alike in size (`repeated_sizes`), or on a pair that talks minute after minute
+    (`persistent_pairs`); and the other rows between two different GPU
     NICs (no size repeats on them that minute)."""
     if flow_minutes.num_rows == 0:
         return flow_minutes, flow_minutes
@@ -175,7 +180,32 @@ def _job_edges(flow_minutes: pa.Table, topology: Topology, params: RecognitionPa
         topology.is_gpu_nic(src) & topology.is_gpu_nic(dst) & pc.not_equal(src, dst).to_numpy(zero_copy_only=False)
     )
     repeated = repeated_sizes(flow_minutes, params)
-    return flow_minutes.filter(pa.array(between_gpus & repeated)), flow_minutes.filter(pa.array(between_gpus & ~repeated))
+    job_traffic = repeated | persistent_pairs(flow_minutes, repeated, params)
+    edges = flow_minutes.append_column("_repeated", pa.array(repeated)).filter(pa.array(between_gpus & job_traffic))
+    return edges, flow_minutes.filter(pa.array(between_gpus & ~job_traffic))
+
+
+def persistent_pairs(flow_minutes: pa.Table, repeated: np.ndarray, params: RecognitionParams) -> np.ndarray:
+    """Per row: is its NIC pair one whose sizes tell nothing (under `params.sized_share` of its
+    rows `repeated`) that carries traffic in `params.persistent_minutes` minutes or more of the
+    rows given? A flow cache merges a queue pair's transfers into records whose sizes are sums
+    that never repeat, and a packet sampler estimates every record's bytes, so behind them a job's
+    pairs show no repeated size; they still talk minute after minute, where a one-off copy between
+    two jobs' NICs lasts seconds. On a pair whose sizes do repeat, a row without them is not the
+    job's for that (a copy seconds after the job's traffic)."""
+    if flow_minutes.num_rows == 0:
+        return np.zeros(0, bool)
+    both = pa.concat_arrays([flow_minutes["src_addr"].combine_chunks(), flow_minutes["dst_addr"].combine_chunks()])
+    addr_code = pc.dictionary_encode(both).indices.to_numpy().astype(np.int64)
+    src_code, dst_code = np.split(addr_code, 2)
+    pair_code = np.unique(src_code * (int(addr_code.max()) + 1) + dst_code, return_inverse=True)[1].ravel()
+    minute_code = np.unique(flow_minutes["_minute_ns"].to_numpy(), return_inverse=True)[1].ravel()
+    n_minutes = int(minute_code.max()) + 1
+    pair_minutes = np.unique(pair_code * n_minutes + minute_code)
+    n_pairs = int(pair_code.max()) + 1
+    minutes_of_pair = np.bincount(pair_minutes // n_minutes, minlength=n_pairs)
+    repeated_share = np.bincount(pair_code, weights=repeated, minlength=n_pairs) / np.bincount(pair_code, minlength=n_pairs)
+    return (minutes_of_pair[pair_code] >= params.persistent_minutes) & (repeated_share[pair_code] < params.sized_share)
 
 
 def repeated_sizes(flow_minutes: pa.Table, params: RecognitionParams) -> np.ndarray:

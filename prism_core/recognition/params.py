@@ -33,6 +33,11 @@ class RecognitionParams:
     # rail with only the DP sync first talks at the end of the first step, tens of seconds in),
     # since many models share an activation size but a job arriving beside another begins later.
     same_life_ns: int = MINUTE_NS
+    # threshold, share of a part's rows this hour: a part is told by its sizes only when at least
+    # this share of its rows carry a size recurring byte for byte; behind flow caches (sums),
+    # packet samplers (estimates) and header-counting exporters sizes tell nothing, and the parts
+    # on the same hosts living the same life are one job.
+    sized_share: float = 0.5
     # threshold, ns: pauses up to this long inside one NIC's traffic of a minute are bridged; longer
     # ones separate a job that stopped from one that started on the same hosts within the minute.
     # The silence that splits a pair's flow_minutes rows (minutes.PAIR_PAUSE_NS), so both agree.
@@ -41,6 +46,10 @@ class RecognitionParams:
     # minute; activations and gradient buckets repeat every micro-batch and step, one-off
     # background transfers do not.
     min_repeated_flows: int = 2
+    # threshold, minutes: or when its NIC pair carries traffic in this many minutes of the hour,
+    # whatever the sizes (records of flow caches and packet samplers repeat none); a one-off copy
+    # between two jobs' NICs takes seconds, two minutes where it crosses a minute's end.
+    persistent_minutes: int = 3
     # threshold, share of the smaller host set: a minute's job continues a running job sharing
     # this much of it.
     track_overlap: float = 0.5

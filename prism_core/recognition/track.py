@@ -347,7 +347,10 @@ class Tracker:
         gap = int(obs.first_ns[k]) - int(self.last_end[best])
         # on NICs only the job holds, while it talks on others of its NICs: the job seen in parts
         alongside = shared == len(nics) and self.alongside[k]
-        if not same_job(track, nics, shared, gap, alongside, int(obs.minute_ns[k]), *obs.signature(k), self.params):
+        hosts = self.vocabulary.hosts
+        all_hosts = bool(np.isin(hosts(track.nics), hosts(nics)).all())
+        if not same_job(track, nics, shared, all_hosts, gap, alongside, int(obs.minute_ns[k]), *obs.signature(k),
+                        self.params):
             self._supersede(best, nics)
             return None
         if shared < self.params.track_overlap * min(len(nics), len(track.nics)):
