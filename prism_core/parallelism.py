@@ -341,6 +341,13 @@ def size_families(size: np.ndarray, tolerance: float, min_flows: int) -> tuple[n
     return np.r_[sizes[recurring][opens], sizes[lone]], family[size_code]
 
 
+def family_sizes(nbytes: np.ndarray, params: ParallelismParams = DEFAULT_PARAMS) -> np.ndarray:
+    """Smallest size of each flow's size family (`size_families` as `params` draw them): one
+    transfer size however many header bytes each record counted."""
+    smallest, family = size_families(nbytes, params.size_tolerance, params.pipeline_min_flows)
+    return smallest[family]
+
+
 def reverse_in_flight(
     direction: np.ndarray, reverse: np.ndarray, start: np.ndarray, end: np.ndarray,
     slack_ns: int | np.ndarray = DEFAULT_PARAMS.in_flight_slack_ns,

@@ -385,12 +385,13 @@ def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
     assert json.loads(issue.evidence)["late_steps"] == 15
 
 
-def _pipeline_job(slow_replica: int | None, n: int = 40) -> JobHour:
+def _pipeline_job(slow_replica: int | None, n: int = 40, header_bytes: bool = False) -> JobHour:
     """Two stages of two DP replicas on one-GPU hosts (stage 0: hosts 0, 1; stage 1: hosts 2, 3;
     replica r on hosts r and r + 2), four micro-batches a step: each forward send from stage 0
     answered by a backward send from stage 1. In every step the stage-0 host of `slow_replica`
     computes slowly: its i-th forward leaves 0.1 * (i + 1) s after its peer's, and its replica's
-    backward sends follow as late."""
+    backward sends follow as late. With `header_bytes`, every record counts up to 4 KiB of packet
+    headers of its own on top of the 4 MiB."""
     durations = jittered(n) + (0.4 if slow_replica is not None else 0.0)
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
     step, replica, micro = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(2), np.arange(4), indexing="ij"))
@@ -400,7 +401,9 @@ def _pipeline_job(slow_replica: int | None, n: int = 40) -> JobHour:
     jitter = np.random.default_rng(4).uniform(0, 0.001, 2 * len(step))
     start = np.r_[forward, backward] + jitter
     flows = {"start": start, "end": start + 0.01, "src": np.r_[replica, replica + 2],
-             "dst": np.r_[replica + 2, replica], "nbytes": np.full(len(start), 4 << 20),
+             "dst": np.r_[replica + 2, replica],
+             "nbytes": np.full(len(start), 4 << 20) + (
+                 np.random.default_rng(5).integers(0, 4 << 10, len(start)) if header_bytes else 0),
              "kind": np.full(len(start), PP, np.int8)}
     stages = np.array([0, 0, 1, 1])
     return make_hour(durations, hosts=4, flows=flows, stage_of_host=stages, stage_of_addr=stages,
@@ -421,6 +424,14 @@ def test_a_replica_slow_in_every_step_is_the_straggler_its_peers_wait_for():
     assert issue.subject == "gpu0"
     assert issue.wasted_gpu_s == pytest.approx(0.4 * 40 * 4, rel=0.1)  # 0.4 s a step, 40 steps, 4 GPUs
     assert (stragglers.straggler_steps(_pipeline_job(slow_replica=None), np.zeros(40, bool), PARAMS)[0] == -1).all()
+
+
+@pytest.mark.parametrize("slow_replica", [0, None])
+def test_stage_peers_compare_their_sends_when_each_record_counts_its_own_header_bytes(slow_replica):
+    # no two records agree to the byte: a send's peers are the sends of its size family
+    job = _pipeline_job(slow_replica=slow_replica, header_bytes=True)
+    culprit, _ = stragglers.straggler_steps(job, np.zeros(job.n_steps, bool), PARAMS)
+    assert (culprit == (0 if slow_replica == 0 else -1)).all()
 
 
 # --- degradation -----------------------------------------------------------------------------------

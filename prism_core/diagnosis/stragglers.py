@@ -1,6 +1,6 @@
 """Stragglers (per step, Holmes): peers that wait look normal, the one they wait for is late.
 
-Each DP/PP flow is compared with the same flow (same kind, size, order) of the hosts of the same
+Each DP/PP flow is compared with the same flow (same kind, size family, order) of the hosts of the same
 pipeline stage in the same step; a host alone in its stage is compared with its own timing in the
 other steps, as a share of the step (a flow whose stage peers' flows were left out is not
 compared: its share moves with the job's pace). A pipeline send is late by how far it trails its
@@ -21,6 +21,7 @@ from prism_core.arrays import (
     unique_inverse,
 )
 from prism_core.constants import PP
+from prism_core.parallelism import family_sizes
 
 from .baseline import Baseline
 from .issues import Issue
@@ -43,7 +44,7 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     host = job.host_of_addr[job.src[sel]]
     # a transfer class: kind, size and direction along the pipeline (forward or backward)
     direction = np.sign(job.stage_of_host[job.host_of_addr[job.dst[sel]]] - job.stage_of_host[host]) + 1
-    size = unique_inverse(job.nbytes[sel])[1]
+    size = unique_inverse(family_sizes(job.nbytes[sel]))[1]  # header bytes make each record's count its own
     kind = combined_key(job.kind[sel], size, direction)
     step, start, pipeline = job.step[sel], job.start[sel], job.kind[sel] == PP
     sender_group = combined_key(step, kind, host)

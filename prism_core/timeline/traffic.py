@@ -17,8 +17,7 @@ from prism_core.constants import (
     KIND_CODES,
     PP,
 )
-from prism_core.parallelism import DEFAULT_PARAMS as PARALLELISM
-from prism_core.parallelism import size_families
+from prism_core.parallelism import family_sizes
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.rows import RowIndex
 
@@ -88,7 +87,7 @@ class Traffic:
             "end": job_flows["time_flow_end_ns"].to_numpy()[on_pair],
             "nbytes": nbytes[on_pair],
             "kind": job_flows[FLOW_KIND].to_numpy()[on_pair] if labelled else kinds["kind"].to_numpy()[pair],
-            "family": job_flows[FLOW_FAMILY_BYTES].to_numpy()[on_pair] if labelled else _families(nbytes[on_pair]),
+            "family": job_flows[FLOW_FAMILY_BYTES].to_numpy()[on_pair] if labelled else family_sizes(nbytes[on_pair]),
             "pair": pair,
             "exporter": exporter[on_pair],
         }
@@ -187,12 +186,6 @@ def _job_gpus(kinds: pa.Table) -> pa.Array:
     collective = kinds.filter(pc.less_equal(kinds["kind"], PP))
     ends = collective if collective.num_rows else kinds
     return pc.unique(pa.concat_arrays([ends["src_addr"].combine_chunks(), ends["dst_addr"].combine_chunks()]))
-
-
-def _families(nbytes: np.ndarray) -> np.ndarray:
-    """Smallest size of each flow's size family, as parallelism's defaults draw the families."""
-    smallest, family = size_families(nbytes, PARALLELISM.size_tolerance, PARALLELISM.pipeline_min_flows)
-    return smallest[family]
 
 
 def _extend(names: list[str], more: list[str]) -> np.ndarray:
