@@ -31,6 +31,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "exporters.json"
 ALONE = {
     "none": ExportOptions(),
     "flow_cache": ExportOptions(flow_cache=1.0),
+    # the setting issue #18 names: every leaf's cache with a 1 s idle and a 60 s active timeout
+    "flow_cache_1s": ExportOptions(flow_cache=1.0, idle_timeout_s=(1.0, 1.0), active_timeout_s=(60.0, 60.0)),
     "milliseconds": ExportOptions(milliseconds=1.0),
     "sflow": ExportOptions(sflow=1.0),
     "loss": ExportOptions(loss=REALISTIC.export.loss),
