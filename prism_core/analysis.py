@@ -25,7 +25,7 @@ from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import MINUTE_NS
 from prism_core.recognition import Recognition, recognize_hour
-from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, STEPS, TABLES
+from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, JOBS, STEPS, TABLES
 from prism_core.topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class JobAnalysis:
     failed_stage: str | None = None  # the stage that raised, when the analysis failed
     resolution: str | None = None  # what the records resolved (schema.RESOLUTIONS); None: failed
     step_period_s: float | None = None  # the steps' median duration, or the records' rhythm
+    issue_kinds_judged: list[str] | None = None  # sorted; None: failed
 
 
 class RecognitionError(RuntimeError):
@@ -256,6 +257,7 @@ def analyze_job(
         state={"timeline": steps.state, "diagnosis": diagnosed.state},
         resolution=resolved.resolution,
         step_period_s=float(np.median(durations)) if len(durations) else resolved.period_s,
+        issue_kinds_judged=sorted(shown),
     )
 
 
@@ -322,9 +324,10 @@ def assemble_hour(analyses: list[JobAnalysis], recognition: Recognition) -> Hour
     for name in ("dp", "pp", "tp"):
         values = pa.array([degrees.get(j, {}).get(name) for j in job_table["job_id"].to_pylist()], pa.int32())
         job_table = job_table.set_column(job_table.schema.get_field_index(name), name, values)
-    resolved = {a.job_id: (a.resolution, a.step_period_s) for a in analyses}
-    for position, (name, kind) in enumerate((("resolution", pa.string()), ("step_period_s", pa.float64()))):
-        values = pa.array([resolved.get(j, (None, None))[position] for j in job_table["job_id"].to_pylist()], kind)
+    resolved = {a.job_id: (a.resolution, a.step_period_s, a.issue_kinds_judged) for a in analyses}
+    for position, name in enumerate(("resolution", "step_period_s", "issue_kinds_judged")):
+        values = pa.array([resolved.get(j, (None, None, None))[position] for j in job_table["job_id"].to_pylist()],
+                          JOBS.field(name).type)
         job_table = job_table.set_column(job_table.schema.get_field_index(name), name, values)
     tables = {"jobs": job_table}
     for name in ANALYSIS_TABLES[1:]:

@@ -95,6 +95,11 @@ JOBS = pa.schema(
         # s; the median duration of the hour's steps where resolved, else the step period the
         # records' rhythm shows (an estimate; null when they show none)
         ("step_period_s", pa.float64()),
+        # the issue kinds the hour's records let Prism judge for the job (ISSUE_KINDS, sorted;
+        # prism_core.resolution.issue_kinds_shown): of the others none is reported, however the job
+        # fared (no straggler or slow link without transfers timed one by one, no slow step
+        # without resolved steps); null when the job's analysis failed
+        ("issue_kinds_judged", pa.list_(pa.string())),
     ]
 )
 

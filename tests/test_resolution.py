@@ -236,12 +236,14 @@ def test_a_flow_cache_hour_reports_no_steps_but_the_step_period(tmp_path):
         flows, flow_minutes, topology, _ = scenario_flows(tmp_path / name)
         hour = int(pc.min(flow_minutes["minute"]).cast(pa.int64()).as_py()) // HOUR_NS * HOUR_NS
         found[name] = analyze_hour(flows, flow_minutes, topology, None, hour).tables
-    [cached] = found["cache"]["jobs"].select(["resolution", "step_period_s"]).to_pylist()
+    [cached] = found["cache"]["jobs"].select(["resolution", "step_period_s", "issue_kinds_judged"]).to_pylist()
     assert cached["resolution"] == "period"
     assert cached["step_period_s"] == pytest.approx(3.0, rel=0.03)
+    assert cached["issue_kinds_judged"] == ["hang", "restart"]  # the analyst sees what was not judged
     assert found["cache"]["steps"].num_rows == 0
-    [each] = found["per_transfer"]["jobs"].select(["resolution", "step_period_s"]).to_pylist()
+    [each] = found["per_transfer"]["jobs"].select(["resolution", "step_period_s", "issue_kinds_judged"]).to_pylist()
     assert each["resolution"] == "steps"
+    assert {"slow_step", "straggler", "slow_link", "degradation"} <= set(each["issue_kinds_judged"])
     assert found["per_transfer"]["steps"].num_rows > 100
     assert each["step_period_s"] == pytest.approx(3.0, rel=0.03)
 
