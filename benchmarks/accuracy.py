@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--sealed-seeds", type=seeds, default=DEV["sealed"],
                         help="development seeds of the sealed family (3 and on; 0-2 are the sealed set's)")
     args = parser.parse_args()
-    if set(args.sealed_seeds) & set(SEALED["sealed"]):
+    if set(args.sealed_seeds) & set(SEALED.get("sealed", ())):
         parser.error("sealed family seeds 0-2 belong to the sealed set, not to development")
     sets = {"dev": {**DEV, "fleet": args.fleet_seeds, "small": args.small_seeds, "sealed": args.sealed_seeds},
             "sealed": SEALED}

@@ -4,6 +4,8 @@ scored beside it in its own section."""
 import json
 import sys
 
+import pytest
+
 from benchmarks import accuracy
 from prism_core.evaluate.figures import Figure
 
@@ -31,10 +33,18 @@ def test_sets_pool_apart_and_a_missing_family_is_skipped(tmp_path, monkeypatch, 
     assert sealed["pooled"]["issues"]["recall_straggler"]["count"] == 3
 
     # a dev run over two small seeds pools them (10 of 20) and keeps the sealed section
-    monkeypatch.setattr(sys, "argv", ["accuracy", "--set", "dev", "--small-seeds", "0-1", "--fleet-seeds", ""])
+    monkeypatch.setattr(sys, "argv", ["accuracy", "--set", "dev", "--small-seeds", "0-1", "--fleet-seeds", "",
+                                      "--sealed-seeds", ""])
     accuracy.main()
     result = json.loads(accuracy.RESULTS.read_text())
     assert result["sealed"] == sealed
     recall = result["dev"]["pooled"]["issues"]["recall_straggler"]
     assert (recall["count"], recall["of"], recall["ok"]) == (10, 20, False)
     assert list(result["dev"]["scenarios"]) == ["small-0", "small-1"]
+
+
+def test_the_sealed_sets_seeds_of_the_sealed_family_are_refused_as_development(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["accuracy", "--set", "dev", "--sealed-seeds", "2-3"])
+    with pytest.raises(SystemExit):
+        accuracy.main()
+    assert "belong to the sealed set" in capsys.readouterr().err
