@@ -222,14 +222,22 @@ def group_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Median of `values` over each key group, broadcast back to the rows."""
     if not len(key):
         return np.empty(0)
-    # keys and values both replaced by their ranks (hashed: only the distinct ones are sorted),
-    # then one sort of packed (group, value rank) integers: no sort of row indices
-    _, group = unique_inverse(key)
-    distinct, rank = unique_inverse(values)
-    packed = np.sort(group * len(distinct) + rank)
-    starts = _group_starts(packed // len(distinct))
-    counts = np.diff(np.r_[starts, len(key)])
-    ordered = distinct[packed % len(distinct)]
+    # keys replaced by their ranks (hashed), the values sorted once, then stably by group: a
+    # radix sort for fewer than RADIX_SPAN groups, else one sort of packed (group, value rank)
+    # integers. Only the values matter, so ties may come in any order. (Ranking mostly distinct
+    # values by hashing cost more than sorting them.)
+    distinct_keys, group = unique_inverse(key)
+    by_value = np.argsort(values)
+    n = len(values)
+    if len(distinct_keys) < RADIX_SPAN:
+        within = by_value[stable_order(group[by_value])]
+    else:
+        rank = np.empty(n, np.int64)
+        rank[by_value] = np.arange(n)
+        within = by_value[np.sort(group * n + rank) % n]
+    ordered = values[within]
+    counts = np.bincount(group, minlength=len(distinct_keys))
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
     median = (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2]) / 2
     return median[group]
 
