@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combination_ids, sorted_within_groups, stable_order
+from prism_core.arrays import combination_ids, sorted_within_groups, stable_order, unique_inverse
 from prism_core.schema import ISSUE_KINDS
 
 EXPORTER_KINDS = ("per_transfer", "flow_cache", "sampled", "unknown")
@@ -250,9 +250,11 @@ def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
     with np.errstate(over="ignore"):
         for column in columns:
             tuple_ids = (tuple_ids ^ column.astype(np.uint64)) * np.uint64(0x9E3779B97F4A7C15)
-    # by start, then stably by 5-tuple (two stable sorts of presorted data beat a lexsort 2x)
+    # by start, then stably by 5-tuple (two stable sorts of presorted data beat a lexsort 2x);
+    # the 5-tuples by the rank of their hash (the same order), a radix sort when a batch has
+    # fewer than 2^16 of them (a minute has ~10 k)
     by_start = np.argsort(start, kind="stable")
-    order = by_start[np.argsort(tuple_ids[by_start], kind="stable")]
+    order = by_start[stable_order(unique_inverse(tuple_ids)[1][by_start])]
     follows = tuple_ids[order][1:] == tuple_ids[order][:-1]
     follows &= duration[order][:-1] < params.max_transfer_s * 1e9
     gap = (start[order][1:] - end[order][:-1])[follows]
@@ -282,19 +284,28 @@ def _sizes_by_speed(exporter: np.ndarray, duration_ns: np.ndarray, nbytes: np.nd
     transfers seldom match."""
     positive = duration_ns > 0
     rate = np.where(positive, nbytes / np.maximum(duration_ns, 1), np.inf)
-    # each exporter's fast rate: a high quantile of its records' rates (infinite ones sort last)
-    order = np.lexsort((rate, exporter))
+    # each exporter's fast rate: a high quantile of its records' rates (infinite ones sort last);
+    # the rates sorted within each exporter: by rate, then stably by exporter (a radix sort for
+    # a batch's few exporters), the values of `np.lexsort((rate, exporter))` at ~1/4 of its cost
+    by_rate = np.argsort(rate)
+    ordered_rate = rate[by_rate][stable_order(exporter[by_rate])]
     opens = np.r_[0, np.cumsum(np.bincount(exporter, minlength=n))[:-1]]
     finite = np.bincount(exporter[positive], minlength=n)
     at = opens + np.floor(params.fast_rate_quantile * np.maximum(finite - 1, 0)).astype(np.int64)
-    fast_rate = np.where(finite > 0, rate[order][np.minimum(at, len(rate) - 1)], np.inf)
+    fast_rate = np.where(finite > 0, ordered_rate[np.minimum(at, len(rate) - 1)], np.inf)
     slow = (duration_ns >= params.merged_min_s * 1e9) & (rate < params.slow_rate_share * fast_rate[exporter])
     size_bin = np.floor(np.log(np.maximum(nbytes, 1)) / np.log1p(params.sibling_size_tolerance)).astype(np.int64)
     key = exporter.astype(np.int64) * SIZE_BINS + np.minimum(size_bin, SIZE_BINS - 1)
-    slow_sizes, slow_counts = np.unique(key[slow], return_counts=True)
-    plain_sizes, plain_counts = np.unique(key[~slow], return_counts=True)
+    slow_sizes, slow_counts = _counted(key[slow])
+    plain_sizes, plain_counts = _counted(key[~slow])
     return {"slow_sizes": slow_sizes, "slow_counts": slow_counts.astype(np.int64),
             "plain_sizes": plain_sizes, "plain_counts": plain_counts.astype(np.int64)}
+
+
+def _counted(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(keys, return_counts=True)`, by hashing (a batch's keys repeat)."""
+    distinct, inverse = unique_inverse(keys)
+    return distinct, np.bincount(inverse, minlength=len(distinct))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prism_core import waste
-from prism_core.arrays import combined_key, group_median, group_mode, group_reduce, time_segments, unique_inverse
+from prism_core.arrays import KeyGroups, combined_key, group_median, group_mode, group_reduce, time_segments, unique_inverse
 from prism_core.constants import DP, PP, UNCLASSIFIED
 
 from .baseline import Baseline
@@ -60,11 +60,11 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     flow_addr = np.concatenate([job.src[sel], job.dst[sel]])
     flow_peer = np.concatenate([job.dst[sel], job.src[sel]])
     flow_step, ratio = np.concatenate([step, step]), np.concatenate([ratio, ratio])
-    key = combined_key(flow_step, flow_addr)
+    key = KeyGroups(combined_key(flow_step, flow_addr))
     capacity = group_reduce(key, ratio, np.maximum)
     one_peer = group_reduce(key, flow_peer, np.minimum) == group_reduce(key, flow_peer, np.maximum)
     sole_peer = np.where(one_peer, flow_peer, -1)
-    rows = np.unique(key, return_index=True)[1]  # one row per (step, address)
+    rows = key.first_rows()  # one row per (step, address)
     step, addr, capacity, sole_peer = flow_step[rows], flow_addr[rows], capacity[rows], sole_peer[rows]
     order = np.lexsort((addr, capacity, step))
     first = np.r_[True, step[order][1:] != step[order][:-1]]

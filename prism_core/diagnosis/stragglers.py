@@ -17,7 +17,7 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.arrays import (
-    MAD_TO_SIGMA, combined_key, group_first_index, group_median, group_mode, group_reduce, stable_order,
+    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_median, group_mode, group_reduce, stable_order,
     unique_inverse,
 )
 from prism_core.constants import PP
@@ -59,8 +59,8 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # is left out of that step, and classes whose count varies from step to step (MoE
     # all-to-all sizes) are left out altogether.
     sent = group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
-    class_of_host = combined_key(kind, host)
-    usual = sent == group_mode(class_of_host, sent)
+    class_of_host = KeyGroups(combined_key(kind, host))
+    usual = sent == group_mode(class_of_host.key, sent)
     regular = group_reduce(class_of_host, usual / sent, np.add) / group_reduce(class_of_host, 1.0 / sent, np.add)
     kept = usual & (regular >= params.regular_share)
     step, kind, start, host, pipeline, sender_group = (
@@ -69,7 +69,7 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
         return culprit, behind_s
     ordinal = np.arange(len(step)) - group_first_index(sender_group)
     stage = job.stage_of_host[host]
-    peers = combined_key(step, kind, stage, ordinal)
+    peers = KeyGroups(combined_key(step, kind, stage, ordinal))
     peer_first = group_reduce(peers, start, np.minimum)
     peer_hosts = group_reduce(peers, np.ones(len(step), np.int64), np.add)
     # against its stage peers in the same step (seconds), or alone against its own rhythm. A
@@ -81,7 +81,7 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     step, kind, start, host, pipeline, ordinal, peer_first, alone = (
         a[compared] for a in (step, kind, start, host, pipeline, ordinal, peer_first, alone))
     position_in_step = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
-    structure = combined_key(kind, host, ordinal)
+    structure = KeyGroups(combined_key(kind, host, ordinal))
     # median and MAD: robust while a straggler makes up to half of the steps late
     usual = group_median(structure, position_in_step)
     noise = MAD_TO_SIGMA * group_median(structure, np.abs(position_in_step - usual))

@@ -75,7 +75,19 @@ def deduplicated_order(flows: pa.Table) -> np.ndarray:
         duplicates = positions[1:][repeat]
     order = np.delete(order, duplicates)
     compared = flows.select([*FIVE_TUPLE, "sampler_address", "time_flow_start_ns", "time_flow_end_ns", "bytes"])
+    # exact copies repeat the 5-tuple and the exporter: whether any 5-tuple has two exporters
+    # is the same question asked of every row, without taking the kept ones first
+    if not _several_exporters(compared):
+        return order
     return np.delete(order, copies_from_other_exporters(compared.take(order)))
+
+
+def _several_exporters(flows: pa.Table) -> bool:
+    """Whether some 5-tuple of `flows` was reported by two exporters (most minutes: none), by
+    one hash aggregation."""
+    exporters_per_tuple = flows.group_by(list(FIVE_TUPLE), use_threads=False).aggregate(
+        [("sampler_address", "count_distinct")])["sampler_address_count_distinct"]
+    return (pc.max(exporters_per_tuple).as_py() or 0) >= 2
 
 
 def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
@@ -90,10 +102,7 @@ def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
     (`_nearest_pairs`, in rounds over the rows still unpaired); a row pairs once. A record whose copy was
     lost can still pair with a neighbouring transfer's copy when transfers on one 5-tuple are
     closer than COPY_TIME_NS. Rows without an exporter are never copies."""
-    # most minutes have none: one hash aggregation says so
-    exporters_per_tuple = flows.group_by(list(FIVE_TUPLE), use_threads=False).aggregate(
-        [("sampler_address", "count_distinct")])["sampler_address_count_distinct"]
-    if (pc.max(exporters_per_tuple).as_py() or 0) < 2:
+    if not _several_exporters(flows):  # most minutes have none
         return np.zeros(0, np.int64)
     reported = _mask(pc.is_valid(flows["sampler_address"]))
     rows = np.flatnonzero(reported)

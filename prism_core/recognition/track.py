@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prism_core.arrays import group_spans
+from prism_core.arrays import combination_ids, group_spans
 from prism_core.minutes import MINUTE_NS
 from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job
 from prism_core.recognition.merge import ranges
@@ -128,12 +128,12 @@ def hosts_held_in_part(src: np.ndarray, dst: np.ndarray, size: np.ndarray, vocab
     sizes, size_at = np.unique(size, return_inverse=True)
     family = np.cumsum(np.r_[True, sizes[1:] > sizes[:-1] * (1 + tolerance)])[size_at.ravel()]
     low, high = np.minimum(src_host, dst_host), np.maximum(src_host, dst_host)
-    _, crossing_of = np.unique(np.stack([low, high, family], axis=1), axis=0, return_inverse=True)
-    crossing_of = crossing_of.ravel()
+    # ids of the (low, high, family) and (crossing, rail) combinations, numbered as
+    # `np.unique(..., axis=0)` numbers them, by hashing packed integers rather than sorting rows
+    crossing_of = combination_ids(*_signed(family, high, low))
     n = int(crossing_of.max()) + 1
     upward = src_host < dst_host
-    _, rail_of = np.unique(np.stack([crossing_of, rail], axis=1), axis=0, return_inverse=True)
-    rail_of = rail_of.ravel()
+    rail_of = combination_ids(*_signed(rail, crossing_of))
     rail_up = np.bincount(rail_of, weights=upward) > 0
     rail_down = np.bincount(rail_of, weights=~upward) > 0
     rail_crossing = np.zeros(len(rail_up), np.int64)
@@ -145,6 +145,10 @@ def hosts_held_in_part(src: np.ndarray, dst: np.ndarray, size: np.ndarray, vocab
     np.maximum.at(top, crossing_of, rail)
     arrives = np.flatnonzero(hop[crossing_of] & (rail == top[crossing_of]))
     return np.unique(dst_host[arrives[~vocabulary.on_last_rail(dst[arrives])]])
+
+
+def _signed(*columns: np.ndarray) -> list[np.ndarray]:
+    return [np.asarray(c, np.int64) for c in columns]
 
 
 def job_id(minute_ns: int, addrs: list[str]) -> str:
