@@ -599,28 +599,33 @@ def _aligned_chains(
     # per chain: its warm-up votes as numbered (> 0: its level 0 opens the steps)
     along = forward * np.sign(level[flows.dst_host] - level[flows.src_host])
     votes = np.bincount(chain_of[flows.src_host], weights=along, minlength=flows.n_hosts)
+    hop_levels = {(int(chain_of[a]), int(level[a]), int(level[b])) for a, b in hops.tolist()}
     for length in lengths[count >= 2].tolist():
         members = [hosts for c, hosts in enumerate(chains) if depth[c] == length]
         members.sort(key=lambda hosts: -abs(votes[chain_of[hosts[0]]]))
         turned: list[np.ndarray] = []
         for hosts in members:
-            if not turned:
-                turned.append(hosts)
-                continue
-            agree = [0, 0]  # as numbered, turned
-            for other in turned:
-                for a in hosts.tolist():
-                    for b in other.tolist():
-                        w = weight.get((min(a, b), max(a, b)), 0)
-                        if w:
-                            agree[0] += w * (level[a] == level[b])
-                            agree[1] += w * (length - level[a] == level[b])
-            if agree[1] > agree[0]:
-                level[hosts] = length - level[hosts]
+            if turned:
+                # an interleaved pipeline's chain closes into a ring (its last stage sends back
+                # to the first): it may be numbered from any of its hosts, either way round
+                ring = length > 1 and (int(chain_of[hosts[0]]), 0, length) in hop_levels
+                ways = ([(sign, shift) for sign in (1, -1) for shift in range(length + 1)] if ring
+                        else [(1, 0), (-1, length)])
+                agree = np.zeros(len(ways))
+                for other in turned:
+                    for a in hosts.tolist():
+                        for b in other.tolist():
+                            w = weight.get((min(a, b), max(a, b)), 0)
+                            if w:
+                                agree += [w * ((sign * level[a] + shift) % (length + 1) == level[b])
+                                          for sign, shift in ways]
+                sign, shift = ways[int(np.argmax(agree))]
+                level[hosts] = (sign * level[hosts] + shift) % (length + 1)
             turned.append(hosts)
         together = np.concatenate(turned)
         mine = np.isin(flows.src_host, together)
-        if (forward * np.sign(level[flows.dst_host] - level[flows.src_host]))[mine].sum() < 0:
+        ring = length > 1 and any((int(chain_of[hosts[0]]), 0, length) in hop_levels for hosts in members)
+        if not ring and (forward * np.sign(level[flows.dst_host] - level[flows.src_host]))[mine].sum() < 0:
             level[together] = length - level[together]
     return level
 

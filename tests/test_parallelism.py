@@ -131,6 +131,16 @@ PIPELINES_SIDE_BY_SIDE = {
                       embedding_before_sync=True, stage_factors=(1.0429, 0.9552, 0.8862, 1.1156),
                       jitter_sigma=0.0249, tail_alpha=2.724, tail_scale=0.0345, storage_network=True),
         hosts=(9, 2, 5, 4, 6, 0, 7, 12, 10, 1, 3, 13, 8, 15, 11, 14)),
+    # interleaved, four model chunks a stage: each replica's chain closes into a ring (its last
+    # stage sends back to the first), numbered from a host its warm-ups pick, and the DP sync
+    # turns the other ring to line up with it
+    "interleaved, two shuffled replicas of eight stages": JobSpec(
+        16, tp=8, pp=8, start_s=0, end_s=SECONDS, step_s=5.0, micro_batches=8, tied_embeddings=True,
+        traits=Traits(rank_order="tp-pp-dp", optimizer_share=0.0614, backward_ratio=2.752, overlap=True,
+                      embedding_before_sync=True, virtual_stages=4,
+                      stage_factors=(0.9431, 0.962, 1.004, 0.8999, 0.9436, 0.9318, 0.9215, 1.394),
+                      jitter_sigma=0.0258, tail_alpha=1.846, tail_scale=0.0214, storage_network=True),
+        hosts=(15, 5, 1, 11, 8, 12, 3, 9, 0, 14, 13, 2, 10, 7, 4, 6)),
 }
 
 
