@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import combined_key, filter_rows, group_median, stable_order, unique_inverse
-from prism_core.constants import DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
+from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
 
@@ -721,6 +721,8 @@ def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, g
     member NICs each send to a non-member more than once (shards go out in equal chunks; log
     writes never repeat a size).
     Counted per (stage level, GPU index), so a host replaced in a restart counts once."""
+    # shards are checkpoint-sized; a monitoring reply or a log write may repeat a small size by chance
+    external = external.filter(pc.greater_equal(external["bytes"], CHECKPOINT_FLOW_BYTES))
     if external.num_rows == 0:
         return 0, 0
     per_nic = external.group_by(["bytes", "src_addr"], use_threads=False).aggregate([("bytes", "count")])

@@ -166,6 +166,22 @@ def test_a_checkpoint_writer_on_a_nic_of_two_gpus_leaves_tp_to_the_rails():
     assert pairs_of(found, "dp") == truth["dp"]
 
 
+def test_a_small_size_repeated_to_a_non_member_is_no_checkpoint_writer():
+    # stages of four hosts (DP crosses hosts on tp rails), checkpoints over a storage network the
+    # records do not see, the first host with a NIC for every two GPUs; its NIC answers two
+    # monitoring scrapes with replies of one size: not a checkpoint shard written by two GPUs
+    spec = JobSpec(8, tp=4, pp=2, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=8, collective="rs_ag",
+                   traits=Traits(storage_network=True), hosts=tuple(range(8)))
+    flows, members, truth = simulated_job(spec, four_nic_hosts=(0,))
+    nic = members["addr"][0].as_py()
+    replies = pa.table({"time_flow_start_ns": [HOUR0 + 15 * 10**9, HOUR0 + 30 * 10**9],
+                        "time_flow_end_ns": [HOUR0 + 15 * 10**9 + 10**6, HOUR0 + 30 * 10**9 + 10**6],
+                        "src_addr": [nic, nic], "dst_addr": ["10.250.0.2"] * 2, "bytes": [49_810, 49_810]})
+    found = parallelism.identify_parallelism("job", pa.concat_tables([flows, replies.cast(flows.schema)]), members)
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
 # Megatron as the replays run it: 32 micro-batches (fewer lone warm-up sends per step than the old
 # prior allowed), the embedding all-reduce between the first and last stage, and the distributed
 # optimizer's reduce-scatter at the step end and all-gather at the next start over the DP pairs
