@@ -557,11 +557,12 @@ def _aligned_chains(
     forward: np.ndarray,
 ) -> np.ndarray:
     """Levels of several pipelines turned so that their stages line up. Each chain is numbered
-    from the end its own warm-up votes call first, and one chain's votes may be wrong (a tied
-    embedding's or an imbalanced stage's timing); but the DP sync of a stage runs between the
-    hosts of that stage in every pipeline, so chains of one length are turned to carry their
-    collective traffic between equal levels: each chain, most voted first, the way that agrees
-    best with those turned before it; then all together the way their summed votes call."""
+    from the end its own warm-up votes call first, but a chain may have no votes (sends too short
+    for any to overlap the reverse direction's: then it is numbered from whichever end comes
+    first) or few; the DP sync of a stage runs between the hosts of that stage in every pipeline,
+    so chains of one length are turned (rings also rotated) to carry their collective traffic
+    between equal levels: each chain, most voted first, the way that agrees best with those turned
+    before it; then all together the way their summed votes call (a ring keeps its warm-up start)."""
     chosen = np.flatnonzero(pipeline[groups.of_flow])
     if len(chosen) == 0:
         return level
