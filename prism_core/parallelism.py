@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import combined_key, filter_rows, group_median, stable_order, unique_inverse
-from prism_core.constants import DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
+from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
 
@@ -219,6 +219,8 @@ class _InternalFlows:
     dst_host: np.ndarray
     rail: np.ndarray
     src_gpus: np.ndarray
+    dst_rail: np.ndarray  # the destination NIC's rail and the GPUs it serves
+    dst_gpus: np.ndarray
     size: np.ndarray
     start: np.ndarray
     end: np.ndarray
@@ -243,6 +245,8 @@ class _InternalFlows:
             dst_host=host_code[dst],
             rail=rail[src],
             src_gpus=gpus["gpus"].to_numpy()[src],
+            dst_rail=rail[dst],
+            dst_gpus=gpus["gpus"].to_numpy()[dst],
             size=job_flows["bytes"].to_numpy()[inside],
             start=start,
             end=end,
@@ -494,25 +498,32 @@ class _Layout:
         gpus_per_host = int(counts[np.argmax(hosts_with)])
         active_hosts = np.zeros(flows.n_hosts, bool)
         active_hosts[host_code[active]] = True
-        level = _pipeline_levels(flows, groups, pipeline, active_hosts)
+        level = _pipeline_levels(flows, groups, pipeline, active_hosts, ~pipeline & ~all_to_all)
         n_levels = int(level.max()) + 1
         on_forward = pipeline_sends & (level[flows.dst_host] == level[flows.src_host] + 1)
-        forward_gpus = int(_gpus_behind_rails(flows, on_forward, flows.src_host).max(initial=0))
+        forward_gpus = int(np.minimum(_gpus_behind_rails(flows, on_forward, flows.src_host),
+                                      _gpus_behind_rails(flows, on_forward, flows.src_host, receiving=True)).max(initial=0))
         if 0 < forward_gpus < gpus_per_host:
-            # Stages smaller than the job's part of a host: a forward send reaches the first GPUs of the next host.
-            stage_size = forward_gpus
-            pp = max(n_gpus // stage_size, 1)
+            # Stages smaller than the job's part of a host: a forward send reaches the first GPUs
+            # of the next host, one stage's (of one pipeline, in tp-pp-dp order: its TP group), and
+            # every host of a chain holds as many stages. Pipelines side by side (tp-pp-dp order)
+            # are chains of their own, so the stages are the chain's, not the job's GPUs over them.
+            stages_on_host = gpus_per_host // forward_gpus
+            pp = max(n_levels * stages_on_host, 1)
+            block = forward_gpus
         else:
             pp = n_levels
-            stage_size = max(n_gpus // pp, 1)
+            stages_on_host = 1
+            block = gpus_per_host
+        stage_size = max(n_gpus // pp, 1)
         collective = ~pipeline & ~all_to_all & (level[groups.src_host] == level[groups.dst_host])
         writers = _checkpoint_writers(external, gpus, level, gpus_per_host)
-        tp = _tensor_parallel(flows, groups, collective, stage_size, writers, pp, gpus_per_host)
+        tp = _tensor_parallel(flows, groups, collective, stage_size, writers, pp, block)
         dp = max(stage_size // tp, 1)
-        stages_per_host = max(gpus_per_host // stage_size, 1)
-        if stage_size < gpus_per_host:
-            pp_stage = level[host_code] * stages_per_host + gpu // stage_size
-            rank_in_stage = gpu % stage_size
+        stages_per_host = stages_on_host
+        if block < gpus_per_host:
+            pp_stage = level[host_code] * stages_per_host + gpu // block
+            rank_in_stage = gpu % block
         else:
             pp_stage = level[host_code]
             rank_in_stage = _slot_in_stage(host_code, level) * gpus_per_host + gpu
@@ -526,9 +537,13 @@ class _Layout:
         )
 
 
-def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray, active: np.ndarray) -> np.ndarray:
+def _pipeline_levels(
+    flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray, active: np.ndarray, collective: np.ndarray
+) -> np.ndarray:
     """Stage index of every host along its PP chain (0 where there is no PP traffic); `active`:
-    per host code, still in the job at its last sighting."""
+    per host code, still in the job at its last sighting; `collective`: per group, traffic of a
+    collective (not PP, not an all-to-all), which ties the hosts of one stage in different
+    pipelines together (their DP sync)."""
     chosen = np.flatnonzero(pipeline[groups.of_flow])
     low = np.minimum(flows.src_host[chosen], flows.dst_host[chosen])
     high = np.maximum(flows.src_host[chosen], flows.dst_host[chosen])
@@ -538,7 +553,89 @@ def _pipeline_levels(flows: _InternalFlows, groups: _Groups, pipeline: np.ndarra
     pairs, index = unique_inverse(pair)
     upward_score = np.bincount(index, weights=upward * vote, minlength=len(pairs))
     warm_ups = np.bincount(flows.src_host[chosen], weights=vote > 0, minlength=flows.n_hosts)
-    return _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, warm_ups, active)
+    level = _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, warm_ups, active)
+    forward = np.zeros(len(flows.src_host))  # per flow: its warm-up vote, +1 forward, -1 backward
+    forward[chosen] = vote
+    return _aligned_chains(level, flows, groups, pipeline, collective, forward)
+
+
+def _aligned_chains(
+    level: np.ndarray, flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray, collective: np.ndarray,
+    forward: np.ndarray,
+) -> np.ndarray:
+    """Levels of several pipelines turned so that their stages line up. Each chain is numbered
+    from the end its own warm-up votes call first, but a chain may have no votes (sends too short
+    for any to overlap the reverse direction's: then it is numbered from whichever end comes
+    first) or few; the DP sync of a stage runs between the hosts of that stage in every pipeline,
+    so chains of one length are turned (rings also rotated) to carry their collective traffic
+    between equal levels: each chain, most voted first, the way that agrees best with those turned
+    before it; then all together the way their summed votes call (a ring keeps its warm-up start)."""
+    chosen = np.flatnonzero(pipeline[groups.of_flow])
+    if len(chosen) == 0:
+        return level
+    on_chain = np.zeros(flows.n_hosts, bool)
+    on_chain[flows.src_host[chosen]] = on_chain[flows.dst_host[chosen]] = True
+    # chains: connected components of the PP host pairs
+    parent = np.arange(flows.n_hosts)
+
+    def root(h: int) -> int:
+        while parent[h] != h:
+            parent[h] = parent[parent[h]]
+            h = parent[h]
+        return h
+
+    hops = np.unique(np.stack([flows.src_host[chosen], flows.dst_host[chosen]], axis=1), axis=0)
+    for a, b in hops.tolist():
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    chain_of = np.array([root(h) for h in range(flows.n_hosts)])
+    chains = [np.flatnonzero(on_chain & (chain_of == c)) for c in np.unique(chain_of[on_chain])]
+    depth = {c: int(level[hosts].max()) for c, hosts in zip(range(len(chains)), chains)}
+    lengths, count = np.unique([d for d in depth.values() if d > 0], return_counts=True)
+    if not len(lengths) or count.max() < 2:
+        return level
+    # collective flows between hosts of the job: (host, host) -> flows, both directions together
+    shared = np.flatnonzero(collective[groups.of_flow] & (flows.src_host != flows.dst_host))
+    weight: dict[tuple[int, int], int] = {}
+    low = np.minimum(flows.src_host[shared], flows.dst_host[shared])
+    high = np.maximum(flows.src_host[shared], flows.dst_host[shared])
+    keys, n = np.unique(low * flows.n_hosts + high, return_counts=True)
+    for key, k in zip(keys.tolist(), n.tolist()):
+        weight[divmod(key, flows.n_hosts)] = k
+    level = level.copy()
+    # per chain: its warm-up votes as numbered (> 0: its level 0 opens the steps)
+    along = forward * np.sign(level[flows.dst_host] - level[flows.src_host])
+    votes = np.bincount(chain_of[flows.src_host], weights=along, minlength=flows.n_hosts)
+    hop_levels = {(int(chain_of[a]), int(level[a]), int(level[b])) for a, b in hops.tolist()}
+    for length in lengths[count >= 2].tolist():
+        members = [hosts for c, hosts in enumerate(chains) if depth[c] == length]
+        members.sort(key=lambda hosts: -abs(votes[chain_of[hosts[0]]]))
+        turned: list[np.ndarray] = []
+        for hosts in members:
+            if turned:
+                # an interleaved pipeline's chain closes into a ring (its last stage sends back
+                # to the first): it may be numbered from any of its hosts, either way round
+                ring = length > 1 and (int(chain_of[hosts[0]]), 0, length) in hop_levels
+                ways = ([(sign, shift) for sign in (1, -1) for shift in range(length + 1)] if ring
+                        else [(1, 0), (-1, length)])
+                agree = np.zeros(len(ways))
+                for other in turned:
+                    for a in hosts.tolist():
+                        for b in other.tolist():
+                            w = weight.get((min(a, b), max(a, b)), 0)
+                            if w:
+                                agree += [w * ((sign * level[a] + shift) % (length + 1) == level[b])
+                                          for sign, shift in ways]
+                sign, shift = ways[int(np.argmax(agree))]
+                level[hosts] = (sign * level[hosts] + shift) % (length + 1)
+            turned.append(hosts)
+        together = np.concatenate(turned)
+        mine = np.isin(flows.src_host, together)
+        ring = length > 1 and any((int(chain_of[hosts[0]]), 0, length) in hop_levels for hosts in members)
+        if not ring and (forward * np.sign(level[flows.dst_host] - level[flows.src_host]))[mine].sum() < 0:
+            level[together] = length - level[together]
+    return level
 
 
 def warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> np.ndarray:
@@ -627,29 +724,36 @@ def _ring_order(
     return order
 
 
-def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, gpus_per_host: int) -> int:
-    """How many GPUs write the checkpoint: the largest flow size that several member NICs each send
-    to a non-member more than once (shards go out in equal chunks; log writes never repeat a size).
+def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, gpus_per_host: int) -> tuple[int, int]:
+    """How many GPUs write the checkpoint, (fewest, most): the largest flow size that several
+    member NICs each send to a non-member more than once (shards go out in equal chunks; log
+    writes never repeat a size).
     Counted per (stage level, GPU index), so a host replaced in a restart counts once."""
+    # shards are checkpoint-sized; a monitoring reply or a log write may repeat a small size by chance
+    external = external.filter(pc.greater_equal(external["bytes"], CHECKPOINT_FLOW_BYTES))
     if external.num_rows == 0:
-        return 0
+        return 0, 0
     per_nic = external.group_by(["bytes", "src_addr"], use_threads=False).aggregate([("bytes", "count")])
     per_nic = per_nic.filter(pc.greater_equal(per_nic["bytes_count"], 2))
     if per_nic.num_rows == 0:
-        return 0
+        return 0, 0
     sizes, writers_of = np.unique(per_nic["bytes"].to_numpy(), return_inverse=True)
     row = pc.index_in(per_nic["src_addr"], value_set=gpus["addr"]).to_numpy()
     slot = level[gpus["host_code"].to_numpy()[row]] * gpus_per_host + gpus["local"].to_numpy()[row]
     served = gpus["gpus"].to_numpy()[row]  # a NIC serving two GPUs writes both shards
     distinct, first = np.unique(np.stack([writers_of.ravel(), slot], axis=1), axis=0, return_index=True)
     writers = np.bincount(distinct[:, 0], weights=served[first], minlength=len(sizes)).astype(np.int64)
+    writing_nics = np.bincount(distinct[:, 0], minlength=len(sizes))
     best = np.lexsort((sizes, writers))[-1]  # most writers, then the largest size
-    return int(writers[best]) if writers[best] >= 2 else 0
+    if writers[best] < 2:
+        return 0, 0
+    # a NIC serving two GPUs may write one shard or both: the writers are between the NICs and their GPUs
+    return int(writing_nics[best]), int(writers[best])
 
 
 def _tensor_parallel(
-    flows: _InternalFlows, groups: _Groups, collective: np.ndarray, stage_size: int, writers: int, pp: int,
-    gpus_per_host: int,
+    flows: _InternalFlows, groups: _Groups, collective: np.ndarray, stage_size: int, writers: tuple[int, int],
+    pp: int, gpus_per_host: int,
 ) -> int:
     """tp, from the first of these clues that the traffic offers:
     1. the checkpoint: DP rank 0 of every (stage, TP rank) writes its shard, so tp * pp GPUs write;
@@ -660,19 +764,30 @@ def _tensor_parallel(
        the usual choice (TP needs NVLink, DP does not)."""
     # TP rides NVLink: it divides the job's GPUs on a host
     fits = [tp for tp in range(gpus_per_host, 0, -1) if gpus_per_host % tp == 0 and stage_size % tp == 0]
-    if writers and writers % pp == 0 and writers // pp in fits:
-        return writers // pp
+    fewest, most = writers
+    by_writers = [w // pp for w in range(most, fewest - 1, -1) if w and w % pp == 0 and w // pp in fits]
     chosen = collective[groups.of_flow] & (flows.src_host != flows.dst_host)
-    if stage_size <= gpus_per_host or not chosen.any():
-        return fits[0]
-    pair = flows.src_host * flows.n_hosts + flows.dst_host
-    return next(tp for tp in fits if tp <= _gpus_behind_rails(flows, chosen, pair).min())
+    by_rails = None
+    if stage_size > gpus_per_host and chosen.any():
+        pair = flows.src_host * flows.n_hosts + flows.dst_host
+        # a NIC serving two GPUs counts both, whichever of them the crossing is: the host pair's
+        # end with one GPU per NIC tells the TP ranks exactly
+        crossing = np.minimum(_gpus_behind_rails(flows, chosen, pair),
+                              _gpus_behind_rails(flows, chosen, pair, receiving=True))
+        by_rails = next(tp for tp in fits if tp <= crossing.min())
+    if by_writers:
+        # writers on NICs serving two GPUs leave a choice: the rails settle it where they can
+        return by_rails if len(by_writers) > 1 and by_rails in by_writers else by_writers[0]
+    return fits[0] if by_rails is None else by_rails
 
 
-def _gpus_behind_rails(flows: _InternalFlows, chosen: np.ndarray, key: np.ndarray) -> np.ndarray:
+def _gpus_behind_rails(flows: _InternalFlows, chosen: np.ndarray, key: np.ndarray,
+                       receiving: bool = False) -> np.ndarray:
     """Per distinct `key` of the `chosen` flows: the GPUs served by the distinct rails (source
-    NICs) those flows leave through (a NIC may serve two GPUs, and carry both GPUs' sends)."""
-    columns = (key[chosen], flows.rail[chosen], flows.src_gpus[chosen])
+    NICs, or the destination NICs when `receiving`) those flows leave through (a NIC may serve
+    two GPUs, and carry both GPUs' sends)."""
+    columns = ((key[chosen], flows.dst_rail[chosen], flows.dst_gpus[chosen]) if receiving
+               else (key[chosen], flows.rail[chosen], flows.src_gpus[chosen]))
     # the distinct (key, rail, gpus) triples in lexicographic order, by hashing packed integers
     # (np.unique over rows sorts every flow's triple as a structured value: ~10x slower)
     _, triple = unique_inverse(combined_key(*columns))

@@ -22,9 +22,10 @@ from test_recognition import HOUR0, recognize_hours, scenario_flows
 SECONDS = 150.0
 
 
-def simulated_job(spec: JobSpec, seed: int = 0):
-    """(flows, members, truth pairs by kind) of one job alone on a cluster, SECONDS long."""
-    cluster = Cluster(max(spec.hosts) + 1)
+def simulated_job(spec: JobSpec, seed: int = 0, four_nic_hosts: tuple[int, ...] = ()):
+    """(flows, members, truth pairs by kind) of one job alone on a cluster, SECONDS long; the
+    `four_nic_hosts` have a NIC for every two GPUs (the membership's `gpus` says so)."""
+    cluster = Cluster(max(spec.hosts) + 1, four_nic_hosts=four_nic_hosts)
     plan = plan_job(0, spec, cluster, SECONDS, seed)
     batch = plan.flows(-np.inf, SECONDS, np.random.default_rng(seed))
 
@@ -51,6 +52,8 @@ def simulated_job(spec: JobSpec, seed: int = 0):
             "last_ns": np.full(nics.size, ns(np.array(SECONDS + 60.0))),
         }
     )
+    if four_nic_hosts:
+        members = members.append_column("gpus", pa.array(cluster.gpus_per_nic[nics // GPUS_PER_HOST], pa.int32()))
     truth: dict[str, set] = {kind: set() for kind in KIND_NAMES.values()}
     for template in plan.templates:
         for src, dst, kind in zip(template.src.tolist(), template.dst.tolist(), template.kind.tolist()):
@@ -108,6 +111,74 @@ def test_a_job_on_two_gpus_of_each_host_has_its_own_gpus_and_degrees(tp, pp):
     assert (found.dp, found.pp, found.tp) == (8 // (tp * pp), pp, tp)
     assert found.job_gpus.num_rows == 8
     assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+# Pipelines side by side (tp-pp-dp order: a replica's stages on consecutive ranks), as the
+# `sealed` family places them
+PIPELINES_SIDE_BY_SIDE = {
+    # two stages of a replica on each host, a replica on each two hosts: a forward send crossing
+    # hosts reaches one TP group, and the chains are the replicas, not the job's hosts
+    "two stages a host, two replicas": JobSpec(4, tp=4, pp=4, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=8,
+                                              traits=Traits(rank_order="tp-pp-dp"), hosts=(0, 1, 2, 3)),
+    # a stage per host, four replicas of four hosts each in a scheduler's shuffled host order, the
+    # embedding all-reduced between each replica's first and last stage, imbalanced stages and
+    # backward 3x the forward: a chain's warm-up votes may not tell its direction (sends too short
+    # to overlap the reverse direction's), and the DP sync lines the chains' stages up
+    "a stage a host, four shuffled replicas, tied embeddings": JobSpec(
+        16, tp=8, pp=4, start_s=0, end_s=SECONDS, step_s=5.0, micro_batches=16, tied_embeddings=True,
+        traits=Traits(rank_order="tp-pp-dp", optimizer_share=0.1298, backward_ratio=3.047, overlap=True,
+                      embedding_before_sync=True, stage_factors=(1.0429, 0.9552, 0.8862, 1.1156),
+                      jitter_sigma=0.0249, tail_alpha=2.724, tail_scale=0.0345, storage_network=True),
+        hosts=(9, 2, 5, 4, 6, 0, 7, 12, 10, 1, 3, 13, 8, 15, 11, 14)),
+    # interleaved, four model chunks a stage: each replica's chain closes into a ring (its last
+    # stage sends back to the first), numbered from a host its warm-ups pick, and the DP sync
+    # turns the other ring to line up with it
+    "interleaved, two shuffled replicas of eight stages": JobSpec(
+        16, tp=8, pp=8, start_s=0, end_s=SECONDS, step_s=5.0, micro_batches=8, tied_embeddings=True,
+        traits=Traits(rank_order="tp-pp-dp", optimizer_share=0.0614, backward_ratio=2.752, overlap=True,
+                      embedding_before_sync=True, virtual_stages=4,
+                      stage_factors=(0.9431, 0.962, 1.004, 0.8999, 0.9436, 0.9318, 0.9215, 1.394),
+                      jitter_sigma=0.0258, tail_alpha=1.846, tail_scale=0.0214, storage_network=True),
+        hosts=(15, 5, 1, 11, 8, 12, 3, 9, 0, 14, 13, 2, 10, 7, 4, 6)),
+}
+
+
+@pytest.mark.parametrize("shape", list(PIPELINES_SIDE_BY_SIDE))
+def test_pipelines_side_by_side_keep_their_stages_and_degrees(shape):
+    spec = PIPELINES_SIDE_BY_SIDE[shape]
+    flows, members, truth = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", flows, members)
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+def test_a_checkpoint_writer_on_a_nic_of_two_gpus_leaves_tp_to_the_rails():
+    # pure DP over four hosts, the first (the checkpoint writer's) with a NIC for every two GPUs:
+    # its one writing NIC may be one shard or two, and the DP ring's crossings onto the hosts with
+    # a NIC per GPU say one TP rank
+    spec = JobSpec(4, tp=1, pp=1, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=2, collective="rs_ag",
+                   checkpoint_s=30, hosts=(0, 1, 2, 3))
+    flows, members, truth = simulated_job(spec, four_nic_hosts=(0,))
+    found = parallelism.identify_parallelism("job", flows, members)
+    assert (found.dp, found.pp, found.tp) == (32, 1, 1)
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+def test_a_small_size_repeated_to_a_non_member_is_no_checkpoint_writer():
+    # stages of four hosts (DP crosses hosts on tp rails), checkpoints over a storage network the
+    # records do not see, the first host with a NIC for every two GPUs; its NIC answers two
+    # monitoring scrapes with replies of one size: not a checkpoint shard written by two GPUs
+    spec = JobSpec(8, tp=4, pp=2, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=8, collective="rs_ag",
+                   traits=Traits(storage_network=True), hosts=tuple(range(8)))
+    flows, members, truth = simulated_job(spec, four_nic_hosts=(0,))
+    nic = members["addr"][0].as_py()
+    replies = pa.table({"time_flow_start_ns": [HOUR0 + 15 * 10**9, HOUR0 + 30 * 10**9],
+                        "time_flow_end_ns": [HOUR0 + 15 * 10**9 + 10**6, HOUR0 + 30 * 10**9 + 10**6],
+                        "src_addr": [nic, nic], "dst_addr": ["10.250.0.2"] * 2, "bytes": [49_810, 49_810]})
+    found = parallelism.identify_parallelism("job", pa.concat_tables([flows, replies.cast(flows.schema)]), members)
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
     assert pairs_of(found, "dp") == truth["dp"]
 
 
