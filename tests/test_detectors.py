@@ -205,6 +205,24 @@ def test_unwritten_saves_of_varying_length_on_a_rhythm_numbered_one_off_are_no_s
     assert not slow_steps.find_slow_steps(job, fit, masks, PARAMS).any()
 
 
+def test_the_rhythm_of_unwritten_saves_shows_through_the_stalls_between_them():
+    # a save every 34 steps that the flow logs do not see (+2 s), and a stall (+0.6 s) between
+    # most two saves: no two neighbouring long steps are a period apart, every save is
+    # (regression: the rhythm was sought in the gaps between neighbouring long steps only, and a
+    # short gap that divides many of them won, so no rhythm held and each save was a slow step)
+    durations = jittered(200, seed=11)
+    saves = np.arange(19, 200, 34)
+    durations[saves] += 2.0
+    durations[[30, 61, 110, 130, 170]] += 0.6
+    job = make_hour(durations)
+    found, state = find_checkpoints(job)
+    assert np.flatnonzero(found.step).tolist() == saves.tolist()
+    assert state.checkpoint_rhythm == (34, 19)
+    masks = StepMasks(warmup=np.zeros(job.n_steps, bool), checkpoint=found.step, windowed=np.zeros(job.n_steps, bool),
+                      merged=np.zeros(job.n_steps, bool))
+    assert not (slow_steps.find_slow_steps(job, fit_without_writes(job, masks), masks, PARAMS) & found.step).any()
+
+
 def test_a_save_is_judged_against_the_spread_of_the_jobs_own_saving_times():
     # saves of about 4 s, varying 20% (lognormal) from save to save; a fifth save takes 12 s
     durations = jittered(200, seed=5)

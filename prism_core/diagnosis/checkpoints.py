@@ -122,28 +122,30 @@ def on_rhythm(numbers: np.ndarray, long: np.ndarray, period: int, phase: int, sl
 def rhythm_of(numbers: np.ndarray, min_repeats: int, params: DiagnosisParams) -> tuple[int, int] | None:
     """(period, phase) when long steps recur every `period` step numbers at least `min_repeats`
     times, and most of the steps on that rhythm (`rhythm_coverage`) are long: a few stalls that
-    happen to be equal gaps apart are not a rhythm. Gaps within `rhythm_slack_steps` count alike:
-    the timeline may split or merge a step near a save, and number the next ones one off. The
-    periods tried are the `rhythm_candidates` most common gaps."""
+    happen to be equal gaps apart are not a rhythm. A step within `rhythm_slack_steps` of a slot
+    counts: the timeline may split or merge a step near a save, and number the next ones one off.
+    The periods tried are the `rhythm_candidates` most common differences between any two long
+    steps, not only neighbours: a job whose steps stall by nature (a heavy tail) has long steps
+    between its saves. Of the periods whose rhythm holds, the one most long steps are on wins
+    (a multiple of the period has fewer slots; a fraction of it, empty ones)."""
     numbers = np.unique(numbers[numbers >= 0])
     numbers = numbers[np.diff(numbers, prepend=-2) > 1]  # a save's next step may hold its end
     if len(numbers) <= min_repeats:
         return None
     slack = params.rhythm_slack_steps
-    gaps = np.diff(numbers)
-    candidates, counts = np.unique(gaps[gaps >= 2 * slack + 2], return_counts=True)
-    if not len(candidates):
+    differences = (numbers[None, :] - numbers[:, None])[np.triu_indices(len(numbers), 1)]
+    differences = differences[differences >= 2 * slack + 2]
+    if not len(differences):
         return None
+    candidates, counts = np.unique(differences, return_counts=True)
     candidates = candidates[np.argsort(-counts, kind="stable")[:params.rhythm_candidates]]
-    # a gap of a few periods (a save between them not seen as one) repeats the rhythm too
-    periods = np.maximum(np.round(gaps[None, :] / candidates[:, None]), 1)
-    repeats = (np.abs(gaps[None, :] - periods * candidates[:, None]) <= slack * periods).sum(axis=1)
-    best = int(np.argmax(repeats))  # ties: the most common gap
-    period = int(candidates[best])
-    if repeats[best] < min_repeats:
-        return None
-    phase = int(np.argmax(np.bincount(numbers % period)))  # a long step off the rhythm does not set it
-    slots = np.arange(numbers[0] + (phase - numbers[0]) % period, numbers[-1] + 1, period)
-    hits = np.abs(numbers[np.clip(np.searchsorted(numbers, slots), 0, len(numbers) - 1)] - slots) <= slack
-    hits |= np.abs(numbers[np.clip(np.searchsorted(numbers, slots) - 1, 0, len(numbers) - 1)] - slots) <= slack
-    return (period, phase) if hits.mean() >= params.rhythm_coverage else None
+    best, best_hits = None, 0
+    for period in candidates.tolist():  # most common first: ties keep it
+        phase = int(np.argmax(np.bincount(numbers % period)))  # a long step off the rhythm does not set it
+        slots = np.arange(numbers[0] + (phase - numbers[0]) % period, numbers[-1] + 1, period)
+        at = np.searchsorted(numbers, slots)
+        hits = np.abs(numbers[np.clip(at, 0, len(numbers) - 1)] - slots) <= slack
+        hits |= np.abs(numbers[np.clip(at - 1, 0, len(numbers) - 1)] - slots) <= slack
+        if hits.sum() - 1 >= min_repeats and hits.mean() >= params.rhythm_coverage and hits.sum() > best_hits:
+            best, best_hits = (int(period), phase), int(hits.sum())
+    return best

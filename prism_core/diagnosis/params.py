@@ -67,7 +67,7 @@ class DiagnosisParams:
     # steps; a save's step numbered this far off its rhythm is still on it (the timeline may split
     # or merge a step near a save)
     rhythm_slack_steps: int = 1
-    rhythm_candidates: int = 8  # the most common gaps between long steps tried as the rhythm's period
+    rhythm_candidates: int = 8  # the most common differences between long steps tried as the rhythm's period
     usual_save_checkpoints: int = 3  # checkpoints whose saving time must be seen before it is usual
     save_history: int = 8  # checkpoints' saving times kept between hours
 
