@@ -79,7 +79,7 @@ def next_sync(phases: Phases) -> np.ndarray:
 
 def after_sync(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
     """A: the end of each phase plus the optimizer."""
-    return phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.close_to_end(params)).astype(np.int64)
+    return phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.tails(phases, params)).astype(np.int64)
 
 
 def saved_until(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
