@@ -124,4 +124,6 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams) -> np.n
     checkpoint = checkpoints(phases, typical, params)
     ends = np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
     # a gather opening the next step starts it
+    if typical.gather_opens:
+        ends = np.where(phases.after_optimizer & (phases.gather_start_ns >= 0), phases.gather_start_ns, ends)
     return np.where(phases.opens_step, phases.start_ns, ends)

@@ -88,6 +88,10 @@ class TimelineParams:
     # standard errors; the learned share replaces the prior `optimizer_share` only this far from it
     pace_fit_confidence: float = 3.0
 
+    # ratio; a gather after the optimizer belongs to the step whose pace it keeps this much better
+    # (spread of its length's ratio to the syncs around it; typical._gather_opens)
+    gather_pace_ratio: float = 0.5
+
     # --- priors: properties of the job, used until its traffic shows them -------------------------
     # Learned from the job's own steps instead (typical.py): the optimizer's tail after the sync
     # (Typical.close_to_end_ns, wherever a parameter gather or pipeline sends mark the next step's

@@ -27,6 +27,8 @@ class Phases:
     nbytes: np.ndarray
     nflows: np.ndarray
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
+    gather_start_ns: np.ndarray  # of such a phase, where that collective (its last burst) starts (-1: none)
+    before_gather_ns: np.ndarray  # and where the bursts before it end (-1: none)
     opens_step: np.ndarray  # bool: the phase is the parameter gather opening the next step (see below)
     closed: np.ndarray  # bool: nothing later can still join the phase
     next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
@@ -78,6 +80,7 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
     flows, opening_burst, close_ns, nbytes, after_optimizer = [], [], [], [], []
+    gather_burst, before_gather = [], []
     gathered_every_stage = False  # of the last phase: see below
     burst_from = np.searchsorted(burst, np.arange(len(b_start) + 1))  # signal positions of each burst
     for lo, hi in zip(first, last):
@@ -101,17 +104,25 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         close_ns.append(traffic.cluster_end(rows[-1], params))
         nbytes.append(float(b_bytes[members].sum()))
         after_optimizer.append(repeated >= params.repeat_share)
+        gather_burst.append(members[-1] if after_optimizer[-1] else -1)
+        before_gather.append(traffic.cluster_end(np.concatenate(rows[:-1]), params) if after_optimizer[-1] else -1)
         # every stage's updated shards gathered at once: the optimizer ran, the sync is over
         gathered_every_stage = all_gather and every_pair
     opening_burst = np.array(opening_burst, np.int64)
     start_ns = signal_index.cluster_starts(burst_from[opening_burst], burst_from[opening_burst + 1])
+    gather_burst = np.array(gather_burst, np.int64)
+    gather_start_ns = np.full(len(gather_burst), -1, np.int64)
+    gathered = gather_burst >= 0
+    gather_start_ns[gathered] = signal_index.cluster_starts(burst_from[gather_burst[gathered]],
+                                                            burst_from[gather_burst[gathered] + 1])
     opens_step = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, np.array(nbytes), params)
     close = np.array(close_ns, np.int64)
     closed = np.ones(len(first), bool)
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     return Phases(flows, start_ns, close, np.array(nbytes), np.array([len(rows) for rows in flows], float),
-                  np.array(after_optimizer, bool), opens_step, closed, *_what_follows(traffic, flows, close, has_dp, params),
+                  np.array(after_optimizer, bool), gather_start_ns, np.array(before_gather, np.int64), opens_step,
+                  closed, *_what_follows(traffic, flows, close, has_dp, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 

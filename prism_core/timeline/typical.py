@@ -31,6 +31,7 @@ class Typical:
     save_ns: float | None  # a checkpoint's save: A -> the next step's start
     save_tail_ns: float | None  # a save's last write ends -> the next step's start
     tail_per_sync: float | None = None  # the optimizer's tail per ns of the closing sync, from the pace (see below)
+    gather_opens: bool | None = None  # the gather after the optimizer keeps the next step's pace: it opens it
 
     @property
     def known(self) -> bool:
@@ -66,7 +67,8 @@ class Typical:
                 "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
                 "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
                 "write_delay_ns": self.write_delay_ns, "save_ns": self.save_ns, "save_tail_ns": self.save_tail_ns,
-                "tail_per_sync": self.tail_per_sync, "gap_threshold_ns": gap_threshold_ns}
+                "tail_per_sync": self.tail_per_sync, "gather_opens": self.gather_opens,
+                "gap_threshold_ns": gap_threshold_ns}
 
 
 def steps_to_learn(traffic: Traffic, hour_end_ns: int, params: TimelineParams) -> int:
@@ -95,11 +97,14 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
     usual = Typical(period or np.inf, gap or np.inf, phase_bytes, phase_flows, baseline.get("fill", 1),
                     baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
                     baseline.get("sync_ns"), baseline.get("forward_ns"), baseline.get("write_delay_ns"),
-                    baseline.get("save_ns"), baseline.get("save_tail_ns"), baseline.get("tail_per_sync"))
+                    baseline.get("save_ns"), baseline.get("save_tail_ns"), baseline.get("tail_per_sync"),
+                    baseline.get("gather_opens"))
     if period is None or gap is None:
         return usual
     usual.forward_ns = median(phases.forward_ns[followed & (phases.forward_ns > 0)], "forward_ns")
     normal = followed & ~bounds.long_gap(phases, usual, params)
+    opens = _gather_opens(phases, complete & normal, learn_from, params)
+    usual.gather_opens = opens if opens is not None else usual.gather_opens
     sends = normal & (phases.first_send_ns >= 0)
     if not phases.has_dp and sends.sum() >= learn_from:
         # stages sharing a host hide the first sends of a step
@@ -126,6 +131,36 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
         usual.save_ns = float(np.median((saved_until - bounds.after_sync(phases, usual, params))[saving]))
         usual.save_tail_ns = float(np.median((saved_until - phases.written_until_ns)[saving]))
     return usual
+
+
+def _gather_opens(phases: Phases, normal: np.ndarray, learn_from: int, params: TimelineParams) -> bool | None:
+    """Whether the collective after the optimizer that ends the job's sync phases (the all-gather
+    of the updated shards) opens the next step rather than closing its own: the traffic is the
+    same either way (the distributed optimizer with overlap gathers under the next step's first
+    forward, ZeRO-1/2 and the distributed optimizer without overlap gather before the step
+    ends), but a step's jitter stretches all of its traffic alike, so the gather keeps the pace
+    of the step it belongs to. Its length is compared with the reduce-scatter's before it and the
+    next phase's: True where its ratio to the next one's varies at most `gather_pace_ratio` as
+    much as to its own (robust spreads of the log ratios), False for the reverse, None (not told)
+    otherwise or with fewer than `learn_from` such pairs of phases."""
+    pairs = np.flatnonzero(normal[:-1] & phases.after_optimizer[:-1] & phases.after_optimizer[1:])
+    if len(pairs) < learn_from:
+        return None
+    scatter = (phases.before_gather_ns - phases.start_ns).astype(float)
+    gather = (phases.close_ns - phases.gather_start_ns).astype(float)
+    if np.any(scatter[np.r_[pairs, pairs + 1]] <= 0) or np.any(gather[pairs] <= 0):
+        return None
+
+    def spread(values: np.ndarray) -> float:
+        return float(np.median(np.abs(values - np.median(values))))
+
+    own = spread(np.log(gather[pairs] / scatter[pairs]))
+    following = spread(np.log(gather[pairs] / scatter[pairs + 1]))
+    if following <= params.gather_pace_ratio * own:
+        return True
+    if own <= params.gather_pace_ratio * following:
+        return False
+    return None
 
 
 def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, learn_from: int,
