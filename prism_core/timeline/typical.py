@@ -175,8 +175,9 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     that stretches compute or sync alone breaks it), pins the share to within `pace_fit_error`
     (standard error) and departs from the prior `optimizer_share` by `pace_fit_confidence`
     standard errors; None otherwise (the prior stands: a fit no surer than it would only move
-    the boundaries from hour to hour). Steps after a long gap (a save, a stall)
-    and outliers of the fit (beyond `pace_fit_outlier` MADs) are left out."""
+    the boundaries from hour to hour). Steps after a long gap (a save, a stall) and outliers of
+    the fit (beyond `pace_fit_outlier` MADs; it starts from the steps whose syncs last about the
+    usual) are left out."""
     pairs = np.flatnonzero(complete[:-1] & complete[1:] & normal[:-1])
     if len(pairs) < max(learn_from, params.pace_fit_steps):
         return None
@@ -184,7 +185,10 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     before, after = sync[pairs], sync[pairs + 1]
     period = (phases.close_ns[pairs + 1] - phases.close_ns[pairs]).astype(float)
     design = np.c_[np.ones(len(pairs)), before - before.mean(), after - after.mean()]
-    keep = np.ones(len(pairs), bool)
+    # first from the steps at a usual pace (a warm-up stretches the compute, not the optimizer),
+    # then from every step the fit explains
+    usual = np.median(sync[complete])
+    keep = (np.abs(before / usual - 1.0) <= params.long_gap_share) & (np.abs(after / usual - 1.0) <= params.long_gap_share)
     for _ in range(3):  # trimmed least squares: stalls add to a period without stretching its syncs
         if keep.sum() < params.pace_fit_steps:
             return None
