@@ -134,19 +134,21 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
 
 
 def _gather_opens(phases: Phases, normal: np.ndarray, learn_from: int, params: TimelineParams) -> bool | None:
-    """Whether the collective after the optimizer that ends the job's sync phases (the all-gather
-    of the updated shards) opens the next step rather than closing its own: the traffic is the
-    same either way (the distributed optimizer with overlap gathers under the next step's first
-    forward, ZeRO-1/2 and the distributed optimizer without overlap gather before the step
-    ends), but a step's jitter stretches all of its traffic alike, so the gather keeps the pace
-    of the step it belongs to. Its length is compared with the reduce-scatter's before it and the
-    next phase's: True where its ratio to the next one's varies at most `gather_pace_ratio` as
-    much as to its own (robust spreads of the log ratios), False for the reverse, None (not told)
-    otherwise or with fewer than `learn_from` such pairs of phases."""
-    pairs = np.flatnonzero(normal[:-1] & phases.after_optimizer[:-1] & phases.after_optimizer[1:])
+    """Whether the all-gather of the updated shards after the optimizer opens the next step
+    rather than closing its own: the traffic is the same either way (the distributed optimizer
+    with overlap gathers under the next step's first forward, ZeRO-1/2 and the distributed
+    optimizer without overlap gather before the step ends; gradient buckets reduce-scattered
+    under the last backward make the scatter lighter bursts in both), but a step's jitter
+    stretches all of its traffic alike, so the gather keeps the pace of the step it belongs to.
+    Its length is compared with its reduce-scatter's before it and the next one's: True where
+    its ratio to the next one varies at most `gather_pace_ratio` as much as to its own (robust
+    spreads of the log ratios), False for the reverse, None (not told) otherwise or with fewer
+    than `learn_from` such pairs of phases."""
+    gathers = (phases.after_optimizer | phases.opens_step) & (phases.gather_start_ns >= 0)
+    pairs = np.flatnonzero(normal[:-1] & gathers[:-1] & gathers[1:])
     if len(pairs) < learn_from:
         return None
-    scatter = (phases.before_gather_ns - phases.start_ns).astype(float)
+    scatter = (phases.before_gather_ns - phases.scatter_start_ns).astype(float)
     gather = (phases.close_ns - phases.gather_start_ns).astype(float)
     if np.any(scatter[np.r_[pairs, pairs + 1]] <= 0) or np.any(gather[pairs] <= 0):
         return None
