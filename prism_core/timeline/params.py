@@ -83,7 +83,9 @@ class TimelineParams:
     pace_fit_steps: int = 30
     # MADs; a period this far from the fit is a stall or a save, left out of it
     pace_fit_outlier: float = 4.0
-    # share of the period; the fit must explain the mean period, and pin the optimizer's share, this closely
+    # share of the period; the fit must explain the mean period this closely
+    pace_fit_misfit: float = 0.03
+    # share of the period; and pin the optimizer's share this closely (standard error)
     pace_fit_error: float = 0.01
     # standard errors; the learned share replaces the prior `optimizer_share` only this far from it
     pace_fit_confidence: float = 3.0

@@ -174,7 +174,8 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     the compute and sync of the second at the second's: regressed on the two syncs' lengths, the
     period splits into the optimizer's share and the rest. The fit counts only when it explains
     the job's whole period (the premise: each step scales as one; a degradation or straggler
-    that stretches compute or sync alone breaks it), pins the share to within `pace_fit_error`
+    that stretches compute or sync alone breaks it) to within `pace_fit_misfit`, pins the share
+    to within `pace_fit_error`
     (standard error) and departs from the prior `optimizer_share` by `pace_fit_confidence`
     standard errors; None otherwise (the prior stands: a fit no surer than it would only move
     the boundaries from hour to hour). Steps after a long gap (a save, a stall) and outliers of
@@ -205,7 +206,7 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
         return None
     x_before, x_after, mean_period = before[keep].mean(), after[keep].mean(), period[keep].mean()
     # the syncs' pace explains the whole period: no part of it runs at a pace of its own
-    if abs(slow_before * x_before + slow_after * x_after - mean_period) > params.pace_fit_error * mean_period:
+    if abs(slow_before * x_before + slow_after * x_after - mean_period) > params.pace_fit_misfit * mean_period:
         return None
     share = slow_before * x_before / mean_period
     # the share's standard error (delta method on the two slopes)
