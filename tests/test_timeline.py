@@ -246,6 +246,100 @@ def test_a_step_without_pipeline_sends_comes_out_in_the_hour_its_sync_ends_in(sm
     _assert_hour_ends_at(small, job, cut, ends[step], period)
 
 
+def _simulated_job(spec, seconds: float, seed: int = 0) -> tuple[pa.Table, pa.Table, pa.Table, np.ndarray, np.ndarray]:
+    """One job simulated alone for `seconds` (prism_core.simulate): its flows labelled by
+    parallelism as the pipeline labels them, its pairs and GPUs, and the truth steps' bounds (ns)."""
+    from prism_core import parallelism
+    from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster, Placement
+    from prism_core.simulate.schedule import plan_job
+
+    cluster = Cluster(max(spec.hosts) + 1)
+    plan = plan_job(0, spec, cluster, seconds, seed)
+    batch = plan.flows(-np.inf, seconds, np.random.default_rng(seed))
+
+    def ns(at):
+        return 10 * HOUR_NS + np.round(np.asarray(at) * 1e9).astype(np.int64)
+
+    flows = pa.table({"time_flow_start_ns": ns(batch.start), "time_flow_end_ns": ns(batch.end),
+                      "src_addr": cluster.addrs.take(pa.array(batch.src)),
+                      "dst_addr": cluster.addrs.take(pa.array(batch.dst)), "bytes": batch.nbytes,
+                      "sampler_address": pa.array(["x"] * len(batch.start))}).sort_by("time_flow_start_ns")
+    nics = np.unique(cluster.gpu_nic[Placement.of(spec.hosts, spec.first_gpu, spec.gpus_per_host).gpus])
+    members = pa.table({"job_id": ["j"] * nics.size, "addr": cluster.addrs.take(pa.array(nics)),
+                        "host": [cluster.host_name(h) for h in nics // GPUS_PER_HOST],
+                        "gpu": pa.array(nics % GPUS_PER_HOST, pa.int32()),
+                        "first_ns": np.full(nics.size, 10 * HOUR_NS), "last_ns": np.full(nics.size, ns(seconds + 60))})
+    found = parallelism.identify_parallelism("j", flows, members)
+    done = plan.steps["complete"]
+    return (found.labelled(flows), found.comm_pairs, found.job_gpus, ns(plan.steps["start"][done]),
+            ns(plan.steps["end"][done]))
+
+
+def _divided_and_scored(spec, seconds: float) -> tuple[dict, dict]:
+    """The steps of a job simulated alone, divided over its hour and a silent next one (which
+    decides the last step), scored against its truth; and the timeline's last state."""
+    flows, pairs, gpus, starts, ends = _simulated_job(spec, seconds)
+    state, steps = None, []
+    for hour in (10, 11):
+        hour_flows = flows if hour == 10 else flows.slice(0, 0)
+        found = timeline.divide_steps("j", hour_flows, pairs, state, hour * HOUR_NS, (hour + 1) * HOUR_NS,
+                                      job_gpus=gpus)
+        state, steps = found.state, [*steps, found.steps]
+    truth = pa.table({"job_id": ["j"] * len(ends), "start": pa.array(starts).cast(STEPS.field("start").type),
+                      "end": pa.array(ends).cast(STEPS.field("end").type)})
+    addrs = pa.table({"job_id": ["j"] * gpus.num_rows, "addr": gpus["addr"]})
+    return score({"steps": truth, "job_gpus": addrs}, {"steps": pa.concat_tables(steps), "job_gpus": addrs}, {}), state
+
+
+@pytest.mark.parametrize("optimizer_share", [0.02, 0.12])
+def test_a_sync_only_jobs_optimizer_tail_is_learned_from_its_steps_pace(optimizer_share):
+    """A data-parallel job whose only traffic is its sync (nothing marks a step's start) spends
+    2% or 12% of its step in the optimizer after the sync, not the 4% prior, and its steps run
+    4% jitter with heavy-tailed stalls. Each step's jitter stretches its compute, sync and
+    optimizer alike, so the periods between syncs, regressed on the syncs' lengths, split into
+    the optimizer's share and the rest: each step ends within 1% of the step of its truth."""
+    from prism_core.simulate.scenarios import JobSpec
+    from prism_core.simulate.variation import Traits
+
+    traits = Traits(optimizer_share=optimizer_share, jitter_sigma=0.04, tail_alpha=2.0, tail_scale=0.03)
+    spec = JobSpec(2, tp=8, pp=1, start_s=0, end_s=1e9, step_s=2.5, micro_batches=4, collective="ring",
+                   checkpoint_s=1e6, hosts=(0, 1), traits=traits)
+    figures, state = _divided_and_scored(spec, 600.0)
+    assert figures["steps_within_1pct"].value >= 0.98, figures["steps_within_1pct"]
+    assert figures["boundary_error_share"].ok, figures["boundary_error_share"]
+    assert state["baseline"]["tail_per_sync"] is not None
+
+
+# two GPUs on each of two hosts: each gradient bucket's reduce-scatter waits for the one before
+# it on the NIC, so the buckets synced under the last backward make one heavy burst
+PACKED_BUCKETS = dict(n_hosts=2, tp=1, micro_batches=8, hosts=(0, 1), gpus_per_host=2, first_gpu=(0, 0))
+# eight GPUs on each of four hosts and two micro-batches: the buckets synced under the last
+# backward come apart, lighter bursts before the gather
+SPREAD_BUCKETS = dict(n_hosts=4, tp=8, micro_batches=2, hosts=(0, 1, 2, 3))
+
+
+@pytest.mark.parametrize("distributed_optimizer,overlap,layout", [
+    (True, True, PACKED_BUCKETS), (True, False, PACKED_BUCKETS), (False, True, SPREAD_BUCKETS)])
+def test_the_gather_after_the_optimizer_belongs_to_the_step_whose_pace_it_keeps(distributed_optimizer, overlap,
+                                                                                layout):
+    """A reduce-scatter, the optimizer and the all-gather of the updated shards look the same
+    whether the gather opens the next step (the distributed optimizer with overlap runs it under
+    the next step's first forward, docs/accuracy.md) or closes its own (without overlap, and
+    ZeRO-1/2 even when its gradient buckets sync under the last backward). Stretched by its
+    step's jitter, the gather keeps that step's pace, not the other's: each step ends within 1%
+    of its truth."""
+    from prism_core.simulate.scenarios import JobSpec
+    from prism_core.simulate.variation import Traits
+
+    traits = Traits(optimizer_share=0.08, distributed_optimizer=distributed_optimizer, overlap=overlap,
+                    jitter_sigma=0.03, tail_alpha=2.0, tail_scale=0.02)
+    spec = JobSpec(**layout, pp=1, start_s=0, end_s=1e9, step_s=4.0, collective="rs_ag", checkpoint_s=1e6,
+                   traits=traits)
+    figures, state = _divided_and_scored(spec, 600.0)
+    assert figures["steps_within_1pct"].value >= 0.98, figures["steps_within_1pct"]
+    assert state["baseline"]["gather_opens"] is (distributed_optimizer and overlap)
+
+
 def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: list[float] | None = None,
                        optimizer_s: float = 0.4, gather: bool = False,
                        buckets: bool = False) -> tuple[pa.Table, pa.Table, np.ndarray]:

@@ -79,7 +79,7 @@ def next_sync(phases: Phases) -> np.ndarray:
 
 def after_sync(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
     """A: the end of each phase plus the optimizer."""
-    return phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.close_to_end(params)).astype(np.int64)
+    return phases.close_ns + np.where(phases.after_optimizer, 0.0, typical.tails(phases, params)).astype(np.int64)
 
 
 def saved_until(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
@@ -123,5 +123,9 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams) -> np.n
         save = np.where(by_writes, phases.written_until_ns + typical.save_tail_ns - after, save)
     checkpoint = checkpoints(phases, typical, params)
     ends = np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
-    # a gather opening the next step starts it
-    return np.where(phases.opens_step, phases.start_ns, ends)
+    # a gather after the optimizer that keeps the next step's pace opens it; one that keeps its
+    # own step's closes it, even after gradient buckets reduce-scattered under the backward
+    if typical.gather_opens:
+        ends = np.where(phases.after_optimizer & (phases.gather_start_ns >= 0), phases.gather_start_ns, ends)
+    opens = phases.opens_step & (typical.gather_opens is not False)
+    return np.where(opens, phases.start_ns, np.where(phases.opens_step, phases.close_ns, ends))

@@ -78,13 +78,30 @@ class TimelineParams:
     # ns; flows carried to the next hour reach back at most this far before the hour's end
     max_carry_ns: int = 600_000_000_000
 
+    # --- thresholds: the optimizer's tail learned from the steps' pace (typical._tail_per_sync) ---
+    # count; the pace fit needs at least this many pairs of consecutive normal steps
+    pace_fit_steps: int = 30
+    # MADs; a period this far from the fit is a stall or a save, left out of it
+    pace_fit_outlier: float = 4.0
+    # share of the period; the fit must explain the mean period this closely
+    pace_fit_misfit: float = 0.03
+    # share of the period; and pin the optimizer's share this closely (standard error)
+    pace_fit_error: float = 0.01
+    # standard errors; the learned share replaces the prior `optimizer_share` only this far from it
+    pace_fit_confidence: float = 3.0
+
+    # ratio; a gather after the optimizer belongs to the step whose pace it keeps this much better
+    # (spread of its length's ratio to the syncs around it; typical._gather_opens)
+    gather_pace_ratio: float = 0.5
+
     # --- priors: properties of the job, used until its traffic shows them -------------------------
     # Learned from the job's own steps instead (typical.py): the optimizer's tail after the sync
     # (Typical.close_to_end_ns, wherever a parameter gather or pipeline sends mark the next step's
     # start), the forward passes before a step's first visible send (Typical.fill, from the
     # pipeline's warm-up sends; no backward/forward ratio is assumed), saves and their tails.
     # share of a step the optimizer takes after the sync, for a job whose only traffic is its sync
-    # (nothing on the network marks its steps' starts) and one with too few steps to learn from
+    # (nothing on the network marks its steps' starts) until its steps' pace shows its own
+    # (Typical.tail_per_sync), and one with too few steps to learn from
     optimizer_share: float = 0.04
     # share of a step after the sync within which a checkpoint save starts writing, until the job's
     # own saves show how long theirs took (Typical.write_delay_ns)

@@ -27,6 +27,9 @@ class Phases:
     nbytes: np.ndarray
     nflows: np.ndarray
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
+    gather_start_ns: np.ndarray  # of such a phase, where that collective (its last burst) starts (-1: none)
+    before_gather_ns: np.ndarray  # and where the bursts before it end (-1: none)
+    scatter_start_ns: np.ndarray  # and where they start (of a phase opening a step, its reduce-scatter's)
     opens_step: np.ndarray  # bool: the phase is the parameter gather opening the next step (see below)
     closed: np.ndarray  # bool: nothing later can still join the phase
     next_ns: np.ndarray  # first traffic after the phase (-1: none in view)
@@ -78,6 +81,7 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
     flows, opening_burst, close_ns, nbytes, after_optimizer = [], [], [], [], []
+    gather_burst, before_gather = [], []
     gathered_every_stage = False  # of the last phase: see below
     burst_from = np.searchsorted(burst, np.arange(len(b_start) + 1))  # signal positions of each burst
     for lo, hi in zip(first, last):
@@ -101,17 +105,32 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         close_ns.append(traffic.cluster_end(rows[-1], params))
         nbytes.append(float(b_bytes[members].sum()))
         after_optimizer.append(repeated >= params.repeat_share)
+        gather_burst.append(members[-1] if after_optimizer[-1] else -1)
+        before_gather.append(traffic.cluster_end(np.concatenate(rows[:-1]), params) if after_optimizer[-1] else -1)
         # every stage's updated shards gathered at once: the optimizer ran, the sync is over
         gathered_every_stage = all_gather and every_pair
     opening_burst = np.array(opening_burst, np.int64)
     start_ns = signal_index.cluster_starts(burst_from[opening_burst], burst_from[opening_burst + 1])
-    opens_step = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, np.array(nbytes), params)
+    gather_burst = np.array(gather_burst, np.int64)
+    gather_start_ns = np.full(len(gather_burst), -1, np.int64)
+    gathered = gather_burst >= 0
+    gather_start_ns[gathered] = signal_index.cluster_starts(burst_from[gather_burst[gathered]],
+                                                            burst_from[gather_burst[gathered] + 1])
+    opens_step, scattered = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, np.array(nbytes),
+                                                          params)
+    before_gather = np.array(before_gather, np.int64)
+    scatter_start_ns = np.where(gather_start_ns >= 0, start_ns, -1)
+    # a gather opening a step: its reduce-scatter ran in the lighter bursts before it
+    gather_start_ns = np.where(opens_step, start_ns, gather_start_ns)
+    scatter_start_ns = np.where(opens_step, scattered[:, 0], scatter_start_ns)
+    before_gather = np.where(opens_step, scattered[:, 1], before_gather)
     close = np.array(close_ns, np.int64)
     closed = np.ones(len(first), bool)
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     return Phases(flows, start_ns, close, np.array(nbytes), np.array([len(rows) for rows in flows], float),
-                  np.array(after_optimizer, bool), opens_step, closed, *_what_follows(traffic, flows, close, has_dp, params),
+                  np.array(after_optimizer, bool), gather_start_ns, before_gather, scatter_start_ns, opens_step,
+                  closed, *_what_follows(traffic, flows, close, has_dp, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
@@ -229,15 +248,17 @@ def _join_partial_phases(first: np.ndarray, nbytes: np.ndarray, start: np.ndarra
 
 
 def _gathers_after_bucketed_syncs(traffic: Traffic, signal: np.ndarray, heavy_flow: np.ndarray,
-                                  flows: list[np.ndarray], nbytes: np.ndarray, params: TimelineParams) -> np.ndarray:
+                                  flows: list[np.ndarray], nbytes: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, np.ndarray]:
     """Per phase, whether it is the distributed optimizer's parameter all-gather opening a step
     rather than a sync closing one: the gradients were reduce-scattered bucket by bucket under the
     last backward (lighter bursts), moving the phase's bytes on its pairs since the phase before.
     The step that ends then ends where the phase starts. `signal`: the DP rows, `heavy_flow` per
-    row whether its burst is heavy."""
+    row whether its burst is heavy. Also, per phase, where those lighter bursts start and end
+    (-1 where the phase opens no step)."""
     opens = np.zeros(len(flows), bool)
+    extent = np.full((len(flows), 2), -1, np.int64)
     if not len(flows):
-        return opens
+        return opens, extent
     light = signal[~heavy_flow]
     light_start = traffic.start[light]
     begins = np.array([traffic.start[rows].min() for rows in flows], np.int64)
@@ -251,7 +272,9 @@ def _gathers_after_bucketed_syncs(traffic: Traffic, signal: np.ndarray, heavy_fl
         same = np.isin(traffic.pair[between], traffic.pair[flows[p]]) & np.isin(traffic.family[between],
                                                                                  traffic.family[flows[p]])
         opens[p] = abs(traffic.nbytes[between][same].sum() / nbytes[p] - 1.0) <= params.same_shape
-    return opens
+        if opens[p]:
+            extent[p] = traffic.start[between[same]].min(), traffic.end[between[same]].max()
+    return opens, extent
 
 
 def _in_families_of(traffic: Traffic, rows: np.ndarray, earlier: list[np.ndarray], params: TimelineParams) -> bool:

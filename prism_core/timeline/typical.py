@@ -30,6 +30,8 @@ class Typical:
     write_delay_ns: float | None  # longest seen from a sync's end to its checkpoint's first write
     save_ns: float | None  # a checkpoint's save: A -> the next step's start
     save_tail_ns: float | None  # a save's last write ends -> the next step's start
+    tail_per_sync: float | None = None  # the optimizer's tail per ns of the closing sync, from the pace (see below)
+    gather_opens: bool | None = None  # the gather after the optimizer keeps the next step's pace: it opens it
 
     @property
     def known(self) -> bool:
@@ -37,10 +39,27 @@ class Typical:
         return bool(np.isfinite(self.period_ns) and np.isfinite(self.gap_ns))
 
     def close_to_end(self, params: TimelineParams) -> float:
-        """End of a sync phase -> end of its step: measured, else the prior optimizer share."""
+        """End of a sync phase -> end of its step: measured, else learned from the steps' pace,
+        else the prior optimizer share."""
         if self.close_to_end_ns is not None:
             return self.close_to_end_ns
+        if self.tail_per_sync is not None and self.sync_ns:
+            return self.tail_per_sync * self.sync_ns
         return params.optimizer_share * self.period_ns if np.isfinite(self.period_ns) else 0.0
+
+    def tails(self, phases: Phases, params: TimelineParams) -> np.ndarray:
+        """End of each sync phase -> end of its step. Where only the pace tells the optimizer's
+        tail, it scales with the phase's own sync (step jitter stretches the whole step alike)
+        when that is a usual one or the compute before it stretched as much (a heavy-tailed
+        step); otherwise (a straggler stretches the sync with waiting) the usual sync's."""
+        if self.close_to_end_ns is None and self.tail_per_sync is not None and self.sync_ns:
+            sync = (phases.close_ns - phases.start_ns).astype(float)
+            pace = sync / self.sync_ns
+            compute = np.r_[np.nan, phases.start_ns[1:] - phases.close_ns[:-1]] / self.gap_ns
+            tolerance = params.long_gap_share
+            alike = (np.abs(pace - 1.0) <= tolerance) | (np.abs(compute / pace - 1.0) <= tolerance)
+            return self.tail_per_sync * np.where(alike, sync, self.sync_ns)
+        return np.full(len(phases.close_ns), self.close_to_end(params))
 
     def as_baseline(self, gap_threshold_ns: float | None) -> dict:
         return {"period_ns": self.period_ns, "gap_ns": self.gap_ns, "phase_bytes": self.phase_bytes,
@@ -48,6 +67,7 @@ class Typical:
                 "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
                 "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
                 "write_delay_ns": self.write_delay_ns, "save_ns": self.save_ns, "save_tail_ns": self.save_tail_ns,
+                "tail_per_sync": self.tail_per_sync, "gather_opens": self.gather_opens,
                 "gap_threshold_ns": gap_threshold_ns}
 
 
@@ -77,11 +97,14 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
     usual = Typical(period or np.inf, gap or np.inf, phase_bytes, phase_flows, baseline.get("fill", 1),
                     baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
                     baseline.get("sync_ns"), baseline.get("forward_ns"), baseline.get("write_delay_ns"),
-                    baseline.get("save_ns"), baseline.get("save_tail_ns"))
+                    baseline.get("save_ns"), baseline.get("save_tail_ns"), baseline.get("tail_per_sync"),
+                    baseline.get("gather_opens"))
     if period is None or gap is None:
         return usual
     usual.forward_ns = median(phases.forward_ns[followed & (phases.forward_ns > 0)], "forward_ns")
     normal = followed & ~bounds.long_gap(phases, usual, params)
+    opens = _gather_opens(phases, complete & normal, learn_from, params)
+    usual.gather_opens = opens if opens is not None else usual.gather_opens
     sends = normal & (phases.first_send_ns >= 0)
     if not phases.has_dp and sends.sum() >= learn_from:
         # stages sharing a host hide the first sends of a step
@@ -92,11 +115,14 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
     start = bounds.next_start(phases, usual)
     # the optimizer's tail, wherever the next step's traffic marks its start
     usual.close_to_end_ns = median((start - phases.close_ns)[normal & bounds.marked(phases)], "close_to_end_ns")
+    usual.sync_ns = median((phases.close_ns - phases.start_ns)[complete], "sync_ns")
+    if usual.close_to_end_ns is None and phases.has_dp:
+        paced = _tail_per_sync(phases, complete, normal, learn_from, params)
+        usual.tail_per_sync = paced if paced is not None else usual.tail_per_sync
     timed = normal & (bounds.next_sync(phases) > 0)
     lead = phases.next_ns - bounds.boundaries(phases, usual, params)
     usual.lead_ns = median(lead[normal], "lead_ns")
     usual.lead_per_sync = median((lead / bounds.next_sync(phases))[timed], "lead_per_sync")
-    usual.sync_ns = median((phases.close_ns - phases.start_ns)[complete], "sync_ns")
     saving = bounds.checkpoints(phases, usual, params)
     if np.any(saving):
         usual.write_delay_ns = float(max(phases.write_delay_ns[saving].max(), usual.write_delay_ns or 0.0))
@@ -105,6 +131,91 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
         usual.save_ns = float(np.median((saved_until - bounds.after_sync(phases, usual, params))[saving]))
         usual.save_tail_ns = float(np.median((saved_until - phases.written_until_ns)[saving]))
     return usual
+
+
+def _gather_opens(phases: Phases, normal: np.ndarray, learn_from: int, params: TimelineParams) -> bool | None:
+    """Whether the all-gather of the updated shards after the optimizer opens the next step
+    rather than closing its own: the traffic is the same either way (the distributed optimizer
+    with overlap gathers under the next step's first forward, ZeRO-1/2 and the distributed
+    optimizer without overlap gather before the step ends; gradient buckets reduce-scattered
+    under the last backward make the scatter lighter bursts in both), but a step's jitter
+    stretches all of its traffic alike, so the gather keeps the pace of the step it belongs to.
+    Its length is compared with its reduce-scatter's before it and the next one's: True where
+    its ratio to the next one varies at most `gather_pace_ratio` as much as to its own (robust
+    spreads of the log ratios), False for the reverse, None (not told) otherwise or with fewer
+    than `learn_from` such pairs of phases."""
+    gathers = (phases.after_optimizer | phases.opens_step) & (phases.gather_start_ns >= 0)
+    pairs = np.flatnonzero(normal[:-1] & gathers[:-1] & gathers[1:])
+    if len(pairs) < learn_from:
+        return None
+    scatter = (phases.before_gather_ns - phases.scatter_start_ns).astype(float)
+    gather = (phases.close_ns - phases.gather_start_ns).astype(float)
+    if np.any(scatter[np.r_[pairs, pairs + 1]] <= 0) or np.any(gather[pairs] <= 0):
+        return None
+
+    def spread(values: np.ndarray) -> float:
+        return float(np.median(np.abs(values - np.median(values))))
+
+    own = spread(np.log(gather[pairs] / scatter[pairs]))
+    following = spread(np.log(gather[pairs] / scatter[pairs + 1]))
+    if following <= params.gather_pace_ratio * own:
+        return True
+    if own <= params.gather_pace_ratio * following:
+        return False
+    return None
+
+
+def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, learn_from: int,
+                   params: TimelineParams) -> float | None:
+    """The optimizer's tail after a sync, per ns of that sync, where nothing on the network marks
+    a step's start (a data-parallel job whose only traffic is its sync): from the job's pace. A
+    step's jitter stretches the whole step, its compute, sync and optimizer alike, so the time
+    between two syncs' ends holds the optimizer of the first step at the first sync's pace and
+    the compute and sync of the second at the second's: regressed on the two syncs' lengths, the
+    period splits into the optimizer's share and the rest. The fit counts only when it explains
+    the job's whole period (the premise: each step scales as one; a degradation or straggler
+    that stretches compute or sync alone breaks it) to within `pace_fit_misfit`, pins the share
+    to within `pace_fit_error`
+    (standard error) and departs from the prior `optimizer_share` by `pace_fit_confidence`
+    standard errors; None otherwise (the prior stands: a fit no surer than it would only move
+    the boundaries from hour to hour). Steps after a long gap (a save, a stall) and outliers of
+    the fit (beyond `pace_fit_outlier` MADs; it starts from the steps whose syncs last about the
+    usual) are left out."""
+    pairs = np.flatnonzero(complete[:-1] & complete[1:] & normal[:-1])
+    if len(pairs) < max(learn_from, params.pace_fit_steps):
+        return None
+    sync = (phases.close_ns - phases.start_ns).astype(float)
+    before, after = sync[pairs], sync[pairs + 1]
+    period = (phases.close_ns[pairs + 1] - phases.close_ns[pairs]).astype(float)
+    design = np.c_[np.ones(len(pairs)), before - before.mean(), after - after.mean()]
+    # first from the steps at a usual pace (a warm-up stretches the compute, not the optimizer),
+    # then from every step the fit explains
+    usual = np.median(sync[complete])
+    keep = (np.abs(before / usual - 1.0) <= params.long_gap_share) & (np.abs(after / usual - 1.0) <= params.long_gap_share)
+    for _ in range(3):  # trimmed least squares: stalls add to a period without stretching its syncs
+        if keep.sum() < params.pace_fit_steps:
+            return None
+        coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
+        residual = period - design @ coef
+        spread = 1.4826 * np.median(np.abs(residual[keep] - np.median(residual[keep])))
+        keep = np.abs(residual) <= params.pace_fit_outlier * max(spread, 1.0)
+    coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
+    residual = (period - design @ coef)[keep]
+    _, slow_before, slow_after = coef
+    if slow_before <= 0 or slow_after <= 0:
+        return None
+    x_before, x_after, mean_period = before[keep].mean(), after[keep].mean(), period[keep].mean()
+    # the syncs' pace explains the whole period: no part of it runs at a pace of its own
+    if abs(slow_before * x_before + slow_after * x_after - mean_period) > params.pace_fit_misfit * mean_period:
+        return None
+    share = slow_before * x_before / mean_period
+    # the share's standard error (delta method on the two slopes)
+    cov = np.linalg.pinv(design[keep].T @ design[keep])[1:, 1:] * residual.var(ddof=3)
+    gradient = np.array([x_before, 0.0]) / mean_period
+    error = np.sqrt(gradient @ cov @ gradient)
+    if error > params.pace_fit_error or abs(share - params.optimizer_share) < params.pace_fit_confidence * error:
+        return None  # too loose to tell, or no clear departure from the prior
+    return float(slow_before)
 
 
 def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np.ndarray:
