@@ -41,12 +41,24 @@ def scenario(seed: int, name: str = "fleet") -> Path:
     from prism_core.simulate import write_scenario
 
     out = CACHE / f"{name}-{seed}"
-    stamp, simulator = out / "simulator.sha256", _simulator_sha()
-    if not (out / "truth" / "noise.json").exists() or not stamp.exists() or stamp.read_text() != simulator:
-        shutil.rmtree(out, ignore_errors=True)
+    simulator = _simulator_sha()
+
+    def current() -> bool:
+        stamp = out / "simulator.sha256"
+        return (out / "truth" / "noise.json").exists() and stamp.exists() and stamp.read_text() == simulator
+
+    if not current():
+        # Generated beside the cache and moved in whole: two runs asking for one scenario at once
+        # must not write into one directory (a reader then saw an hour with minutes missing).
+        CACHE.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        summary = write_scenario(name, out, seed)
-        stamp.write_text(simulator)
+        with tempfile.TemporaryDirectory(prefix=f".{name}-{seed}-", dir=CACHE) as work:
+            fresh = Path(work) / "scenario"
+            summary = write_scenario(name, fresh, seed)
+            (fresh / "simulator.sha256").write_text(simulator)
+            if not current():  # another run may have moved its copy in meanwhile
+                shutil.rmtree(out, ignore_errors=True)
+                os.replace(fresh, out)
         print(f"generated {name} seed {seed}: {summary.records:,} records, {summary.bytes_written / 1e6:.0f} MB "
               f"in {time.perf_counter() - started:.0f} s", flush=True)
     return out
