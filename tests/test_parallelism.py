@@ -82,14 +82,21 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_pairs_stages_and_degrees(shape):
-    spec = SHAPES[shape]
+def identified_as_simulated(spec: JobSpec) -> tuple[parallelism.Parallelism, dict]:
+    """Parallelism of a simulated job, its degrees and its PP and DP pairs checked against the
+    truth; the result and the truth's pairs, for further checks."""
     flows, members, truth = simulated_job(spec)
     found = parallelism.identify_parallelism("job", flows, members)
     assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
     assert pairs_of(found, "pp") == truth["pp"]
     assert pairs_of(found, "dp") == truth["dp"]
+    return found, truth
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_pairs_stages_and_degrees(shape):
+    spec = SHAPES[shape]
+    found, truth = identified_as_simulated(spec)
     assert pairs_of(found, "other") >= truth["other"]
     # Megatron order: rank = slot * 8 + gpu = tp_rank + tp * (dp_rank + dp * pp_stage)
     gpus = found.job_gpus.to_pylist()
@@ -146,12 +153,7 @@ PIPELINES_SIDE_BY_SIDE = {
 
 @pytest.mark.parametrize("shape", list(PIPELINES_SIDE_BY_SIDE))
 def test_pipelines_side_by_side_keep_their_stages_and_degrees(shape):
-    spec = PIPELINES_SIDE_BY_SIDE[shape]
-    flows, members, truth = simulated_job(spec)
-    found = parallelism.identify_parallelism("job", flows, members)
-    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
-    assert pairs_of(found, "pp") == truth["pp"]
-    assert pairs_of(found, "dp") == truth["dp"]
+    identified_as_simulated(PIPELINES_SIDE_BY_SIDE[shape])
 
 
 def test_a_checkpoint_writer_on_a_nic_of_two_gpus_leaves_tp_to_the_rails():
