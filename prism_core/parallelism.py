@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 
 from prism_core.arrays import combined_key, filter_rows, group_median, stable_order, unique_inverse
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
+from prism_core.recognition.merge import connected
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
 
@@ -576,20 +577,8 @@ def _aligned_chains(
     on_chain = np.zeros(flows.n_hosts, bool)
     on_chain[flows.src_host[chosen]] = on_chain[flows.dst_host[chosen]] = True
     # chains: connected components of the PP host pairs
-    parent = np.arange(flows.n_hosts)
-
-    def root(h: int) -> int:
-        while parent[h] != h:
-            parent[h] = parent[parent[h]]
-            h = parent[h]
-        return h
-
     hops = np.unique(np.stack([flows.src_host[chosen], flows.dst_host[chosen]], axis=1), axis=0)
-    for a, b in hops.tolist():
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    chain_of = np.array([root(h) for h in range(flows.n_hosts)])
+    chain_of = connected(hops[:, 0], hops[:, 1], flows.n_hosts)
     chains = [np.flatnonzero(on_chain & (chain_of == c)) for c in np.unique(chain_of[on_chain])]
     depth = {c: int(level[hosts].max()) for c, hosts in zip(range(len(chains)), chains)}
     lengths, count = np.unique([d for d in depth.values() if d > 0], return_counts=True)
