@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combination_ids, sorted_within_groups, stable_order, unique_inverse
+from prism_core.arrays import MAD_TO_SIGMA, combination_ids, sorted_within_groups, stable_order, unique_inverse
 from prism_core.schema import ISSUE_KINDS
 
 EXPORTER_KINDS = ("per_transfer", "flow_cache", "sampled", "unknown")
@@ -555,7 +555,7 @@ def _autocorrelation_period(onsets: np.ndarray, owner: np.ndarray, bin_s: float,
     if not len(peaks):
         return None
     middle = float(np.median(window))
-    spread = 1.4826 * float(np.median(np.abs(window - middle))) or np.finfo(float).eps
+    spread = MAD_TO_SIGMA * float(np.median(np.abs(window - middle))) or np.finfo(float).eps
     best = peaks[np.argmax(window[peaks])]
     if (window[best] - middle) / spread < params.min_rhythm_score:
         return None

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prism_core.arrays import MAD_TO_SIGMA
 from prism_core.constants import PP
 from prism_core.timeline import boundaries as bounds
 from prism_core.timeline.params import TimelineParams
@@ -175,8 +176,7 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     period splits into the optimizer's share and the rest. The fit counts only when it explains
     the job's whole period (the premise: each step scales as one; a degradation or straggler
     that stretches compute or sync alone breaks it) to within `pace_fit_misfit`, pins the share
-    to within `pace_fit_error`
-    (standard error) and departs from the prior `optimizer_share` by `pace_fit_confidence`
+    to within `pace_fit_error` (standard error) and departs from the prior `optimizer_share` by `pace_fit_confidence`
     standard errors; None otherwise (the prior stands: a fit no surer than it would only move
     the boundaries from hour to hour). Steps after a long gap (a save, a stall) and outliers of
     the fit (beyond `pace_fit_outlier` MADs; it starts from the steps whose syncs last about the
@@ -197,7 +197,7 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
             return None
         coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
         residual = period - design @ coef
-        spread = 1.4826 * np.median(np.abs(residual[keep] - np.median(residual[keep])))
+        spread = MAD_TO_SIGMA * np.median(np.abs(residual[keep] - np.median(residual[keep])))
         keep = np.abs(residual) <= params.pace_fit_outlier * max(spread, 1.0)
     coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
     residual = (period - design @ coef)[keep]
