@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import time_segments
+from prism_core.arrays import combination_ids, time_segments
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.recognition.merge import Graph, csr_pointer, job_of_nodes
 from prism_core.recognition.params import RecognitionParams
@@ -196,14 +196,12 @@ def persistent_pairs(flow_minutes: pa.Table, repeated: np.ndarray, params: Recog
     if flow_minutes.num_rows == 0:
         return np.zeros(0, bool)
     both = pa.concat_arrays([flow_minutes["src_addr"].combine_chunks(), flow_minutes["dst_addr"].combine_chunks()])
-    addr_code = pc.dictionary_encode(both).indices.to_numpy().astype(np.int64)
-    src_code, dst_code = np.split(addr_code, 2)
-    pair_code = np.unique(src_code * (int(addr_code.max()) + 1) + dst_code, return_inverse=True)[1].ravel()
-    minute_code = np.unique(flow_minutes["_minute_ns"].to_numpy(), return_inverse=True)[1].ravel()
-    n_minutes = int(minute_code.max()) + 1
-    pair_minutes = np.unique(pair_code * n_minutes + minute_code)
+    src_code, dst_code = np.split(pc.dictionary_encode(both).indices.to_numpy().astype(np.int64), 2)
+    pair_code = combination_ids(src_code, dst_code)
     n_pairs = int(pair_code.max()) + 1
-    minutes_of_pair = np.bincount(pair_minutes // n_minutes, minlength=n_pairs)
+    first_of_pair_minute = np.unique(combination_ids(pair_code, flow_minutes["_minute_ns"].to_numpy()),
+                                     return_index=True)[1]
+    minutes_of_pair = np.bincount(pair_code[first_of_pair_minute], minlength=n_pairs)
     repeated_share = np.bincount(pair_code, weights=repeated, minlength=n_pairs) / np.bincount(pair_code, minlength=n_pairs)
     return (minutes_of_pair[pair_code] >= params.persistent_minutes) & (repeated_share[pair_code] < params.sized_share)
 
