@@ -25,10 +25,13 @@ pipeline modules again, and the launcher's main module too: the `prism` command,
 from __future__ import annotations
 
 import atexit
+import ctypes
 import math
 import multiprocessing
 import multiprocessing.util
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
@@ -86,13 +89,31 @@ def _shared_pool(workers: int) -> ProcessPoolExecutor:
     global _pool
     if _pool is None or _pool[0] != workers:
         shutdown()
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        # a worker's death signal follows the thread that forked it: the main thread lives as long as the launcher
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_end_with_launcher if in_main_thread else None)
         pool.submit(int).result()  # a fork context starts every worker with the first task
         _pool = (workers, pool)
         # A process started by multiprocessing (a benchmark's child) ends without running atexit
         # handlers, after joining its children: the pool's idle workers would be waited for forever.
         multiprocessing.util.Finalize(pool, shutdown, exitpriority=10)
     return _pool[1]
+
+
+def _end_with_launcher() -> None:
+    """In a worker: be killed when the launcher dies. A launcher killed outright (the OOM killer,
+    `kill -9`) runs no shutdown, and its idle workers would wait for tasks forever, holding their
+    memory and the launcher's stdout (a `prism run | tail` would never end). Linux only."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the pool's shutdown at exit still ends them
+        return
+    if os.getppid() == 1:  # the launcher died before the request took effect
+        os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @atexit.register

@@ -2,6 +2,11 @@
 and `--local_workers` resolved from the runner."""
 
 import multiprocessing
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -71,3 +76,34 @@ def test_a_process_started_by_multiprocessing_ends_after_using_the_pool():
     alive = child.is_alive()
     child.kill()
     assert not alive and child.exitcode == 0
+
+
+KILLED_LAUNCHER = """
+import os, signal, sys
+from pipelines import local_workers
+local_workers.start(2)
+pool = local_workers._shared_pool(2)
+print(" ".join(str(pid) for pid in pool._processes), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_workers_end_with_a_launcher_killed_outright():
+    """The OOM killer or `kill -9` runs no shutdown: idle workers would wait for tasks forever,
+    holding memory and the launcher's stdout."""
+    launcher = subprocess.run([sys.executable, "-c", KILLED_LAUNCHER], capture_output=True, text=True, timeout=60)
+    assert launcher.returncode == -signal.SIGKILL
+    workers = [int(pid) for pid in launcher.stdout.split()]
+    assert len(workers) == 2
+    deadline = time.monotonic() + 10
+    while any(map(running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(running, workers))
+
+
+def running(pid: int) -> bool:
+    """Whether the process lives (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
