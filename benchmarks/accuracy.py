@@ -32,7 +32,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "accuracy.json"
 # family -> seeds. The sealed set's are chosen here once, not after seeing their figures.
 # The `sealed` family's seeds 3 and on are development seeds: its varied jobs are debugged there.
 DEV: dict[str, tuple[int, ...]] = {"small": tuple(range(5)), "fleet": tuple(range(10)), "sealed": (3, 4, 5)}
-SEALED: dict[str, tuple[int, ...]] = {"fleet": (100, 101, 102), "sealed": (0, 1, 2)}
+# Sealed-family seeds 40-45 were added (2026-11-26) after 0-2 had been measured three times for
+# one decision; they were drawn before any figure of theirs was seen.
+SEALED: dict[str, tuple[int, ...]] = {"fleet": (100, 101, 102), "sealed": (0, 1, 2, 40, 41, 42, 43, 44, 45)}
 
 
 def seeds(text: str) -> tuple[int, ...]:
@@ -85,10 +87,10 @@ def main() -> None:
     parser.add_argument("--fleet-seeds", type=seeds, default=DEV["fleet"], help="development fleet seeds")
     parser.add_argument("--small-seeds", type=seeds, default=DEV["small"], help="development small seeds")
     parser.add_argument("--sealed-seeds", type=seeds, default=DEV["sealed"],
-                        help="development seeds of the sealed family (3 and on; 0-2 are the sealed set's)")
+                        help="development seeds of the sealed family (3-39; 0-2 and 40-45 are the sealed set's)")
     args = parser.parse_args()
     if set(args.sealed_seeds) & set(SEALED.get("sealed", ())):
-        parser.error("sealed family seeds 0-2 belong to the sealed set, not to development")
+        parser.error(f"sealed family seeds {SEALED['sealed']} belong to the sealed set, not to development")
     sets = {"dev": {**DEV, "fleet": args.fleet_seeds, "small": args.small_seeds, "sealed": args.sealed_seeds},
             "sealed": SEALED}
     names = list(sets) if args.set == "all" else [args.set]
