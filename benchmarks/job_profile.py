@@ -8,8 +8,8 @@ largest jobs, from a warehouse the pipeline already wrote (e.g. the dense hour's
 by job and keeps the largest jobs' flows (Arrow IPC), the recognition, the previous hour's state
 and the exporter profiles in CACHE, so that `run` measures the analysis alone. `run` analyzes
 each cached job in turn and prints, per stage, CPU seconds (process time) and the peak resident
-memory above what the process held before the stage (sampled every 5 ms), then the process's
-peak resident memory; with `--profile`, a cProfile (CPU time) of the whole run.
+memory above what the process held before the stage (sampled every 5 ms), the job's (whole
+analysis) peak resident memory (`peak_rss_mb`, its flows included), then the process's peak; with `--profile`, a cProfile (CPU time) of the whole run.
 The first `run` records a digest of every job's output in CACHE and later runs compare against it:
 a change meant to keep the output must print `output unchanged`.
 """
@@ -68,10 +68,11 @@ def prepare(root: str, topology_path: str, hour_text: str, cache: Path, jobs: in
 
 
 class PeakRss:
-    """The process's peak resident memory, sampled every few milliseconds, since the last reset."""
+    """The process's peak resident memory, sampled every few milliseconds, since the last reset
+    (`peak`, a stage's) and since the last `reset_job` (`job_peak`, a whole job's)."""
 
     def __init__(self, every_s: float = 0.005):
-        self.peak, self.every_s = 0, every_s
+        self.peak, self.job_peak, self.every_s = 0, 0, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -84,9 +85,14 @@ class PeakRss:
         self.peak = self.now()
         return self.peak
 
+    def reset_job(self) -> int:
+        self.job_peak = self.reset()
+        return self.job_peak
+
     def _sample(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.peak = max(self.peak, self.now())
+            now = self.now()
+            self.peak, self.job_peak = max(self.peak, now), max(self.job_peak, now)
 
     def stop(self) -> None:
         self._stop.set()
@@ -133,14 +139,15 @@ def run(cache: Path, only: str | None, profile_to: str | None) -> None:
         flows = pa.ipc.open_file(pa.memory_map(str(cache / f"{job_id}.arrow"))).read_all()
         flows = flows.combine_chunks()  # read into memory (the pipeline hands a job its staged pieces)
         figures.clear()
-        cpu, base = time.process_time(), memory.reset()
+        cpu, base = time.process_time(), memory.reset_job()
         if profiler:
             profiler.enable()
         result = analysis.analyze_job(job_id, [flows], context["recognition"], context["previous"], hour_start,
                                       hour_start + 3600 * 10**9, exporters=exporters)
         if profiler:
             profiler.disable()
-        total = {"cpu_s": round(time.process_time() - cpu, 2), "peak_above_start_mb": round((memory.peak - base) / 2**20)}
+        total = {"cpu_s": round(time.process_time() - cpu, 2), "peak_above_start_mb": round((memory.job_peak - base) / 2**20),
+                 "peak_rss_mb": round(memory.job_peak / 2**20)}
         found = digest(result)
         check = "recorded" if job_id not in recorded else ("output unchanged" if recorded[job_id] == found else "OUTPUT CHANGED")
         recorded.setdefault(job_id, found)
