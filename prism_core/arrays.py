@@ -76,6 +76,15 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct[order], rank[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
+def unique_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values, return_counts=True)` for a 1-d numeric array, by hashing: only the
+    distinct values are sorted."""
+    counted = pc.value_counts(pa.array(values))
+    distinct = counted.field("values").to_numpy(zero_copy_only=False)
+    order = np.argsort(distinct)
+    return distinct[order], counted.field("counts").to_numpy(zero_copy_only=False)[order]
+
+
 def combination_ids(*columns: np.ndarray) -> np.ndarray:
     """An id per row, the same for rows equal in every column; ids count up in the order of
     `np.lexsort(columns)` (last column first)."""

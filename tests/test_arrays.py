@@ -13,6 +13,7 @@ from prism_core.arrays import (
     rolling_median,
     segment_median,
     stable_order,
+    unique_counts,
     unique_inverse,
 )
 
@@ -44,6 +45,16 @@ def test_unique_inverse_is_numpys_unique(distinct):
 def test_unique_inverse_of_nothing():
     values, codes = unique_inverse(np.zeros(0, np.int64))
     assert len(values) == len(codes) == 0
+
+
+@pytest.mark.parametrize("distinct", [0, 1, 7, 3_000])
+def test_unique_counts_is_numpys_unique(distinct):
+    rng = np.random.default_rng(distinct)
+    values = rng.choice(rng.integers(-10**12, 10**12, distinct), 10_000) if distinct else np.zeros(0, np.int64)
+    expected_values, expected_counts = np.unique(values, return_counts=True)
+    got_values, got_counts = unique_counts(values)
+    assert np.array_equal(got_values, expected_values) and got_values.dtype == expected_values.dtype
+    assert np.array_equal(got_counts, expected_counts)
 
 
 def test_group_indices_keeps_row_order_within_a_key():

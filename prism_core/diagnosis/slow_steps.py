@@ -32,7 +32,9 @@ def merged_steps(job: JobHour, params: DiagnosisParams) -> np.ndarray:
     whole = ~job.split
     if whole.sum() < params.min_steps:  # too few steps to know the usual traffic
         return np.zeros(job.n_steps, bool)
-    traffic = _bytes_until(job, job.step_end) - _bytes_until(job, job.step_start)
+    # both edges of every step in one pass over the flows
+    until_end, until_start = np.split(_bytes_until(job, np.r_[job.step_end, job.step_start]), 2)
+    traffic = until_end - until_start
     usual = rolling_median(traffic, whole, np.zeros(job.n_steps, int), params.baseline_steps)
     merged = (traffic >= params.merged_step_traffic * usual) & (usual > 0)
     return merged | np.r_[merged[1:], False] | np.r_[False, merged[:-1]]
