@@ -97,9 +97,9 @@ class PeakRss:
         return self._status("VmRSS:")
 
     def reset_job(self) -> int:
-        self.process_before = self.process()
+        resident = self.reset()  # the marks so far kept in `process`
         self.job_before = 0
-        return self.reset()
+        return resident
 
 
 def _timed(stage: str, function, figures: dict, memory: PeakRss):
