@@ -142,7 +142,7 @@ class _FirstOfEach:
     def first_at_or_after(self, positions: np.ndarray, codes: np.ndarray | None = None) -> np.ndarray:
         """Per position, the first at or after it holding `codes` (elementwise, broadcast); by
         default every code present, along a last axis."""
-        codes = self.codes if codes is None else codes
+        codes = np.asarray(self.codes if codes is None else codes, np.int64)  # codes x n overflow int32
         wanted = codes * (self.n + 1) + positions
         at = np.searchsorted(self.keys, wanted)
         key = self.keys[np.minimum(at, len(self.keys) - 1)] if len(self.keys) else wanted
@@ -151,6 +151,7 @@ class _FirstOfEach:
 
     def last_before(self, positions: np.ndarray, codes: np.ndarray) -> np.ndarray:
         """Per position, the last before it holding `codes` (elementwise), -1 where none."""
+        codes = np.asarray(codes, np.int64)
         at = np.searchsorted(self.keys, codes * (self.n + 1) + positions) - 1
         key = self.keys[np.maximum(at, 0)] if len(self.keys) else np.zeros_like(at)
         hit = (at >= 0) & (key // (self.n + 1) == codes)

@@ -32,10 +32,10 @@ class Traffic:
     start: np.ndarray
     end: np.ndarray
     nbytes: np.ndarray
-    kind: np.ndarray  # DP | PP | OTHER
+    kind: np.ndarray  # DP | PP | OTHER (int8)
     family: np.ndarray  # smallest size of the flow's size family (one transfer size as exporters count it)
-    pair: np.ndarray  # index into `pairs`
-    exporter: np.ndarray  # index into `exporters`
+    pair: np.ndarray  # index into `pairs` (int32)
+    exporter: np.ndarray  # index into `exporters` (int32)
     pairs: list[str]  # "src>dst"
     exporters: list[str]
     bulk_writes: np.ndarray  # start of each large flow from the job to an address not its GPU
@@ -45,6 +45,8 @@ class Traffic:
     _quiet_before: np.ndarray | None = field(default=None, repr=False)
 
     COLUMNS = ("start", "end", "nbytes", "kind", "family", "pair", "exporter")
+    # codes in narrow types (a large job's columns are ~10 M rows each); times and bytes int64
+    NARROW_TYPES = {"kind": np.int8, "pair": np.int32, "exporter": np.int32}
 
     @classmethod
     def build(cls, job_flows: pa.Table, comm_pairs: pa.Table, carry: dict | None,
@@ -86,7 +88,7 @@ class Traffic:
         }
         # the carried flows' codes point into the lists they were carried with
         carried["pair"] = _extend(pairs, carried["pairs"])[carried["pair"]]
-        columns = {name: np.concatenate([carried[name], values()], dtype=np.int64)
+        columns = {name: np.concatenate([carried[name], values()], dtype=cls.NARROW_TYPES.get(name, np.int64))
                    for name, values in on_pair_values.items()}
         del exporter, pair, nbytes  # copied into the columns
         start_order = columns["start"]
