@@ -283,7 +283,11 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     sizes = np.r_[sizes, np.median(flows.size[flows.sampled]) if flows.sampled.any() else 0]
     n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
-    group_keys, of_flow = unique_inverse(direction * n_sizes + size_code)
+    group_key = direction * n_sizes
+    group_key += size_code
+    del size_code
+    group_keys, of_flow = unique_inverse(group_key)
+    del group_key
     pair, size_of_group = np.divmod(group_keys, n_sizes)
     src_of_group, dst_of_group = np.divmod(pair, n_hosts)
     reverse_keys = (dst_of_group * n_hosts + src_of_group) * n_sizes + size_of_group
@@ -293,6 +297,8 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     # and a pipeline returns each activation's gradient, while a flow cache's records that merge
     # many transfers last long enough to overlap anything else on the pair. A sampled record is
     # one packet's time in a transfer of unknown size: any reverse traffic answers it.
+    if not flows.sampled.any():
+        del direction  # read again only for sampled records
     answered = reverse_in_flight(of_flow, reverse[of_flow], flows.start, flows.end, params.in_flight_slack_ns)
     if flows.sampled.any():
         reverse_direction = flows.dst_host * n_hosts + flows.src_host
@@ -381,21 +387,26 @@ def reverse_in_flight(
     starts = offset(direction[order], start[order])
     reach = np.maximum.accumulate(offset(direction[order], end[order]))
     del order
+    # queries by block keep the search cache-friendly; answered in that order, then put back
+    query_order = stable_order(reverse)
     query = offset(reverse, end)
     query += slack_ns
-    query_order = stable_order(reverse)  # queries by block keep the search cache-friendly
     ordered_query = query[query_order]
     del query
-    last = np.empty(len(ordered_query), np.int64)
-    last[query_order] = np.searchsorted(starts, ordered_query, side="right")
-    del starts, ordered_query, query_order
+    last = np.searchsorted(starts, ordered_query, side="right")
+    del starts, ordered_query
     last -= 1
-    found = last >= 0
-    reached = reach[np.maximum(last, 0)]
+    answered = last >= 0
+    np.maximum(last, 0, out=last)
+    reached = reach[last]
     del reach, last
     opening = offset(reverse, start)
     opening -= slack_ns
-    return found & (reached >= opening)
+    answered &= reached >= opening[query_order]
+    del reached, opening
+    in_flight = np.empty(len(answered), bool)
+    in_flight[query_order] = answered
+    return in_flight
 
 
 def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
