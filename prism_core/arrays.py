@@ -15,6 +15,12 @@ RADIX_SPAN = 1 << 16  # numpy sorts 16-bit integers stably with a radix sort, in
 # a filter that drops at most this many rows returns slices of the table (zero copy); more
 # slices would make later column reads (to_numpy concatenates chunks) cost more than the copy
 MAX_SLICED_DROPS = 1024
+# up to this many dropped rows, a filter leaves a table's text columns as slices (each row's text
+# copied would be most of the table's bytes) and copies only its fixed-width columns
+MAX_SLICED_STRING_DROPS = 1 << 16
+# group_median sorts each group's values in a row of its own where the rows, padded to the
+# largest group, hold at most this many times the values
+PADDED_GROWTH = 2
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 
 
@@ -40,28 +46,48 @@ class Columns:
 
 def filter_rows(table: pa.Table, mask: pa.Array | pa.ChunkedArray | np.ndarray) -> pa.Table:
     """`table.filter(mask)` for a boolean mask; rows dropped here and there (the few flows a
-    job's members did not send) leave slices of the table, not a copy of it. pyarrow filters a
-    table by a chunked mask (what compute functions return for a table's column) ~8x slower
-    than by one array."""
+    job's members did not send) leave slices of the table, not a copy of it (or of its text
+    columns, where more are dropped). pyarrow filters a table by a chunked mask (what compute
+    functions return for a table's column) ~8x slower than by one array."""
     if isinstance(mask, pa.ChunkedArray):
         mask = mask.combine_chunks()
     keep = mask if isinstance(mask, np.ndarray) else pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
     dropped = np.flatnonzero(~keep)
-    if len(dropped) > MAX_SLICED_DROPS:
+    if len(dropped) > MAX_SLICED_STRING_DROPS:
         return table.filter(pa.array(keep))
     bounds = np.r_[-1, dropped, len(keep)]
     pieces = [table.slice(lo + 1, hi - lo - 1) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()) if hi - lo > 1]
-    return pa.concat_tables(pieces) if pieces else table.slice(0, 0)
+    sliced = pa.concat_tables(pieces) if pieces else table.slice(0, 0)
+    if len(dropped) <= MAX_SLICED_DROPS:
+        return sliced
+    # the text columns (addresses: most of a table of flows' bytes) stay slices, the others are
+    # copied into whole arrays, which numpy reads without a copy
+    keep = pa.array(keep)
+    return pa.Table.from_arrays([sliced[name] if _variable_width(field.type) else table[name].filter(keep)
+                                 for name, field in zip(table.column_names, table.schema)], schema=table.schema)
 
 
-def stable_order(keys: np.ndarray) -> np.ndarray:
+def _variable_width(data_type: pa.DataType) -> bool:
+    return any(test(data_type) for test in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                            pa.types.is_large_binary))
+
+
+def stable_order(keys: np.ndarray, scattered: bool = False) -> np.ndarray:
     """`np.argsort(keys, kind="stable")` for integer keys; in linear time when they span fewer
-    than RADIX_SPAN values (host pairs, job codes), which is most calls."""
+    than RADIX_SPAN values (host pairs, job codes), which is most calls. `scattered`: the keys
+    come in no order (numpy's timsort finds no runs to merge, ~2x slower than on nearly sorted
+    keys), so two linear passes (low 16 bits, then high) do better where they span fewer than
+    RADIX_SPAN^2 values (group codes)."""
     if len(keys) and np.issubdtype(keys.dtype, np.integer):
         low = keys.min()
-        if int(keys.max()) - int(low) < RADIX_SPAN:
+        span = int(keys.max()) - int(low)
+        if span < RADIX_SPAN:
             # offsets from the minimum, taken modulo 2^16: exact whatever the integer type
             return np.argsort(keys.astype(np.uint16) - np.uint16(low.astype(np.uint16)), kind="stable")
+        if scattered and span < RADIX_SPAN * RADIX_SPAN:
+            offset = keys.astype(np.int64) - int(low)
+            by_low = np.argsort(offset.astype(np.uint16), kind="stable")  # the low 16 bits
+            return by_low[np.argsort((offset[by_low] >> 16).astype(np.uint16), kind="stable")]
     return np.argsort(keys, kind="stable")
 
 
@@ -74,6 +100,15 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank = np.empty(len(order), np.int64)
     rank[order] = np.arange(len(order))
     return distinct[order], rank[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def unique_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values, return_counts=True)` for a 1-d numeric array, by hashing: only the
+    distinct values are sorted."""
+    counted = pc.value_counts(pa.array(values))
+    distinct = counted.field("values").to_numpy(zero_copy_only=False)
+    order = np.argsort(distinct)
+    return distinct[order], counted.field("counts").to_numpy(zero_copy_only=False)[order]
 
 
 def combination_ids(*columns: np.ndarray) -> np.ndarray:
@@ -248,22 +283,27 @@ def group_median(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
     """Median of `values` over each key group, broadcast back to the rows."""
     if not len(key):
         return np.empty(0)
-    # keys replaced by their ranks (hashed), the values sorted once, then stably by group: a
-    # radix sort for fewer than RADIX_SPAN groups, else one sort of packed (group, value rank)
-    # integers. Only the values matter, so ties may come in any order. (Ranking mostly distinct
-    # values by hashing cost more than sorting them.)
     groups = _key_groups(key)
-    distinct_keys, group = groups.distinct, groups.group
-    by_value = np.argsort(values)
+    group = groups.group
+    counts = np.bincount(group, minlength=len(groups.distinct))
     n = len(values)
-    if len(distinct_keys) < RADIX_SPAN:
-        within = by_value[stable_order(group[by_value])]
-    else:
-        rank = np.empty(n, np.int64)
-        rank[by_value] = np.arange(n)
-        within = by_value[np.sort(group * n + rank) % n]
-    ordered = values[within]
-    counts = np.bincount(group, minlength=len(distinct_keys))
+    # Only the values matter, so ties may come in any order.
+    if np.issubdtype(values.dtype, np.floating) and len(counts) * int(counts.max()) <= PADDED_GROWTH * n:
+        # groups of like sizes (a flow's class over the hour's steps): one row per group, padded
+        # with NaN (which sorts last), each row sorted apart; no sort of all the values together
+        by_group = stable_order(group, scattered=True)
+        grouped = group[by_group]
+        slot = np.arange(n) - (np.cumsum(counts) - counts)[grouped]
+        ordered = np.full((len(counts), int(counts.max())), np.nan, values.dtype)
+        ordered[grouped, slot] = values[by_group]
+        del by_group, grouped, slot
+        ordered.sort(axis=1)
+        rows = np.arange(len(counts))
+        median = (ordered[rows, (counts - 1) // 2] + ordered[rows, counts // 2]) / 2
+        return median[group]
+    # the values sorted once, then stably by group (linear passes over the group codes)
+    by_value = np.argsort(values)
+    ordered = values[by_value[stable_order(group[by_value], scattered=True)]]
     starts = np.r_[0, np.cumsum(counts)[:-1]]
     median = (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2]) / 2
     return median[group]

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combined_key, filter_rows, group_median, stable_order, unique_inverse
+from prism_core.arrays import combined_key, filter_rows, group_median, stable_order, unique_counts, unique_inverse
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
 from prism_core.recognition.merge import connected
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
@@ -119,7 +119,7 @@ def identify_parallelism(
     """Pairs, stages and degrees of one job from the flows its members sent (an hour of them), and
     its GPUs with the span of their traffic for the job this hour (the membership's).
     Flows a member sent outside its membership interval belong to another job and are ignored."""
-    handed_bytes = job_flows["bytes"].to_numpy().astype(np.int64)
+    handed_bytes = job_flows["bytes"].to_numpy().astype(np.int64, copy=False)
     sent = _sent_while_member(job_flows, members)
     job_flows = filter_rows(job_flows, sent)
     gpus = _member_gpus(members)
@@ -212,16 +212,17 @@ def _member_gpus(members: pa.Table) -> pa.Table:
 
 @dataclass
 class _InternalFlows:
-    """Flows between members, as arrays: host codes, the source NIC's rail (its place among the
-    job's GPUs on its host) and the GPUs it serves, size, times, and whether the record was
-    sampled (sFlow: bytes estimated from a few packets, start = end)."""
+    """Flows between members, as arrays: host codes, the source and destination NICs (whose rail,
+    their place among the job's GPUs on their host, and the GPUs they serve are looked up per
+    member), size, times, and whether the record was sampled (sFlow: bytes estimated from a few
+    packets, start = end)."""
 
     src_host: np.ndarray
     dst_host: np.ndarray
-    rail: np.ndarray
-    src_gpus: np.ndarray
-    dst_rail: np.ndarray  # the destination NIC's rail and the GPUs it serves
-    dst_gpus: np.ndarray
+    src: np.ndarray  # the source and destination NICs' rows of the member GPUs (int32: a job's
+    dst: np.ndarray  # flows are millions, its NICs thousands)
+    rail_of_member: np.ndarray  # per member GPU row: its NIC's rail, and the GPUs that NIC serves
+    gpus_of_member: np.ndarray
     size: np.ndarray
     start: np.ndarray
     end: np.ndarray
@@ -233,7 +234,7 @@ class _InternalFlows:
         """The flows of `job_flows` where `inside` (`dst`: their destinations' rows of `gpus`);
         read as arrays, the table is not copied."""
         src = pc.index_in(job_flows["src_addr"], value_set=gpus["addr"]).to_numpy()[inside]
-        host_code, rail = gpus["host_code"].to_numpy(), gpus["local"].to_numpy()
+        host_code = gpus["host_code"].to_numpy()
         start, end = (job_flows[c].to_numpy()[inside] for c in ("time_flow_start_ns", "time_flow_end_ns"))
         # packet sampling (sFlow) has no flow start or end; a sampled NetFlow exporter's records
         # keep their span and their bytes scaled back are the transfer's
@@ -244,10 +245,10 @@ class _InternalFlows:
         return cls(
             src_host=host_code[src],
             dst_host=host_code[dst],
-            rail=rail[src],
-            src_gpus=gpus["gpus"].to_numpy()[src],
-            dst_rail=rail[dst],
-            dst_gpus=gpus["gpus"].to_numpy()[dst],
+            src=src.astype(np.int32, copy=False),
+            dst=dst.astype(np.int32, copy=False),
+            rail_of_member=gpus["local"].to_numpy(),
+            gpus_of_member=gpus["gpus"].to_numpy(),
             size=job_flows["bytes"].to_numpy()[inside],
             start=start,
             end=end,
@@ -282,7 +283,11 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     sizes = np.r_[sizes, np.median(flows.size[flows.sampled]) if flows.sampled.any() else 0]
     n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
-    group_keys, of_flow = unique_inverse(direction * n_sizes + size_code)
+    group_key = direction * n_sizes
+    group_key += size_code
+    del size_code
+    group_keys, of_flow = unique_inverse(group_key)
+    del group_key
     pair, size_of_group = np.divmod(group_keys, n_sizes)
     src_of_group, dst_of_group = np.divmod(pair, n_hosts)
     reverse_keys = (dst_of_group * n_hosts + src_of_group) * n_sizes + size_of_group
@@ -292,6 +297,8 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     # and a pipeline returns each activation's gradient, while a flow cache's records that merge
     # many transfers last long enough to overlap anything else on the pair. A sampled record is
     # one packet's time in a transfer of unknown size: any reverse traffic answers it.
+    if not flows.sampled.any():
+        del direction  # read again only for sampled records
     answered = reverse_in_flight(of_flow, reverse[of_flow], flows.start, flows.end, params.in_flight_slack_ns)
     if flows.sampled.any():
         reverse_direction = flows.dst_host * n_hosts + flows.src_host
@@ -366,18 +373,40 @@ def reverse_in_flight(
     widest = int(np.max(slack_ns))
     base = int(start.min()) - widest - 1
     width = int(end.max()) - base + 2 * widest + 1
-    starts = direction * width + (start - base)
+
+    def offset(block: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """block * width + (times - base), built in place: a job's flows make each such array
+        hundreds of MB, and every temporary another"""
+        placed = block * width
+        placed += times
+        placed -= base
+        return placed
+
     in_start_order = bool(np.all(start[1:] >= start[:-1]))
-    order = stable_order(direction) if in_start_order else np.argsort(starts, kind="stable")
-    starts = starts[order]
-    reach = np.maximum.accumulate(direction[order] * width + (end[order] - base))
-    query_offset = reverse * width
-    query = query_offset + (end - base) + slack_ns
-    query_order = stable_order(reverse)  # queries by block keep the search cache-friendly
-    last = np.empty(len(query), np.int64)
-    last[query_order] = np.searchsorted(starts, query[query_order], side="right") - 1
-    found = last >= 0
-    return found & (reach[np.maximum(last, 0)] >= query_offset + (start - base) - slack_ns)
+    order = stable_order(direction) if in_start_order else np.argsort(offset(direction, start), kind="stable")
+    starts = offset(direction[order], start[order])
+    reach = np.maximum.accumulate(offset(direction[order], end[order]))
+    del order
+    # queries by block keep the search cache-friendly; answered in that order, then put back
+    query_order = stable_order(reverse)
+    query = offset(reverse, end)
+    query += slack_ns
+    ordered_query = query[query_order]
+    del query
+    last = np.searchsorted(starts, ordered_query, side="right")
+    del starts, ordered_query
+    last -= 1
+    answered = last >= 0
+    np.maximum(last, 0, out=last)
+    reached = reach[last]
+    del reach, last
+    opening = offset(reverse, start)
+    opening -= slack_ns
+    answered &= reached >= opening[query_order]
+    del reached, opening
+    in_flight = np.empty(len(answered), bool)
+    in_flight[query_order] = answered
+    return in_flight
 
 
 def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
@@ -577,7 +606,10 @@ def _aligned_chains(
     on_chain = np.zeros(flows.n_hosts, bool)
     on_chain[flows.src_host[chosen]] = on_chain[flows.dst_host[chosen]] = True
     # chains: connected components of the PP host pairs
-    hops = np.unique(np.stack([flows.src_host[chosen], flows.dst_host[chosen]], axis=1), axis=0)
+    # the distinct (src, dst) host pairs in order, by hashing their codes (np.unique over rows
+    # sorts every flow's pair as a structured value)
+    hop_codes = unique_counts(flows.src_host[chosen] * flows.n_hosts + flows.dst_host[chosen])[0]
+    hops = np.stack(np.divmod(hop_codes, flows.n_hosts), axis=1)
     chain_of = connected(hops[:, 0], hops[:, 1], flows.n_hosts)
     chains = [np.flatnonzero(on_chain & (chain_of == c)) for c in np.unique(chain_of[on_chain])]
     depth = {c: int(level[hosts].max()) for c, hosts in zip(range(len(chains)), chains)}
@@ -589,7 +621,7 @@ def _aligned_chains(
     weight: dict[tuple[int, int], int] = {}
     low = np.minimum(flows.src_host[shared], flows.dst_host[shared])
     high = np.maximum(flows.src_host[shared], flows.dst_host[shared])
-    keys, n = np.unique(low * flows.n_hosts + high, return_counts=True)
+    keys, n = unique_counts(low * flows.n_hosts + high)
     for key, k in zip(keys.tolist(), n.tolist()):
         weight[divmod(key, flows.n_hosts)] = k
     level = level.copy()
@@ -775,8 +807,8 @@ def _gpus_behind_rails(flows: _InternalFlows, chosen: np.ndarray, key: np.ndarra
     """Per distinct `key` of the `chosen` flows: the GPUs served by the distinct rails (source
     NICs, or the destination NICs when `receiving`) those flows leave through (a NIC may serve
     two GPUs, and carry both GPUs' sends)."""
-    columns = ((key[chosen], flows.dst_rail[chosen], flows.dst_gpus[chosen]) if receiving
-               else (key[chosen], flows.rail[chosen], flows.src_gpus[chosen]))
+    nic = (flows.dst if receiving else flows.src)[chosen]
+    columns = (key[chosen], flows.rail_of_member[nic], flows.gpus_of_member[nic])
     # the distinct (key, rail, gpus) triples in lexicographic order, by hashing packed integers
     # (np.unique over rows sorts every flow's triple as a structured value: ~10x slower)
     _, triple = unique_inverse(combined_key(*columns))

@@ -37,7 +37,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import MAD_TO_SIGMA, combination_ids, sorted_within_groups, stable_order, unique_inverse
+from prism_core.arrays import (
+    MAD_TO_SIGMA, combination_ids, sorted_within_groups, stable_order, unique_counts, unique_inverse,
+)
 from prism_core.schema import ISSUE_KINDS
 
 EXPORTER_KINDS = ("per_transfer", "flow_cache", "sampled", "unknown")
@@ -296,16 +298,10 @@ def _sizes_by_speed(exporter: np.ndarray, duration_ns: np.ndarray, nbytes: np.nd
     slow = (duration_ns >= params.merged_min_s * 1e9) & (rate < params.slow_rate_share * fast_rate[exporter])
     size_bin = np.floor(np.log(np.maximum(nbytes, 1)) / np.log1p(params.sibling_size_tolerance)).astype(np.int64)
     key = exporter.astype(np.int64) * SIZE_BINS + np.minimum(size_bin, SIZE_BINS - 1)
-    slow_sizes, slow_counts = _counted(key[slow])
-    plain_sizes, plain_counts = _counted(key[~slow])
+    slow_sizes, slow_counts = unique_counts(key[slow])
+    plain_sizes, plain_counts = unique_counts(key[~slow])
     return {"slow_sizes": slow_sizes, "slow_counts": slow_counts.astype(np.int64),
             "plain_sizes": plain_sizes, "plain_counts": plain_counts.astype(np.int64)}
-
-
-def _counted(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(keys, return_counts=True)`, by hashing (a batch's keys repeat)."""
-    distinct, inverse = unique_inverse(keys)
-    return distinct, np.bincount(inverse, minlength=len(distinct))
 
 
 @dataclass(frozen=True)

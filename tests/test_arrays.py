@@ -1,10 +1,14 @@
 """prism_core.arrays: the fast paths give exactly numpy's answers."""
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from prism_core.arrays import (
+    MAX_SLICED_DROPS,
+    MAX_SLICED_STRING_DROPS,
     combined_key,
+    filter_rows,
     group_first_index,
     group_indices,
     group_median,
@@ -13,15 +17,17 @@ from prism_core.arrays import (
     rolling_median,
     segment_median,
     stable_order,
+    unique_counts,
     unique_inverse,
 )
 
 
-@pytest.mark.parametrize("low, high", [(0, 5), (-40_000, 20_000), (-3, 70_000), (0, 10**15)])
+@pytest.mark.parametrize("low, high", [(0, 5), (-40_000, 20_000), (-3, 70_000), (-2**31, 2**31), (0, 10**15)])
 def test_stable_order_is_numpys_stable_argsort(low, high):
-    """Narrow spans take the radix path (negative keys included), wide ones numpy's."""
+    """Narrow spans take the radix paths (one pass or two; negative keys included), wide ones numpy's."""
     keys = np.random.default_rng(high).integers(low, high, 5_000)
     assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable"))
+    assert np.array_equal(stable_order(keys, scattered=True), np.argsort(keys, kind="stable"))
     small = keys.astype(np.int8) if high <= 5 else keys
     assert np.array_equal(stable_order(small), np.argsort(small, kind="stable"))
 
@@ -44,6 +50,16 @@ def test_unique_inverse_is_numpys_unique(distinct):
 def test_unique_inverse_of_nothing():
     values, codes = unique_inverse(np.zeros(0, np.int64))
     assert len(values) == len(codes) == 0
+
+
+@pytest.mark.parametrize("distinct", [0, 1, 7, 3_000])
+def test_unique_counts_is_numpys_unique(distinct):
+    rng = np.random.default_rng(distinct)
+    values = rng.choice(rng.integers(-10**12, 10**12, distinct), 10_000) if distinct else np.zeros(0, np.int64)
+    expected_values, expected_counts = np.unique(values, return_counts=True)
+    got_values, got_counts = unique_counts(values)
+    assert np.array_equal(got_values, expected_values) and got_values.dtype == expected_values.dtype
+    assert np.array_equal(got_counts, expected_counts)
 
 
 def test_group_indices_keeps_row_order_within_a_key():
@@ -92,3 +108,27 @@ def test_group_helpers_on_no_rows_return_no_rows(dtype):
     assert len(group_mode(key, key)) == 0
     assert len(rolling_median(values.astype(float), none, key, 3)) == 0
     assert len(segment_median(values.astype(float), none, key)) == 0
+
+
+@pytest.mark.parametrize("one_large_group", [False, True])
+def test_group_median_is_numpys_median_per_group(one_large_group):
+    """Groups of like sizes take the padded rows, one large group the sort of all values."""
+    rng = np.random.default_rng(int(one_large_group))
+    key = rng.integers(0, 300, 6_000) * 13 - 7
+    values = rng.normal(size=len(key)).round(1)  # ties
+    if one_large_group:
+        key[:3_000] = 5
+    expected = np.array([np.median(values[key == k]) for k in key])
+    assert np.array_equal(group_median(key, values), expected)
+
+
+@pytest.mark.parametrize("drops", [0, 10, MAX_SLICED_DROPS + 1, MAX_SLICED_STRING_DROPS + 1])
+def test_filter_rows_is_pyarrows_filter(drops):
+    """Slices, text slices beside copied numbers, or pyarrow's filter: the same rows."""
+    rng = np.random.default_rng(drops)
+    n = 3 * MAX_SLICED_STRING_DROPS
+    table = pa.table({"addr": [f"10.0.{i % 251}.{i % 7}" for i in range(n)], "bytes": rng.integers(0, 10**9, n)})
+    keep = np.ones(n, bool)
+    keep[rng.choice(n, drops, replace=False)] = False
+    filtered = filter_rows(table, keep)
+    assert filtered.schema == table.schema and filtered.equals(table.filter(pa.array(keep)))

@@ -99,19 +99,7 @@ class JobHour:
         step = _step_of(start[order], step_columns["step_start"], step_columns["step_end"], params.boundary_slack_s)
         write_dst = flows["dst_addr"].take(write_order).to_numpy(zero_copy_only=False).astype(str)
         others = _other_jobs(job_id, membership, origin_ns, hour_end_ns, params.data_end_margin_s)
-        return cls(
-            job_id=job_id,
-            origin_ns=origin_ns,
-            hour_end=(hour_end_ns - origin_ns) / NS,
-            data_end=others.pop("data_end"),
-            **members,
-            start=start[order],
-            end=end[order],
-            src=src[order],
-            dst=dst[order],
-            nbytes=nbytes[order],
-            kind=kind,
-            step=step,
+        writes_and_reads = dict(
             write_start=start[write_order],
             write_end=end[write_order],
             write_src=src[write_order],
@@ -122,6 +110,28 @@ class JobHour:
             read_end=end[read_order],
             read_dst=dst[read_order],
             read_bytes=nbytes[read_order],
+        )
+        # the flows between members in start order, one column at a time (each of a large job's
+        # is hundreds of MB, and its unordered copy is dropped as the ordered one is made)
+        start = start[order]
+        end = end[order]
+        src = src[order]
+        dst = dst[order]
+        nbytes = nbytes[order]
+        return cls(
+            job_id=job_id,
+            origin_ns=origin_ns,
+            hour_end=(hour_end_ns - origin_ns) / NS,
+            data_end=others.pop("data_end"),
+            **members,
+            start=start,
+            end=end,
+            src=src,
+            dst=dst,
+            nbytes=nbytes,
+            kind=kind,
+            step=step,
+            **writes_and_reads,
             **step_columns,
             **_events(events),
             **others,

@@ -32,7 +32,9 @@ def merged_steps(job: JobHour, params: DiagnosisParams) -> np.ndarray:
     whole = ~job.split
     if whole.sum() < params.min_steps:  # too few steps to know the usual traffic
         return np.zeros(job.n_steps, bool)
-    traffic = _bytes_until(job, job.step_end) - _bytes_until(job, job.step_start)
+    # both edges of every step in one pass over the flows
+    until_end, until_start = np.split(_bytes_until(job, np.r_[job.step_end, job.step_start]), 2)
+    traffic = until_end - until_start
     usual = rolling_median(traffic, whole, np.zeros(job.n_steps, int), params.baseline_steps)
     merged = (traffic >= params.merged_step_traffic * usual) & (usual > 0)
     return merged | np.r_[merged[1:], False] | np.r_[False, merged[:-1]]
@@ -40,22 +42,32 @@ def merged_steps(job: JobHour, params: DiagnosisParams) -> np.ndarray:
 
 def _bytes_until(job: JobHour, at: np.ndarray) -> np.ndarray:
     """The bytes between members carried before each time of `at` (seconds), each record's
-    bytes spread evenly from its start to its end (an instant's at its start)."""
+    bytes spread evenly from its start to its end (an instant's at its start).
+
+    The times are few (a step's edges) and the records millions: each record is placed among the
+    sorted times by binary search and summed per time, not sorted itself."""
     span = job.end - job.start
     ramp = span > 0
-    rate = np.where(ramp, job.nbytes / np.where(ramp, span, 1.0), 0.0)
-    instants = np.sort(job.start[~ramp])
-    instant_bytes = np.r_[0.0, np.cumsum(job.nbytes[~ramp][np.argsort(job.start[~ramp], kind="stable")])]
+    rate = job.nbytes[ramp] / span[ramp]
+    del span
+    by_time = np.argsort(at)
+    times = at[by_time]
+
+    def summed_up_to(edge: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """per sorted time t: the sum of the weights whose edge is at or before t"""
+        first_time_after = np.searchsorted(times, edge, side="left")
+        return np.cumsum(np.bincount(first_time_after, weights=weights, minlength=len(times) + 1))[:len(times)]
 
     def ramps_from(edge: np.ndarray) -> np.ndarray:
-        """sum over the ramps whose `edge` time is at or before t of rate x (t - edge)"""
-        order = np.argsort(edge[ramp], kind="stable")
-        edges, rates = edge[ramp][order], rate[ramp][order]
-        upto = np.searchsorted(edges, at, side="right")
-        rate_sum, weighted = np.r_[0.0, np.cumsum(rates)], np.r_[0.0, np.cumsum(rates * edges)]
-        return at * rate_sum[upto] - weighted[upto]
+        """per sorted time t: the sum over the ramps whose `edge` is at or before t of rate x (t - edge)"""
+        return times * summed_up_to(edge, rate) - summed_up_to(edge, rate * edge)
 
-    return ramps_from(job.start) - ramps_from(job.end) + instant_bytes[np.searchsorted(instants, at, side="right")]
+    instant = ~ramp
+    carried = (ramps_from(job.start[ramp]) - ramps_from(job.end[ramp])
+               + summed_up_to(job.start[instant], job.nbytes[instant].astype(np.float64)))
+    until = np.empty(len(at))
+    until[by_time] = carried
+    return until
 
 
 def find_slow_steps(job: JobHour, fit: Baseline, masks: StepMasks, params: DiagnosisParams) -> np.ndarray:

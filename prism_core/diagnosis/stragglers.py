@@ -63,11 +63,15 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     usual = sent == group_mode(class_of_host.key, sent)
     regular = group_reduce(class_of_host, usual / sent, np.add) / group_reduce(class_of_host, 1.0 / sent, np.add)
     kept = usual & (regular >= params.regular_share)
+    # each array is ~8 bytes per flow of a large job: dead ones are dropped at once
+    del sent, class_of_host, usual, regular
     step, kind, start, host, pipeline, sender_group = (
         a[kept] for a in (step, kind, start, host, pipeline, sender_group))
+    del kept
     if not len(step):
         return culprit, behind_s
     ordinal = np.arange(len(step)) - group_first_index(sender_group)
+    del sender_group
     stage = job.stage_of_host[host]
     peers = KeyGroups(combined_key(step, kind, stage, ordinal))
     peer_first = group_reduce(peers, start, np.minimum)
@@ -78,10 +82,14 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # only a host alone in its stage has to live with.
     alone = np.bincount(job.stage_of_host + 1)[stage + 1] < 2  # hosts in the stage
     compared = alone | (peer_hosts >= 2)
+    del peers, peer_hosts, stage
     step, kind, start, host, pipeline, ordinal, peer_first, alone = (
         a[compared] for a in (step, kind, start, host, pipeline, ordinal, peer_first, alone))
+    del compared
     position_in_step = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
+    del peer_first
     structure = KeyGroups(combined_key(kind, host, ordinal))
+    del kind, ordinal
     # median and MAD: robust while a straggler makes up to half of the steps late
     usual = group_median(structure, position_in_step)
     noise = MAD_TO_SIGMA * group_median(structure, np.abs(position_in_step - usual))

@@ -142,15 +142,25 @@ class _FirstOfEach:
     def first_at_or_after(self, positions: np.ndarray, codes: np.ndarray | None = None) -> np.ndarray:
         """Per position, the first at or after it holding `codes` (elementwise, broadcast); by
         default every code present, along a last axis."""
-        codes = self.codes if codes is None else codes
+        codes = np.asarray(self.codes if codes is None else codes, np.int64)  # codes x n overflow int32
         wanted = codes * (self.n + 1) + positions
+        if not len(self.keys):
+            return np.full(wanted.shape, self.n)
+        # in place where it can be: positions for a job's every flow are ~80 MB an array
         at = np.searchsorted(self.keys, wanted)
-        key = self.keys[np.minimum(at, len(self.keys) - 1)] if len(self.keys) else wanted
-        hit = (at < len(self.keys)) & (key // (self.n + 1) == codes)
-        return np.where(hit, key % (self.n + 1), self.n)
+        del wanted
+        hit = at < len(self.keys)
+        np.minimum(at, len(self.keys) - 1, out=at)
+        key = self.keys[at]
+        del at
+        hit &= key // (self.n + 1) == codes
+        key %= self.n + 1
+        key[~hit] = self.n
+        return key
 
     def last_before(self, positions: np.ndarray, codes: np.ndarray) -> np.ndarray:
         """Per position, the last before it holding `codes` (elementwise), -1 where none."""
+        codes = np.asarray(codes, np.int64)
         at = np.searchsorted(self.keys, codes * (self.n + 1) + positions) - 1
         key = self.keys[np.maximum(at, 0)] if len(self.keys) else np.zeros_like(at)
         hit = (at >= 0) & (key // (self.n + 1) == codes)

@@ -32,10 +32,10 @@ class Traffic:
     start: np.ndarray
     end: np.ndarray
     nbytes: np.ndarray
-    kind: np.ndarray  # DP | PP | OTHER
+    kind: np.ndarray  # DP | PP | OTHER (int8)
     family: np.ndarray  # smallest size of the flow's size family (one transfer size as exporters count it)
-    pair: np.ndarray  # index into `pairs`
-    exporter: np.ndarray  # index into `exporters`
+    pair: np.ndarray  # index into `pairs` (int32)
+    exporter: np.ndarray  # index into `exporters` (int32)
     pairs: list[str]  # "src>dst"
     exporters: list[str]
     bulk_writes: np.ndarray  # start of each large flow from the job to an address not its GPU
@@ -45,6 +45,8 @@ class Traffic:
     _quiet_before: np.ndarray | None = field(default=None, repr=False)
 
     COLUMNS = ("start", "end", "nbytes", "kind", "family", "pair", "exporter")
+    # codes in narrow types (a large job's columns are ~10 M rows each); times and bytes int64
+    NARROW_TYPES = {"kind": np.int8, "pair": np.int32, "exporter": np.int32}
 
     @classmethod
     def build(cls, job_flows: pa.Table, comm_pairs: pa.Table, carry: dict | None,
@@ -57,23 +59,13 @@ class Traffic:
         # only GPU-to-GPU pairs carry training traffic (not storage, monitoring or NFS pairs)
         kinds = kinds.filter(pc.and_(pc.is_in(kinds["src_addr"], value_set=gpus),
                                      pc.is_in(kinds["dst_addr"], value_set=gpus)))
-        src = job_flows["src_addr"].combine_chunks().dictionary_encode()
         dst = job_flows["dst_addr"].combine_chunks().dictionary_encode()
-        # each flow's pair row, through integer keys on the flows' own address dictionaries
-        n_dst = max(len(dst.dictionary), 1)
-        pair_src = pc.index_in(kinds["src_addr"], value_set=src.dictionary).to_numpy(zero_copy_only=False)
-        pair_dst = pc.index_in(kinds["dst_addr"], value_set=dst.dictionary).to_numpy(zero_copy_only=False)
-        pair_key = np.where(np.isnan(pair_src) | np.isnan(pair_dst), -1,
-                            np.nan_to_num(pair_src) * n_dst + np.nan_to_num(pair_dst)).astype(np.int64)
-        flow_key = src.indices.to_numpy().astype(np.int64) * n_dst + dst.indices.to_numpy()
-        # pairs are distinct (a flow key is never -1): a hashed lookup per flow, not a binary search
-        pair_row = pc.index_in(pa.array(flow_key), value_set=pa.array(pair_key, pa.int64()))
-        on_pair = pc.is_valid(pair_row).to_numpy(zero_copy_only=False)
-        pair = pair_row.drop_null().to_numpy().astype(np.int64)
+        on_pair, pair = _pair_of_flows(job_flows["src_addr"], dst, kinds)
 
         nbytes = job_flows["bytes"].to_numpy()
         outside = ~pc.is_in(dst.dictionary, value_set=gpus).to_numpy(zero_copy_only=False)
         outbound = outside[dst.indices.to_numpy()] & (nbytes >= CHECKPOINT_FLOW_BYTES)
+        del dst
         start = job_flows["time_flow_start_ns"].to_numpy()
 
         carried = _decode_carry(carry)
@@ -82,22 +74,28 @@ class Traffic:
         exporters = list(carried["exporters"])
         exporter = _extend(exporters, exporter_text.dictionary.to_pylist())[exporter_text.indices.to_numpy()]
         labelled = FLOW_KIND in job_flows.column_names
-        columns = {
-            "start": start[on_pair],
-            "end": job_flows["time_flow_end_ns"].to_numpy()[on_pair],
-            "nbytes": nbytes[on_pair],
-            "kind": job_flows[FLOW_KIND].to_numpy()[on_pair] if labelled else kinds["kind"].to_numpy()[pair],
-            "family": job_flows[FLOW_FAMILY_BYTES].to_numpy()[on_pair] if labelled else family_sizes(nbytes[on_pair]),
-            "pair": pair,
-            "exporter": exporter[on_pair],
+        # each column's values for the flows on a pair, made one column at a time (each is
+        # hundreds of MB for a large job's flows)
+        on_pair_values = {
+            "start": lambda: start[on_pair],
+            "end": lambda: job_flows["time_flow_end_ns"].to_numpy()[on_pair],
+            "nbytes": lambda: nbytes[on_pair],
+            "kind": lambda: job_flows[FLOW_KIND].to_numpy()[on_pair] if labelled else kinds["kind"].to_numpy()[pair],
+            "family": lambda: (job_flows[FLOW_FAMILY_BYTES].to_numpy()[on_pair] if labelled
+                               else family_sizes(nbytes[on_pair])),
+            "pair": lambda: pair,
+            "exporter": lambda: exporter[on_pair],
         }
         # the carried flows' codes point into the lists they were carried with
         carried["pair"] = _extend(pairs, carried["pairs"])[carried["pair"]]
-        columns = {name: np.concatenate([carried[name], values], dtype=np.int64) for name, values in columns.items()}
+        columns = {name: np.concatenate([carried[name], values()], dtype=cls.NARROW_TYPES.get(name, np.int64))
+                   for name, values in on_pair_values.items()}
+        del exporter, pair, nbytes  # copied into the columns
         start_order = columns["start"]
         if not np.all(start_order[1:] >= start_order[:-1]):  # flows usually come sorted already
             order = np.argsort(start_order, kind="stable")
-            columns = {name: values[order] for name, values in columns.items()}
+            for name in columns:
+                columns[name] = columns[name][order]
         write_start = np.concatenate([carried["bulk_writes"], start[outbound]])
         write_end = np.concatenate([carried["bulk_write_ends"], job_flows["time_flow_end_ns"].to_numpy()[outbound]])
         by_start = np.argsort(write_start, kind="stable")
@@ -169,6 +167,23 @@ class Traffic:
         np.minimum.at(ends, group[final], self.end[by_pair][final])
         latest = np.sort(ends)[-2] if len(ends) > 1 else ends[0]
         return int(np.median(ends[ends >= latest - params.cluster_ns]))
+
+
+def _pair_of_flows(src_addr: pa.ChunkedArray, dst: pa.DictionaryArray, kinds: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each flow is on one of the pairs of `kinds`, the pair row of each flow that is),
+    through integer keys on the flows' own address dictionaries (`dst`: the destinations encoded)."""
+    src = src_addr.combine_chunks().dictionary_encode()
+    n_dst = max(len(dst.dictionary), 1)
+    pair_src = pc.index_in(kinds["src_addr"], value_set=src.dictionary).to_numpy(zero_copy_only=False)
+    pair_dst = pc.index_in(kinds["dst_addr"], value_set=dst.dictionary).to_numpy(zero_copy_only=False)
+    pair_key = np.where(np.isnan(pair_src) | np.isnan(pair_dst), -1,
+                        np.nan_to_num(pair_src) * n_dst + np.nan_to_num(pair_dst)).astype(np.int64)
+    flow_key = src.indices.to_numpy().astype(np.int64)
+    flow_key *= n_dst
+    flow_key += dst.indices.to_numpy()
+    # pairs are distinct (a flow key is never -1): a hashed lookup per flow, not a binary search
+    pair_row = pc.index_in(pa.array(flow_key), value_set=pa.array(pair_key, pa.int64()))
+    return pc.is_valid(pair_row).to_numpy(zero_copy_only=False), pair_row.drop_null().to_numpy().astype(np.int64)
 
 
 def _pair_kinds(comm_pairs: pa.Table) -> pa.Table:
