@@ -251,6 +251,21 @@ def test_slow_step_checkpoint_rhythm_and_degradation_on_a_step_series():
     assert issues.num_rows == 2
 
 
+def test_waste_counts_every_gpu_behind_a_nic_that_serves_two():
+    """A host with 4 NICs for 8 GPUs: recognition's membership says each address serves 2 GPUs, and
+    a slow step costs all of them, not one per address."""
+    steps = _synthetic_steps()
+    gpus = _gpus()
+    membership = conform(pa.table({"job_id": gpus["job_id"], "addr": gpus["addr"], "host": gpus["host"],
+                                   "gpu": gpus["gpu"], "gpus": [2] * GPUS, "first_ns": [HOUR0_NS] * GPUS,
+                                   "last_ns": [HOUR0_NS + HOUR_NS] * GPUS}), MEMBERSHIP)
+    one_each = _by_kind(_diagnose_steps(steps, None, 0).issues, "slow_step")
+    (two_each,) = _by_kind(diagnosis.diagnose_job("job-a", FLOWS.empty_table(), gpus, COMM_PAIRS.empty_table(), steps,
+                                                  EVENTS.empty_table(), None, HOUR0_NS, HOUR0_NS + HOUR_NS,
+                                                  membership).issues, "slow_step")
+    assert two_each["wasted_gpu_s"] == pytest.approx(2 * one_each[0]["wasted_gpu_s"], rel=1e-9)
+
+
 def test_a_stall_joined_to_a_checkpoint_is_a_slow_step():
     issues = _diagnose_steps(_synthetic_steps(stalls={1109: 3.0}), None, 0).issues
     slow = {json.loads(r["evidence"])["step"]: r for r in _by_kind(issues, "slow_step")}
