@@ -117,6 +117,10 @@ def _membership(flows: pa.Table, owner: np.ndarray, in_hour: np.ndarray, gpus: p
         [("first_ns", "min"), ("last_ns", "max")]).rename_columns(["job_id", "addr", "first_ns", "last_ns"])
     hosts = gpus.select(["addr", "host", "gpu"]).group_by(["addr"], use_threads=False).aggregate(
         [("host", "min"), ("gpu", "min")]).rename_columns(["addr", "host", "gpu"])
+    # a NIC serving several GPUs has a truth row per GPU of the job
+    served = gpus.group_by(["job_id", "addr"], use_threads=False).aggregate([("gpu", "count")]).rename_columns(
+        ["job_id", "addr", "gpus"])
+    grouped = grouped.join(served, ["job_id", "addr"], join_type="left outer")
     return conform(grouped.join(hosts, "addr", join_type="left outer"), MEMBERSHIP)
 
 
