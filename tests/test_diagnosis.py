@@ -164,6 +164,15 @@ def test_tiny_straggler_and_hang(scenario_dir):
 
 
 @pytest.mark.slow
+def test_sealed_family_waste_counts_every_gpu_behind_a_nic(scenario_dir):
+    """A development seed of the sealed family (GPU-granular jobs, hosts with 4 NICs for 8 GPUs),
+    diagnosed on its true steps: waste within 10% of the truth on 9 of its 15 found faults (1 of 15
+    when a NIC was costed as one GPU); the rest is the jitter of single steps (a 1.3x stall in a
+    job jittering 4% per step is measured to +-12%) and windows' edges."""
+    assert _figures(diagnose_from_truth(scenario_dir("sealed", 3)))["waste_within_10pct"] >= 0.5
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_small_meets_the_targets(scenario_dir, seed):
     run = diagnose_from_truth(scenario_dir("small", seed))
