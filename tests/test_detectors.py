@@ -82,6 +82,18 @@ def ring_flows(step_start: np.ndarray, hosts: int, seconds: np.ndarray, phase_s:
             "nbytes": np.full(len(src), BULK)}
 
 
+def cut_steps(ends_before: np.ndarray) -> dict:
+    """A crash's trace: one transfer of the step it cut short, 0.2 s after each of `ends_before`
+    (the end of the last complete step)."""
+    start = np.asarray(ends_before, float) + 0.2
+    return {"start": start, "end": start + 0.05, "src": np.zeros(len(start), int), "dst": np.ones(len(start), int),
+            "nbytes": np.full(len(start), BULK)}
+
+
+def joined(*flows: dict) -> dict:
+    return {name: np.concatenate([f[name] for f in flows]) for name in flows[0]}
+
+
 def no_masks(n: int) -> StepMasks:
     return StepMasks(warmup=np.zeros(n, bool), checkpoint=np.zeros(n, bool), windowed=np.zeros(n, bool),
                      merged=np.zeros(n, bool))
@@ -183,8 +195,9 @@ def test_a_silence_between_steps_with_transfers_in_it_is_no_restart():
     flows = {name: np.r_[flows[name], value] for name, value in
              {"start": during, "end": during + 0.05, "src": np.zeros(len(during), int),
               "dst": np.ones(len(during), int), "nbytes": np.full(len(during), BULK)}.items()}
+    flows = joined(flows, cut_steps(step_start[[49]] + durations[49]))
     job = make_hour(durations, step_start=step_start, flows=flows)
-    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, PARAMS)
+    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS)
     assert found.steps.tolist() == [50]
 
 
@@ -281,14 +294,16 @@ def test_a_heavy_tailed_job_is_judged_by_its_own_tail_and_a_real_slowdown_still_
 
 
 def test_resumes_are_attempt_changes_and_long_silences_each_followed_by_warmup():
-    # attempt 1 from step 20 on; a 60 s silence before step 40
+    # attempt 1 from step 20 on; a 60 s silence before step 40; each after a step cut short
     durations = jittered(60)
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.where(np.arange(60) >= 40, 60.0, 0.0)
-    job = make_hour(durations, step_start=step_start, attempt=(np.arange(60) >= 20).astype(np.int64))
-    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, PARAMS)
+    job = make_hour(durations, step_start=step_start, attempt=(np.arange(60) >= 20).astype(np.int64),
+                    flows=joined(ring_flows(step_start, 4, np.full((60, 4), 0.05), phase_s=0.0),
+                                 cut_steps(step_start[[19, 39]] + durations[[19, 39]])))
+    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS)
     assert found.steps.tolist() == [20, 40]
     assert np.flatnonzero(found.warmup).tolist() == [20, 21, 22, 40, 41, 42]
-    first_seen = restarts.find_resumes(job, Progress(), None, PARAMS)  # a job first seen warms up too
+    first_seen = restarts.find_resumes(job, Progress(), None, None, PARAMS)  # a job first seen warms up too
     assert np.flatnonzero(first_seen.warmup)[:3].tolist() == [0, 1, 2]
     assert first_seen.first_step_ns == job.ns(1.0)
 
@@ -302,11 +317,23 @@ def test_quiet_gaps_on_the_rhythm_of_unseen_saves_are_saves_and_an_unrhythmic_on
     quiet[[50, 150, 200]], quiet[100], quiet[230] = 30.0, 15.0, 40.0
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.cumsum(quiet)
     attempt = (np.arange(260) >= 150).astype(np.int64) + (np.arange(260) >= 230)
-    job = make_hour(durations, step_start=step_start, attempt=attempt)
-    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, PARAMS)
+    job = make_hour(durations, step_start=step_start, attempt=attempt,
+                    flows=cut_steps(step_start[[229]] + durations[[229]]))
+    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS)
     assert found.steps.tolist() == [230]
     # with fewer gaps in view, the rhythm of the saves of earlier hours tells
-    assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), (50, 49), PARAMS).steps.tolist() == [230]
+    assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, (50, 49), PARAMS).steps.tolist() == [230]
+
+
+def test_a_quiet_gap_after_a_complete_step_is_a_save_not_a_restart():
+    # an unseen save: the job finishes step 29 and is quiet 40 s before step 30 (recognition takes
+    # its return for a restart: attempt 1); a crash 0.2 s into the step after 49 is quiet as long
+    durations = jittered(60)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + 40.0 * ((np.arange(60) >= 30) + (np.arange(60) >= 50))
+    attempt = (np.arange(60) >= 30).astype(np.int64) + (np.arange(60) >= 50)
+    flows = joined(ring_flows(step_start, 4, np.full((60, 4), 0.05)), cut_steps(step_start[[49]] + durations[[49]]))
+    job = make_hour(durations, step_start=step_start, attempt=attempt, flows=flows)
+    assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS).steps.tolist() == [50]
 
 
 def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host():
@@ -321,7 +348,7 @@ def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host
              "src": np.r_[hosts[step, slot], 0], "dst": np.r_[hosts[step, (slot + 1) % 3], 1],
              "nbytes": np.full(len(step) + 1, BULK)}
     job = make_hour(durations, flows=flows, step_start=step_start, attempt=(np.arange(40) >= 20).astype(np.int64))
-    resumes = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, PARAMS)
+    resumes = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS)
     found, _ = checkpoints.find_checkpoints(job, resumes.warmup, CheckpointState(), FIRST_STEP_NS, PARAMS)
     baseline = np.ones(40)
     (restart,), stop = restarts.restart_issues(job, resumes, Progress(first_step_ns=FIRST_STEP_NS), None, found,
@@ -511,7 +538,7 @@ def test_a_stop_whose_hosts_another_job_takes_is_no_hang():
 def test_an_empty_hour_gives_no_issue_and_no_exception():
     job = make_hour()
     assert hangs.continue_hang(job, None, PARAMS) == ([], None)
-    resumes = restarts.find_resumes(job, Progress(), None, PARAMS)
+    resumes = restarts.find_resumes(job, Progress(), None, None, PARAMS)
     found, state = checkpoints.find_checkpoints(job, resumes.warmup, CheckpointState(), None, PARAMS)
     assert len(found.step) == 0 and state == CheckpointState()
     assert len(slow_links.slow_link_steps(job, resumes.warmup, PARAMS).culprit) == 0

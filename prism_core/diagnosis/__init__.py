@@ -55,7 +55,7 @@ def diagnose_job(
     job = JobHour.build(job_id, job_flows, job_gpus, comm_pairs, steps, events, hour_membership, hour_start_ns,
                         hour_end_ns, params)
     issues, open_hang = hangs.continue_hang(job, state.hangs.open_hang, params)
-    resumes = restarts.find_resumes(job, state.progress, state.checkpoints.checkpoint_rhythm, params)
+    resumes = restarts.find_resumes(job, state.progress, state.hangs.stop, state.checkpoints.checkpoint_rhythm, params)
     checkpoints_found, checkpoint_state = checkpoints.find_checkpoints(
         job, resumes.warmup, state.checkpoints, resumes.first_step_ns, params)
     stop, open_windows = state.hangs.stop, {}

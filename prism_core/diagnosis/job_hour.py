@@ -76,7 +76,7 @@ class JobHour:
         end, unless the last flow of any job came more than `data_end_margin_s` before it (the data
         ends within this hour) or there was none; without it, the hour is complete and no host taken."""
         origin_ns = hour_start_ns
-        members = _members(gpus)
+        members = _members(gpus, _gpus_behind(job_id, membership))
         addrs = members["addrs"]
         member_set = pa.array(addrs, pa.string())
 
@@ -188,12 +188,28 @@ class StepMasks:
     merged: np.ndarray  # carrying several steps' traffic: a boundary the records missed (slow_steps)
 
 
-def _members(gpus: pa.Table) -> dict[str, np.ndarray]:
-    """The job's addresses (each once, sorted) and what is behind them."""
+def _gpus_behind(job_id: str, membership: pa.Table | None) -> pa.Table | None:
+    """addr, gpus_max: GPUs each of the job's addresses serves (a host may have 4 NICs for 8
+    GPUs), as recognition read them from the inventory."""
+    if membership is None or "gpus" not in membership.column_names:
+        return None
+    mine = membership.filter(pc.equal(membership["job_id"], job_id))
+    return mine.group_by("addr", use_threads=False).aggregate([("gpus", "max")])
+
+
+def _members(gpus: pa.Table, gpus_behind: pa.Table | None) -> dict[str, np.ndarray]:
+    """The job's addresses (each once, sorted) and what is behind them; `gpus_behind` (addr,
+    gpus_max): GPUs per address, one where it does not say."""
     gpus = gpus.sort_by("addr")
     addr_col = gpus["addr"].to_numpy(zero_copy_only=False)
     keep = np.r_[True, addr_col[1:] != addr_col[:-1]] if len(addr_col) else np.zeros(0, bool)
     gpus = gpus.filter(pa.array(keep))
+    addrs = gpus["addr"].to_numpy(zero_copy_only=False).astype(str)
+    served = np.ones(len(addrs), np.int64)
+    if gpus_behind is not None and gpus_behind.num_rows:
+        row = pc.fill_null(pc.index_in(gpus["addr"], value_set=gpus_behind["addr"]), -1).to_numpy()
+        behind = pc.fill_null(gpus_behind["gpus_max"], 1).to_numpy()
+        served[row >= 0] = np.maximum(behind[row[row >= 0]], 1)
     hosts, host_of_addr = np.unique(gpus["host"].to_numpy(zero_copy_only=False).astype(str), return_inverse=True)
     stages = pc.fill_null(gpus["pp_stage"], -1).to_numpy().astype(np.int64)
     stage_of_host = np.full(len(hosts), -1)
@@ -201,10 +217,10 @@ def _members(gpus: pa.Table) -> dict[str, np.ndarray]:
         values, counts = np.unique(stages[host_of_addr == h], return_counts=True)
         stage_of_host[h] = values[np.argmax(counts)]
     return {
-        "addrs": gpus["addr"].to_numpy(zero_copy_only=False).astype(str),
+        "addrs": addrs,
         "host_of_addr": host_of_addr,
         "hosts": hosts,
-        "gpus_of_host": np.bincount(host_of_addr, minlength=len(hosts)),
+        "gpus_of_host": np.bincount(host_of_addr, served, minlength=len(hosts)).astype(np.int64),
         "stage_of_host": stage_of_host,
         "stage_of_addr": stages,
         "replica_of_addr": pc.fill_null(gpus["dp_rank"], -1).to_numpy().astype(np.int64),

@@ -31,11 +31,12 @@ class Resumes:
     first_step_ns: int | None  # the job's first step (its first traffic): its work starts here
 
 
-def find_resumes(job: JobHour, progress: Progress, saves_rhythm: tuple[int, int] | None,
+def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhythm: tuple[int, int] | None,
                  params: DiagnosisParams) -> Resumes:
     """The steps that resume the job (the attempt goes up, or it was silent for longer than any
-    step takes, but not on the rhythm of its saves: `saves_rhythm`, (period, phase) in step
-    numbers, from earlier hours), and its warm-up steps."""
+    step takes, after a step cut short, but not on the rhythm of its saves: `saves_rhythm`,
+    (period, phase) in step numbers, from earlier hours), and its warm-up steps. `stop`: how the
+    job's traffic stopped in an earlier hour."""
     if not job.n_steps:
         return Resumes(np.zeros(0, np.int64), np.zeros(0, bool), progress.first_step_ns)
     previous_attempt = np.r_[progress.last_attempt, job.attempt[:-1]]
@@ -46,6 +47,14 @@ def find_resumes(job: JobHour, progress: Progress, saves_rhythm: tuple[int, int]
     # merged records, a sampler's instants) the timeline may find none while transfers go on
     quiet &= job.step_start - _last_end_before(job, job.step_start - params.boundary_slack_s) > params.restart_gap_s
     resumed = (job.attempt > previous_attempt) | (quiet & (silence > params.restart_gap_s))
+    # A crash stops the job in the middle of a step: traffic of the unfinished step comes before
+    # the silence. A job that finished its step and went quiet (a save over a network the flow logs
+    # do not see; recognition may still take its return for a restart) was not interrupted.
+    # Without the step before (a job new to Prism) nothing shows it; a stop in an earlier hour
+    # says itself how it happened.
+    interrupted = _interrupted(job, last_end, params) | np.isnan(np.r_[last_end, job.step_end[:-1]])
+    interrupted[0] |= stop is None or stop.mid_step
+    resumed &= ~quiet | interrupted
     # A save over a network the flow logs do not see leaves the job quiet between two steps (and
     # recognition may take the job's return for a restart): resumes after steps on the rhythm of
     # such quiet gaps (or of the saves of earlier hours), in step numbers, are the job's saves,
@@ -63,6 +72,15 @@ def find_resumes(job: JobHour, progress: Progress, saves_rhythm: tuple[int, int]
         first_traffic = job.start.min() if len(job.start) else job.step_start[0]
         first_step_ns = job.ns(max(job.step_start[0], first_traffic))
     return Resumes(resumes, warmup, first_step_ns)
+
+
+def _interrupted(job: JobHour, last_end: float, params: DiagnosisParams) -> np.ndarray:
+    """Per step: some of the job's flows started after the step before it ended and before this
+    one began (an unfinished step's, cut short)."""
+    previous_end = np.r_[last_end, job.step_end[:-1]]
+    after_previous = np.searchsorted(job.start, np.nan_to_num(previous_end, nan=np.inf), side="left")
+    before_this = np.searchsorted(job.start, job.step_start - params.boundary_slack_s, side="left")
+    return before_this > after_previous
 
 
 def _last_end_before(job: JobHour, at: np.ndarray) -> np.ndarray:
