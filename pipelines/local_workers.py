@@ -25,6 +25,7 @@ pipeline modules again, and the launcher's main module too: the `prism` command,
 from __future__ import annotations
 
 import atexit
+import ctypes
 import math
 import multiprocessing
 import multiprocessing.util
@@ -86,7 +87,8 @@ def _shared_pool(workers: int) -> ProcessPoolExecutor:
     global _pool
     if _pool is None or _pool[0] != workers:
         shutdown()
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_keep_freed_memory_within_tasks)
         pool.submit(int).result()  # a fork context starts every worker with the first task
         _pool = (workers, pool)
         # A process started by multiprocessing (a benchmark's child) ends without running atexit
@@ -138,13 +140,37 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
 
 
 def _run_and_release(task: Callable, args: tuple):
-    """In a worker: the task, then Arrow's freed memory handed back to the system; its allocator
-    keeps freed pages for reuse, so a worker that analyzed the largest job would hold that job's
-    peak through every later task and pipeline of the run."""
+    """In a worker: the task, then the memory it freed handed back to the system (Arrow's
+    allocator and malloc's both keep freed pages for reuse), so a worker that analyzed the largest
+    job does not hold that job's peak through every later task and pipeline of the run."""
     try:
         return task(*args)
     finally:
         pa.default_memory_pool().release_unused()
+        if _LIBC is not None:
+            _LIBC.malloc_trim(0)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when its malloc (numpy's) can be tuned and trimmed (glibc), else None."""
+    libc = ctypes.CDLL(None)
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _glibc()
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+KEEP_FREED_BYTES = 1 << 30
+
+
+def _keep_freed_memory_within_tasks() -> None:
+    """A worker's malloc keeps what a task frees for the task's later arrays: by default each
+    array above a few MB is a fresh mapping, whose every page faults in again (zeroed by the
+    kernel), and the heap's top is trimmed as soon as it is free. A fleet minute's merge
+    faulted ~7 k pages a minute; with this, the merges of the hour cost ~18% less CPU (user and
+    system both). `_run_and_release` hands the memory back between tasks."""
+    if _LIBC is not None:
+        _LIBC.mallopt(M_MMAP_THRESHOLD, KEEP_FREED_BYTES)
+        _LIBC.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)
 
 
 class PooledDoFn(beam.DoFn):
