@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core import diagnosis, parallelism, resolution, timeline
+from prism_core import clocks, diagnosis, parallelism, resolution, timeline
 from prism_core.arrays import filter_rows, group_indices
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
@@ -207,6 +207,8 @@ def analyze_job(
         members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
         events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
         restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
+        stage = "clocks"
+        flows = clocks.aligned(flows, members, params.clocks)
 
         # the stages before diagnosis read what members sent, not the reads into them
         sent = filter_rows(flows, pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
