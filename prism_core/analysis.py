@@ -207,8 +207,6 @@ def analyze_job(
         members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
         events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
         restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
-        stage = "clocks"
-        flows = clocks.aligned(flows, members, params.clocks)
 
         # the stages before diagnosis read what members sent, not the reads into them
         sent = filter_rows(flows, pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
@@ -223,12 +221,18 @@ def analyze_job(
         silent = sent.num_rows == 0
         resolved = (resolution.JobResolution("steps", None, frozenset(), True) if silent
                     else resolution.job_resolution(sent, exporters or {}, params.resolution))
+        stage = "clocks"
+        # the timeline and the diagnosis compare records of several exporters to the millisecond
+        job_clocks = clocks.learn(sent, found.job_gpus, params.clocks)
+        labelled = job_clocks.apply(found.labelled(sent))
+        del sent  # a copy of most of the flows: not held through the diagnosis, which reads them all
+        flows = job_clocks.apply(flows)
         stage = "timeline"
         steps = timeline.divide_steps(
-            job_id, resolving_flows(found.labelled(sent), resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
+            job_id, resolving_flows(labelled, resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
             hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
         )
-        del sent  # a copy of most of the flows: not held through the diagnosis, which reads them all
+        del labelled
         stage = "diagnosis"
         diagnosed = diagnosis.diagnose_job(
             job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,

@@ -6,9 +6,11 @@ timeline takes a collective's start as the median over exporters of their first 
 straggler is a GPU later than its peers, both across exporters: clocks apart by more than a
 step's 1% move boundaries and name the wrong GPU.
 
-Exporters that carry the same host-to-host links (one rail each of a rail-optimized fabric) see
-the job's collectives at the same moments, so the moments their traffic resumes after a quiet
-(`quiet_ns`) differ by their clocks alone. Per window, each exporter's offset from the class's
+Exporters that carry the same host-to-host links between the same pipeline stages (one rail each
+of a rail-optimized fabric, where a job's tensor-parallel ranks sit on the rails) see the job's
+collectives at the same moments, so the moments their traffic resumes after a quiet (`quiet_ns`)
+differ by their clocks alone; rails that carry different stages of a job on part of a host do
+not, and are not compared. Per window, each exporter's offset from the class's
 most active exporter is the median difference to the nearest of that exporter's resumes; the
 class's time is the median exporter's, and each exporter's records move by its offset from it,
 interpolated between windows (a drift is a steady change of offset). Exporters whose resumes do
@@ -23,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import stable_order
+from prism_core.arrays import combination_ids, stable_order
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,8 @@ class ClockParams:
     # ns; ... whose differences stay within this of their median (median absolute deviation):
     # resumes that do not pair one to one leave the exporter's clock alone in that window
     max_spread_ns: int = 2_000_000
-    # share (Jaccard); exporters whose host-to-host links overlap at least this much carry the
-    # same collectives, so their resumes coincide but for their clocks
+    # share (Jaccard); exporters whose links (host and pipeline stage at each end) overlap at least
+    # this much carry the same collectives, so their resumes coincide but for their clocks
     same_links: float = 0.8
 
 
@@ -49,57 +51,88 @@ DEFAULT_PARAMS = ClockParams()
 TIME_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns")
 
 
-def aligned(flows: pa.Table, members: pa.Table, params: ClockParams = DEFAULT_PARAMS) -> pa.Table:
-    """`flows` (a job's, in start order) with each exporter's times moved onto the job's common
-    clock, still in start order; unchanged where no exporters peer. `members`: addr, host."""
-    if flows.num_rows == 0 or members.num_rows == 0:
-        return flows
+@dataclass(frozen=True)
+class ExporterClocks:
+    """How far each exporter's clock runs ahead of the job's common time (ns), at `times`."""
+
+    times: np.ndarray  # window centres, ns
+    ahead: dict[str, np.ndarray]  # sampler_address -> ns ahead at each of `times` (nan: not measured)
+
+    def apply(self, flows: pa.Table) -> pa.Table:
+        """`flows` with each measured exporter's times moved onto the common time (interpolated
+        between windows, held beyond them), in start order if they came so."""
+        if not self.ahead or flows.num_rows == 0:
+            return flows
+        exporter = pc.fill_null(flows["sampler_address"], "").combine_chunks().dictionary_encode()
+        start = flows["time_flow_start_ns"].to_numpy()
+        codes = exporter.indices.to_numpy()
+        correction = np.zeros(len(start), np.int64)
+        order = stable_order(codes.astype(np.int64))
+        bounds = np.searchsorted(codes[order], np.arange(len(exporter.dictionary) + 1))
+        for code, address in enumerate(exporter.dictionary.to_pylist()):
+            ahead = self.ahead.get(address)
+            if ahead is not None:
+                rows = order[bounds[code]:bounds[code + 1]]
+                known = np.isfinite(ahead)
+                correction[rows] = np.round(np.interp(start[rows], self.times[known], ahead[known])).astype(np.int64)
+        moved = flows
+        for name in TIME_COLUMNS:
+            values = moved[name].to_numpy() - correction
+            moved = moved.set_column(moved.schema.get_field_index(name), name,
+                                     pa.array(values, moved.schema.field(name).type))
+        was_ordered = np.all(start[1:] >= start[:-1])
+        start = start - correction
+        if not was_ordered or np.all(start[1:] >= start[:-1]):
+            return moved
+        return moved.take(pa.array(np.argsort(start, kind="stable")))
+
+
+def learn(flows: pa.Table, job_gpus: pa.Table, params: ClockParams = DEFAULT_PARAMS) -> ExporterClocks:
+    """Each exporter's clock against its peers', from the flows a job's members sent; `job_gpus`:
+    addr, host, pp_stage."""
+    none = ExporterClocks(np.zeros(0), {})
+    if flows.num_rows == 0 or job_gpus.num_rows == 0:
+        return none
     exporter_text = pc.fill_null(flows["sampler_address"], "").combine_chunks().dictionary_encode()
     if len(exporter_text.dictionary) < 2:
-        return flows
+        return none
     exporter = exporter_text.indices.to_numpy().astype(np.int64)
     start = flows["time_flow_start_ns"].to_numpy()
     end = flows["time_flow_end_ns"].to_numpy()
-    links = _host_links(flows, members)
-    correction = exporter_corrections(start, end, exporter, links, len(exporter_text.dictionary), params)
-    if not correction.any():
-        return flows
-    start, end = start - correction, end - correction
-    moved = flows.set_column(flows.schema.get_field_index("time_flow_start_ns"), "time_flow_start_ns",
-                             pa.array(start, flows.schema.field("time_flow_start_ns").type))
-    moved = moved.set_column(moved.schema.get_field_index("time_flow_end_ns"), "time_flow_end_ns",
-                             pa.array(end, flows.schema.field("time_flow_end_ns").type))
-    if np.all(start[1:] >= start[:-1]):
-        return moved
-    return moved.take(pa.array(np.argsort(start, kind="stable")))
+    origin = int(start.min())
+    n_windows = (int(start.max()) - origin) // params.window_ns + 1
+    ahead = exporter_offsets(start, end, exporter, _stage_links(flows, job_gpus), len(exporter_text.dictionary),
+                             origin, n_windows, params)
+    names = exporter_text.dictionary.to_pylist()
+    return ExporterClocks(origin + (np.arange(n_windows) + 0.5) * params.window_ns,
+                          {names[code]: ahead[code] for code in np.flatnonzero(np.isfinite(ahead).any(axis=1))})
 
 
-def _host_links(flows: pa.Table, members: pa.Table) -> np.ndarray:
-    """Per flow, a code of its (source host, destination host) link; -1 off the job's hosts."""
-    addrs = members["addr"].combine_chunks()
-    host_text = members["host"].combine_chunks().dictionary_encode()
-    host_of_member = host_text.indices.to_numpy().astype(np.int64)
-    n_hosts = len(host_text.dictionary)
+def _stage_links(flows: pa.Table, job_gpus: pa.Table) -> np.ndarray:
+    """Per flow, a code of its (source host and stage, destination host and stage); -1 off the
+    job's GPUs."""
+    addrs = job_gpus["addr"].combine_chunks()
+    place = combination_ids(job_gpus["host"].combine_chunks().dictionary_encode().indices.to_numpy().astype(np.int64),
+                            pc.fill_null(job_gpus["pp_stage"], -1).to_numpy().astype(np.int64))
+    n_places = int(place.max(initial=0)) + 1
 
-    def host(column: str) -> np.ndarray:
-        member = pc.index_in(flows[column].combine_chunks(), value_set=addrs).to_numpy(zero_copy_only=False)
-        known = ~np.isnan(member)
-        return np.where(known, host_of_member[np.nan_to_num(member).astype(np.int64)], -1)
+    def place_of(column: str) -> np.ndarray:
+        row = pc.index_in(flows[column].combine_chunks(), value_set=addrs).to_numpy(zero_copy_only=False)
+        known = ~np.isnan(row)
+        return np.where(known, place[np.nan_to_num(row).astype(np.int64)], -1)
 
-    src, dst = host("src_addr"), host("dst_addr")
-    return np.where((src >= 0) & (dst >= 0), src * n_hosts + dst, -1)
+    src, dst = place_of("src_addr"), place_of("dst_addr")
+    return np.where((src >= 0) & (dst >= 0), src * n_places + dst, -1)
 
 
-def exporter_corrections(start: np.ndarray, end: np.ndarray, exporter: np.ndarray, links: np.ndarray,
-                         n_exporters: int, params: ClockParams) -> np.ndarray:
-    """Per flow, how far (ns) its exporter's clock runs ahead of its class's common time (0 where
-    that is not known)."""
+def exporter_offsets(start: np.ndarray, end: np.ndarray, exporter: np.ndarray, links: np.ndarray, n_exporters: int,
+                     origin: int, n_windows: int, params: ClockParams) -> np.ndarray:
+    """(exporter, window): how far (ns) the exporter's clock runs ahead of its class's common
+    time; nan where that is not measured."""
     on_job = np.flatnonzero(links >= 0)
     by_exporter = on_job[stable_order(exporter[on_job])]
     resumes = _resumes(start[by_exporter], end[by_exporter], exporter[by_exporter], params.quiet_ns)
-    origin = int(start.min())
-    n_windows = (int(start.max()) - origin) // params.window_ns + 1
-    ahead = np.full((n_exporters, n_windows), np.nan)  # ns ahead of the class's time, per window
+    ahead = np.full((n_exporters, n_windows), np.nan)
     for peers in _peer_classes(exporter[on_job], links[on_job], resumes, params.same_links):
         reference = resumes.get(peers[0], np.zeros(0, np.int64))
         offsets = np.stack([_window_offsets(resumes.get(code, np.zeros(0, np.int64)), reference, origin,
@@ -108,15 +141,7 @@ def exporter_corrections(start: np.ndarray, end: np.ndarray, exporter: np.ndarra
         common = np.full(n_windows, np.nan)
         common[measured] = np.nanmedian(offsets[:, measured], axis=0)
         ahead[peers] = offsets - common
-    correction = np.zeros(len(start), np.int64)
-    centres = origin + (np.arange(n_windows) + 0.5) * params.window_ns
-    order = stable_order(exporter)
-    bounds = np.searchsorted(exporter[order], np.arange(n_exporters + 1))
-    for code in np.flatnonzero(np.isfinite(ahead).any(axis=1)):
-        known = np.isfinite(ahead[code])
-        rows = order[bounds[code]:bounds[code + 1]]
-        correction[rows] = np.round(np.interp(start[rows], centres[known], ahead[code][known])).astype(np.int64)
-    return correction
+    return ahead
 
 
 def _resumes(start: np.ndarray, end: np.ndarray, exporter: np.ndarray, quiet_ns: int) -> dict[int, np.ndarray]:
@@ -139,8 +164,8 @@ def _resumes(start: np.ndarray, end: np.ndarray, exporter: np.ndarray, quiet_ns:
 
 def _peer_classes(exporter: np.ndarray, links: np.ndarray, resumes: dict[int, np.ndarray],
                   same_links: float) -> list[list[int]]:
-    """Classes of exporters carrying the same host links, each led by its exporter with the most
-    resumes; classes of one are left out (nothing to compare a clock with)."""
+    """Classes of exporters carrying the same links (hosts and stages), each led by its exporter
+    with the most resumes; classes of one are left out (nothing to compare a clock with)."""
     radix = int(links.max(initial=0)) + 1
     link_sets: dict[int, set[int]] = {}
     for code, link in zip(*np.divmod(np.unique(exporter * radix + links), radix)):

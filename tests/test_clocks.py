@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import group_median
-from prism_core.clocks import aligned
+from prism_core.clocks import learn
 
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 MS = 1_000_000
@@ -15,9 +15,14 @@ SECOND = 1_000_000_000
 RAILS = 4
 
 
-def members(hosts: int = 2) -> pa.Table:
+def job_gpus(hosts: int = 2, stage_of_rail=lambda rail: 0) -> pa.Table:
     return pa.table({"addr": [f"10.0.{rail}.{host}" for host in range(hosts) for rail in range(RAILS)],
-                     "host": [f"host-{host}" for host in range(hosts) for _ in range(RAILS)]})
+                     "host": [f"host-{host}" for host in range(hosts) for _ in range(RAILS)],
+                     "pp_stage": pa.array([stage_of_rail(rail) for _ in range(hosts) for rail in range(RAILS)], pa.int32())})
+
+
+def aligned(flows: pa.Table, gpus: pa.Table) -> pa.Table:
+    return learn(flows, gpus).apply(flows)
 
 
 def rail_traffic(ahead_ns, minutes: int = 10, seed: int = 0) -> pa.Table:
@@ -56,7 +61,7 @@ def test_drifting_leaves_are_brought_onto_one_clock():
     drift_ppm = [0.0, 25.0, -30.0, 10.0]
     flows = rail_traffic(lambda rail, t: offset[rail] + drift_ppm[rail] * 1e-6 * t)
     assert np.ptp(clock_error(flows)) > 60 * MS
-    moved = aligned(flows, members())
+    moved = aligned(flows, job_gpus())
     start = moved["time_flow_start_ns"].to_numpy()
     assert np.all(start[1:] >= start[:-1])
     # at any moment every leaf's records read one time (within launch jitter and the drift's
@@ -75,16 +80,25 @@ def test_exporters_on_other_links_and_lone_exporters_keep_their_clock():
     on_rail_3 = pc.equal(flows["sampler_address"], "172.31.0.4")
     src = pc.if_else(pc.and_(on_rail_3, pc.equal(flows["src_addr"], "10.0.3.0")), "10.0.3.2", flows["src_addr"])
     flows = flows.set_column(flows.schema.get_field_index("src_addr"), "src_addr", src)
-    moved = aligned(flows, members(hosts=3))
+    moved = aligned(flows, job_gpus(hosts=3))
     assert np.array_equal(clock_error(moved, 3), clock_error(flows, 3))
     assert np.ptp([np.median(clock_error(moved, rail)) for rail in range(3)]) < 1 * MS
     alone = flows.filter(on_rail_3)
-    assert aligned(alone, members(hosts=3)) is alone
+    assert aligned(alone, job_gpus(hosts=3)) is alone
 
 
 def test_a_clock_whose_resumes_do_not_pair_is_kept():
     # a collective's spacing ahead: its resumes sit among the others' at random (no offset is told)
     flows = rail_traffic(lambda rail, t: SECOND if rail == 1 else 0)
-    moved = aligned(flows, members())
+    moved = aligned(flows, job_gpus())
     assert np.array_equal(clock_error(moved, 1), clock_error(flows, 1))
     assert all(np.abs(clock_error(moved, rail) - clock_error(flows, rail)).max() < 0.5 * MS for rail in (0, 2, 3))
+
+
+def test_rails_that_carry_different_stages_keep_their_clocks():
+    # a job on part of each host: rail 0 carries stage 0, rail 1 stage 1 between the same two
+    # hosts; stage 1's collectives come 30 ms after stage 0's, which no clock explains
+    flows = rail_traffic(lambda rail, t: 30 * MS if rail % 2 else 0)
+    gpus = job_gpus(stage_of_rail=lambda rail: rail % 2)
+    moved = aligned(flows, gpus)
+    assert all(np.abs(clock_error(moved, rail) - clock_error(flows, rail)).max() < 0.5 * MS for rail in range(RAILS))
