@@ -141,6 +141,21 @@ def test_a_job_arriving_on_other_gpus_of_busy_hosts_is_a_job_of_its_own():
     assert recognize_hour(table(rows), topology, None, HOUR0).jobs["n_gpus"].to_pylist() == [32]
 
 
+def test_jobs_side_by_side_are_judged_on_their_own_lives_not_on_later_jobs_on_their_nics():
+    # GPUs 0-3 and 4-7 of four hosts, one model's sizes, out of step, both running when the hour
+    # begins: the first stops after two minutes, the second after eight. Later jobs take each one's
+    # NICs to the hour's end, so the NICs' traffic spans the same hour: the two jobs' lives do not.
+    topology = inventory(4)
+    hosts = [0, 1, 2, 3]
+    rows = ring(hosts, range(2), 4 << 20, rails=range(4)) + ring(hosts, range(8), 4 << 20, rails=range(4, 8),
+                                                               first_s=2.5, last_s=58)
+    rows += ring(hosts, range(12, 60), 6 << 20, rails=range(4)) + ring(hosts, range(20, 60), 10 << 20,
+                                                                        rails=range(4, 8), first_s=3.3)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert sorted(found.jobs["n_gpus"].to_pylist()) == [16, 16, 16, 16]
+    assert gpus_by_job(found) == [[0, 1, 2, 3]] * 2 + [[4, 5, 6, 7]] * 2
+
+
 def test_a_rail_optimized_job_is_one_job():
     # eight rails in step over four hosts (the exporters' clocks a few ms apart): one job of 32 GPUs
     topology = inventory(4)

@@ -10,6 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
+from prism_core.arrays import time_segments
 from prism_core.recognition.params import RecognitionParams
 
 
@@ -60,10 +61,12 @@ def merge_by_jaccard(component: np.ndarray, graph: Graph, params: RecognitionPar
 
 def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, params: RecognitionParams) -> np.ndarray:
     """Are parts `a[i]` and `b[i]` of one minute (labels of the nodes), on the same hosts, one job?
-    Each part is known in every minute of the hour by its anchor (its smallest NIC), so the verdict
-    weighs the whole hour. They are when they keep in step: their traffic of a minute starts and
-    ends within `params.in_step_ns` of each other in at least `params.in_step_share` of the minutes
-    they meet (a job's rails carry the same collectives and sends at the same moments; a job on
+    Each part is known in every minute by its life: its anchor (its smallest NIC) while that talks
+    without a stop (a silence of `params.life_gap_ns`), so the verdict weighs every minute of the
+    part's life, and none of a later job's on the same NICs (two jobs side by side on the hosts
+    would otherwise share the life of whatever ran on their NICs up to the hour's end). They are
+    when they keep in step: their traffic of a minute starts and ends within `params.in_step_ns`
+    of each other in at least `params.in_step_share` of the minutes they meet (a job's rails carry the same collectives and sends at the same moments; a job on
     other GPUs of the hosts starts and ends its minutes at the phase of its own steps). Parts of a
     job with other roles (a rail with the DP sync beside rails with only pipeline hops, a hop's
     forward and backward sends) are out of step, but carry its activations: they are one job also
@@ -72,44 +75,40 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, param
     (many models share an activation size, but a job that arrives on other GPUs of busy hosts
     begins later than the job already there)."""
     first_ns, last_ns = _spans(label, graph)
-    anchor = _anchors(label, graph.nic)
-    life_first = np.full(int(anchor.max()) + 1, np.iinfo(np.int64).max)
-    life_last = np.full(int(anchor.max()) + 1, np.iinfo(np.int64).min)
-    np.minimum.at(life_first, anchor, first_ns)
-    np.maximum.at(life_last, anchor, last_ns)
-    anchor_a, anchor_b = anchor[a], anchor[b]
-    same_life = (np.abs(life_first[anchor_a] - life_first[anchor_b]) <= params.same_life_ns) & (
-        np.abs(life_last[anchor_a] - life_last[anchor_b]) <= params.same_life_ns)
+    life, _, life_first, life_last = time_segments(_anchors(label, graph.nic), first_ns, last_ns, params.life_gap_ns)
+    life_a, life_b = life[a], life[b]
+    same_life = (np.abs(life_first[life_a] - life_first[life_b]) <= params.same_life_ns) & (
+        np.abs(life_last[life_a] - life_last[life_b]) <= params.same_life_ns)
     tolerance = params.in_step_ns
     minute_in_step = (np.abs(first_ns[a] - first_ns[b]) <= tolerance) & (np.abs(last_ns[a] - last_ns[b]) <= tolerance)
-    low, high = np.minimum(anchor_a, anchor_b), np.maximum(anchor_a, anchor_b)
-    _, meeting = np.unique(low * (int(anchor.max()) + 1) + high, return_inverse=True)
+    low, high = np.minimum(life_a, life_b), np.maximum(life_a, life_b)
+    _, meeting = np.unique(low * (int(life.max()) + 1) + high, return_inverse=True)
     meeting = meeting.ravel()
     in_step = np.bincount(meeting, weights=minute_in_step) / np.bincount(meeting) >= params.in_step_share
     out_of_step = ~in_step[meeting] & same_life
     if not out_of_step.any():
         return in_step[meeting]
-    # the (anchor, flow size) pairs of the parts still to judge, each once
-    edge_anchor = anchor[label[graph.edge_node]]
-    asked = np.isin(edge_anchor, np.r_[anchor_a[out_of_step], anchor_b[out_of_step]])
+    # the (life, flow size) pairs of the parts still to judge, each once
+    edge_life = life[label[graph.edge_node]]
+    asked = np.isin(edge_life, np.r_[life_a[out_of_step], life_b[out_of_step]])
     width = int(graph.edge_size.max()) + 1
-    keys = np.unique(edge_anchor[asked] * width + graph.edge_size[asked])
-    anchor_sizes = np.stack([keys // width, keys % width], axis=1)
+    keys = np.unique(edge_life[asked] * width + graph.edge_size[asked])
+    life_sizes = np.stack([keys // width, keys % width], axis=1)
     shared = np.zeros(len(a), bool)
-    shared[out_of_step] = _share_a_size(anchor_sizes, anchor_a[out_of_step], anchor_b[out_of_step], params.same_size)
+    shared[out_of_step] = _share_a_size(life_sizes, life_a[out_of_step], life_b[out_of_step], params.same_size)
     # a part whose sizes mostly do not recur byte for byte (behind flow caches, packet samplers or
     # exporters counting header bytes) can show neither a common size nor, with a cache's or a
     # sampler's timing, its rhythm: its life decides
-    n_anchors = int(anchor.max()) + 1
-    exact_share = np.bincount(edge_anchor, weights=graph.edge_exact, minlength=n_anchors) / np.maximum(
-        np.bincount(edge_anchor, minlength=n_anchors), 1)
+    n_lives = int(life.max()) + 1
+    exact_share = np.bincount(edge_life, weights=graph.edge_exact, minlength=n_lives) / np.maximum(
+        np.bincount(edge_life, minlength=n_lives), 1)
     sized = exact_share >= params.sized_share
-    return in_step[meeting] | shared | (out_of_step & ~(sized[anchor_a] & sized[anchor_b]))
+    return in_step[meeting] | shared | (out_of_step & ~(sized[life_a] & sized[life_b]))
 
 
 def _share_a_size(anchor_sizes: np.ndarray, a: np.ndarray, b: np.ndarray, tolerance: float) -> np.ndarray:
-    """Per (a[i], b[i]): do the two anchors carry flow sizes within `tolerance` (a share) of each
-    other? `anchor_sizes`: the sorted (anchor, size) pairs."""
+    """Per (a[i], b[i]): do the two parts carry flow sizes within `tolerance` (a share) of each
+    other? `anchor_sizes`: the sorted (part, size) pairs."""
     if len(a) == 0 or len(anchor_sizes) == 0:
         return np.zeros(len(a), bool)
     width = int(anchor_sizes[:, 1].max() * (1 + tolerance)) + 2

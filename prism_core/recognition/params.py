@@ -33,6 +33,12 @@ class RecognitionParams:
     # rail with only the DP sync first talks at the end of the first step, tens of seconds in),
     # since many models share an activation size but a job arriving beside another begins later.
     same_life_ns: int = MINUTE_NS
+    # threshold, ns: a part's life ends where its anchor NIC falls silent this long: a later job on
+    # the same NICs lives a life of its own (two jobs side by side on the hosts would otherwise
+    # share the life of whatever ran on their NICs to the hour's end). Behind a flow cache a busy
+    # pair's records come an active timeout apart (up to a minute) at the phase of the rail's own
+    # leaf, so a running job's NIC can be silent for over a minute.
+    life_gap_ns: int = 2 * MINUTE_NS
     # threshold, share of a part's rows this hour: a part is told by its sizes only when at least
     # this share of its rows carry a size recurring byte for byte; behind flow caches (sums),
     # packet samplers (estimates) and header-counting exporters sizes tell nothing, and the parts
