@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core import clocks, diagnosis, parallelism, resolution, timeline
+from prism_core import diagnosis, parallelism, resolution, timeline
 from prism_core.arrays import filter_rows, group_indices
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
@@ -221,18 +221,12 @@ def analyze_job(
         silent = sent.num_rows == 0
         resolved = (resolution.JobResolution("steps", None, frozenset(), True) if silent
                     else resolution.job_resolution(sent, exporters or {}, params.resolution))
-        stage = "clocks"
-        # the timeline and the diagnosis compare records of several exporters to the millisecond
-        job_clocks = clocks.learn(sent, found.job_gpus, params.clocks)
-        labelled = job_clocks.apply(found.labelled(sent))
-        del sent  # a copy of most of the flows: not held through the diagnosis, which reads them all
-        flows = job_clocks.apply(flows)
         stage = "timeline"
         steps = timeline.divide_steps(
-            job_id, resolving_flows(labelled, resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
+            job_id, resolving_flows(found.labelled(sent), resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
             hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
         )
-        del labelled
+        del sent  # a copy of most of the flows: not held through the diagnosis, which reads them all
         stage = "diagnosis"
         diagnosed = diagnosis.diagnose_job(
             job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,

@@ -24,8 +24,6 @@ import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from prism_core.clocks import DEFAULT_PARAMS as CLOCKS_DEFAULTS
-from prism_core.clocks import ClockParams
 from prism_core.diagnosis import DEFAULT_PARAMS as DIAGNOSIS_DEFAULTS
 from prism_core.diagnosis import DiagnosisParams
 from prism_core.parallelism import DEFAULT_PARAMS as PARALLELISM_DEFAULTS
@@ -49,7 +47,6 @@ class PrismParams:
     timeline: TimelineParams = TIMELINE_DEFAULTS
     diagnosis: DiagnosisParams = DIAGNOSIS_DEFAULTS
     resolution: ResolutionParams = RESOLUTION_DEFAULTS
-    clocks: ClockParams = CLOCKS_DEFAULTS
 
 
 DEFAULT_PARAMS = PrismParams()
