@@ -113,15 +113,12 @@ def _end_with_launcher() -> None:
     """In a worker: be killed when the launcher dies. A launcher killed outright (the OOM killer,
     `kill -9`) runs no shutdown, and its idle workers would wait for tasks forever, holding their
     memory and the launcher's stdout (a `prism run | tail` would never end). Linux only."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the pool's shutdown at exit still ends them
+    if not hasattr(_C_LIBRARY, "prctl"):  # not Linux: the pool's shutdown at exit still ends them
         return
+    _C_LIBRARY.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:  # the launcher died before the request took effect
         os._exit(1)
 
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @atexit.register
@@ -178,13 +175,10 @@ def _run_and_release(task: Callable, args: tuple):
             _LIBC.malloc_trim(0)
 
 
-def _glibc() -> ctypes.CDLL | None:
-    """The C library when its malloc (numpy's) can be tuned and trimmed (glibc), else None."""
-    libc = ctypes.CDLL(None)
-    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-
-
-_LIBC = _glibc()
+_C_LIBRARY = ctypes.CDLL(None)  # the process's C library: malloc tuning, prctl
+# glibc's, whose malloc (numpy's) can be tuned and trimmed; else None
+_LIBC = _C_LIBRARY if hasattr(_C_LIBRARY, "mallopt") and hasattr(_C_LIBRARY, "malloc_trim") else None
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 # Arrays up to glibc's own ceiling for its moving mmap threshold come from the heap (a minute's
 # columns are ~2 MB); larger ones (a large job's, ~100 MB) are still mapped and unmapped, and at
