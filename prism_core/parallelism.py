@@ -275,12 +275,13 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     n_hosts = flows.n_hosts
     # a sampled record's bytes say how many of its packets were sampled, not the transfer's size
     # (nor do they bridge two sizes into one family): the sampled records of a pair are one group
+    any_sampled = bool(flows.sampled.any())
     size_code = np.full(len(flows.size), -1)
     sizes, size_code[~flows.sampled] = size_families(
         flows.size[~flows.sampled], params.size_tolerance, params.pipeline_min_flows
     )
     size_code[flows.sampled] = len(sizes)
-    sizes = np.r_[sizes, np.median(flows.size[flows.sampled]) if flows.sampled.any() else 0]
+    sizes = np.r_[sizes, np.median(flows.size[flows.sampled]) if any_sampled else 0]
     n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
     group_key = direction * n_sizes
@@ -297,10 +298,10 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     # and a pipeline returns each activation's gradient, while a flow cache's records that merge
     # many transfers last long enough to overlap anything else on the pair. A sampled record is
     # one packet's time in a transfer of unknown size: any reverse traffic answers it.
-    if not flows.sampled.any():
+    if not any_sampled:
         del direction  # read again only for sampled records
     answered = reverse_in_flight(of_flow, reverse[of_flow], flows.start, flows.end, params.in_flight_slack_ns)
-    if flows.sampled.any():
+    if any_sampled:
         reverse_direction = flows.dst_host * n_hosts + flows.src_host
         slack = np.maximum(params.in_flight_slack_ns, _sampling_interval(direction, flows)[reverse_direction])
         on_pair = reverse_in_flight(direction, reverse_direction, flows.start, flows.end, slack.astype(np.int64))
