@@ -120,10 +120,11 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
     if usual.close_to_end_ns is None and phases.has_dp:
         paced = _tail_per_sync(phases, complete, normal, learn_from, params)
         usual.tail_per_sync = paced if paced is not None else usual.tail_per_sync
-    timed = normal & (bounds.next_sync(phases) > 0)
+    next_sync = bounds.next_sync(phases)
+    timed = normal & (next_sync > 0)
     lead = phases.next_ns - bounds.boundaries(phases, usual, params)
     usual.lead_ns = median(lead[normal], "lead_ns")
-    usual.lead_per_sync = median((lead / bounds.next_sync(phases))[timed], "lead_per_sync")
+    usual.lead_per_sync = median(lead[timed] / next_sync[timed], "lead_per_sync")
     saving = bounds.checkpoints(phases, usual, params)
     if np.any(saving):
         usual.write_delay_ns = float(max(phases.write_delay_ns[saving].max(), usual.write_delay_ns or 0.0))
