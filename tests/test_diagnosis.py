@@ -448,6 +448,42 @@ def test_a_slow_nic_in_a_tree_all_reduce_is_named_not_the_leaf_that_only_talks_t
     assert link["subject"] == addr[slow_nic] == "10.0.2.3"
 
 
+def test_a_slow_nic_in_a_ring_slows_the_whole_ring_and_is_still_named():
+    # A ring of 4 hosts, one NIC each (a job of one GPU per host): a link moves a chunk only when
+    # the one before it has arrived, so from step 40 on, while host 2's NIC runs at 35% of line
+    # rate, every link of the ring runs at 38-40% and host 2's links are no slower than 0.9x the
+    # step's median transfer. Most of the job's steps show the usual rate.
+    n_steps, chunks, chunk_bytes, step_s = 60, 8, 256 << 20, 2.0
+    addr = np.array([f"10.0.0.{h + 1}" for h in range(4)])
+    ring_src, ring_dst = np.arange(4), (np.arange(4) + 1) % 4
+    line_s = chunk_bytes / 40e9
+    slowed = np.arange(n_steps) >= 40
+    pace = np.where(slowed[:, None], np.where((ring_src == 2) | (ring_dst == 2), 0.35, 0.39), 1.0)  # step x link
+    sync = 1.0 + np.arange(n_steps) * step_s + 1.5
+    begin = sync[:, None] + np.arange(chunks)[None, :] * (line_s / pace.min(axis=1) * 1.05)[:, None]  # step x chunk
+    seconds = line_s / pace[:, None, :] * np.random.default_rng(4).uniform(0.98, 1.02, (n_steps, chunks, 4))
+    start = np.broadcast_to(begin[:, :, None], seconds.shape).ravel()
+    every = np.ones(start.size, bool)
+    flows = _flow_table(start, start + seconds.ravel(), np.tile(ring_src, n_steps * chunks),
+                        np.tile(ring_dst, n_steps * chunks), np.full(start.size, chunk_bytes), addr, every)
+    gpus = conform(pa.table({"job_id": ["job-r"] * 4, "addr": addr, "host": [f"gpu{h}" for h in range(4)],
+                             "gpu": np.zeros(4, int), "pp_stage": np.zeros(4, int), "dp_rank": np.arange(4)}), JOB_GPUS)
+    pairs = conform(pa.table({"job_id": ["job-r"] * 4, "src_addr": addr[ring_src], "dst_addr": addr[ring_dst],
+                              "kind": ["dp"] * 4, "flows": np.ones(4, int), "bytes": np.ones(4, int)}), COMM_PAIRS)
+    sync_end = begin[:, -1] + line_s / pace.min(axis=1) * 1.05
+    step_start = HOUR0_NS + np.round((1.0 + np.r_[0.0, sync_end[:-1] - 1.0]) * NS).astype(np.int64)
+    step_end = HOUR0_NS + np.round(sync_end * NS).astype(np.int64)
+    steps = conform(pa.table({
+        "job_id": ["job-r"] * n_steps, "step": np.arange(n_steps),
+        "start": pa.array(step_start).cast(STEPS.field("start").type), "end": pa.array(step_end).cast(STEPS.field("end").type),
+        "duration_s": (step_end - step_start) / NS, "attempt": np.zeros(n_steps, np.int32)}), STEPS)
+    found = diagnosis.diagnose_job("job-r", flows, gpus, pairs, steps, EVENTS.empty_table(), None,
+                                   HOUR0_NS, HOUR0_NS + HOUR_NS).issues
+    (link,) = _by_kind(found, "slow_link")
+    assert "10.0.0.3" in link["subject"].split("->")
+    assert step_start[40] <= link["start"] <= step_start[41]
+
+
 # --- hangs ----------------------------------------------------------------------------------------
 
 

@@ -51,7 +51,7 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     sel &= ~(excluded | job.split)[np.maximum(job.step, 0)]
     step, rate = job.step[sel], job.nbytes[sel] / np.maximum(seconds[sel], 1e-9)
     size = unique_inverse(job.nbytes[sel])[1]
-    ratio = rate / group_median(combined_key(step, size), rate)
+    ratio = rate / _usual_rate(step, size, rate)
     flows = (step, job.src[sel], job.dst[sel], ratio)
     if not sel.any():
         return LinkSteps(culprit, score, *flows)
@@ -90,6 +90,22 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     slow = capacity[lowest] < params.slow_link_ratio
     culprit[step[lowest][slow]] = code[slow]
     return LinkSteps(culprit, score, *flows)
+
+
+def _usual_rate(step: np.ndarray, size: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """Per transfer, the throughput it is measured against: the median of the same size's
+    transfers in its step, or the job's usual one for that size (the median over its steps of
+    theirs) when that is higher. A ring moves each chunk only when the one before it has
+    arrived, so a slow NIC in a ring slows every link of the ring alike and its step's own
+    median is as slow as the culprit; the job's other steps still show the usual rate."""
+    if not len(rate):
+        return rate
+    step_size = combined_key(step, size)
+    in_step = group_median(step_size, rate)
+    first = np.unique(step_size, return_index=True)[1]
+    over_steps = np.zeros(int(size.max()) + 1)
+    over_steps[size[first]] = group_median(size[first], in_step[first])
+    return np.maximum(in_step, over_steps[size])
 
 
 def link_windows(job: JobHour, link_steps: LinkSteps, previous: OpenWindow | None,
