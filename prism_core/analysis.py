@@ -238,7 +238,8 @@ def analyze_job(
         return failed_job(job_id, stage, error, before, hour_start_ns, hour_end_ns)
     step_rows, issues = steps.steps, diagnosed.issues
     durations = step_rows["duration_s"].to_numpy()
-    if resolved.resolution == "steps" and not resolution.steps_keep_time(durations, params.resolution):
+    synchronized = step_rows["sync_s"].is_valid().to_numpy(zero_copy_only=False)
+    if resolved.resolution == "steps" and not resolution.steps_keep_time(durations, synchronized, params.resolution):
         resolved = resolution.demoted(resolved)
     if resolved.resolution != "steps":
         # The timeline's steps still carry the job's step numbers and the diagnosis' restarts and

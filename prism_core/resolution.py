@@ -415,11 +415,15 @@ def _transfers_timed(flows: pa.Table, names: pa.ChunkedArray, one_by_one: dict[s
     return timed >= params.min_transfer_share * flows.num_rows
 
 
-def steps_keep_time(durations_s: np.ndarray, params: ResolutionParams = DEFAULT_PARAMS) -> bool:
+def steps_keep_time(durations_s: np.ndarray, synchronized: np.ndarray | None = None,
+                    params: ResolutionParams = DEFAULT_PARAMS) -> bool:
     """Whether the hour's divided steps (durations in order) look like a training job's: most of
     them close to the median of their neighbours. Steps divided from records that blur the
     boundaries (a rail's subset, sizes made unique by header bytes) come out split and merged at
-    random; such steps are not reported (`analysis`)."""
+    random; such steps are not reported (`analysis`). A step longer than its neighbours that
+    holds the job's DP synchronization (`synchronized`, per step) is a whole step that took
+    longer: a job with heavy-tailed steps (stalls of a few tenths of a step, often) has many,
+    and they are what the diagnosis judges. A split step is shorter than its neighbours."""
     n = len(durations_s)
     if n < params.min_steps_judged:
         return True
@@ -428,6 +432,8 @@ def steps_keep_time(durations_s: np.ndarray, params: ResolutionParams = DEFAULT_
     windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1)
     local = np.median(windows, axis=1)
     steady = np.abs(durations_s - local) <= params.step_tolerance * local
+    if synchronized is not None:
+        steady |= synchronized & (durations_s > local)
     return bool(steady.mean() >= params.min_steady_share)
 
 
