@@ -47,6 +47,18 @@ def test_unique_inverse_is_numpys_unique(distinct):
     assert np.array_equal(got_codes, expected_codes)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16])
+def test_unique_inverse_of_integers_spanning_few_values_is_numpys_unique(dtype):
+    info = np.iinfo(dtype)
+    low, high = max(info.min, -1000), min(info.max, 1000)
+    values = np.random.default_rng(3).integers(low, high, 5_000, endpoint=True).astype(dtype)
+    values[:2] = low, high  # the span's ends (an int8's whole range)
+    expected_values, expected_codes = np.unique(values, return_inverse=True)
+    got_values, got_codes = unique_inverse(values)
+    assert np.array_equal(got_values, expected_values) and got_values.dtype == expected_values.dtype
+    assert np.array_equal(got_codes, expected_codes)
+
+
 def test_unique_inverse_of_nothing():
     values, codes = unique_inverse(np.zeros(0, np.int64))
     assert len(values) == len(codes) == 0
