@@ -80,8 +80,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     first = _join_partial_phases(first, b_bytes[candidates], b_start[candidates], b_end[candidates], params)
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
-    flows, opening_burst, close_ns, nbytes, after_optimizer = [], [], [], [], []
-    gather_burst, before_gather = [], []
+    flows, opening_burst, last_burst_rows, nbytes, after_optimizer = [], [], [], [], []
+    gather_burst, before_gather_rows = [], []
     gathered_every_stage = False  # of the last phase: see below
     burst_from = np.searchsorted(burst, np.arange(len(b_start) + 1))  # signal positions of each burst
     for lo, hi in zip(first, last):
@@ -102,11 +102,12 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
             repeated = 0.0
         flows.append(np.concatenate(rows))
         opening_burst.append(members[0])
-        close_ns.append(traffic.cluster_end(rows[-1], params))
+        last_burst_rows.append(rows[-1])
         nbytes.append(float(b_bytes[members].sum()))
         after_optimizer.append(repeated >= params.repeat_share)
         gather_burst.append(members[-1] if after_optimizer[-1] else -1)
-        before_gather.append(traffic.cluster_end(np.concatenate(rows[:-1]), params) if after_optimizer[-1] else -1)
+        if after_optimizer[-1]:
+            before_gather_rows.append(np.concatenate(rows[:-1]))
         # every stage's updated shards gathered at once: the optimizer ran, the sync is over
         gathered_every_stage = all_gather and every_pair
     opening_burst = np.array(opening_burst, np.int64)
@@ -118,18 +119,22 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
                                                             burst_from[gather_burst[gathered] + 1])
     opens_step, scattered = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, np.array(nbytes),
                                                           params)
-    before_gather = np.array(before_gather, np.int64)
+    after_optimizer = np.array(after_optimizer, bool)
+    # the collectives' ends, every phase's at once
+    ends = traffic.cluster_ends(last_burst_rows + before_gather_rows, params)
+    close = ends[: len(last_burst_rows)]
+    before_gather = np.full(len(first), -1, np.int64)
+    before_gather[after_optimizer] = ends[len(last_burst_rows):]
     scatter_start_ns = np.where(gather_start_ns >= 0, start_ns, -1)
     # a gather opening a step: its reduce-scatter ran in the lighter bursts before it
     gather_start_ns = np.where(opens_step, start_ns, gather_start_ns)
     scatter_start_ns = np.where(opens_step, scattered[:, 0], scatter_start_ns)
     before_gather = np.where(opens_step, scattered[:, 1], before_gather)
-    close = np.array(close_ns, np.int64)
     closed = np.ones(len(first), bool)
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     return Phases(flows, start_ns, close, np.array(nbytes), np.array([len(rows) for rows in flows], float),
-                  np.array(after_optimizer, bool), gather_start_ns, before_gather, scatter_start_ns, opens_step,
+                  after_optimizer, gather_start_ns, before_gather, scatter_start_ns, opens_step,
                   closed, *_what_follows(traffic, flows, close, has_dp, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
