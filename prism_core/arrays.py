@@ -204,10 +204,18 @@ def time_segments(
 def combined_key(*columns: np.ndarray) -> np.ndarray:
     """One int64 per row identifying the combination of integer columns (each at least -1, the
     code of an unknown), in the lexicographic order of the columns."""
-    key = np.zeros(len(columns[0]), np.int64)
+    # built in place: each temporary would be another array the length of a job's flows
+    key = None
     for column in columns:
-        column = np.asarray(column, np.int64)
-        key = key * (int(column.max(initial=0)) + 2) + column + 1
+        column = np.asarray(column)
+        if not np.can_cast(column.dtype, np.int64):
+            column = column.astype(np.int64)
+        if key is None:
+            key = column.astype(np.int64)
+        else:
+            key *= int(column.max(initial=0)) + 2
+            key += column
+        key += 1
     return key
 
 
