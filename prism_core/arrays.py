@@ -23,6 +23,9 @@ MAX_SLICED_STRING_DROPS = 1 << 16
 PADDED_GROWTH = 2
 # unique_inverse ranks integers through a table of their span up to this many entries per value
 MAX_DENSE_SPAN_PER_VALUE = 4
+# kth_within_groups counts values per run and magnitude bucket in a table of at most this many
+# cells per value (else it sorts them all)
+MAX_BUCKET_CELLS_PER_VALUE = 4
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 
 
@@ -164,6 +167,34 @@ def sorted_within_groups(group: np.ndarray, values: np.ndarray) -> np.ndarray:
         return values[np.lexsort((values, group))]
     low = int(values.min())
     return np.sort(packed) % (int(values.max()) - low + 1) + low
+
+
+def kth_within_groups(group: np.ndarray, values: np.ndarray, kth: np.ndarray) -> np.ndarray:
+    """Per run of equal `group` codes (`group` sorted), the `kth` (per run, 0-based) smallest of
+    its `values` (integers): `sorted_within_groups(group, values)[run start + kth]`, without sorting
+    every value. Values fall in buckets by magnitude (eighths of octaves: an order that rounding to
+    float may merge but never reverses); only the values in the bucket that holds each run's kth
+    are sorted (most of a pair's quiets, its micro-batch sends, lie below its long ones)."""
+    starts = _group_starts(group)
+    run = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(group)]))
+    low = int(values.min())
+    offset = values.astype(np.int64) - low
+    # a positive float's bits order as it does: its exponent and first three mantissa bits
+    bucket = (offset.astype(np.float64) + 1.0).view(np.int64) >> 48
+    bucket -= bucket.min()
+    n_buckets = int(bucket.max()) + 1
+    if len(starts) * n_buckets > MAX_BUCKET_CELLS_PER_VALUE * len(values):  # too many runs to count apart
+        return sorted_within_groups(group, values)[starts + kth]
+    counts = np.bincount(run * n_buckets + bucket, minlength=len(starts) * n_buckets).reshape(len(starts), n_buckets)
+    up_to = np.cumsum(counts, axis=1)
+    target = (up_to <= kth[:, None]).sum(axis=1)  # the first bucket holding more than kth values
+    in_target = bucket == target[run]
+    del bucket
+    picked = sorted_within_groups(run[in_target], offset[in_target])
+    runs = np.arange(len(starts))
+    in_bucket = counts[runs, target]
+    first_picked = np.cumsum(in_bucket) - in_bucket
+    return picked[first_picked + kth - (up_to[runs, target] - in_bucket)] + low
 
 
 def group_indices(keys: np.ndarray) -> Iterator[tuple[object, np.ndarray]]:
