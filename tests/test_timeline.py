@@ -940,5 +940,5 @@ def test_a_collective_ends_at_the_median_of_the_pairs_ending_with_the_second_lat
                             np.zeros(n, np.int32), [], [], np.empty(0, np.int64), np.empty(0, np.int64), {})
     params = DEFAULT_PARAMS
     assert params.transfer_ns == 2 * ms and params.cluster_ns == 15 * ms
-    ends = flows.cluster_ends([np.arange(n), np.array([5])], params)
+    ends = flows.cluster_ends(np.r_[np.arange(n), 5], np.r_[np.zeros(n, int), 1], 2, params)
     assert ends.tolist() == [95 * ms, 60 * ms]  # median of 90, 95, 200; a lone pair's own end

@@ -154,15 +154,14 @@ class Traffic:
             self._quiet_before = np.r_[np.iinfo(np.int64).min, self.start[1:] - reach[:-1]][: len(self.start)]
         return self._quiet_before
 
-    def cluster_ends(self, row_sets: list[np.ndarray], params: TimelineParams) -> np.ndarray:
-        """When the collective of each set of rows (non-empty) finished: each pair's last transfer
-        ends at its earliest channel's end (single flows stretch), and the collective at the median
-        of the pairs that end within `cluster_ns` of the latest ones (the group that finished last;
-        clock skew averages); the median as np.median takes it, truncated to ns. Every set at once."""
-        if not row_sets:
+    def cluster_ends(self, rows: np.ndarray, owner: np.ndarray, n_sets: int, params: TimelineParams) -> np.ndarray:
+        """When the collective of each set of `rows` (`owner`: the set of each, 0..n_sets-1, none
+        empty) finished: each pair's last transfer ends at its earliest channel's end (single flows
+        stretch), and the collective at the median of the pairs that end within `cluster_ns` of the
+        latest ones (the group that finished last; clock skew averages); the median as np.median
+        takes it, truncated to ns. Every set at once."""
+        if not n_sets:
             return np.empty(0, np.int64)
-        owner = np.repeat(np.arange(len(row_sets)), [len(rows) for rows in row_sets])
-        rows = np.concatenate(row_sets)
         order = np.lexsort((self.start[rows], self.pair[rows], owner))
         rows, owner = rows[order], owner[order]
         pair, start = self.pair[rows], self.start[rows]
@@ -177,11 +176,11 @@ class Traffic:
         set_of_end = owner[opens_pair]
         by_set = np.lexsort((ends, set_of_end))
         ends, set_of_end = ends[by_set], set_of_end[by_set]
-        count = np.bincount(set_of_end, minlength=len(row_sets))
+        count = np.bincount(set_of_end, minlength=n_sets)
         stop = np.cumsum(count)
         latest = ends[stop - 1 - (count > 1)]
         in_cluster = np.bincount(set_of_end, ends >= latest[set_of_end] - params.cluster_ns,
-                                 minlength=len(row_sets)).astype(np.int64)
+                                 minlength=n_sets).astype(np.int64)
         first = stop - in_cluster
         low, high = ends[first + (in_cluster - 1) // 2], ends[first + in_cluster // 2]
         return ((low.astype(np.float64) + high.astype(np.float64)) / 2).astype(np.int64)
