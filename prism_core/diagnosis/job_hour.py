@@ -231,7 +231,8 @@ def _members(gpus: pa.Table, gpus_behind: pa.Table | None) -> dict[str, np.ndarr
 
 def _flow_kinds(src: np.ndarray, dst: np.ndarray, pair_src: np.ndarray, pair_dst: np.ndarray,
                 pair_kinds: list[str], n_addrs: int) -> np.ndarray:
-    """The kind code of each flow's pair (UNCLASSIFIED for a pair no kind was given to)."""
+    """The kind code of each flow's pair (UNCLASSIFIED for a pair no kind was given to); flows
+    between members (`src`, `dst` codes >= 0)."""
     n = max(n_addrs, 1)
     pair_kind = np.array([KIND_CODES.get(k, UNCLASSIFIED) for k in pair_kinds], np.int8)
     known = (pair_src >= 0) & (pair_dst >= 0)
