@@ -670,9 +670,16 @@ def warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> 
         return vote
     base = int(start.min())
     width = int(start.max()) - base + 1
-    exchanges = np.sort(pair[answered] * width + (start[answered] - base))
-    lone = np.flatnonzero(~answered)
-    at = pair[lone] * width + (start[lone] - base)
+    key = pair * width + (start - base)
+    if np.all(start[1:] >= start[:-1]):
+        # flows usually come in start order: ordered by pair alone (linear passes) the keys are
+        # sorted, and the lone flows asked in that order keep the search cache-friendly
+        by_key = stable_order(pair, scattered=True)
+        key, answered_by_key = key[by_key], answered[by_key]
+        exchanges, at, lone = key[answered_by_key], key[~answered_by_key], by_key[~answered_by_key]
+    else:
+        exchanges, lone = np.sort(key[answered]), np.flatnonzero(~answered)
+        at = key[lone]
     after = np.searchsorted(exchanges, at)
     previous = np.where(after > 0, exchanges[np.maximum(after - 1, 0)], -1)
     following = np.where(after < len(exchanges), exchanges[np.minimum(after, len(exchanges) - 1)], -1)

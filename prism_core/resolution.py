@@ -38,7 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import (
-    MAD_TO_SIGMA, combination_ids, sorted_within_groups, stable_order, unique_counts, unique_inverse,
+    MAD_TO_SIGMA, combination_ids, kth_within_groups, sorted_within_groups, stable_order, unique_counts,
+    unique_inverse,
 )
 from prism_core.schema import ISSUE_KINDS
 
@@ -473,8 +474,7 @@ def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
     onsets, owner = major
     same = owner[1:] == owner[:-1]
     interval, of_pair = np.diff(onsets)[same], owner[1:][same]
-    order = np.lexsort((interval, of_pair))
-    interval, of_pair = interval[order], of_pair[order]
+    interval = sorted_within_groups(of_pair, interval)  # the onsets come sorted by pair
     opens = np.flatnonzero(np.r_[True, of_pair[1:] != of_pair[:-1]]) if len(of_pair) else np.zeros(0, np.int64)
     counts = np.diff(np.r_[opens, len(of_pair)])
     enough = counts >= params.min_pair_records
@@ -522,12 +522,12 @@ def _major_onsets(flows: pa.Table, params: ResolutionParams) -> tuple[np.ndarray
     # each pair's longest regular quiet: a high quantile of its gaps (a pair's first record has
     # none: it sorts last, above every gap)
     quiet_ns[first] = quiet_ns[~first].max(initial=0) + 1
-    sorted_quiet = sorted_within_groups(pair, quiet_ns)
+    rank = np.floor(params.long_gap_quantile * np.maximum(gaps_of_pair - 1, 0)).astype(np.int64)
+    long_quiet = kth_within_groups(pair, quiet_ns, rank)
     quiet = quiet_ns.astype(np.float64)
     quiet[first] = np.nan
     long_gap = np.full(int(pair.max()) + 1, np.inf)
-    at = opens + np.floor(params.long_gap_quantile * np.maximum(gaps_of_pair - 1, 0)).astype(np.int64)
-    long_gap[pair[opens[usable]]] = sorted_quiet[at[usable]].astype(np.float64)
+    long_gap[pair[opens[usable]]] = long_quiet[usable].astype(np.float64)
     major = ~first & (quiet >= params.major_gap_share * long_gap[pair])
     return start[major], pair[major]
 

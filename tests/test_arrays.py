@@ -14,6 +14,7 @@ from prism_core.arrays import (
     group_median,
     group_mode,
     group_reduce,
+    kth_within_groups,
     rolling_median,
     segment_median,
     stable_order,
@@ -41,6 +42,18 @@ def test_stable_order_of_int8_keys_spanning_their_whole_range():
 def test_unique_inverse_is_numpys_unique(distinct):
     rng = np.random.default_rng(distinct)
     values = rng.choice(rng.integers(-10**12, 10**12, distinct), 10_000)
+    expected_values, expected_codes = np.unique(values, return_inverse=True)
+    got_values, got_codes = unique_inverse(values)
+    assert np.array_equal(got_values, expected_values) and got_values.dtype == expected_values.dtype
+    assert np.array_equal(got_codes, expected_codes)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16])
+def test_unique_inverse_of_integers_spanning_few_values_is_numpys_unique(dtype):
+    info = np.iinfo(dtype)
+    low, high = max(info.min, -1000), min(info.max, 1000)
+    values = np.random.default_rng(3).integers(low, high, 5_000, endpoint=True).astype(dtype)
+    values[:2] = low, high  # the span's ends (an int8's whole range)
     expected_values, expected_codes = np.unique(values, return_inverse=True)
     got_values, got_codes = unique_inverse(values)
     assert np.array_equal(got_values, expected_values) and got_values.dtype == expected_values.dtype
@@ -132,3 +145,27 @@ def test_filter_rows_is_pyarrows_filter(drops):
     keep[rng.choice(n, drops, replace=False)] = False
     filtered = filter_rows(table, keep)
     assert filtered.schema == table.schema and filtered.equals(table.filter(pa.array(keep)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kth_within_groups_is_that_of_the_groups_sorted(seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 300, int(rng.integers(1, 40)))
+    group = np.repeat(np.sort(rng.choice(10_000, len(sizes), replace=False)), sizes)
+    scale = 10 ** int(rng.integers(0, 13))
+    # spread values, a heavy tail (long quiets over many short ones), and ties
+    values = [rng.integers(-scale, scale + 1, len(group)), (rng.pareto(1.0, len(group)) * scale).astype(np.int64),
+              rng.integers(0, 3, len(group))][seed % 3]
+    kth = rng.integers(0, sizes)
+    expected = values[np.lexsort((values, group))][np.cumsum(sizes) - sizes + kth]
+    assert np.array_equal(kth_within_groups(group, values, kth), expected)
+
+
+def test_kth_within_groups_of_many_small_groups_sorts_them_all():
+    """Too many groups to count by magnitude (a table of groups x buckets): numpy's answer still."""
+    rng = np.random.default_rng(7)
+    group = np.repeat(np.arange(2_000), 2)
+    values = rng.integers(-10**15, 10**15, len(group))
+    kth = rng.integers(0, 2, 2_000)
+    expected = values[np.lexsort((values, group))][2 * np.arange(2_000) + kth]
+    assert np.array_equal(kth_within_groups(group, values, kth), expected)

@@ -925,3 +925,20 @@ def test_a_carry_written_before_flows_had_families_gives_each_flow_its_own():
     del old["columns"]
     built = traffic.Traffic.build(flows.slice(0, 0), pairs, old)
     assert built.family.tolist() == [7 << 20, 9 << 20] and built.start.tolist() == [0, 1_000]
+
+
+def test_a_collective_ends_at_the_median_of_the_pairs_ending_with_the_second_latest():
+    ms = 1_000_000
+    # pair 0: two channels of its last transfer (the earliest end counts); pair 1: an earlier
+    # transfer, then its last; pair 2 ends far after the others (one late pair does not set the
+    # end); pair 3 ends before the cluster
+    pair = np.array([0, 0, 1, 1, 2, 3], np.int32)
+    start = np.array([0, 1, 0, 10, 0, 0], np.int64) * ms
+    end = np.array([100, 90, 50, 95, 200, 60], np.int64) * ms
+    n = len(pair)
+    flows = traffic.Traffic(start, end, np.ones(n, np.int64), np.full(n, DP, np.int8), np.ones(n, np.int64), pair,
+                            np.zeros(n, np.int32), [], [], np.empty(0, np.int64), np.empty(0, np.int64), {})
+    params = DEFAULT_PARAMS
+    assert params.transfer_ns == 2 * ms and params.cluster_ns == 15 * ms
+    ends = flows.cluster_ends(np.r_[np.arange(n), 5], np.r_[np.zeros(n, int), 1], 2, params)
+    assert ends.tolist() == [95 * ms, 60 * ms]  # median of 90, 95, 200; a lone pair's own end

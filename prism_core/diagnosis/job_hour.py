@@ -17,6 +17,8 @@ from prism_core.schema import STEPS, conform
 
 from .params import DiagnosisParams
 
+MAX_PAIR_TABLE = 1 << 24  # address pairs of a job looked up in a table (a byte each) up to this many
+
 
 @dataclass(frozen=True, eq=False)  # arrays: compared by identity
 class JobHour:
@@ -229,11 +231,17 @@ def _members(gpus: pa.Table, gpus_behind: pa.Table | None) -> dict[str, np.ndarr
 
 def _flow_kinds(src: np.ndarray, dst: np.ndarray, pair_src: np.ndarray, pair_dst: np.ndarray,
                 pair_kinds: list[str], n_addrs: int) -> np.ndarray:
-    """The kind code of each flow's pair (UNCLASSIFIED for a pair no kind was given to)."""
+    """The kind code of each flow's pair (UNCLASSIFIED for a pair no kind was given to); flows
+    between members (`src`, `dst` codes >= 0)."""
     n = max(n_addrs, 1)
     pair_kind = np.array([KIND_CODES.get(k, UNCLASSIFIED) for k in pair_kinds], np.int8)
     known = (pair_src >= 0) & (pair_dst >= 0)
     pair_key = pair_src[known] * n + pair_dst[known]
+    if n * n <= MAX_PAIR_TABLE:
+        # a kind per address pair in a table: one lookup per flow, no binary search
+        kind_of_key = np.full(n * n, UNCLASSIFIED, np.int8)
+        np.minimum.at(kind_of_key, pair_key, pair_kind[known])  # a pair with several kinds: the lowest
+        return kind_of_key[src * n + dst]
     key_order = np.lexsort((pair_kind[known], pair_key))  # a pair with several kinds: the lowest
     pair_key, pair_kind = pair_key[key_order], pair_kind[known][key_order]
     flow_key = src * n + dst

@@ -53,14 +53,17 @@ def _bytes_until(job: JobHour, at: np.ndarray) -> np.ndarray:
     by_time = np.argsort(at)
     times = at[by_time]
 
-    def summed_up_to(edge: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """per sorted time t: the sum of the weights whose edge is at or before t"""
-        first_time_after = np.searchsorted(times, edge, side="left")
+    def summed_up_to(edge: np.ndarray, weights: np.ndarray, first_time_after: np.ndarray | None = None) -> np.ndarray:
+        """per sorted time t: the sum of the weights whose edge is at or before t (`first_time_after`:
+        each edge's place among the times, where already found)"""
+        if first_time_after is None:
+            first_time_after = np.searchsorted(times, edge, side="left")
         return np.cumsum(np.bincount(first_time_after, weights=weights, minlength=len(times) + 1))[:len(times)]
 
     def ramps_from(edge: np.ndarray) -> np.ndarray:
         """per sorted time t: the sum over the ramps whose `edge` is at or before t of rate x (t - edge)"""
-        return times * summed_up_to(edge, rate) - summed_up_to(edge, rate * edge)
+        place = np.searchsorted(times, edge, side="left")  # once for both sums
+        return times * summed_up_to(edge, rate, place) - summed_up_to(edge, rate * edge, place)
 
     instant = ~ramp
     carried = (ramps_from(job.start[ramp]) - ramps_from(job.end[ramp])

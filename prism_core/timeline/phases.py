@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prism_core.arrays import combined_key, unique_inverse
 from prism_core.constants import DP, PP
 from prism_core.parallelism import reverse_in_flight, warm_up_votes
 from prism_core.timeline.params import TimelineParams
@@ -80,56 +81,59 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     first = _join_partial_phases(first, b_bytes[candidates], b_start[candidates], b_end[candidates], params)
     last = np.r_[first[1:] - 1, len(candidates) - 1] if len(candidates) else np.empty(0, int)
 
-    flows, opening_burst, close_ns, nbytes, after_optimizer = [], [], [], [], []
-    gather_burst, before_gather = [], []
-    gathered_every_stage = False  # of the last phase: see below
+    # per signal row, its phase (-1 in a light burst)
+    phase_of_burst = np.full(len(b_start), -1)
+    phase_of_burst[candidates] = np.repeat(np.arange(len(first)), last - first + 1)
+    phase = phase_of_burst[burst]
+    in_phase = phase >= 0
+    in_last = in_phase & (burst == candidates[last][phase])
+    shapes = (_phase_shapes(traffic, signal, phase, in_phase, in_last, b_bytes, b_flows, candidates, first, last,
+                            params) if has_dp else _Shapes.none(len(first)))
+    # the same collective again moves the same transfer sizes: another gradient bucket, or the
+    # all-gather of the shards a reduce-scatter left (ZeRO-1/2); a parameter gather moves the
+    # parameters' sizes, however close its bytes come to the gradients'
+    all_gather = shapes.same_flows & (np.abs(shapes.repeated - 1.0) <= params.same_shape) & shapes.same_sizes
+    repeats = (shapes.repeated >= params.repeat_share) & ~all_gather
+    # a different collective on the same pairs right after the optimizer: the next step's ZeRO-3
+    # parameter gather, its first traffic, not part of this sync (one like the burst before it is
+    # the sync's next gradient bucket)
+    drop_last = repeats & ~(shapes.same_sizes & shapes.same_burst)
+    after_optimizer = (shapes.repeated >= params.repeat_share) & all_gather
+    # every stage's updated shards gathered at once (of the last phase): the optimizer ran, the sync is over
+    gathered_every_stage = bool(len(first)) and bool(all_gather[-1] & shapes.every_pair[-1])
+    kept = in_phase & ~(in_last & drop_last[phase])
+    flows = np.split(signal[kept], np.cumsum(np.bincount(phase[kept], minlength=len(first)))[:-1]) if len(first) else []
+    kept_bursts = np.ones(len(candidates), bool)
+    kept_bursts[last[drop_last]] = False
+    nbytes = np.bincount(phase_of_burst[candidates], b_bytes[candidates] * kept_bursts, minlength=len(first))
+    opening_burst = candidates[first]
+    gather_burst = np.where(after_optimizer, candidates[last], -1)
     burst_from = np.searchsorted(burst, np.arange(len(b_start) + 1))  # signal positions of each burst
-    for lo, hi in zip(first, last):
-        members = candidates[lo : hi + 1]
-        rows = [signal[burst_from[b] : burst_from[b + 1]] for b in members]
-        repeated, same_flows, every_pair = _repeated_share(traffic, rows, params) if has_dp else (0.0, False, False)
-        # the same collective again moves the same transfer sizes: another gradient bucket, or the
-        # all-gather of the shards a reduce-scatter left (ZeRO-1/2); a parameter gather moves the
-        # parameters' sizes, however close its bytes come to the gradients'
-        same_sizes = has_dp and len(rows) > 1 and _in_families_of(traffic, rows[-1], rows[:-1], params)
-        all_gather = same_flows and abs(repeated - 1.0) <= params.same_shape and same_sizes
-        if repeated >= params.repeat_share and not all_gather and not (same_sizes and _same_burst(traffic, rows, params)):
-            # a different collective on the same pairs right after the optimizer: the next
-            # step's ZeRO-3 parameter gather, its first traffic, not part of this sync (one
-            # like the burst before it is the sync's next gradient bucket)
-            members, rows, repeated = members[:-1], rows[:-1], 0.0
-        elif repeated >= params.repeat_share and not all_gather:
-            repeated = 0.0
-        flows.append(np.concatenate(rows))
-        opening_burst.append(members[0])
-        close_ns.append(traffic.cluster_end(rows[-1], params))
-        nbytes.append(float(b_bytes[members].sum()))
-        after_optimizer.append(repeated >= params.repeat_share)
-        gather_burst.append(members[-1] if after_optimizer[-1] else -1)
-        before_gather.append(traffic.cluster_end(np.concatenate(rows[:-1]), params) if after_optimizer[-1] else -1)
-        # every stage's updated shards gathered at once: the optimizer ran, the sync is over
-        gathered_every_stage = all_gather and every_pair
-    opening_burst = np.array(opening_burst, np.int64)
     start_ns = signal_index.cluster_starts(burst_from[opening_burst], burst_from[opening_burst + 1])
-    gather_burst = np.array(gather_burst, np.int64)
     gather_start_ns = np.full(len(gather_burst), -1, np.int64)
     gathered = gather_burst >= 0
     gather_start_ns[gathered] = signal_index.cluster_starts(burst_from[gather_burst[gathered]],
                                                             burst_from[gather_burst[gathered] + 1])
-    opens_step, scattered = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, np.array(nbytes),
-                                                          params)
-    before_gather = np.array(before_gather, np.int64)
+    opens_step, scattered = _gathers_after_bucketed_syncs(traffic, signal, heavy[burst], flows, nbytes, params)
+    # where the collectives ended: each phase's last burst (kept), and the bursts before an
+    # after-optimizer gather
+    last_kept = kept & (burst == candidates[np.where(drop_last, last - 1, last)][phase])
+    close = traffic.cluster_ends(signal[last_kept], phase[last_kept], len(first), params)
+    before = in_phase & ~in_last & after_optimizer[phase]
+    before_gather = np.full(len(first), -1, np.int64)
+    gather_of_phase = np.cumsum(after_optimizer) - 1
+    before_gather[after_optimizer] = traffic.cluster_ends(signal[before], gather_of_phase[phase[before]],
+                                                          int(after_optimizer.sum()), params)
     scatter_start_ns = np.where(gather_start_ns >= 0, start_ns, -1)
     # a gather opening a step: its reduce-scatter ran in the lighter bursts before it
     gather_start_ns = np.where(opens_step, start_ns, gather_start_ns)
     scatter_start_ns = np.where(opens_step, scattered[:, 0], scatter_start_ns)
     before_gather = np.where(opens_step, scattered[:, 1], before_gather)
-    close = np.array(close_ns, np.int64)
     closed = np.ones(len(first), bool)
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
-    return Phases(flows, start_ns, close, np.array(nbytes), np.array([len(rows) for rows in flows], float),
-                  np.array(after_optimizer, bool), gather_start_ns, before_gather, scatter_start_ns, opens_step,
+    return Phases(flows, start_ns, close, nbytes, np.bincount(phase[kept], minlength=len(first)).astype(float),
+                  after_optimizer, gather_start_ns, before_gather, scatter_start_ns, opens_step,
                   closed, *_what_follows(traffic, flows, close, has_dp, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
@@ -277,38 +281,60 @@ def _gathers_after_bucketed_syncs(traffic: Traffic, signal: np.ndarray, heavy_fl
     return opens, extent
 
 
-def _in_families_of(traffic: Traffic, rows: np.ndarray, earlier: list[np.ndarray], params: TimelineParams) -> bool:
-    """Whether `rows` move their bytes, all but a `same_shape` share, in size families the
-    `earlier` bursts moved too."""
-    known = np.isin(traffic.family[rows], traffic.family[np.concatenate(earlier)])
-    return bool(traffic.nbytes[rows][known].sum() >= (1.0 - params.same_shape) * traffic.nbytes[rows].sum())
+@dataclass
+class _Shapes:
+    """Per phase, how its last burst compares with the bursts before it (none for a phase of one)."""
+
+    repeated: np.ndarray  # bytes the earlier bursts moved on the last burst's pairs per byte of that burst
+    same_flows: np.ndarray  # bool: in as many flows (within `same_shape`)
+    every_pair: np.ndarray  # bool: those were all of the earlier bytes (within `same_shape`)
+    same_sizes: np.ndarray  # bool: the last burst moves its bytes, all but a `same_shape` share, in size
+    # families the earlier bursts moved too
+    same_burst: np.ndarray  # bool: it moves the bytes of the burst before it in as many flows (within
+    # `same_shape`): one gradient bucket after another
+
+    @classmethod
+    def none(cls, n_phases: int) -> _Shapes:
+        return cls(np.zeros(n_phases), *(np.zeros(n_phases, bool) for _ in range(4)))
 
 
-def _same_burst(traffic: Traffic, burst_rows: list[np.ndarray], params: TimelineParams) -> bool:
-    """Whether the last burst moves the bytes of the one before it in as many flows (within
-    `same_shape`): one gradient bucket after another."""
-    if len(burst_rows) < 2:
-        return False
-    last, before = burst_rows[-1], burst_rows[-2]
-    bytes_ratio = traffic.nbytes[last].sum() / max(traffic.nbytes[before].sum(), 1)
-    return abs(len(last) / len(before) - 1.0) <= params.same_shape and abs(bytes_ratio - 1.0) <= params.same_shape
+def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_phase: np.ndarray, in_last: np.ndarray,
+                  b_bytes: np.ndarray, b_flows: np.ndarray, candidates: np.ndarray,
+                  first: np.ndarray, last: np.ndarray, params: TimelineParams) -> _Shapes:
+    """The `_Shapes` of every phase at once, from the signal rows (`phase` of each, `in_last`: in
+    its phase's last burst). About repeated 1 with the same flows when the last burst repeats a
+    collective on the same pairs bucket for bucket (the all-gather of the updated shards after the
+    optimizer, ZeRO-1/2), with every pair when it gathers every stage's shards at once; near 0 when
+    pipeline stages sync one after another on their own pairs; a ZeRO-3 parameter gather moves the
+    whole shard at once, in fewer flows. Byte sums are of integers, exact in float64."""
+    n_phases = len(first)
+    several = last > first
+    earlier = in_phase & ~in_last
+    last_rows, earlier_rows = signal[in_last], signal[earlier]
+    last_phase, earlier_phase = phase[in_last], phase[earlier]
 
+    def per_phase(of_phase: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        return np.bincount(of_phase, weights, minlength=n_phases)
 
-def _repeated_share(traffic: Traffic, burst_rows: list[np.ndarray], params: TimelineParams) -> tuple[float, bool, bool]:
-    """(bytes the phase's earlier bursts moved on the pairs of its last burst per byte of that
-    burst, whether they did so in as many flows, whether those were all of the earlier bytes).
-    About (1, True) when the last burst repeats a collective on the same pairs bucket for bucket
-    (the all-gather of the updated shards after the optimizer, ZeRO-1/2), and all of them when it
-    gathers every stage's shards at once; near 0 when pipeline stages sync one after another on
-    their own pairs; a ZeRO-3 parameter gather moves the whole shard at once, in fewer flows."""
-    if len(burst_rows) < 2:
-        return 0.0, False, False
-    last, earlier = burst_rows[-1], np.concatenate(burst_rows[:-1])
-    repeated = np.isin(traffic.pair[earlier], traffic.pair[last])
-    repeated_bytes = traffic.nbytes[earlier][repeated].sum()
-    share = repeated_bytes / traffic.nbytes[last].sum()
-    every_pair = repeated_bytes >= (1.0 - params.same_shape) * traffic.nbytes[earlier].sum()
-    return float(share), abs(repeated.sum() / len(last) - 1.0) <= params.same_shape, bool(every_pair)
+    # the earlier bursts' flows on a pair of their phase's last burst
+    pair_key = combined_key(phase, traffic.pair[signal])
+    repeated = np.isin(pair_key[earlier], pair_key[in_last])
+    earlier_bytes, last_bytes = traffic.nbytes[earlier_rows], traffic.nbytes[last_rows]
+    repeated_bytes = per_phase(earlier_phase, earlier_bytes * repeated)
+    share = np.divide(repeated_bytes, per_phase(last_phase, last_bytes), out=np.zeros(n_phases), where=several)
+    flows_ratio = per_phase(earlier_phase, repeated) / per_phase(last_phase)
+    same_flows = several & (np.abs(flows_ratio - 1.0) <= params.same_shape)
+    every_pair = several & (repeated_bytes >= (1.0 - params.same_shape) * per_phase(earlier_phase, earlier_bytes))
+    # the last burst's flows in a size family of its phase's earlier bursts
+    family_key = combined_key(phase, unique_inverse(traffic.family[signal])[1])
+    known = np.isin(family_key[in_last], family_key[earlier])
+    same_sizes = several & (per_phase(last_phase, last_bytes * known)
+                            >= (1.0 - params.same_shape) * per_phase(last_phase, last_bytes))
+    final, before = candidates[last], candidates[np.maximum(last - 1, first)]
+    bytes_ratio = b_bytes[final] / np.maximum(b_bytes[before], 1)
+    same_burst = several & (np.abs(b_flows[final] / b_flows[before] - 1.0) <= params.same_shape)
+    same_burst &= np.abs(bytes_ratio - 1.0) <= params.same_shape
+    return _Shapes(share, same_flows, every_pair, same_sizes, same_burst)
 
 
 def bursts(start: np.ndarray, end: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -154,20 +154,36 @@ class Traffic:
             self._quiet_before = np.r_[np.iinfo(np.int64).min, self.start[1:] - reach[:-1]][: len(self.start)]
         return self._quiet_before
 
-    def cluster_end(self, rows: np.ndarray, params: TimelineParams) -> int:
-        """When the collective of `rows` finished: each pair's last transfer ends at its earliest
-        channel's end (single flows stretch), and the collective at the median of the pairs that end
-        within `cluster_ns` of the latest ones (the group that finished last; clock skew averages)."""
-        by_pair = rows[np.lexsort((self.start[rows], self.pair[rows]))]
-        pair = self.pair[by_pair]
-        last_of_pair = np.r_[pair[1:] != pair[:-1], True]
-        group = np.cumsum(np.r_[True, pair[1:] != pair[:-1]]) - 1
-        final = self.start[by_pair] >= self.start[by_pair][last_of_pair][group] - params.transfer_ns
+    def cluster_ends(self, rows: np.ndarray, owner: np.ndarray, n_sets: int, params: TimelineParams) -> np.ndarray:
+        """When the collective of each set of `rows` (`owner`: the set of each, 0..n_sets-1, none
+        empty) finished: each pair's last transfer ends at its earliest channel's end (single flows
+        stretch), and the collective at the median of the pairs that end within `cluster_ns` of the
+        latest ones (the group that finished last; clock skew averages); the median as np.median
+        takes it, truncated to ns. Every set at once."""
+        if not n_sets:
+            return np.empty(0, np.int64)
+        order = np.lexsort((self.start[rows], self.pair[rows], owner))
+        rows, owner = rows[order], owner[order]
+        pair, start = self.pair[rows], self.start[rows]
+        opens_pair = np.r_[True, (pair[1:] != pair[:-1]) | (owner[1:] != owner[:-1])]
+        group = np.cumsum(opens_pair) - 1
+        last_start = start[np.r_[opens_pair[1:], True]][group]
+        final = start >= last_start - params.transfer_ns
         ends = np.full(group[-1] + 1, np.iinfo(np.int64).max)
-        np.minimum.at(ends, group[final], self.end[by_pair][final])
-        latest = np.sort(ends)[-2] if len(ends) > 1 else ends[0]
-        return int(np.median(ends[ends >= latest - params.cluster_ns]))
-
+        np.minimum.at(ends, group[final], self.end[rows][final])
+        # each set's pair ends in order; the second latest (the latest of a lone pair) sets the
+        # cluster, which is a suffix of the set's ends
+        set_of_end = owner[opens_pair]
+        by_set = np.lexsort((ends, set_of_end))
+        ends, set_of_end = ends[by_set], set_of_end[by_set]
+        count = np.bincount(set_of_end, minlength=n_sets)
+        stop = np.cumsum(count)
+        latest = ends[stop - 1 - (count > 1)]
+        in_cluster = np.bincount(set_of_end, ends >= latest[set_of_end] - params.cluster_ns,
+                                 minlength=n_sets).astype(np.int64)
+        first = stop - in_cluster
+        low, high = ends[first + (in_cluster - 1) // 2], ends[first + in_cluster // 2]
+        return ((low.astype(np.float64) + high.astype(np.float64)) / 2).astype(np.int64)
 
 def _pair_of_flows(src_addr: pa.ChunkedArray, dst: pa.DictionaryArray, kinds: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """(whether each flow is on one of the pairs of `kinds`, the pair row of each flow that is),
