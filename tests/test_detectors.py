@@ -430,22 +430,26 @@ def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
     assert json.loads(issue.evidence)["late_steps"] == 15
 
 
-def _pipeline_job(slow_replica: int | None, n: int = 40, header_bytes: bool = False) -> JobHour:
+def _pipeline_job(slow_replica: int | None, n: int = 40, header_bytes: bool = False, slow_from: int = 0,
+                  clock_offset_s: tuple[float, ...] = (0.0,) * 4) -> JobHour:
     """Two stages of two DP replicas on one-GPU hosts (stage 0: hosts 0, 1; stage 1: hosts 2, 3;
     replica r on hosts r and r + 2), four micro-batches a step: each forward send from stage 0
-    answered by a backward send from stage 1. In every step the stage-0 host of `slow_replica`
-    computes slowly: its i-th forward leaves 0.1 * (i + 1) s after its peer's, and its replica's
-    backward sends follow as late. With `header_bytes`, every record counts up to 4 KiB of packet
-    headers of its own on top of the 4 MiB."""
-    durations = jittered(n) + (0.4 if slow_replica is not None else 0.0)
+    answered by a backward send from stage 1. From step `slow_from` on, the stage-0 host of
+    `slow_replica` computes slowly: its i-th forward leaves 0.1 * (i + 1) s after its peer's, and
+    its replica's backward sends follow as late. With `header_bytes`, every record counts up to
+    4 KiB of packet headers of its own on top of the 4 MiB; each host's sends are recorded
+    `clock_offset_s` late (its exporter's clock)."""
+    slowed = np.arange(n) >= slow_from if slow_replica is not None else np.zeros(n, bool)
+    durations = jittered(n) + np.where(slowed, 0.4, 0.0)
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
     step, replica, micro = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(2), np.arange(4), indexing="ij"))
-    delay = np.where(replica == slow_replica, 0.1 * (micro + 1), 0.0)
+    delay = np.where((replica == slow_replica) & slowed[step], 0.1 * (micro + 1), 0.0)
     forward = step_start[step] + 0.05 + 0.15 * micro + delay
     backward = forward + 0.08
     jitter = np.random.default_rng(4).uniform(0, 0.001, 2 * len(step))
-    start = np.r_[forward, backward] + jitter
-    flows = {"start": start, "end": start + 0.01, "src": np.r_[replica, replica + 2],
+    src = np.r_[replica, replica + 2]
+    start = np.r_[forward, backward] + jitter + np.asarray(clock_offset_s)[src]
+    flows = {"start": start, "end": start + 0.01, "src": src,
              "dst": np.r_[replica + 2, replica],
              "nbytes": np.full(len(start), 4 << 20) + (
                  np.random.default_rng(5).integers(0, 4 << 10, len(start)) if header_bytes else 0),
@@ -469,6 +473,14 @@ def test_a_replica_slow_in_every_step_is_the_straggler_its_peers_wait_for():
     assert issue.subject == "gpu0"
     assert issue.wasted_gpu_s == pytest.approx(0.4 * 40 * 4, rel=0.1)  # 0.4 s a step, 40 steps, 4 GPUs
     assert (stragglers.straggler_steps(_pipeline_job(slow_replica=None), np.zeros(40, bool), PARAMS)[0] == -1).all()
+
+
+def test_a_send_trailing_its_stage_peer_by_its_exporters_clock_in_every_step_is_not_late():
+    # host 2's exporter clock runs 6 ms behind: its backward sends trail host 3's in every step
+    # by more than late_min_s; host 1 slows from step 25 on
+    job = _pipeline_job(slow_replica=1, slow_from=25, clock_offset_s=(0.0, 0.0, 0.006, 0.0))
+    culprit, _ = stragglers.straggler_steps(job, np.zeros(job.n_steps, bool), PARAMS)
+    assert (culprit[:25] == -1).all() and (culprit[25:] == 1).all()
 
 
 @pytest.mark.parametrize("slow_replica", [0, None])

@@ -5,9 +5,10 @@ pipeline stage in the same step; a host alone in its stage is compared with its 
 other steps, as a share of the step (a flow whose stage peers' flows were left out is not
 compared: its share moves with the job's pace). A pipeline send is late by how far it trails its
 stage peers' (the DP replicas of a stage send their micro-batches at the same moments, so a
-replica that trails them in every step is the slow one, however long it has been); a DP flow by
-how much more than usual it trails them (a ring's members start their sends in turn, the same
-ones later every step). The host that sends the earliest late flow of a step is that step's
+replica that trails them in every step is the slow one, however long it has been), beyond a
+trail within clock skew that it keeps in most steps (the exporter's clock that recorded it); a
+DP flow by how much more than usual it trails them (a ring's members start their sends in turn,
+the same ones later every step). The host that sends the earliest late flow of a step is that step's
 culprit; a host that is the culprit of enough nearby steps is a straggler.
 """
 
@@ -93,7 +94,10 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # median and MAD: robust while a straggler makes up to half of the steps late
     usual = group_median(structure, position_in_step)
     noise = MAD_TO_SIGMA * group_median(structure, np.abs(position_in_step - usual))
-    usual[pipeline & ~alone] = 0.0  # stage peers' pipeline sends keep in step: trailing them is late
+    # Stage peers' pipeline sends keep in step: trailing them is late, even in every step (a replica
+    # slow since before the hour). But a trail within exporter clock skew is how its exporter's
+    # clock sets it, the same in every step: lateness counts from that.
+    usual[pipeline & ~alone & (usual > params.clock_trail_max_s)] = 0.0
     seen = group_reduce(structure, np.ones(len(step), np.int64), np.add)
     excess_s = position_in_step - usual
     late = (excess_s > np.where(alone, params.late_min_share, params.late_min_s))
