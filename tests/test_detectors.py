@@ -368,13 +368,13 @@ def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host
 
 
 def _ring_job(slow_address: int | None, slow_steps_range: range, hosts: int = 8, n: int = 40,
-              late_host: int | None = None) -> JobHour:
+              late_host: int | None = None, late_slows_steps: bool = True) -> JobHour:
     """A ring of `hosts` one-GPU hosts, one 64 MiB transfer per host and step (0.1 s); the
     transfers to and from `slow_address` take 0.25 s in `slow_steps_range`; `late_host` sends
-    0.2 s late in those steps, and the steps then take 0.2 s longer."""
+    0.2 s late in those steps, and the steps then take 0.2 s longer (with `late_slows_steps`)."""
     durations = jittered(n)
     in_window = np.isin(np.arange(n), slow_steps_range)
-    if late_host is not None:
+    if late_host is not None and late_slows_steps:
         durations = np.where(in_window, durations + 0.2, durations)
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
     seconds = np.full((n, hosts), 0.1) * np.random.default_rng(2).lognormal(0.0, 0.01, (n, hosts))
@@ -428,6 +428,22 @@ def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
     assert issue.subject == "gpu2" and issue.kind == "straggler"
     assert issue.wasted_gpu_s == pytest.approx(0.2 * 15 * 8, rel=0.1)  # 0.2 s a step, 15 steps, 8 GPUs
     assert json.loads(issue.evidence)["late_steps"] == 15
+
+
+def test_a_straggler_window_that_slowed_no_step_is_not_one_that_slows():
+    windows = {}
+    for slows in (True, False):
+        job = _ring_job(slow_address=None, slow_steps_range=range(20, 35), n=60, late_host=2, late_slows_steps=slows)
+        (window,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
+        masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps),
+                          np.zeros(job.n_steps, bool))
+        fit = fit_without_writes(job, masks)
+        slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
+        windows[slows] = stragglers.slowing_windows(job, [window], None, masks, slow, fit, PARAMS)
+        issues, _ = stragglers.straggler_issues(job, [window], None, masks, slow, fit, PARAMS)
+        assert len(issues) == len(windows[slows])
+    # late by 0.2 s in 15 steps, but nobody waited: no issue, and its steps are not left out
+    assert len(windows[True]) == 1 and windows[False] == []
 
 
 def _pipeline_job(slow_replica: int | None, n: int = 40, header_bytes: bool = False, slow_from: int = 0,
