@@ -368,13 +368,13 @@ def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host
 
 
 def _ring_job(slow_address: int | None, slow_steps_range: range, hosts: int = 8, n: int = 40,
-              late_host: int | None = None) -> JobHour:
+              late_host: int | None = None, late_slows_steps: bool = True) -> JobHour:
     """A ring of `hosts` one-GPU hosts, one 64 MiB transfer per host and step (0.1 s); the
     transfers to and from `slow_address` take 0.25 s in `slow_steps_range`; `late_host` sends
-    0.2 s late in those steps, and the steps then take 0.2 s longer."""
+    0.2 s late in those steps, and the steps then take 0.2 s longer (with `late_slows_steps`)."""
     durations = jittered(n)
     in_window = np.isin(np.arange(n), slow_steps_range)
-    if late_host is not None:
+    if late_host is not None and late_slows_steps:
         durations = np.where(in_window, durations + 0.2, durations)
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
     seconds = np.full((n, hosts), 0.1) * np.random.default_rng(2).lognormal(0.0, 0.01, (n, hosts))
@@ -430,22 +430,42 @@ def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
     assert json.loads(issue.evidence)["late_steps"] == 15
 
 
-def _pipeline_job(slow_replica: int | None, n: int = 40, header_bytes: bool = False) -> JobHour:
+def test_a_straggler_window_that_slowed_no_step_is_not_one_that_slows():
+    windows = {}
+    for slows in (True, False):
+        job = _ring_job(slow_address=None, slow_steps_range=range(20, 35), n=60, late_host=2, late_slows_steps=slows)
+        (window,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
+        masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps),
+                          np.zeros(job.n_steps, bool))
+        fit = fit_without_writes(job, masks)
+        slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
+        windows[slows] = stragglers.slowing_windows(job, [window], None, masks, slow, fit, PARAMS)
+        issues, _ = stragglers.straggler_issues(job, [window], None, masks, slow, fit, PARAMS)
+        assert len(issues) == len(windows[slows])
+    # late by 0.2 s in 15 steps, but nobody waited: no issue, and its steps are not left out
+    assert len(windows[True]) == 1 and windows[False] == []
+
+
+def _pipeline_job(slow_replica: int | None, n: int = 40, header_bytes: bool = False, slow_from: int = 0,
+                  clock_offset_s: tuple[float, ...] = (0.0,) * 4) -> JobHour:
     """Two stages of two DP replicas on one-GPU hosts (stage 0: hosts 0, 1; stage 1: hosts 2, 3;
     replica r on hosts r and r + 2), four micro-batches a step: each forward send from stage 0
-    answered by a backward send from stage 1. In every step the stage-0 host of `slow_replica`
-    computes slowly: its i-th forward leaves 0.1 * (i + 1) s after its peer's, and its replica's
-    backward sends follow as late. With `header_bytes`, every record counts up to 4 KiB of packet
-    headers of its own on top of the 4 MiB."""
-    durations = jittered(n) + (0.4 if slow_replica is not None else 0.0)
+    answered by a backward send from stage 1. From step `slow_from` on, the stage-0 host of
+    `slow_replica` computes slowly: its i-th forward leaves 0.1 * (i + 1) s after its peer's, and
+    its replica's backward sends follow as late. With `header_bytes`, every record counts up to
+    4 KiB of packet headers of its own on top of the 4 MiB; each host's sends are recorded
+    `clock_offset_s` late (its exporter's clock)."""
+    slowed = np.arange(n) >= slow_from if slow_replica is not None else np.zeros(n, bool)
+    durations = jittered(n) + np.where(slowed, 0.4, 0.0)
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
     step, replica, micro = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(2), np.arange(4), indexing="ij"))
-    delay = np.where(replica == slow_replica, 0.1 * (micro + 1), 0.0)
+    delay = np.where((replica == slow_replica) & slowed[step], 0.1 * (micro + 1), 0.0)
     forward = step_start[step] + 0.05 + 0.15 * micro + delay
     backward = forward + 0.08
     jitter = np.random.default_rng(4).uniform(0, 0.001, 2 * len(step))
-    start = np.r_[forward, backward] + jitter
-    flows = {"start": start, "end": start + 0.01, "src": np.r_[replica, replica + 2],
+    src = np.r_[replica, replica + 2]
+    start = np.r_[forward, backward] + jitter + np.asarray(clock_offset_s)[src]
+    flows = {"start": start, "end": start + 0.01, "src": src,
              "dst": np.r_[replica + 2, replica],
              "nbytes": np.full(len(start), 4 << 20) + (
                  np.random.default_rng(5).integers(0, 4 << 10, len(start)) if header_bytes else 0),
@@ -469,6 +489,14 @@ def test_a_replica_slow_in_every_step_is_the_straggler_its_peers_wait_for():
     assert issue.subject == "gpu0"
     assert issue.wasted_gpu_s == pytest.approx(0.4 * 40 * 4, rel=0.1)  # 0.4 s a step, 40 steps, 4 GPUs
     assert (stragglers.straggler_steps(_pipeline_job(slow_replica=None), np.zeros(40, bool), PARAMS)[0] == -1).all()
+
+
+def test_a_send_trailing_its_stage_peer_by_its_exporters_clock_in_every_step_is_not_late():
+    # host 2's exporter clock runs 6 ms behind: its backward sends trail host 3's in every step
+    # by more than late_min_s; host 1 slows from step 25 on
+    job = _pipeline_job(slow_replica=1, slow_from=25, clock_offset_s=(0.0, 0.0, 0.006, 0.0))
+    culprit, _ = stragglers.straggler_steps(job, np.zeros(job.n_steps, bool), PARAMS)
+    assert (culprit[:25] == -1).all() and (culprit[25:] == 1).all()
 
 
 @pytest.mark.parametrize("slow_replica", [0, None])

@@ -74,6 +74,15 @@ def diagnose_job(
         fit = fit_baseline(job, masks, checkpoints_found, state.level.recent_s, checkpoint_state.checkpoint_save_s,
                            params)
         slow = slow_steps.find_slow_steps(job, fit, masks, params)
+        # a straggler window that slowed no step is no issue, and its steps are the job's pace:
+        # judged again with them, they show slow steps and degradations the window hid
+        slowing = stragglers.slowing_windows(job, straggler_windows, previous_straggler, masks, slow, fit, params)
+        if len(slowing) < len(straggler_windows):
+            straggler_windows = slowing
+            masks = replace(masks, windowed=link_windowed | span_mask(straggler_windows, job.n_steps))
+            fit = fit_baseline(job, masks, checkpoints_found, state.level.recent_s,
+                               checkpoint_state.checkpoint_save_s, params)
+            slow = slow_steps.find_slow_steps(job, fit, masks, params)
         checkpoint_state = replace(checkpoint_state, checkpoint_save_s=checkpoints.saving_times(
             checkpoint_state.checkpoint_save_s, fit.saving, slow[fit.save_first], params))
         restart_issues, stop = restarts.restart_issues(job, resumes, state.progress, stop, checkpoints_found,

@@ -83,7 +83,10 @@ class DiagnosisParams:
     throughput_min_bytes: int = 1 << 20  # bytes; smaller transfers are dominated by latency
     slow_link_ratio: float = 0.7  # throughput below this share of same-size transfers
     link_tie: float = 0.03  # share; two addresses this close in throughput are equally slow
-    late_min_s: float = 0.005  # s; a flow later than its stage peers by more than clock skew ...
+    # s; exporter clocks differ by up to this (NTP-synced switches): a pipeline send trailing its
+    # stage peers' by no more in most steps trails them by its exporter's clock, not by being slow
+    clock_trail_max_s: float = 0.02
+    late_min_s: float = 0.005  # s; a flow later than its usual trail behind its stage peers by more than clock noise ...
     late_min_share: float = 0.01  # ... or, alone in its stage, by this share of the step
     late_sigmas: float = 4.0  # ... and by this many robust sigmas of its own timing noise
     late_min_samples: int = 5  # steps a flow must be seen in before its timing noise is known

@@ -5,9 +5,10 @@ pipeline stage in the same step; a host alone in its stage is compared with its 
 other steps, as a share of the step (a flow whose stage peers' flows were left out is not
 compared: its share moves with the job's pace). A pipeline send is late by how far it trails its
 stage peers' (the DP replicas of a stage send their micro-batches at the same moments, so a
-replica that trails them in every step is the slow one, however long it has been); a DP flow by
-how much more than usual it trails them (a ring's members start their sends in turn, the same
-ones later every step). The host that sends the earliest late flow of a step is that step's
+replica that trails them in every step is the slow one, however long it has been), beyond a
+trail within clock skew that it keeps in most steps (the exporter's clock that recorded it); a
+DP flow by how much more than usual it trails them (a ring's members start their sends in turn,
+the same ones later every step). The host that sends the earliest late flow of a step is that step's
 culprit; a host that is the culprit of enough nearby steps is a straggler.
 """
 
@@ -28,7 +29,7 @@ from .issues import Issue
 from .job_hour import JobHour, StepMasks
 from .params import DiagnosisParams
 from .state import OpenWindow
-from .windows import Window, excess, find_windows, measure, position, still_open, window_issue
+from .windows import Span, Window, excess, find_windows, measure, position, still_open, window_issue
 
 
 def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +94,10 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # median and MAD: robust while a straggler makes up to half of the steps late
     usual = group_median(structure, position_in_step)
     noise = MAD_TO_SIGMA * group_median(structure, np.abs(position_in_step - usual))
-    usual[pipeline & ~alone] = 0.0  # stage peers' pipeline sends keep in step: trailing them is late
+    # Stage peers' pipeline sends keep in step: trailing them is late, even in every step (a replica
+    # slow since before the hour). But a trail within exporter clock skew is how its exporter's
+    # clock sets it, the same in every step: lateness counts from that.
+    usual[pipeline & ~alone & (usual > params.clock_trail_max_s)] = 0.0
     seen = group_reduce(structure, np.ones(len(step), np.int64), np.add)
     excess_s = position_in_step - usual
     late = (excess_s > np.where(alone, params.late_min_share, params.late_min_s))
@@ -120,27 +124,30 @@ def straggler_windows(job: JobHour, excluded: np.ndarray, previous: OpenWindow |
     return find_windows(job, culprit, behind_s, carried, params)
 
 
+def slowing_windows(job: JobHour, windows: list[Window], previous: OpenWindow | None, masks: StepMasks,
+                    slow: np.ndarray, fit: Baseline, params: DiagnosisParams) -> list[Window]:
+    """The `windows` whose straggler slowed the steps; in the others a host was late, but nobody
+    waited for it long enough to slow them."""
+    kept = []
+    for window in windows:
+        span = measure(job, window, str(job.hosts[window.code]), previous, masks, slow, fit)
+        if _slowed(span, _cost(job, window, span, fit)[1], fit, params):
+            kept.append(window)
+    return kept
+
+
 def straggler_issues(job: JobHour, windows: list[Window], previous: OpenWindow | None, masks: StepMasks,
                      slow: np.ndarray, fit: Baseline, params: DiagnosisParams
                      ) -> tuple[list[Issue], OpenWindow | None]:
     """An issue per straggler window that slowed the steps, and the window still open at the
-    hour's end. A straggler's cost is the whole steps' excess over the job's pace; when the job
-    shows fewer steps without it than with it (a straggler from the job's start, so its pace is the
-    straggler's), how far behind its peers it fell, which they waited for."""
+    hour's end."""
     issues, open_window = [], None
     for window in windows:
         name = str(job.hosts[window.code])
         span = measure(job, window, name, previous, masks, slow, fit)
-        if fit.clean_steps >= len(window.steps):
-            cost, share = excess(window, span, job.duration, span.measured, span.baseline)
-        else:
-            run = window.run
-            cost = waste.window_excess_gpu_s(job.duration[run], job.duration[run] - window.scores,
-                                             len(window.steps), span.n_gpus)
-            share = float(np.median(window.scores / job.duration[run]))
-        noticeable = params.straggler_min_sigmas * fit.sigma / np.sqrt(max(len(span.measured), 1))
-        if not span.continued and share <= noticeable:
-            continue  # late, but nobody waited long enough to slow the steps: no straggler
+        cost, share = _cost(job, window, span, fit)
+        if not _slowed(span, share, fit, params):
+            continue
         evidence = {"late_steps": len(window.run), "window_steps": len(window.steps),
                     "median_behind_s": float(np.median(window.scores)),
                     "alone_in_stage": bool(np.sum(job.stage_of_host == job.stage_of_host[window.code]) < 2),
@@ -151,6 +158,25 @@ def straggler_issues(job: JobHour, windows: list[Window], previous: OpenWindow |
         if still_open(job, window, params):
             open_window = OpenWindow(name=name, start_ns=span.start_ns, baseline_s=span.base, sync_baseline_s=None)
     return issues, open_window
+
+
+def _cost(job: JobHour, window: Window, span: Span, fit: Baseline) -> tuple[float, float]:
+    """A straggler's cost (GPU-seconds) and its share of the step: the whole steps' excess over the
+    job's pace; when the job shows fewer steps without it than with it (a straggler from the job's
+    start, so its pace is the straggler's), how far behind its peers it fell, which they waited for."""
+    if fit.clean_steps >= len(window.steps):
+        return excess(window, span, job.duration, span.measured, span.baseline)
+    run = window.run
+    cost = waste.window_excess_gpu_s(job.duration[run], job.duration[run] - window.scores, len(window.steps),
+                                     span.n_gpus)
+    return cost, float(np.median(window.scores / job.duration[run]))
+
+
+def _slowed(span: Span, share: float, fit: Baseline, params: DiagnosisParams) -> bool:
+    """Whether a window's straggler slowed the steps by more than their noise (or continues one
+    that did)."""
+    noticeable = params.straggler_min_sigmas * fit.sigma / np.sqrt(max(len(span.measured), 1))
+    return span.continued or share > noticeable
 
 
 def _runner_up(job: JobHour, windows: list[Window], window: Window) -> str | None:
