@@ -222,11 +222,15 @@ def analyze_job(
         resolved = (resolution.JobResolution("steps", None, frozenset(), True) if silent
                     else resolution.job_resolution(sent, exporters or {}, params.resolution))
         stage = "timeline"
+        timeline_flows = resolving_flows(found.labelled(sent), resolved)
+        # what members sent (a copy of most of the flows) is not held through the timeline, which
+        # reads its own selection of it, nor through the diagnosis, which reads every flow
+        del sent
         steps = timeline.divide_steps(
-            job_id, resolving_flows(found.labelled(sent), resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
+            job_id, timeline_flows, found.comm_pairs, previous.get("timeline", {}).get(job_id),
             hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
         )
-        del sent  # a copy of most of the flows: not held through the diagnosis, which reads them all
+        del timeline_flows
         stage = "diagnosis"
         diagnosed = diagnosis.diagnose_job(
             job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
