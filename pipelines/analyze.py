@@ -20,7 +20,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines import storage, warehouse
 from pipelines.local_workers import PooledDoFn
-from pipelines.shuffle_staging import TableRef, read_staged, stage_tables
+from pipelines.shuffle_staging import TableRef, read_staged_evictable, stage_tables
 from pipelines.sink import HourTables
 from prism_core.analysis import (
     JOB_FLOW_COLUMNS, HourAnalysis, JobAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
@@ -75,10 +75,12 @@ def analyze_staged_job(job_id: str, pieces: list[tuple[int, TableRef]], recognit
                        hour_start_ns: int, hour_end_ns: int, params: PrismParams,
                        exporters: dict[str, ExporterProfile]) -> JobAnalysis:
     """prism_core.analysis.analyze_job over the job's staged flows, taken in file order whatever
-    order the runner grouped them in."""
+    order the runner grouped them in, memory-mapped and evicted while the analysis does not read
+    them."""
     pieces = sorted(pieces, key=lambda piece: piece[0])
-    batches = read_staged([rows for _, rows in pieces])
-    return analyze_job(job_id, batches, recognition, previous, hour_start_ns, hour_end_ns, params, exporters)
+    batches, evict = read_staged_evictable([rows for _, rows in pieces])
+    return analyze_job(job_id, batches, recognition, previous, hour_start_ns, hour_end_ns, params, exporters,
+                       evict_flows=evict)
 
 
 class AnalyzeJob(PooledDoFn):
