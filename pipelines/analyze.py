@@ -34,9 +34,9 @@ NAMESPACE = "prism.analyze"
 # A job's analysis peaks at 250-450 bytes per flow in a worker (the dense hour's largest jobs:
 # 2.1-2.9 GB at 4.9-11.6 M flows), beside the launcher (~0.3 GB) and the other worker: jobs whose
 # flows together exceed ANALYZED_FLOWS_AT_ONCE are not analyzed at once, so that the hour stays
-# below 4 GB, and jobs of at most SMALL_JOB_FLOWS (~0.3 GB) are analyzed beside any other job.
+# below 4 GB, and jobs of at most SMALL_JOB_FLOWS (~0.5 GB) are analyzed beside any other job.
 ANALYZED_FLOWS_AT_ONCE = 9_000_000
-SMALL_JOB_FLOWS = 500_000
+SMALL_JOB_FLOWS = 1_000_000
 
 
 def row_groups(path: str) -> list[tuple[str, int]]:
