@@ -20,7 +20,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines import storage, warehouse
 from pipelines.local_workers import PooledDoFn
-from pipelines.shuffle_staging import TableRef, read_staged, stage_tables
+from pipelines.shuffle_staging import TableRef, read_staged_evictable, stage_tables
 from pipelines.sink import HourTables
 from prism_core.analysis import (
     JOB_FLOW_COLUMNS, HourAnalysis, JobAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
@@ -31,7 +31,12 @@ from prism_core.recognition import Recognition
 from prism_core.resolution import ExporterProfile
 
 NAMESPACE = "prism.analyze"
-ANALYZED_FLOWS_AT_ONCE = 12_000_000
+# A job's analysis peaks at 250-450 bytes per flow in a worker (the dense hour's largest jobs:
+# 2.1-2.9 GB at 4.9-11.6 M flows), beside the launcher (~0.3 GB) and the other worker: jobs whose
+# flows together exceed ANALYZED_FLOWS_AT_ONCE are not analyzed at once, so that the hour stays
+# below 4 GB, and jobs of at most SMALL_JOB_FLOWS (~0.5 GB) are analyzed beside any other job.
+ANALYZED_FLOWS_AT_ONCE = 9_000_000
+SMALL_JOB_FLOWS = 1_000_000
 
 
 def row_groups(path: str) -> list[tuple[str, int]]:
@@ -75,10 +80,12 @@ def analyze_staged_job(job_id: str, pieces: list[tuple[int, TableRef]], recognit
                        hour_start_ns: int, hour_end_ns: int, params: PrismParams,
                        exporters: dict[str, ExporterProfile]) -> JobAnalysis:
     """prism_core.analysis.analyze_job over the job's staged flows, taken in file order whatever
-    order the runner grouped them in."""
+    order the runner grouped them in, memory-mapped and evicted while the analysis does not read
+    them."""
     pieces = sorted(pieces, key=lambda piece: piece[0])
-    batches = read_staged([rows for _, rows in pieces])
-    return analyze_job(job_id, batches, recognition, previous, hour_start_ns, hour_end_ns, params, exporters)
+    batches, evict = read_staged_evictable([rows for _, rows in pieces])
+    return analyze_job(job_id, batches, recognition, previous, hour_start_ns, hour_end_ns, params, exporters,
+                       evict_flows=evict)
 
 
 class AnalyzeJob(PooledDoFn):
@@ -86,9 +93,7 @@ class AnalyzeJob(PooledDoFn):
     most flows first; counts the jobs whose analysis raised (reported as analysis_error issues;
     prism_core.analysis.analyze_job)."""
 
-    # A job's analysis holds ~400 bytes per flow at its peak (the dense hour's largest job, ~11 M
-    # flows: 5 GB), so two jobs whose flows together exceed this are not analyzed at once.
-    cost_limit = ANALYZED_FLOWS_AT_ONCE
+    cost_limit, negligible_cost = ANALYZED_FLOWS_AT_ONCE, SMALL_JOB_FLOWS
 
     def __init__(self, recognition: Recognition, previous: dict | None, hour_start_ns: int, hour_end_ns: int,
                  params: PrismParams, exporters: dict[str, ExporterProfile], workers: int = 1):

@@ -134,18 +134,20 @@ Task = tuple[Callable, tuple]  # a module-level function (pickled by name) and i
 
 
 def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None = None,
-              cost_limit: float = math.inf) -> Iterator:
+              cost_limit: float = math.inf, negligible_cost: float = 0.0) -> Iterator:
     """The result of each task, in task order. With one worker each task runs here when its result
     is asked for. With more, tasks start costliest first (`costs`: so that the largest jobs do not
     start last and leave one core idle at the end), each as soon as a worker is free and the costs
     of the tasks running stay within `cost_limit` with it (a task alone runs whatever its cost), so
     that two tasks whose memory grows with their cost do not run at once when together they would
-    not fit."""
+    not fit. Tasks costing at most `negligible_cost` count nothing: they run beside any other, so
+    that a task alone over the limit does not leave the other workers idle."""
     if workers <= 1 or len(tasks) <= 1:
         yield from (task(*args) for task, args in tasks)
         return
     pool = _shared_pool(workers)
     costs = costs if costs is not None else [0.0] * len(tasks)
+    counted = [cost if cost > negligible_cost else 0.0 for cost in costs]
     waiting = sorted(range(len(tasks)), key=lambda i: -costs[i])
     running: dict[Future, int] = {}
     done: dict[int, object] = {}
@@ -154,7 +156,7 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
             for i in list(waiting):
                 if len(running) == workers:
                     break
-                if not running or sum(costs[r] for r in running.values()) + costs[i] <= cost_limit:
+                if not running or not counted[i] or sum(counted[r] for r in running.values()) + counted[i] <= cost_limit:
                     waiting.remove(i)
                     running[pool.submit(_run_and_release, *tasks[i])] = i
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -205,10 +207,11 @@ class PooledDoFn(beam.DoFn):
     and their outputs are emitted in each element's window and at its timestamp. With one worker
     (any runner but the in-process one) the task runs at once and its outputs come from `process`:
     some runners (Beam's Dask runner) drop what `finish_bundle` emits. Counters are incremented in
-    `outputs`, in this process. `cost_limit`: the most cost (`defer`) at once on the workers
-    (`run_tasks`)."""
+    `outputs`, in this process. `cost_limit`: the most cost (`defer`) at once on the workers, not
+    counting tasks of at most `negligible_cost` (`run_tasks`)."""
 
     cost_limit = math.inf
+    negligible_cost = 0.0
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -228,7 +231,7 @@ class PooledDoFn(beam.DoFn):
     def finish_bundle(self):
         deferred, self._deferred = self._deferred, []
         results = run_tasks(self.workers, [task for _, task, _ in deferred], [cost for *_, cost in deferred],
-                            self.cost_limit)
+                            self.cost_limit, self.negligible_cost)
         for (where, _, _), result in zip(deferred, results):
             for output in self.outputs(result):
                 yield where.with_value(output)

@@ -14,11 +14,12 @@ directory is removed when the run ends, whether it succeeded or failed.
 
 from __future__ import annotations
 
+import mmap
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,29 @@ def read_staged(refs: Sequence[TableRef]) -> list[pa.Table]:
     Only the referenced batches are read: a file holds every minute of a batch of flow files,
     and each minute's merge needs a few of them. Each file is opened once per call."""
     readers = {path: pa.ipc.open_file(pa.memory_map(path)) for path in {ref.path for ref in refs}}
+    return _tables(readers, refs)
+
+
+def read_staged_evictable(refs: Sequence[TableRef]) -> tuple[list[pa.Table], Callable[[], None]]:
+    """`read_staged`'s tables, and a function that evicts their pages from this process's memory:
+    the pages of a memory-mapped file that were read stay resident while it is mapped, though the
+    reader is done with them for a while (a job's flows between the first stages of its analysis
+    and its diagnosis); evicted, they are read again from the page cache when next touched."""
+    mappings = {}
+    for path in {ref.path for ref in refs}:
+        with open(path, "rb") as file:
+            mappings[path] = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ)
+    readers = {path: pa.ipc.open_file(pa.py_buffer(mapping)) for path, mapping in mappings.items()}
+
+    def evict() -> None:
+        if hasattr(mmap, "MADV_DONTNEED"):  # Linux; elsewhere the pages stay as they were
+            for mapping in mappings.values():
+                mapping.madvise(mmap.MADV_DONTNEED)
+
+    return _tables(readers, refs), evict
+
+
+def _tables(readers: dict[str, pa.ipc.RecordBatchFileReader], refs: Sequence[TableRef]) -> list[pa.Table]:
     schema = readers[refs[0].path].schema if refs else None
     return [
         pa.Table.from_batches(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -186,6 +186,7 @@ def analyze_job(
     hour_end_ns: int,
     params: PrismParams = DEFAULT_PARAMS,
     exporters: dict[str, resolution.ExporterProfile] | None = None,
+    evict_flows: Callable[[], None] = lambda: None,
 ) -> JobAnalysis:
     """Parallelism, steps and issues of one job over one hour (its flows may be empty: a job
     that fell silent still has an ongoing hang to account for). `exporters`: the hour's exporter
@@ -195,7 +196,11 @@ def analyze_job(
     its `step_period_s` is the records' rhythm, and of its issues only those that need no step
     (`ResolutionParams.unresolved_issue_kinds`) are reported; a straggler or a slow link only where
     the records also time single transfers (`resolution.issue_kinds_shown`). If a stage raises,
-    the job's analysis is `failed_job`'s instead, and the hour goes on for every other job."""
+    the job's analysis is `failed_job`'s instead, and the hour goes on for every other job.
+    `evict_flows`: drops the pages of `batches` from memory where they can be read back (memory-
+    mapped files); called once what members sent is copied, and again before the timeline, which
+    reads only its own selection of that: the diagnosis, which reads every flow again, comes
+    after the stages whose peaks are highest."""
     # A stage may update the state it is handed in place, so it gets a copy: the previous hour's
     # states stay as they were for a failed job to carry on and for a retried bundle to start from.
     before = previous
@@ -210,6 +215,7 @@ def analyze_job(
 
         # the stages before diagnosis read what members sent, not the reads into them
         sent = filter_rows(flows, pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
+        evict_flows()
         stage = "parallelism"
         found = (
             parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism)
@@ -222,11 +228,16 @@ def analyze_job(
         resolved = (resolution.JobResolution("steps", None, frozenset(), True) if silent
                     else resolution.job_resolution(sent, exporters or {}, params.resolution))
         stage = "timeline"
+        timeline_flows = resolving_flows(found.labelled(sent), resolved)
+        # what members sent (a copy of most of the flows) is not held through the timeline, which
+        # reads its own selection of it, nor through the diagnosis, which reads every flow
+        del sent
+        evict_flows()
         steps = timeline.divide_steps(
-            job_id, resolving_flows(found.labelled(sent), resolved), found.comm_pairs, previous.get("timeline", {}).get(job_id),
+            job_id, timeline_flows, found.comm_pairs, previous.get("timeline", {}).get(job_id),
             hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
         )
-        del sent  # a copy of most of the flows: not held through the diagnosis, which reads them all
+        del timeline_flows
         stage = "diagnosis"
         diagnosed = diagnosis.diagnose_job(
             job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,

@@ -53,6 +53,17 @@ def test_tasks_whose_costs_exceed_the_limit_together_run_one_after_the_other(tmp
     assert big_end <= large_start or large_end <= big_start
 
 
+def test_a_negligible_task_runs_beside_a_task_alone_over_the_limit(tmp_path):
+    marks = tmp_path / "marks"
+    tasks = [(_note_span, (str(marks), name)) for name in ("big", "cheap", "large")]
+    assert list(run_tasks(2, tasks, costs=[10, 1, 9], cost_limit=8, negligible_cost=1)) == ["big", "cheap", "large"]
+    spans = {line.split()[0]: tuple(map(float, line.split()[1:])) for line in marks.read_text().splitlines()}
+    (big_start, big_end), (cheap_start, cheap_end), (large_start, large_end) = (spans[name] for name in
+                                                                                ("big", "cheap", "large"))
+    assert cheap_start < big_end and big_start < cheap_end
+    assert big_end <= large_start or large_end <= big_start
+
+
 def _note_span(path: str, name: str) -> str:
     import time
 

@@ -14,7 +14,9 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import warehouse
 from pipelines.ingest import HourRange, IngestFlows, StagedFlows, file_batches
-from pipelines.shuffle_staging import SHUFFLE_STAGING_DIR, StagingFile, read_staged, stage_tables
+from pipelines.shuffle_staging import (
+    SHUFFLE_STAGING_DIR, StagingFile, read_staged, read_staged_evictable, stage_tables,
+)
 from pipelines.run import infer_range, run_ingest
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_of
 from prism_core.schema import FLOWS, conform
@@ -165,6 +167,11 @@ def test_staged_tables_read_back_whatever_their_chunks(tmp_path):
     refs = [first[3][1], second[0][1], first[1][1], first[2][1], first[0][1]]
     read = read_staged(refs)
     assert [t["a"].to_pylist() for t in read] == [[8], [9, 10], [4, 5, 6, 7], [], [1, 2, 3]]
+    # evicted from memory, the pages are read again when touched
+    evictable, evict = read_staged_evictable(refs)
+    assert [t["a"].to_pylist() for t in evictable] == [[8], [9, 10], [4, 5, 6, 7], [], [1, 2, 3]]
+    evict()
+    assert [t["a"].to_pylist() for t in evictable] == [[8], [9, 10], [4, 5, 6, 7], [], [1, 2, 3]]
 
 
 def test_a_staging_file_holds_every_table_appended_until_closed(tmp_path):
