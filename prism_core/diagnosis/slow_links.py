@@ -100,9 +100,9 @@ def _usual_rate(step: np.ndarray, size: np.ndarray, rate: np.ndarray) -> np.ndar
     median is as slow as the culprit; the job's other steps still show the usual rate."""
     if not len(rate):
         return rate
-    step_size = combined_key(step, size)
+    step_size = KeyGroups(combined_key(step, size))  # hashed once for the median and the first rows
     in_step = group_median(step_size, rate)
-    first = np.unique(step_size, return_index=True)[1]
+    first = step_size.first_rows()
     over_steps = np.zeros(int(size.max()) + 1)
     over_steps[size[first]] = group_median(size[first], in_step[first])
     return np.maximum(in_step, over_steps[size])
