@@ -120,7 +120,6 @@ def _end_with_launcher() -> None:
         os._exit(1)
 
 
-
 @atexit.register
 def shutdown() -> None:
     """Stops the worker processes (they are started again when needed)."""
