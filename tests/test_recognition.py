@@ -156,6 +156,22 @@ def test_jobs_side_by_side_are_judged_on_their_own_lives_not_on_later_jobs_on_th
     assert gpus_by_job(found) == [[0, 1, 2, 3]] * 2 + [[4, 5, 6, 7]] * 2
 
 
+def test_two_jobs_arriving_side_by_side_on_the_nics_a_job_left_seconds_before_are_two_jobs():
+    # a job of whole hosts stops 42 s into minute 10; 19 s and 47 s later two jobs begin on GPUs
+    # 0-3 and 4-7 of its hosts, out of step with each other (sealed-5 jobs 039 and 040 after 032).
+    # Their NICs talked without a pause before: judged on those in-step minutes too, they were
+    # the rails of one job; nor does their talking at once make them parts of the old job.
+    topology = inventory(4)
+    hosts = [0, 1, 2, 3]
+    rows = ring(hosts, range(10), 8 << 20) + ring(hosts, [10], 8 << 20, last_s=42)
+    rows += ring(hosts, [11], 4 << 20, rails=range(4), first_s=1.0) + ring(hosts, range(12, 22), 4 << 20, rails=range(4))
+    rows += ring(hosts, [11], 6 << 20, rails=range(4, 8), first_s=29.0, last_s=57.2)
+    rows += ring(hosts, range(12, 22), 6 << 20, rails=range(4, 8), first_s=3.4, last_s=57.2)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert sorted(found.jobs["n_gpus"].to_pylist()) == [16, 16, 32]
+    assert gpus_by_job(found) == [[0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7], [4, 5, 6, 7]]
+
+
 def test_a_rail_optimized_job_is_one_job():
     # eight rails in step over four hosts (the exporters' clocks a few ms apart): one job of 32 GPUs
     topology = inventory(4)

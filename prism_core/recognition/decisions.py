@@ -26,11 +26,13 @@ def same_job(
     (nearly) the job's NICs, or on NICs of the job on all its hosts (a job holding its hosts whole
     holds NICs it never shows); else by
     its sizes (a new job can start on all or part of the NICs another left seconds before), unless
-    it began before the job's last traffic ended (`params.continuing_overlap_ns`) or comes
+    it began before the job's last traffic ended (`params.continuing_overlap_ns`) or comes soon,
     `alongside` the job's traffic on its other NICs in the minute: a NIC serves one job at a time,
     and a job keeps its NICs while it runs."""
-    overlapping = alongside or gap_ns <= -params.continuing_overlap_ns
     within_check = gap_ns < params.resume_check_ns
+    # parts talking at once continue a job that was talking, not one silent for a while (new jobs
+    # on its NICs, side by side on other GPUs of its hosts, start at about the same time)
+    overlapping = (alongside and within_check) or gap_ns <= -params.continuing_overlap_ns
     union = len(nics) + len(track.nics) - shared
     unchanged = within_check and (shared >= params.same_nics_jaccard * union or (shared == len(nics) and all_hosts))
     # A job minutes old may not have shown all its flow sizes yet (no DP sync in its parts), but

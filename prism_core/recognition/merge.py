@@ -10,7 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from prism_core.arrays import time_segments
+from prism_core.arrays import group_median, time_segments
 from prism_core.recognition.params import RecognitionParams
 
 
@@ -62,7 +62,7 @@ def merge_by_jaccard(component: np.ndarray, graph: Graph, params: RecognitionPar
 def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, params: RecognitionParams) -> np.ndarray:
     """Are parts `a[i]` and `b[i]` of one minute (labels of the nodes), on the same hosts, one job?
     Each part is known in every minute by its life: its anchor (its smallest NIC) while that talks
-    without a stop (a silence of `params.life_gap_ns`), so the verdict weighs every minute of the
+    without a stop (`_life_gaps`), so the verdict weighs every minute of the
     part's life, and none of a later job's on the same NICs (two jobs side by side on the hosts
     would otherwise share the life of whatever ran on their NICs up to the hour's end). They are
     when they keep in step: their traffic of a minute starts and ends within `params.in_step_ns`
@@ -75,7 +75,8 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, param
     (many models share an activation size, but a job that arrives on other GPUs of busy hosts
     begins later than the job already there)."""
     first_ns, last_ns = _spans(label, graph)
-    life, _, life_first, life_last = time_segments(_anchors(label, graph.nic), first_ns, last_ns, params.life_gap_ns)
+    anchor = _anchors(label, graph.nic)
+    life, _, life_first, life_last = time_segments(anchor, first_ns, last_ns, _life_gaps(anchor, first_ns, last_ns, params))
     life_a, life_b = life[a], life[b]
     same_life = (np.abs(life_first[life_a] - life_first[life_b]) <= params.same_life_ns) & (
         np.abs(life_last[life_a] - life_last[life_b]) <= params.same_life_ns)
@@ -104,6 +105,25 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, param
         np.bincount(edge_life, minlength=n_lives), 1)
     sized = exact_share >= params.sized_share
     return in_step[meeting] | shared | (out_of_step & ~(sized[life_a] & sized[life_b]))
+
+
+def _life_gaps(anchor: np.ndarray, first_ns: np.ndarray, last_ns: np.ndarray, params: RecognitionParams) -> np.ndarray:
+    """The silence each part (`anchor` NIC, span) may follow within its anchor's life: its
+    anchor's median pause between parts, `params.life_pause_factor` times over, at least
+    `params.life_pause_floor_ns` and at most `params.life_gap_ns`."""
+    order = np.lexsort((first_ns, anchor))
+    key, first, last = anchor[order], first_ns[order], last_ns[order]
+    new_anchor = np.r_[True, key[1:] != key[:-1]]
+    # the latest end before each part among its anchor's: one running maximum, each anchor offset
+    # by more than the widest span
+    base = int(min(first.min(), last.min()))
+    offset = (np.cumsum(new_anchor) - 1) * (int(max(first.max(), last.max())) - base + 1)
+    reach = np.r_[0, np.maximum.accumulate(offset + (last - base))[:-1]]
+    pause = np.where(new_anchor, 0, np.maximum(offset + (first - base) - reach, 0)).astype(float)
+    usual = group_median(key, pause)
+    gaps = np.empty(len(order), np.int64)
+    gaps[order] = np.clip(params.life_pause_factor * usual, params.life_pause_floor_ns, params.life_gap_ns)
+    return gaps
 
 
 def _share_a_size(anchor_sizes: np.ndarray, a: np.ndarray, b: np.ndarray, tolerance: float) -> np.ndarray:

@@ -39,6 +39,14 @@ class RecognitionParams:
     # pair's records come an active timeout apart (up to a minute) at the phase of the rail's own
     # leaf, so a running job's NIC can be silent for over a minute.
     life_gap_ns: int = 2 * MINUTE_NS
+    # threshold, ns, and a multiple of the NIC's usual pause: a NIC whose traffic usually runs on
+    # from one minute into the next stops sooner, after a silence this long and this many times its
+    # median pause between minutes (a sync-only rail of a job with long steps, or records behind a
+    # flow cache, pause as a matter of course): a job arriving on NICs another left seconds before
+    # lives a life of its own. A job's stall or unseen checkpoint save may end the lives of all of
+    # its parts at once; they begin again together.
+    life_pause_floor_ns: int = 10 * NS_PER_S
+    life_pause_factor: float = 4.0
     # threshold, share of a part's rows this hour: a part is told by its sizes only when at least
     # this share of its rows carry a size recurring byte for byte; behind flow caches (sums),
     # packet samplers (estimates) and header-counting exporters sizes tell nothing, and the parts
