@@ -27,6 +27,10 @@ class TimelineParams:
     heavy_bytes_share: float = 0.05
     # share; boundary gaps deviate at most this much (mean, relative) from their local median spacing
     max_irregularity: float = 0.15
+    # pipeline sends (bursts); a pipeline job's exchange outside its hops marks its steps when at
+    # least this many come between two of its bursts (the median): a step's forward and backward
+    # of a micro-batch at least (phases._exchange_marks_steps)
+    marker_sends: int = 2
     # share; the irregularity a class of one gap would have to beat (few gaps look regular by luck)
     small_sample_penalty: float = 0.2
     # ratio; no step carries more than this many times the sync flows of its neighbours

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from prism_core.arrays import combined_key, unique_inverse
-from prism_core.constants import DP, PP
+from prism_core.constants import DP, OTHER, PP
 from prism_core.parallelism import reverse_in_flight, warm_up_votes
 from prism_core.timeline.params import TimelineParams
-from prism_core.timeline.regimes import boundary_gap_threshold
+from prism_core.timeline.regimes import boundary_gap_threshold, irregularity
 from prism_core.timeline.traffic import Traffic
 
 
@@ -51,7 +51,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     boundary gap, kept while fewer than `steps_to_learn` steps are in view to find it again."""
     has_dp = bool(np.any(traffic.kind == DP))
     pipeline = bool(np.any(traffic.kind == PP))
-    signal_index = traffic.index(DP if has_dp else PP if pipeline else None, params)
+    marked = not has_dp and pipeline and _exchange_marks_steps(traffic, params)
+    signal_index = traffic.index(DP if has_dp else OTHER if marked else PP if pipeline else None, params)
     signal = signal_index.rows
     burst, b_start, b_end = bursts(traffic.start[signal], traffic.end[signal], params)
     b_bytes = np.bincount(burst, traffic.nbytes[signal], minlength=len(b_start))
@@ -72,7 +73,7 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     gaps = b_start[candidates[1:]] - b_end[candidates[:-1]]
     candidate_of_burst = np.cumsum(heavy) - 1
     on_candidate = heavy[burst]
-    turn = _pipeline_turns(traffic, signal, burst) if pipeline and not has_dp else np.ones(len(gaps), bool)
+    turn = _pipeline_turns(traffic, signal, burst) if pipeline and not has_dp and not marked else np.ones(len(gaps), bool)
     gap_threshold_ns = boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
                                               traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params)
     between_phases = turn & (gaps >= gap_threshold_ns)
@@ -137,6 +138,27 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
                   closed, *_what_follows(traffic, flows, close, has_dp, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _exchange_marks_steps(traffic: Traffic, params: TimelineParams) -> bool:
+    """Whether a pipeline job whose DP sync the network does not show (its replicas inside hosts)
+    marks each step's end with an exchange of its own: the tied embedding's all-reduce between the
+    first and the last stage, once per step after the last backward pass (Megatron runs it before
+    the DP sync and the optimizer). Its bursts (traffic neither DP nor PP) then recur regularly
+    (`regimes.irregularity` at most `max_irregularity`), each after several pipeline sends (at
+    least `marker_sends`, median between two: an MoE all-to-all repeats within a micro-batch's
+    pass); the pipeline's own turns are harder to read (an interleaved schedule sends forward
+    activations both ways)."""
+    other = traffic.index(OTHER, params).rows
+    if len(other) < 2:
+        return False
+    _, starts, _ = bursts(traffic.start[other], traffic.end[other], params)
+    if len(starts) < params.steps_to_learn or irregularity(starts) > params.max_irregularity:
+        return False
+    sends = traffic.index(PP, params).rows
+    _, send_starts, _ = bursts(traffic.start[sends], traffic.end[sends], params)
+    between = np.diff(np.searchsorted(send_starts, starts))
+    return bool(np.median(between) >= params.marker_sends)
 
 
 def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, has_dp: bool,
