@@ -195,6 +195,7 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
         gathers = traffic.index(DP, params)
         next_phase = np.array([traffic.start[rows].min() for rows in flows[1:]] + [max_ns], np.int64)
         lo, hi = gathers.positions(after_phase), gathers.positions(after_phase + (next_phase - after_phase) // 2)
+        lo = _past_waiting_syncs(traffic, gathers.rows, lo, hi, params)
         gathered = hi > lo
         gather_ns[gathered] = gathers.cluster_starts(lo[gathered], hi[gathered])
     # the writes after the phase and before the next traffic (bulk writes are sorted by start)
@@ -204,6 +205,26 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
     write_delay_ns = np.where(first_write >= 0, first_write - close, -1)
     return (next_ns, first_send_ns, forward_ns, gather_ns, write_to > write_from, write_delay_ns,
             _range_max(traffic.bulk_write_ends, write_from, write_to))
+
+
+def _past_waiting_syncs(traffic: Traffic, dp_rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                        params: TimelineParams) -> np.ndarray:
+    """`lo` (positions in the DP rows, in start order) moved past the DP burst it opens where that
+    burst begins as an exchange outside the job's hops ends (within `cluster_ns`): the tied
+    embedding's all-reduce, after which the first and last stages sync the gradient buckets they
+    held back for it. That burst ends the sync; a parameter gather comes after the optimizer."""
+    other = traffic.index(OTHER, params).rows
+    if not len(other) or not len(dp_rows):
+        return lo
+    burst, _, _ = bursts(traffic.start[dp_rows], traffic.end[dp_rows], params)
+    other_ends = np.sort(traffic.end[other])
+    opens = np.minimum(lo, len(dp_rows) - 1)
+    starts = traffic.start[dp_rows[opens]]
+    at = np.clip(np.searchsorted(other_ends, starts), 1, len(other_ends) - 1) if len(other_ends) > 1 else np.zeros(len(lo), int)
+    nearest = np.minimum(np.abs(other_ends[at] - starts), np.abs(other_ends[np.maximum(at - 1, 0)] - starts))
+    waiting = (hi > lo) & (nearest <= params.cluster_ns)
+    burst_end = np.searchsorted(burst, burst[opens], side="right")
+    return np.where(waiting, np.minimum(burst_end, hi), lo)
 
 
 def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
