@@ -36,8 +36,14 @@ def long_gap(phases: Phases, typical: Typical, params: TimelineParams) -> np.nda
     pace of the step (a warm-up or degraded step runs slower; its first sends show by how much)."""
     pace = np.where(phases.forward_ns > 0, phases.forward_ns / (typical.forward_ns or np.inf), 1.0)
     pace = np.where(np.isfinite(pace) & (pace > 0), pace, 1.0)
-    expected = typical.gap_ns * pace + params.long_gap_share * typical.period_ns
-    return (phases.next_ns >= 0) & (phases.next_ns - phases.close_ns > expected)
+    margin = params.long_gap_share * typical.period_ns
+    by_traffic = (phases.next_ns >= 0) & (phases.next_ns - phases.close_ns > typical.gap_ns * pace + margin)
+    if typical.close_to_end_ns is None:
+        return by_traffic
+    # where the next step's start is marked, the time to it tells, whatever traffic came between
+    # (an exchange that usually follows the sync may run inside it)
+    by_start = next_start(phases, typical) - phases.close_ns > typical.close_to_end_ns * pace + margin
+    return np.where(marked(phases), (phases.next_ns >= 0) & by_start, by_traffic)
 
 
 def marked(phases: Phases) -> np.ndarray:
