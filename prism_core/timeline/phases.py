@@ -75,7 +75,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     on_candidate = heavy[burst]
     turn = _pipeline_turns(traffic, signal, burst) if pipeline and not has_dp and not marked else np.ones(len(gaps), bool)
     gap_threshold_ns = boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
-                                              traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params)
+                                              traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params,
+                                              once_per_step=has_dp)
     between_phases = turn & (gaps >= gap_threshold_ns)
     # phase p holds candidates[first[p]:first[p + 1]]
     first = np.r_[0, np.flatnonzero(between_phases) + 1] if len(candidates) else np.empty(0, int)
