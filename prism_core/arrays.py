@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import fields
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -120,7 +121,14 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def unique_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`np.unique(values, return_counts=True)` for a 1-d numeric array, by hashing: only the
-    distinct values are sorted."""
+    distinct values are sorted. Integers spanning few values are counted in a table of the span."""
+    if len(values) and np.issubdtype(values.dtype, np.integer) and np.can_cast(values.dtype, np.int64):
+        low = int(values.min())
+        span = int(values.max()) - low + 1
+        if span <= MAX_DENSE_SPAN_PER_VALUE * len(values):
+            counts = np.bincount(values.astype(np.int64, copy=False) - low, minlength=span)
+            present = np.flatnonzero(counts)
+            return (present + low).astype(values.dtype), counts[present]
     counted = pc.value_counts(pa.array(values))
     distinct = counted.field("values").to_numpy(zero_copy_only=False)
     order = np.argsort(distinct)
@@ -273,6 +281,11 @@ class KeyGroups:
     def __len__(self) -> int:
         return len(self.key)
 
+    @cached_property
+    def order(self) -> np.ndarray:
+        """The rows stably by group (by key): one sort for every reduction that needs it."""
+        return stable_order(self.group, scattered=True)
+
     def first_rows(self) -> np.ndarray:
         """The first row of each group, in key order: `np.unique(key, return_index=True)[1]`."""
         first = np.full(len(self.distinct), len(self.key), np.int64)
@@ -299,7 +312,9 @@ def group_reduce(key: np.ndarray | KeyGroups, values: np.ndarray, ufunc: np.ufun
         ufunc.at(reduced, group, values)
         return reduced[group]
     # rows stably by key (a hashed key's ranks order the rows as the key does: the same order)
-    key = key.group if isinstance(key, KeyGroups) else key
+    if isinstance(key, KeyGroups):
+        reduced = ufunc.reduceat(values[key.order], np.r_[0, np.cumsum(np.bincount(key.group))[:-1]])
+        return reduced[key.group]
     order = stable_order(key)
     starts = _group_starts(key[order])
     reduced = ufunc.reduceat(values[order], starts)
@@ -318,17 +333,19 @@ def group_spans(group: np.ndarray, n_groups: int, first: np.ndarray, last: np.nd
     return earliest, latest
 
 
-def group_mode(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+def group_mode(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
     """Most frequent value of each key group (the smallest on ties), broadcast back to the rows;
     values are non-negative integers."""
     if not len(key):
         return np.empty(0, values.dtype)
+    group = _key_groups(key).group
     radix = int(values.max(initial=0)) + 1
-    pairs, counts = np.unique(key * radix + values, return_counts=True)
-    pair_key, pair_value = np.divmod(pairs, radix)
-    order = np.lexsort((-counts, pair_key))
-    first = order[np.r_[True, pair_key[order][1:] != pair_key[order][:-1]]]
-    return pair_value[first][np.searchsorted(pair_key[first], key)]
+    # the groups' ranks in place of the key: (rank, value) pairs span few codes, counted without a sort
+    pairs, counts = unique_counts(group * radix + values)
+    pair_group, pair_value = np.divmod(pairs, radix)
+    order = np.lexsort((-counts, pair_group))
+    first = order[np.r_[True, pair_group[order][1:] != pair_group[order][:-1]]]
+    return pair_value[first][group]
 
 
 def group_median(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
@@ -343,7 +360,7 @@ def group_median(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
     if np.issubdtype(values.dtype, np.floating) and len(counts) * int(counts.max()) <= PADDED_GROWTH * n:
         # groups of like sizes (a flow's class over the hour's steps): one row per group, padded
         # with NaN (which sorts last), each row sorted apart; no sort of all the values together
-        by_group = stable_order(group, scattered=True)
+        by_group = groups.order
         grouped = group[by_group]
         slot = np.arange(n) - (np.cumsum(counts) - counts)[grouped]
         ordered = np.full((len(counts), int(counts.max())), np.nan, values.dtype)
