@@ -60,12 +60,13 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     flow_addr = np.concatenate([job.src[sel], job.dst[sel]])
     flow_peer = np.concatenate([job.dst[sel], job.src[sel]])
     flow_step, ratio = np.concatenate([step, step]), np.concatenate([ratio, ratio])
+    # one row per (step, address), reduced over its group without broadcasting back to the flows
     key = KeyGroups(combined_key(flow_step, flow_addr))
-    capacity = group_reduce(key, ratio, np.maximum)
-    one_peer = group_reduce(key, flow_peer, np.minimum) == group_reduce(key, flow_peer, np.maximum)
-    sole_peer = np.where(one_peer, flow_peer, -1)
-    rows = key.first_rows()  # one row per (step, address)
-    step, addr, capacity, sole_peer = flow_step[rows], flow_addr[rows], capacity[rows], sole_peer[rows]
+    capacity = key.reduce(ratio, np.maximum)
+    one_peer = key.reduce(flow_peer, np.minimum) == key.reduce(flow_peer, np.maximum)
+    rows = key.first_rows()
+    step, addr = flow_step[rows], flow_addr[rows]
+    sole_peer = np.where(one_peer, flow_peer[rows], -1)
     order = np.lexsort((addr, capacity, step))
     first = np.r_[True, step[order][1:] != step[order][:-1]]
     lowest = order[first]
