@@ -19,9 +19,6 @@ MAX_SLICED_DROPS = 1024
 # up to this many dropped rows, a filter leaves a table's text columns as slices (each row's text
 # copied would be most of the table's bytes) and copies only its fixed-width columns
 MAX_SLICED_STRING_DROPS = 1 << 16
-# group_median sorts each group's values in a row of its own where the rows, padded to the
-# largest group, hold at most this many times the values
-PADDED_GROWTH = 2
 # unique_inverse ranks integers through a table of their span up to this many entries per value
 MAX_DENSE_SPAN_PER_VALUE = 4
 # kth_within_groups counts values per run and magnitude bucket in a table of at most this many
@@ -361,18 +358,23 @@ def group_median(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
     counts = np.bincount(group, minlength=len(groups.distinct))
     n = len(values)
     # Only the values matter, so ties may come in any order.
-    if np.issubdtype(values.dtype, np.floating) and len(counts) * int(counts.max()) <= PADDED_GROWTH * n:
-        # groups of like sizes (a flow's class over the hour's steps): one row per group, padded
-        # with NaN (which sorts last), each row sorted apart; no sort of all the values together
-        by_group = groups.order
-        grouped = group[by_group]
-        slot = np.arange(n) - (np.cumsum(counts) - counts)[grouped]
-        ordered = np.full((len(counts), int(counts.max())), np.nan, values.dtype)
-        ordered[grouped, slot] = values[by_group]
-        del by_group, grouped, slot
-        ordered.sort(axis=1)
-        rows = np.arange(len(counts))
-        median = (ordered[rows, (counts - 1) // 2] + ordered[rows, counts // 2]) / 2
+    if np.issubdtype(values.dtype, np.floating):
+        # the rows by group; then the groups of like sizes (within a factor of two) one row each,
+        # padded with NaN (which sorts last) to at most twice their values, each row sorted
+        # apart: no sort of all the values together
+        by_group = values[groups.order]
+        first = np.cumsum(counts) - counts
+        median = np.empty(len(counts), values.dtype)
+        size_class = np.log2(counts).astype(np.int64)
+        for width_class in np.unique(size_class).tolist():
+            members = np.flatnonzero(size_class == width_class)
+            count = counts[members]
+            column = np.arange(int(count.max()))
+            rows = by_group[np.minimum(first[members, None] + column, n - 1)]
+            rows[column >= count[:, None]] = np.nan
+            rows.sort(axis=1)
+            at = np.arange(len(members))
+            median[members] = (rows[at, (count - 1) // 2] + rows[at, count // 2]) / 2
         return median[group]
     # the values sorted once, then stably by group (linear passes over the group codes)
     by_value = np.argsort(values)
