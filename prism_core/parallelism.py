@@ -385,9 +385,10 @@ def reverse_in_flight(
 
     in_start_order = bool(np.all(start[1:] >= start[:-1]))
     order = stable_order(direction) if in_start_order else np.argsort(offset(direction, start), kind="stable")
-    starts = offset(direction[order], start[order])
-    reach = np.maximum.accumulate(offset(direction[order], end[order]))
-    del order
+    ordered_direction = direction[order]
+    starts = offset(ordered_direction, start[order])
+    reach = np.maximum.accumulate(offset(ordered_direction, end[order]))
+    del order, ordered_direction
     # queries by block keep the search cache-friendly; answered in that order, then put back
     query_order = stable_order(reverse)
     query = offset(reverse, end)
