@@ -120,9 +120,12 @@ def identify_parallelism(
     its GPUs with the span of their traffic for the job this hour (the membership's).
     Flows a member sent outside its membership interval belong to another job and are ignored."""
     handed_bytes = job_flows["bytes"].to_numpy().astype(np.int64, copy=False)
-    sent = _sent_while_member(job_flows, members)
-    job_flows = filter_rows(job_flows, sent)
     gpus = _member_gpus(members)
+    # each flow's source among the member GPUs, its text looked up once for both uses
+    src = pc.fill_null(pc.index_in(job_flows["src_addr"], value_set=gpus["addr"]), -1).to_numpy()
+    sent = _sent_while_member(job_flows, members, gpus, src)
+    job_flows = filter_rows(job_flows, sent)
+    src = src[sent]
     dst = pc.fill_null(pc.index_in(job_flows["dst_addr"], value_set=gpus["addr"]), -1).to_numpy()
     inside = dst >= 0
     kind = np.full(job_flows.num_rows, OTHER, np.int8)
@@ -135,7 +138,7 @@ def identify_parallelism(
     if not inside.any():  # nothing between members this hour: stages and degrees unknown
         return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), None, None, None,
                            *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
-    flows = _InternalFlows.of(job_flows, inside, dst[inside], gpus)
+    flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
@@ -165,12 +168,13 @@ def _per_flow_handed(handed_bytes: np.ndarray, sent: np.ndarray, kind: np.ndarra
     return all_kinds, all_families
 
 
-def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> np.ndarray:
-    index = pc.index_in(job_flows["src_addr"], value_set=members["addr"])
-    row = pc.fill_null(index, 0).to_numpy()
+def _sent_while_member(job_flows: pa.Table, members: pa.Table, gpus: pa.Table, src: np.ndarray) -> np.ndarray:
+    """Per flow: sent while its source (`src`: its row of `gpus`, -1 for none) was a member (its
+    address's first row of `members`)."""
+    row = pc.index_in(gpus["addr"], value_set=members["addr"]).to_numpy()[np.maximum(src, 0)]
     start = job_flows["time_flow_start_ns"].to_numpy()
     within = (
-        pc.is_valid(index).to_numpy(zero_copy_only=False)
+        (src >= 0)
         & (start >= members["first_ns"].to_numpy()[row])
         & (start <= members["last_ns"].to_numpy()[row])
     )
@@ -230,10 +234,10 @@ class _InternalFlows:
     n_hosts: int
 
     @classmethod
-    def of(cls, job_flows: pa.Table, inside: np.ndarray, dst: np.ndarray, gpus: pa.Table) -> _InternalFlows:
-        """The flows of `job_flows` where `inside` (`dst`: their destinations' rows of `gpus`);
-        read as arrays, the table is not copied."""
-        src = pc.index_in(job_flows["src_addr"], value_set=gpus["addr"]).to_numpy()[inside]
+    def of(cls, job_flows: pa.Table, inside: np.ndarray, src: np.ndarray, dst: np.ndarray,
+           gpus: pa.Table) -> _InternalFlows:
+        """The flows of `job_flows` where `inside` (`src`, `dst`: their sources' and destinations'
+        rows of `gpus`); read as arrays, the table is not copied."""
         host_code = gpus["host_code"].to_numpy()
         start, end = (job_flows[c].to_numpy()[inside] for c in ("time_flow_start_ns", "time_flow_end_ns"))
         # packet sampling (sFlow) has no flow start or end; a sampled NetFlow exporter's records
