@@ -136,7 +136,7 @@ def identify_parallelism(
         JOB_GPUS,
     )
     if not inside.any():  # nothing between members this hour: stages and degrees unknown
-        return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), None, None, None,
+        return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, src, gpus["addr"], kind), None, None, None,
                            *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
     flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus)
     groups = _group_flows(flows, params)
@@ -152,7 +152,7 @@ def identify_parallelism(
     family_bytes[inside] = np.where(flows.sampled, flows.size, groups.size[groups.of_flow])
     job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
     job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
-    return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), layout.dp, layout.pp, layout.tp,
+    return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, src, gpus["addr"], kind), layout.dp, layout.pp, layout.tp,
                        *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
 
 
@@ -842,18 +842,17 @@ def _slot_in_stage(host_code: np.ndarray, level: np.ndarray) -> np.ndarray:
     return slot[host_code]
 
 
-def _comm_pairs(job_id: str, job_flows: pa.Table, kind: np.ndarray) -> pa.Table:
-    table = pa.table(
-        {
-            "src_addr": job_flows["src_addr"],
-            "dst_addr": job_flows["dst_addr"],
-            "kind": pa.DictionaryArray.from_arrays(pa.array(kind), pa.array(COMM_KINDS)).cast(pa.string()),
-            "bytes": job_flows["bytes"],
-        }
-    )
+def _comm_pairs(job_id: str, job_flows: pa.Table, src: np.ndarray, addrs: pa.ChunkedArray | pa.Array,
+                kind: np.ndarray) -> pa.Table:
+    """The flows' (source, destination, kind) pairs; `src`: each flow's source's row of `addrs`."""
+    # grouped by the source's and the kind's codes, named on the pairs: a name per flow costs more
+    # to make and to hash
+    table = pa.table({"src_addr": src, "dst_addr": job_flows["dst_addr"], "kind": kind, "bytes": job_flows["bytes"]})
     grouped = table.group_by(["src_addr", "dst_addr", "kind"], use_threads=False).aggregate(
         [("bytes", "count"), ("bytes", "sum"), ("bytes", "count_distinct")]
     )
+    for name, names in (("src_addr", addrs), ("kind", pa.array(COMM_KINDS))):
+        grouped = grouped.set_column(grouped.schema.get_field_index(name), name, names.take(grouped[name]))
     grouped = grouped.rename_columns(
         {"bytes_count": "flows", "bytes_sum": "bytes", "bytes_count_distinct": "distinct_sizes"}
     )
