@@ -283,9 +283,16 @@ class KeyGroups:
         """The rows stably by group (by key): one sort for every reduction that needs it."""
         return stable_order(self.group, scattered=True)
 
+    @cached_property
+    def counts(self) -> np.ndarray:
+        """The rows of each group, in key order."""
+        return np.bincount(self.group, minlength=len(self.distinct))
+
     def reduce(self, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
-        """ufunc.reduce of `values` over each group, in key order, for a reduction whose result
-        does not depend on the order (a minimum, a maximum, an integer sum): reduced in place."""
+        """ufunc.reduce of `values` over each group, in key order: in place where the result does
+        not depend on the order of reduction, else (a float sum) over each group's rows in order."""
+        if not _order_free(ufunc, values):
+            return ufunc.reduceat(values[self.order], np.cumsum(self.counts) - self.counts)
         reduced = np.zeros(len(self.distinct), values.dtype)
         if ufunc is not np.add:
             reduced[self.group] = values  # any of the group's values starts its minimum or maximum
@@ -303,19 +310,22 @@ def _key_groups(key: np.ndarray | KeyGroups) -> KeyGroups:
     return key if isinstance(key, KeyGroups) else KeyGroups(key)
 
 
+def _order_free(ufunc: np.ufunc, values: np.ndarray) -> bool:
+    """Whether reducing `values` with `ufunc` gives the same result in any order (a minimum, a
+    maximum, an integer sum; not a float sum)."""
+    return ufunc in (np.minimum, np.maximum) or (ufunc is np.add and np.issubdtype(values.dtype, np.integer))
+
+
 def group_reduce(key: np.ndarray | KeyGroups, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     """ufunc.reduce of `values` over each key group, broadcast back to the rows."""
     if not len(key):
         return np.empty(0, values.dtype)
-    if ufunc in (np.minimum, np.maximum) or (ufunc is np.add and np.issubdtype(values.dtype, np.integer)):
+    if isinstance(key, KeyGroups) or _order_free(ufunc, values):
         # results that do not depend on the order of reduction: groups hashed, reduced in place
-        # (~6x faster than sorting the rows by group); a float sum keeps its order below
+        # (~6x faster than sorting the rows by group); a float sum keeps its order (below, or
+        # by the groups' ranks, which order the rows as the key does)
         groups = _key_groups(key)
         return groups.reduce(values, ufunc)[groups.group]
-    # rows stably by key (a hashed key's ranks order the rows as the key does: the same order)
-    if isinstance(key, KeyGroups):
-        reduced = ufunc.reduceat(values[key.order], np.r_[0, np.cumsum(np.bincount(key.group))[:-1]])
-        return reduced[key.group]
     order = stable_order(key)
     starts = _group_starts(key[order])
     reduced = ufunc.reduceat(values[order], starts)
@@ -355,7 +365,7 @@ def group_median(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
         return np.empty(0)
     groups = _key_groups(key)
     group = groups.group
-    counts = np.bincount(group, minlength=len(groups.distinct))
+    counts = groups.counts
     n = len(values)
     # Only the values matter, so ties may come in any order.
     if np.issubdtype(values.dtype, np.floating):

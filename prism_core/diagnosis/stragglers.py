@@ -62,8 +62,8 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     sent = group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
     class_of_host = KeyGroups(combined_key(kind, host))
     usual = sent == group_mode(class_of_host, sent)
-    regular = group_reduce(class_of_host, usual / sent, np.add) / group_reduce(class_of_host, 1.0 / sent, np.add)
-    kept = usual & (regular >= params.regular_share)
+    regular = class_of_host.reduce(usual / sent, np.add) / class_of_host.reduce(1.0 / sent, np.add)
+    kept = usual & (regular >= params.regular_share)[class_of_host.group]
     # each array is ~8 bytes per flow of a large job: dead ones are dropped at once
     del sent, class_of_host, usual, regular
     step, kind, start, host, pipeline, sender_group = (
