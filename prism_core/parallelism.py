@@ -136,8 +136,8 @@ def identify_parallelism(
         JOB_GPUS,
     )
     if not inside.any():  # nothing between members this hour: stages and degrees unknown
-        return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, src, gpus["addr"], kind), None, None, None,
-                           *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
+        pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
+        return Parallelism(job_gpus, pairs, None, None, None, *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
     flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
@@ -152,7 +152,8 @@ def identify_parallelism(
     family_bytes[inside] = np.where(flows.sampled, flows.size, groups.size[groups.of_flow])
     job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
     job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
-    return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, src, gpus["addr"], kind), layout.dp, layout.pp, layout.tp,
+    pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
+    return Parallelism(job_gpus, pairs, layout.dp, layout.pp, layout.tp,
                        *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
 
 
