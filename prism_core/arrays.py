@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import fields
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -18,9 +19,6 @@ MAX_SLICED_DROPS = 1024
 # up to this many dropped rows, a filter leaves a table's text columns as slices (each row's text
 # copied would be most of the table's bytes) and copies only its fixed-width columns
 MAX_SLICED_STRING_DROPS = 1 << 16
-# group_median sorts each group's values in a row of its own where the rows, padded to the
-# largest group, hold at most this many times the values
-PADDED_GROWTH = 2
 # unique_inverse ranks integers through a table of their span up to this many entries per value
 MAX_DENSE_SPAN_PER_VALUE = 4
 # kth_within_groups counts values per run and magnitude bucket in a table of at most this many
@@ -120,7 +118,14 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def unique_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`np.unique(values, return_counts=True)` for a 1-d numeric array, by hashing: only the
-    distinct values are sorted."""
+    distinct values are sorted. Integers spanning few values are counted in a table of the span."""
+    if len(values) and np.issubdtype(values.dtype, np.integer) and np.can_cast(values.dtype, np.int64):
+        low = int(values.min())
+        span = int(values.max()) - low + 1
+        if span <= MAX_DENSE_SPAN_PER_VALUE * len(values):
+            counts = np.bincount(values.astype(np.int64, copy=False) - low, minlength=span)
+            present = np.flatnonzero(counts)
+            return (present + low).astype(values.dtype), counts[present]
     counted = pc.value_counts(pa.array(values))
     distinct = counted.field("values").to_numpy(zero_copy_only=False)
     order = np.argsort(distinct)
@@ -273,6 +278,27 @@ class KeyGroups:
     def __len__(self) -> int:
         return len(self.key)
 
+    @cached_property
+    def order(self) -> np.ndarray:
+        """The rows stably by group (by key): one sort for every reduction that needs it."""
+        return stable_order(self.group, scattered=True)
+
+    @cached_property
+    def counts(self) -> np.ndarray:
+        """The rows of each group, in key order."""
+        return np.bincount(self.group, minlength=len(self.distinct))
+
+    def reduce(self, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+        """ufunc.reduce of `values` over each group, in key order: in place where the result does
+        not depend on the order of reduction, else (a float sum) over each group's rows in order."""
+        if not _order_free(ufunc, values):
+            return ufunc.reduceat(values[self.order], np.cumsum(self.counts) - self.counts)
+        reduced = np.zeros(len(self.distinct), values.dtype)
+        if ufunc is not np.add:
+            reduced[self.group] = values  # any of the group's values starts its minimum or maximum
+        ufunc.at(reduced, self.group, values)
+        return reduced
+
     def first_rows(self) -> np.ndarray:
         """The first row of each group, in key order: `np.unique(key, return_index=True)[1]`."""
         first = np.full(len(self.distinct), len(self.key), np.int64)
@@ -284,22 +310,22 @@ def _key_groups(key: np.ndarray | KeyGroups) -> KeyGroups:
     return key if isinstance(key, KeyGroups) else KeyGroups(key)
 
 
+def _order_free(ufunc: np.ufunc, values: np.ndarray) -> bool:
+    """Whether reducing `values` with `ufunc` gives the same result in any order (a minimum, a
+    maximum, an integer sum; not a float sum)."""
+    return ufunc in (np.minimum, np.maximum) or (ufunc is np.add and np.issubdtype(values.dtype, np.integer))
+
+
 def group_reduce(key: np.ndarray | KeyGroups, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     """ufunc.reduce of `values` over each key group, broadcast back to the rows."""
     if not len(key):
         return np.empty(0, values.dtype)
-    if ufunc in (np.minimum, np.maximum) or (ufunc is np.add and np.issubdtype(values.dtype, np.integer)):
+    if isinstance(key, KeyGroups) or _order_free(ufunc, values):
         # results that do not depend on the order of reduction: groups hashed, reduced in place
-        # (~6x faster than sorting the rows by group); a float sum keeps its order below
+        # (~6x faster than sorting the rows by group); a float sum keeps its order (below, or
+        # by the groups' ranks, which order the rows as the key does)
         groups = _key_groups(key)
-        distinct, group = groups.distinct, groups.group
-        reduced = np.zeros(len(distinct), values.dtype)
-        if ufunc is not np.add:
-            reduced[group] = values  # any of the group's values starts its minimum or maximum
-        ufunc.at(reduced, group, values)
-        return reduced[group]
-    # rows stably by key (a hashed key's ranks order the rows as the key does: the same order)
-    key = key.group if isinstance(key, KeyGroups) else key
+        return groups.reduce(values, ufunc)[groups.group]
     order = stable_order(key)
     starts = _group_starts(key[order])
     reduced = ufunc.reduceat(values[order], starts)
@@ -318,17 +344,19 @@ def group_spans(group: np.ndarray, n_groups: int, first: np.ndarray, last: np.nd
     return earliest, latest
 
 
-def group_mode(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+def group_mode(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
     """Most frequent value of each key group (the smallest on ties), broadcast back to the rows;
     values are non-negative integers."""
     if not len(key):
         return np.empty(0, values.dtype)
+    group = _key_groups(key).group
     radix = int(values.max(initial=0)) + 1
-    pairs, counts = np.unique(key * radix + values, return_counts=True)
-    pair_key, pair_value = np.divmod(pairs, radix)
-    order = np.lexsort((-counts, pair_key))
-    first = order[np.r_[True, pair_key[order][1:] != pair_key[order][:-1]]]
-    return pair_value[first][np.searchsorted(pair_key[first], key)]
+    # the groups' ranks in place of the key: (rank, value) pairs span few codes, counted without a sort
+    pairs, counts = unique_counts(group * radix + values)
+    pair_group, pair_value = np.divmod(pairs, radix)
+    order = np.lexsort((-counts, pair_group))
+    first = order[np.r_[True, pair_group[order][1:] != pair_group[order][:-1]]]
+    return pair_value[first][group]
 
 
 def group_median(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
@@ -337,21 +365,26 @@ def group_median(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
         return np.empty(0)
     groups = _key_groups(key)
     group = groups.group
-    counts = np.bincount(group, minlength=len(groups.distinct))
+    counts = groups.counts
     n = len(values)
     # Only the values matter, so ties may come in any order.
-    if np.issubdtype(values.dtype, np.floating) and len(counts) * int(counts.max()) <= PADDED_GROWTH * n:
-        # groups of like sizes (a flow's class over the hour's steps): one row per group, padded
-        # with NaN (which sorts last), each row sorted apart; no sort of all the values together
-        by_group = stable_order(group, scattered=True)
-        grouped = group[by_group]
-        slot = np.arange(n) - (np.cumsum(counts) - counts)[grouped]
-        ordered = np.full((len(counts), int(counts.max())), np.nan, values.dtype)
-        ordered[grouped, slot] = values[by_group]
-        del by_group, grouped, slot
-        ordered.sort(axis=1)
-        rows = np.arange(len(counts))
-        median = (ordered[rows, (counts - 1) // 2] + ordered[rows, counts // 2]) / 2
+    if np.issubdtype(values.dtype, np.floating):
+        # the rows by group; then the groups of like sizes (within a factor of two) one row each,
+        # padded with NaN (which sorts last) to at most twice their values, each row sorted
+        # apart: no sort of all the values together
+        by_group = values[groups.order]
+        first = np.cumsum(counts) - counts
+        median = np.empty(len(counts), values.dtype)
+        size_class = np.log2(counts).astype(np.int64)
+        for width_class in np.unique(size_class).tolist():
+            members = np.flatnonzero(size_class == width_class)
+            count = counts[members]
+            column = np.arange(int(count.max()))
+            rows = by_group[np.minimum(first[members, None] + column, n - 1)]
+            rows[column >= count[:, None]] = np.nan
+            rows.sort(axis=1)
+            at = np.arange(len(members))
+            median[members] = (rows[at, (count - 1) // 2] + rows[at, count // 2]) / 2
         return median[group]
     # the values sorted once, then stably by group (linear passes over the group codes)
     by_value = np.argsort(values)

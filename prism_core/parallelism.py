@@ -120,9 +120,12 @@ def identify_parallelism(
     its GPUs with the span of their traffic for the job this hour (the membership's).
     Flows a member sent outside its membership interval belong to another job and are ignored."""
     handed_bytes = job_flows["bytes"].to_numpy().astype(np.int64, copy=False)
-    sent = _sent_while_member(job_flows, members)
-    job_flows = filter_rows(job_flows, sent)
     gpus = _member_gpus(members)
+    # each flow's source among the member GPUs, its text looked up once for both uses
+    src = pc.fill_null(pc.index_in(job_flows["src_addr"], value_set=gpus["addr"]), -1).to_numpy()
+    sent = _sent_while_member(job_flows, members, gpus, src)
+    job_flows = filter_rows(job_flows, sent)
+    src = src[sent]
     dst = pc.fill_null(pc.index_in(job_flows["dst_addr"], value_set=gpus["addr"]), -1).to_numpy()
     inside = dst >= 0
     kind = np.full(job_flows.num_rows, OTHER, np.int8)
@@ -133,9 +136,9 @@ def identify_parallelism(
         JOB_GPUS,
     )
     if not inside.any():  # nothing between members this hour: stages and degrees unknown
-        return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), None, None, None,
-                           *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
-    flows = _InternalFlows.of(job_flows, inside, dst[inside], gpus)
+        pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
+        return Parallelism(job_gpus, pairs, None, None, None, *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
+    flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
@@ -149,7 +152,8 @@ def identify_parallelism(
     family_bytes[inside] = np.where(flows.sampled, flows.size, groups.size[groups.of_flow])
     job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
     job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
-    return Parallelism(job_gpus, _comm_pairs(job_id, job_flows, kind), layout.dp, layout.pp, layout.tp,
+    pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
+    return Parallelism(job_gpus, pairs, layout.dp, layout.pp, layout.tp,
                        *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
 
 
@@ -165,12 +169,13 @@ def _per_flow_handed(handed_bytes: np.ndarray, sent: np.ndarray, kind: np.ndarra
     return all_kinds, all_families
 
 
-def _sent_while_member(job_flows: pa.Table, members: pa.Table) -> np.ndarray:
-    index = pc.index_in(job_flows["src_addr"], value_set=members["addr"])
-    row = pc.fill_null(index, 0).to_numpy()
+def _sent_while_member(job_flows: pa.Table, members: pa.Table, gpus: pa.Table, src: np.ndarray) -> np.ndarray:
+    """Per flow: sent while its source (`src`: its row of `gpus`, -1 for none) was a member (its
+    address's first row of `members`)."""
+    row = pc.index_in(gpus["addr"], value_set=members["addr"]).to_numpy()[np.maximum(src, 0)]
     start = job_flows["time_flow_start_ns"].to_numpy()
     within = (
-        pc.is_valid(index).to_numpy(zero_copy_only=False)
+        (src >= 0)
         & (start >= members["first_ns"].to_numpy()[row])
         & (start <= members["last_ns"].to_numpy()[row])
     )
@@ -230,10 +235,10 @@ class _InternalFlows:
     n_hosts: int
 
     @classmethod
-    def of(cls, job_flows: pa.Table, inside: np.ndarray, dst: np.ndarray, gpus: pa.Table) -> _InternalFlows:
-        """The flows of `job_flows` where `inside` (`dst`: their destinations' rows of `gpus`);
-        read as arrays, the table is not copied."""
-        src = pc.index_in(job_flows["src_addr"], value_set=gpus["addr"]).to_numpy()[inside]
+    def of(cls, job_flows: pa.Table, inside: np.ndarray, src: np.ndarray, dst: np.ndarray,
+           gpus: pa.Table) -> _InternalFlows:
+        """The flows of `job_flows` where `inside` (`src`, `dst`: their sources' and destinations'
+        rows of `gpus`); read as arrays, the table is not copied."""
         host_code = gpus["host_code"].to_numpy()
         start, end = (job_flows[c].to_numpy()[inside] for c in ("time_flow_start_ns", "time_flow_end_ns"))
         # packet sampling (sFlow) has no flow start or end; a sampled NetFlow exporter's records
@@ -385,9 +390,10 @@ def reverse_in_flight(
 
     in_start_order = bool(np.all(start[1:] >= start[:-1]))
     order = stable_order(direction) if in_start_order else np.argsort(offset(direction, start), kind="stable")
-    starts = offset(direction[order], start[order])
-    reach = np.maximum.accumulate(offset(direction[order], end[order]))
-    del order
+    ordered_direction = direction[order]
+    starts = offset(ordered_direction, start[order])
+    reach = np.maximum.accumulate(offset(ordered_direction, end[order]))
+    del order, ordered_direction
     # queries by block keep the search cache-friendly; answered in that order, then put back
     query_order = stable_order(reverse)
     query = offset(reverse, end)
@@ -837,18 +843,17 @@ def _slot_in_stage(host_code: np.ndarray, level: np.ndarray) -> np.ndarray:
     return slot[host_code]
 
 
-def _comm_pairs(job_id: str, job_flows: pa.Table, kind: np.ndarray) -> pa.Table:
-    table = pa.table(
-        {
-            "src_addr": job_flows["src_addr"],
-            "dst_addr": job_flows["dst_addr"],
-            "kind": pa.DictionaryArray.from_arrays(pa.array(kind), pa.array(COMM_KINDS)).cast(pa.string()),
-            "bytes": job_flows["bytes"],
-        }
-    )
+def _comm_pairs(job_id: str, job_flows: pa.Table, src: np.ndarray, addrs: pa.ChunkedArray | pa.Array,
+                kind: np.ndarray) -> pa.Table:
+    """The flows' (source, destination, kind) pairs; `src`: each flow's source's row of `addrs`."""
+    # grouped by the source's and the kind's codes, named on the pairs: a name per flow costs more
+    # to make and to hash
+    table = pa.table({"src_addr": src, "dst_addr": job_flows["dst_addr"], "kind": kind, "bytes": job_flows["bytes"]})
     grouped = table.group_by(["src_addr", "dst_addr", "kind"], use_threads=False).aggregate(
         [("bytes", "count"), ("bytes", "sum"), ("bytes", "count_distinct")]
     )
+    for name, names in (("src_addr", addrs), ("kind", pa.array(COMM_KINDS))):
+        grouped = grouped.set_column(grouped.schema.get_field_index(name), name, names.take(grouped[name]))
     grouped = grouped.rename_columns(
         {"bytes_count": "flows", "bytes_sum": "bytes", "bytes_count_distinct": "distinct_sizes"}
     )

@@ -52,20 +52,21 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     step, rate = job.step[sel], job.nbytes[sel] / np.maximum(seconds[sel], 1e-9)
     size = unique_inverse(job.nbytes[sel])[1]
     ratio = rate / _usual_rate(step, size, rate)
-    flows = (step, job.src[sel], job.dst[sel], ratio)
+    src, dst = job.src[sel], job.dst[sel]
+    flows = (step, src, dst, ratio)
     if not sel.any():
         return LinkSteps(culprit, score, *flows)
-    # every flow speaks for both its ends: an address is as fast as its fastest transfer
+    # every flow speaks for both its ends: an address is as fast as its fastest transfer. One group
+    # per (step, address), its step and address read off its key, reduced over the group without
+    # broadcasting back to the flows
     n = len(job.addrs)
-    flow_addr = np.concatenate([job.src[sel], job.dst[sel]])
-    flow_peer = np.concatenate([job.dst[sel], job.src[sel]])
-    flow_step, ratio = np.concatenate([step, step]), np.concatenate([ratio, ratio])
-    key = KeyGroups(combined_key(flow_step, flow_addr))
-    capacity = group_reduce(key, ratio, np.maximum)
-    one_peer = group_reduce(key, flow_peer, np.minimum) == group_reduce(key, flow_peer, np.maximum)
-    sole_peer = np.where(one_peer, flow_peer, -1)
-    rows = key.first_rows()  # one row per (step, address)
-    step, addr, capacity, sole_peer = flow_step[rows], flow_addr[rows], capacity[rows], sole_peer[rows]
+    ends = KeyGroups(np.concatenate([step * n + src, step * n + dst]))
+    capacity = ends.reduce(np.concatenate([ratio, ratio]), np.maximum)
+    flow_peer = np.concatenate([dst, src])
+    fewest_peer = ends.reduce(flow_peer, np.minimum)
+    sole_peer = np.where(fewest_peer == ends.reduce(flow_peer, np.maximum), fewest_peer, -1)
+    flow_step, (step, addr) = step, np.divmod(ends.distinct, n)
+    del ends, flow_peer
     order = np.lexsort((addr, capacity, step))
     first = np.r_[True, step[order][1:] != step[order][:-1]]
     lowest = order[first]
@@ -84,7 +85,9 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     of_step = np.full(job.n_steps, -1)
     of_step[step[lowest]] = np.arange(len(lowest))
     of = of_step[flow_step]  # each flow's step's lowest address
-    slow_elsewhere = (flow_addr == peer[of]) & (flow_peer != addr[lowest][of]) & (ratio <= pace[of])
+    peer_of, lowest_of = peer[of], addr[lowest][of]
+    slow_elsewhere = (((src == peer_of) & (dst != lowest_of)) | ((dst == peer_of) & (src != lowest_of)))
+    slow_elsewhere &= ratio <= pace[of]
     through_peer = np.bincount(of[slow_elsewhere], minlength=len(lowest)) > 0
     code = np.where(through_peer, peer, code)
     slow = capacity[lowest] < params.slow_link_ratio

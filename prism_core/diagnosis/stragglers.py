@@ -51,7 +51,7 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     sender_group = combined_key(step, kind, host)
     # by (step, kind, host, start): flows come in start order, so one stable sort does
     in_start_order = bool(np.all(start[1:] >= start[:-1]))
-    order = stable_order(sender_group) if in_start_order else np.lexsort((start, sender_group))
+    order = stable_order(sender_group, scattered=True) if in_start_order else np.lexsort((start, sender_group))
     step, kind, start, host, pipeline, sender_group = (
         a[order] for a in (step, kind, start, host, pipeline, sender_group))
     del order
@@ -61,9 +61,9 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # all-to-all sizes) are left out altogether.
     sent = group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
     class_of_host = KeyGroups(combined_key(kind, host))
-    usual = sent == group_mode(class_of_host.key, sent)
-    regular = group_reduce(class_of_host, usual / sent, np.add) / group_reduce(class_of_host, 1.0 / sent, np.add)
-    kept = usual & (regular >= params.regular_share)
+    usual = sent == group_mode(class_of_host, sent)
+    regular = class_of_host.reduce(usual / sent, np.add) / class_of_host.reduce(1.0 / sent, np.add)
+    kept = usual & (regular >= params.regular_share)[class_of_host.group]
     # each array is ~8 bytes per flow of a large job: dead ones are dropped at once
     del sent, class_of_host, usual, regular
     step, kind, start, host, pipeline, sender_group = (
@@ -74,7 +74,11 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     ordinal = np.arange(len(step)) - group_first_index(sender_group)
     del sender_group
     stage = job.stage_of_host[host]
-    peers = KeyGroups(combined_key(step, kind, stage, ordinal))
+    # (step, kind) numbered in order (the rows are sorted by them): a denser key than both, ranked
+    # without hashing more often
+    step_kind = np.cumsum(np.r_[False, (step[1:] != step[:-1]) | (kind[1:] != kind[:-1])])
+    peers = KeyGroups(combined_key(step_kind, stage, ordinal))
+    del step_kind
     peer_first = group_reduce(peers, start, np.minimum)
     peer_hosts = group_reduce(peers, np.ones(len(step), np.int64), np.add)
     # against its stage peers in the same step (seconds), or alone against its own rhythm. A
