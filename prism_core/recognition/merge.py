@@ -62,8 +62,8 @@ def merge_by_jaccard(component: np.ndarray, graph: Graph, params: RecognitionPar
 def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, params: RecognitionParams) -> np.ndarray:
     """Are parts `a[i]` and `b[i]` of one minute (labels of the nodes), on the same hosts, one job?
     Each part is known in every minute by its life: its anchor (its smallest NIC) while that talks
-    without a stop (`_life_gaps`), so the verdict weighs every minute of the
-    part's life, and none of a later job's on the same NICs (two jobs side by side on the hosts
+    without a stop (`_life_gaps`), so the verdict weighs every minute of the part's life, and none
+    of a later job's on the same NICs (two jobs side by side on the hosts
     would otherwise share the life of whatever ran on their NICs up to the hour's end). They are
     when they keep in step: their traffic of a minute starts and ends within `params.in_step_ns`
     of each other in at least `params.in_step_share` of the minutes they meet (a job's rails carry the same collectives and sends at the same moments; a job on
@@ -76,7 +76,8 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, param
     begins later than the job already there)."""
     first_ns, last_ns = _spans(label, graph)
     anchor = _anchors(label, graph.nic)
-    life, _, life_first, life_last = time_segments(anchor, first_ns, last_ns, _life_gaps(anchor, first_ns, last_ns, params))
+    gaps = _life_gaps(anchor, first_ns, last_ns, params)
+    life, _, life_first, life_last = time_segments(anchor, first_ns, last_ns, gaps)
     life_a, life_b = life[a], life[b]
     same_life = (np.abs(life_first[life_a] - life_first[life_b]) <= params.same_life_ns) & (
         np.abs(life_last[life_a] - life_last[life_b]) <= params.same_life_ns)

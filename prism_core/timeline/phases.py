@@ -51,8 +51,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     boundary gap, kept while fewer than `steps_to_learn` steps are in view to find it again."""
     has_dp = bool(np.any(traffic.kind == DP))
     pipeline = bool(np.any(traffic.kind == PP))
-    marked = not has_dp and pipeline and _exchange_marks_steps(traffic, params)
-    signal_index = traffic.index(DP if has_dp else OTHER if marked else PP if pipeline else None, params)
+    by_exchange = not has_dp and pipeline and _exchange_marks_steps(traffic, params)
+    signal_index = traffic.index(DP if has_dp else OTHER if by_exchange else PP if pipeline else None, params)
     signal = signal_index.rows
     burst, b_start, b_end = bursts(traffic.start[signal], traffic.end[signal], params)
     b_bytes = np.bincount(burst, traffic.nbytes[signal], minlength=len(b_start))
@@ -73,7 +73,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     gaps = b_start[candidates[1:]] - b_end[candidates[:-1]]
     candidate_of_burst = np.cumsum(heavy) - 1
     on_candidate = heavy[burst]
-    turn = _pipeline_turns(traffic, signal, burst) if pipeline and not has_dp and not marked else np.ones(len(gaps), bool)
+    by_turns = pipeline and not has_dp and not by_exchange
+    turn = _pipeline_turns(traffic, signal, burst) if by_turns else np.ones(len(gaps), bool)
     gap_threshold_ns = boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
                                               traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params,
                                               once_per_step=has_dp)
@@ -221,8 +222,8 @@ def _past_waiting_syncs(traffic: Traffic, dp_rows: np.ndarray, lo: np.ndarray, h
     other_ends = np.sort(traffic.end[other])
     opens = np.minimum(lo, len(dp_rows) - 1)
     starts = traffic.start[dp_rows[opens]]
-    at = np.clip(np.searchsorted(other_ends, starts), 1, len(other_ends) - 1) if len(other_ends) > 1 else np.zeros(len(lo), int)
-    nearest = np.minimum(np.abs(other_ends[at] - starts), np.abs(other_ends[np.maximum(at - 1, 0)] - starts))
+    at = np.clip(np.searchsorted(other_ends, starts), 1, max(len(other_ends) - 1, 1))
+    nearest = np.minimum(np.abs(other_ends[np.minimum(at, len(other_ends) - 1)] - starts), np.abs(other_ends[at - 1] - starts))
     waiting = (hi > lo) & (nearest <= params.cluster_ns)
     burst_end = np.searchsorted(burst, burst[opens], side="right")
     return np.where(waiting, np.minimum(burst_end, hi), lo)
