@@ -691,29 +691,6 @@ def test_boundary_gap_threshold_finds_the_gap_that_recurs_once_per_step(per_step
     assert np.allclose(gaps[kept] / 1e9, boundary, rtol=0.1)
 
 
-def test_steps_with_jitter_are_found_under_a_more_exact_checkpoint_cadence():
-    """A DP job's syncs every 3.5 s (a reduce-scatter, 0.4 s of optimizer, the all-gather), 8%
-    jitter and stalls, saving a checkpoint every four minutes over a network the flow logs do not
-    see: the save gaps recur more exactly than the steps (sealed-4 job 011 got 13 "steps" of four
-    minutes for 911). A DP sync runs once per step, so the regular rhythm dividing the saves'
-    units into about 70 is the steps."""
-    rng = np.random.default_rng(4)
-    steps = 1000
-    pace = rng.lognormal(0.0, 0.08, steps) + 0.05 * rng.pareto(2.5, steps)  # jitter and stalls
-    per_step = np.tile([0.4, 2.9], steps) * np.repeat(pace, 2)
-    # a save after the first step to end past each 240 s of the job's time
-    ends = np.cumsum(per_step)[1::2]
-    saving = np.flatnonzero(np.diff(ends // 240.0) > 0) + 1
-    per_step[2 * saving + 1] += rng.uniform(3.0, 20.0, len(saving))
-    gaps = (per_step * 1e9).astype(np.int64)
-    at = _times(np.r_[0.0, gaps[:-1]] + 0.1e9)
-    candidate = np.repeat(np.arange(len(gaps) + 1), 4)
-    threshold = regimes.boundary_gap_threshold(gaps, at, candidate, np.empty(0, np.int64), None,
-                                               np.ones(len(gaps), bool), DEFAULT_PARAMS.steps_to_learn,
-                                               DEFAULT_PARAMS, once_per_step=True)
-    assert np.sum(gaps >= threshold) == steps
-
-
 def test_regime_cuts_of_many_gaps_include_the_one_per_step():
     """A pipeline's micro-batch gaps outnumber its step gaps 200 to 1: BOCD sees quantiles of
     them, and the cut still falls right below the step gaps."""

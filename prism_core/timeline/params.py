@@ -33,10 +33,6 @@ class TimelineParams:
     marker_sends: int = 2
     # share; the irregularity a class of one gap would have to beat (few gaps look regular by luck)
     small_sample_penalty: float = 0.2
-    # ratio; of DP syncs, a regular cut keeping this many times the gaps of the most regular one
-    # divides its units into steps (the most regular may be the checkpoints' cadence; a split of
-    # every step in two keeps only twice the gaps)
-    finer_rhythm: float = 4.0
     # ratio; no step carries more than this many times the sync flows of its neighbours
     max_unit_excess: float = 2.0
     # share; a cut may keep gaps that are mostly checkpoint saves only below this share of them

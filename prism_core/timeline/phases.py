@@ -76,8 +76,7 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     by_turns = pipeline and not has_dp and not by_exchange
     turn = _pipeline_turns(traffic, signal, burst) if by_turns else np.ones(len(gaps), bool)
     gap_threshold_ns = boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
-                                              traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params,
-                                              once_per_step=has_dp)
+                                              traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params)
     between_phases = turn & (gaps >= gap_threshold_ns)
     # phase p holds candidates[first[p]:first[p + 1]]
     first = np.r_[0, np.flatnonzero(between_phases) + 1] if len(candidates) else np.empty(0, int)

@@ -16,7 +16,7 @@ from prism_core.timeline.params import TimelineParams
 
 def boundary_gap_threshold(
     gaps: np.ndarray, at: np.ndarray, flow_candidate: np.ndarray, bulk_writes: np.ndarray, previous: float | None,
-    eligible: np.ndarray, steps_to_learn: int, params: TimelineParams, once_per_step: bool = False,
+    eligible: np.ndarray, steps_to_learn: int, params: TimelineParams,
 ) -> float:
     """The shortest gap between two candidate bursts that still separates two steps.
 
@@ -25,39 +25,34 @@ def boundary_gap_threshold(
     (as a regime boundary in the middle of the hour would), and they are not mostly checkpoint
     saves. Of those, the most regular wins (a finer cut adds the micro-batch cadence, whose warm-up
     and cool-down break the rhythm once per step), small classes handicapped as their regularity
-    may be luck (the micro-batches of a warm-up step alone). When the candidates sync `once_per_step`
-    (DP syncs: no rhythm of theirs is finer than the steps), a regular cut keeping `finer_rhythm`
-    times the gaps of the most regular one divides its units into steps: those are the checkpoints'
-    cadence, which recurs more exactly than steps with jitter and stalls. Only `eligible` gaps can
-    separate steps. Without such a cut, the previous hour's."""
+    may be luck (the micro-batches of a warm-up step alone). Only `eligible` gaps can separate
+    steps. Without such a cut, the previous hour's."""
     fallback = previous if previous is not None else (float(gaps[eligible].min()) if eligible.any() else np.inf)
     if np.sum(eligible & (gaps >= fallback)) < steps_to_learn:
         return fallback
     log_gaps = np.log10(np.maximum(gaps, 1))
-    regular = []  # (gaps kept, score, threshold) of every cut that could mark steps
-    seen = set()
-    for cut in _regime_cuts(log_gaps[eligible], params):
+    cuts = _regime_cuts(log_gaps[eligible], params)
+    best, best_score, seen = fallback, np.inf, set()
+    for cut in cuts:
         kept = np.flatnonzero(eligible & (log_gaps >= cut))
         if len(kept) in seen:
             continue
         seen.add(len(kept))
         irregularity_of_kept = irregularity(at[kept])
-        if irregularity_of_kept > params.max_irregularity or _unit_excess(kept, flow_candidate) > params.max_unit_excess:
+        # few gaps can look regular by chance: rank by an upper bound, ~1/sqrt(n) wide
+        score = irregularity_of_kept + params.small_sample_penalty / np.sqrt(len(kept))
+        if irregularity_of_kept > params.max_irregularity or score >= best_score:
+            continue
+        if _unit_excess(kept, flow_candidate) > params.max_unit_excess:
             continue
         saving = np.searchsorted(bulk_writes, at[kept] + gaps[kept]) > np.searchsorted(bulk_writes, at[kept])
-        if np.mean(saving) >= params.max_saving_share:
-            continue
-        shortest_kept = float(gaps[kept].min())
-        dropped = gaps[eligible & (gaps < shortest_kept)].astype(float)
-        # halfway (in log) to the longest gap left inside steps
-        threshold = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / params.cut_ratio
-        # few gaps can look regular by chance: rank by an upper bound, ~1/sqrt(n) wide
-        regular.append((len(kept), irregularity_of_kept + params.small_sample_penalty / np.sqrt(len(kept)), threshold))
-    if not regular:
-        return fallback
-    best = min(regular, key=lambda cut: cut[1])
-    finer = [cut for cut in regular if once_per_step and cut[0] >= params.finer_rhythm * best[0]]
-    return (min(finer, key=lambda cut: cut[1]) if finer else best)[2]
+        if np.mean(saving) < params.max_saving_share:
+            shortest_kept = float(gaps[kept].min())
+            dropped = gaps[eligible & (gaps < shortest_kept)].astype(float)
+            # halfway (in log) to the longest gap left inside steps
+            best = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / params.cut_ratio
+            best_score = score
+    return best
 
 
 def _regime_cuts(log_gaps: np.ndarray, params: TimelineParams) -> np.ndarray:
