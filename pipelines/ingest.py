@@ -28,7 +28,7 @@ from pipelines.sink import HourTables
 from prism_core.arrays import group_indices
 from prism_core.ingest import deduplicated_order, parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
-from prism_core.resolution import ExporterTally, exporter_profiles, tally_exporters
+from prism_core.resolution import ExporterTally, exporter_profiles, merge_tallies, tally_exporters
 from prism_core.schema import FLOW_MINUTES, QUARANTINE
 
 NAMESPACE = "prism.ingest"
@@ -278,9 +278,7 @@ def hour_tables(hour_ns: int, minutes: list[MinuteResult], quarantine: list[pa.T
         "quarantine": rejected.num_rows,
         "duplicates": sum(m.duplicates for m in minutes),
     }
-    tally = ExporterTally()
-    for minute in minutes:
-        tally = tally.merge(minute.exporters)
+    tally = merge_tallies([minute.exporters for minute in minutes])
     return HourTables(
         hour,
         tables={"flows": [m.flows for m in minutes], "flow_minutes": [aggregates], "quarantine": [rejected]},
