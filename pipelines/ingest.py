@@ -197,8 +197,8 @@ def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> Mi
     pair, and stage the order of the rows to keep and the aggregates for the hour's writer. The
     rows themselves are not copied: the writer takes them from the parsed files (staging them
     again cost more than taking them twice). The aggregates (~7 k rows a minute) are staged rather
-    than carried: as an element they were pickled ~5 times on the way to the writer, ~1 s of the
-    launcher's CPU for the fleet hour."""
+    than carried: as an element they were pickled ~5 times on the way to the writer, ~1 s of CPU
+    for the fleet hour, most of it the launcher's while both workers waited."""
     rows = pa.concat_tables(read_staged(parsed))
     kept = deduplicated_order(rows)
     counted = np.zeros(rows.num_rows, bool)

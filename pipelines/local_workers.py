@@ -107,7 +107,7 @@ def _start_worker(end_with_launcher: bool) -> None:
     forked it lives as long."""
     global _resident_at_start
     _keep_freed_memory_within_tasks()
-    _resident_at_start = _resident_bytes()
+    _resident_at_start = _resident_bytes() or 0
     if end_with_launcher:
         _end_with_launcher()
 
@@ -177,7 +177,8 @@ def _run_and_release(task: Callable, args: tuple):
     try:
         return task(*args)
     finally:
-        if _resident_bytes() - _resident_at_start > RETAINED_BYTES:
+        resident = _resident_bytes()
+        if resident is None or resident - _resident_at_start > RETAINED_BYTES:
             pa.default_memory_pool().release_unused()
             if _LIBC is not None:
                 _LIBC.malloc_trim(0)
@@ -188,13 +189,14 @@ _resident_at_start = 0  # set in each worker by `_start_worker`
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
-def _resident_bytes() -> int:
-    """This process's resident set size (Linux; 0 elsewhere, where the memory is never handed back)."""
+def _resident_bytes() -> int | None:
+    """This process's resident set size; None without /proc (not Linux: then the memory is handed
+    back after every task)."""
     try:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * PAGE_BYTES
     except OSError:
-        return 0
+        return None
 
 
 _C_LIBRARY = ctypes.CDLL(None)  # the process's C library: malloc tuning, prctl
