@@ -44,6 +44,12 @@ class TableRef:
     num_batches: int
     num_rows: int
 
+    def read(self) -> pa.Table:
+        """The referenced rows (`read_staged`): a reference is rows the sink reads only when it
+        writes them (pipelines/sink.LazyRows)."""
+        [table] = read_staged([self])
+        return table
+
 
 @contextmanager
 def shuffle_staging_area(root: str | Path) -> Iterator[str]:

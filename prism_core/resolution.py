@@ -19,7 +19,7 @@ the records, but each leaves a mark on them:
   one that waited, has siblings of its size that did not).
 
 `tally_exporters` counts these per exporter over a batch of records (a minute in the pipeline);
-tallies add up (`ExporterTally.merge`) and `exporter_profiles` turns the hour's into one profile
+tallies add up (`merge_tallies`) and `exporter_profiles` turns the hour's into one profile
 per exporter, kept in the hour's ingest state (`_state/.../exporters.json`).
 
 `job_resolution` decides per job and hour from the profiles of the exporters that carried the
@@ -31,6 +31,7 @@ boundaries), else `period` when the records' rhythm (`rhythm_period_s`) shows th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -183,28 +184,7 @@ class ExporterTally:
     plain_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def merge(self, other: ExporterTally) -> ExporterTally:
-        names = sorted(set(self.exporters) | set(other.exporters))
-        merged = ExporterTally(names, *(np.zeros((len(names), *getattr(self, f).shape[1:]), np.int64)
-                                        for f in _COUNTS))
-        for tally in (self, other):
-            at = np.searchsorted(names, tally.exporters).astype(np.int64)
-            for name in _COUNTS:
-                if name == "max_rate":
-                    np.maximum.at(merged.max_rate, at, tally.max_rate)
-                else:
-                    np.add.at(getattr(merged, name), at, getattr(tally, name))
-        for kind in ("slow", "plain"):
-            keys, counts = [], []
-            for tally in (self, other):
-                at = np.searchsorted(names, tally.exporters).astype(np.int64)
-                own = getattr(tally, f"{kind}_sizes")
-                keys.append(at[own // SIZE_BINS] * SIZE_BINS + own % SIZE_BINS)
-                counts.append(getattr(tally, f"{kind}_counts"))
-            unique, inverse = np.unique(np.concatenate(keys), return_inverse=True)
-            summed = np.bincount(inverse, weights=np.concatenate(counts), minlength=len(unique)).astype(np.int64)
-            setattr(merged, f"{kind}_sizes", unique)
-            setattr(merged, f"{kind}_counts", summed)
-        return merged
+        return merge_tallies([self, other])
 
     def merged_records(self) -> np.ndarray:
         """Per exporter, its records that look like a flow cache's merges: slow long records
@@ -220,6 +200,34 @@ class ExporterTally:
 
 
 _COUNTS = ("records", "on_us", "on_ms", "instants", "sampled", "max_rate", "gaps", "durations")
+
+
+def merge_tallies(tallies: Sequence[ExporterTally]) -> ExporterTally:
+    """The tallies added up, exporter by exporter (by name), all at once: an hour's ~60 minutes
+    merged pairwise sorted the growing size counts again at each step (0.3-0.7 s an hour)."""
+    if not tallies:
+        return ExporterTally()
+    names = sorted(set().union(*(tally.exporters for tally in tallies)))
+    merged = ExporterTally(names, *(np.zeros((len(names), *getattr(tallies[0], f).shape[1:]), np.int64)
+                                    for f in _COUNTS))
+    positions = [np.searchsorted(names, tally.exporters).astype(np.int64) for tally in tallies]
+    for tally, at in zip(tallies, positions):
+        for name in _COUNTS:
+            if name == "max_rate":
+                np.maximum.at(merged.max_rate, at, tally.max_rate)
+            else:
+                np.add.at(getattr(merged, name), at, getattr(tally, name))
+    for kind in ("slow", "plain"):
+        keys, counts = [], []
+        for tally, at in zip(tallies, positions):
+            own = getattr(tally, f"{kind}_sizes")
+            keys.append(at[own // SIZE_BINS] * SIZE_BINS + own % SIZE_BINS)
+            counts.append(getattr(tally, f"{kind}_counts"))
+        unique, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+        summed = np.bincount(inverse, weights=np.concatenate(counts), minlength=len(unique)).astype(np.int64)
+        setattr(merged, f"{kind}_sizes", unique)
+        setattr(merged, f"{kind}_counts", summed)
+    return merged
 
 
 
