@@ -145,15 +145,17 @@ def _exchange_marks_steps(traffic: Traffic, params: TimelineParams) -> bool:
     """Whether a pipeline job whose DP sync the network does not show (its replicas inside hosts)
     marks each step's end with an exchange of its own: the tied embedding's all-reduce between the
     first and the last stage, once per step after the last backward pass (Megatron runs it before
-    the DP sync and the optimizer). Its bursts (traffic neither DP nor PP) then recur regularly
-    (`regimes.irregularity` at most `max_irregularity`), each after several pipeline sends (at
-    least `marker_sends`, median between two: an MoE all-to-all repeats within a micro-batch's
-    pass); the pipeline's own turns are harder to read (an interleaved schedule sends forward
-    activations both ways)."""
+    the DP sync and the optimizer). Its bursts (traffic neither DP nor PP; those within
+    `cluster_ns` of each other one exchange) then recur regularly (`regimes.irregularity` at most
+    `max_irregularity`), each after several pipeline sends (at least `marker_sends`, median between
+    two: an MoE all-to-all repeats within a micro-batch's pass); the pipeline's own turns are
+    harder to read (an interleaved schedule sends forward activations both ways)."""
     other = traffic.index(OTHER, params).rows
     if len(other) < 2:
         return False
-    _, starts, _ = bursts(traffic.start[other], traffic.end[other], params)
+    _, starts, ends = bursts(traffic.start[other], traffic.end[other], params)
+    # bursts within `cluster_ns` of each other are one exchange (exporters' clocks a few ms apart)
+    starts = starts[np.r_[True, starts[1:] - ends[:-1] > params.cluster_ns]]
     if len(starts) < params.steps_to_learn or irregularity(starts) > params.max_irregularity:
         return False
     sends = traffic.index(PP, params).rows
