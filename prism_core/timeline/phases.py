@@ -136,7 +136,7 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     return Phases(flows, start_ns, close, nbytes, np.bincount(phase[kept], minlength=len(first)).astype(float),
                   after_optimizer, gather_start_ns, before_gather, scatter_start_ns, opens_step,
-                  closed, *_what_follows(traffic, flows, close, has_dp, params),
+                  closed, *_what_follows(traffic, flows, close, has_dp, burst, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
@@ -165,8 +165,9 @@ def _exchange_marks_steps(traffic: Traffic, params: TimelineParams) -> bool:
 
 
 def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, has_dp: bool,
-                  params: TimelineParams) -> tuple[np.ndarray, ...]:
-    """Per phase (its flows, its end): the next traffic after it, before the
+                  signal_burst: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, ...]:
+    """Per phase (its flows, its end; `signal_burst`: the burst of each row of the signal, the DP
+    rows where `has_dp`): the next traffic after it, before the
     next phase ends (the next step's first traffic may open the next phase), as (its start, the
     next step's first pipeline send and forward pass, the start of DP traffic before the next phase
     (a parameter gather: the distributed optimizer's all-gather of the updated shards, ZeRO-3's
@@ -198,7 +199,7 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
         gathers = traffic.index(DP, params)
         next_phase = np.array([traffic.start[rows].min() for rows in flows[1:]] + [max_ns], np.int64)
         lo, hi = gathers.positions(after_phase), gathers.positions(after_phase + (next_phase - after_phase) // 2)
-        lo = _past_waiting_syncs(traffic, gathers.rows, lo, hi, params)
+        lo = _past_waiting_syncs(traffic, signal_burst, lo, hi, params)
         gathered = hi > lo
         gather_ns[gathered] = gathers.cluster_starts(lo[gathered], hi[gathered])
     # the writes after the phase and before the next traffic (bulk writes are sorted by start)
@@ -210,23 +211,25 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
             _range_max(traffic.bulk_write_ends, write_from, write_to))
 
 
-def _past_waiting_syncs(traffic: Traffic, dp_rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+def _past_waiting_syncs(traffic: Traffic, dp_burst: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                         params: TimelineParams) -> np.ndarray:
-    """`lo` (positions in the DP rows, in start order) moved past the DP burst it opens where that
-    burst begins as an exchange outside the job's hops ends (within `cluster_ns`): the tied
-    embedding's all-reduce, after which the first and last stages sync the gradient buckets they
-    held back for it. That burst ends the sync; a parameter gather comes after the optimizer."""
+    """`lo` (positions in the DP rows, in start order; `dp_burst`: the burst of each, as
+    `sync_phases` found them) moved past the DP burst it opens where that burst begins as an
+    exchange outside the job's hops ends (within `cluster_ns`): the tied embedding's all-reduce,
+    after which the first and last stages sync the gradient buckets they held back for it. That
+    burst ends the sync; a parameter gather comes after the optimizer."""
     other = traffic.index(OTHER, params).rows
+    dp_rows = traffic.index(DP, params).rows
     if not len(other) or not len(dp_rows):
         return lo
-    burst, _, _ = bursts(traffic.start[dp_rows], traffic.end[dp_rows], params)
     other_ends = np.sort(traffic.end[other])
     opens = np.minimum(lo, len(dp_rows) - 1)
     starts = traffic.start[dp_rows[opens]]
     at = np.clip(np.searchsorted(other_ends, starts), 1, max(len(other_ends) - 1, 1))
-    nearest = np.minimum(np.abs(other_ends[np.minimum(at, len(other_ends) - 1)] - starts), np.abs(other_ends[at - 1] - starts))
+    nearest = np.minimum(np.abs(other_ends[np.minimum(at, len(other_ends) - 1)] - starts),
+                         np.abs(other_ends[at - 1] - starts))
     waiting = (hi > lo) & (nearest <= params.cluster_ns)
-    burst_end = np.searchsorted(burst, burst[opens], side="right")
+    burst_end = np.searchsorted(dp_burst, dp_burst[opens], side="right")
     return np.where(waiting, np.minimum(burst_end, hi), lo)
 
 

@@ -185,6 +185,7 @@ class Traffic:
         low, high = ends[first + (in_cluster - 1) // 2], ends[first + in_cluster // 2]
         return ((low.astype(np.float64) + high.astype(np.float64)) / 2).astype(np.int64)
 
+
 def _pair_of_flows(src_addr: pa.ChunkedArray, dst: pa.DictionaryArray, kinds: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """(whether each flow is on one of the pairs of `kinds`, the pair row of each flow that is),
     through integer keys on the flows' own address dictionaries (`dst`: the destinations encoded)."""
