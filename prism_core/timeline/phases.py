@@ -27,6 +27,7 @@ class Phases:
     close_ns: np.ndarray  # its last burst ends
     nbytes: np.ndarray
     nflows: np.ndarray
+    whole_on_most_exporters: np.ndarray  # bool: short, if at all, only where an exporter lost records
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
     gather_start_ns: np.ndarray  # of such a phase, where that collective (its last burst) starts (-1: none)
     before_gather_ns: np.ndarray  # and where the bursts before it end (-1: none)
@@ -135,10 +136,35 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     return Phases(flows, start_ns, close, nbytes, np.bincount(phase[kept], minlength=len(first)).astype(float),
+                  _whole_on_most_exporters(traffic, flows, params),
                   after_optimizer, gather_start_ns, before_gather, scatter_start_ns, opens_step,
                   closed, *_what_follows(traffic, flows, close, has_dp, burst, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _whole_on_most_exporters(traffic: Traffic, flows: list[np.ndarray], params: TimelineParams) -> np.ndarray:
+    """Per phase, whether half the exporters of the job's sync or more carry at least
+    `complete_share` of their usual bytes and flows in it (usual: an exporter's median over the
+    hour's phases, `steps_to_learn` of them at least). An exporter that loses records (UDP export
+    drops whole datagrams) leaves its part of a phase short; a phase cut short or split in time is
+    short on every exporter."""
+    if len(flows) < params.steps_to_learn:
+        return np.zeros(len(flows), bool)
+    rows = np.concatenate(flows)
+    n_exporters = len(traffic.exporters)
+    cell = np.repeat(np.arange(len(flows)), [len(f) for f in flows]) * n_exporters + traffic.exporter[rows]
+    size = len(flows) * n_exporters
+    whole = np.ones(len(flows), bool)
+    for weights in (traffic.nbytes[rows], None):
+        per_exporter = np.bincount(cell, weights, minlength=size).reshape(len(flows), n_exporters).astype(float)
+        usual = np.median(per_exporter, axis=0)
+        syncing = usual > 0
+        if not syncing.any():
+            return np.zeros(len(flows), bool)
+        share = np.quantile(per_exporter[:, syncing] / usual[syncing], 0.5, axis=1, method="higher")
+        whole &= share >= params.complete_share
+    return whole
 
 
 def _exchange_marks_steps(traffic: Traffic, params: TimelineParams) -> bool:

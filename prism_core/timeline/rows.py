@@ -86,7 +86,8 @@ class RowIndex:
             reach = earliest + np.minimum(self.params.cluster_ns, leader_forward // 2)
             leading = sends & (first_ns <= reach[:, None])
             t1[batch] = _masked_medians(first_ns, leading)
-            forward[batch] = _masked_medians(again_ns - first_ns, leading)
+            # a lost record only lengthens the gap its pair shows: of two middle pairs, the shorter
+            forward[batch] = _masked_medians(again_ns - first_ns, leading, lower=True)
         return t1, forward, found
 
     def last_before_reply(self, lo: np.ndarray, link_of_pair: np.ndarray, reverse: np.ndarray) -> np.ndarray:
@@ -199,11 +200,11 @@ def _batches(n_ranges: int, n_codes: int) -> list[slice]:
     return [slice(lo, min(lo + size, n_ranges)) for lo in range(0, n_ranges, size)]
 
 
-def _masked_medians(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def _masked_medians(values: np.ndarray, mask: np.ndarray, lower: bool = False) -> np.ndarray:
     """Per row, int(np.median(values[row][mask[row]])) (0 for an empty row), computed the same way:
-    the mean, in float64, of the middle one or two values."""
+    the mean, in float64, of the middle one or two values (`lower`: the lower of the two)."""
     ordered = np.sort(np.where(mask, values.astype(np.float64), np.nan), axis=1)  # NaN sort last
     count = mask.sum(axis=1)
     row = np.arange(len(values))
     low, high = ordered[row, np.maximum(count - 1, 0) // 2], ordered[row, count // 2 - (count == 0)]
-    return np.where(count > 0, (low + high) / 2, 0.0).astype(np.int64)
+    return np.where(count > 0, low if lower else (low + high) / 2, 0.0).astype(np.int64)
