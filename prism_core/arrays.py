@@ -146,6 +146,19 @@ def _variable_width(data_type: pa.DataType) -> bool:
                                             pa.types.is_large_binary))
 
 
+def searchsorted_many(a: np.ndarray, v: np.ndarray, side: str = "left") -> np.ndarray:
+    """`np.searchsorted(a, v, side)` (`a` sorted) for many values `v`: where `v` is sorted too
+    (a job's flows by start against its few steps' edges), `a` is placed among `v` instead, len(a)
+    binary searches rather than len(v), and each value's place follows from those (the same
+    integers, ~10x faster); else numpy's."""
+    if len(v) < 2 * len(a) or not np.all(v[1:] >= v[:-1]):
+        return np.searchsorted(a, v, side)
+    # the entries of `a` below each value (side="left"; at or below, "right") are those placed
+    # among `v` at or before it (after the values at or below them; below them, "right")
+    placed = np.searchsorted(v, a, "right" if side == "left" else "left")
+    return np.repeat(np.arange(len(a) + 1), np.diff(np.r_[0, placed, len(v)]))
+
+
 def stable_order(keys: np.ndarray, scattered: bool = False) -> np.ndarray:
     """`np.argsort(keys, kind="stable")` for integer keys; in linear time when they span fewer
     than RADIX_SPAN values (host pairs, job codes), which is most calls. `scattered`: the keys

@@ -19,6 +19,7 @@ from prism_core.arrays import (
     kth_within_groups,
     lookup,
     rolling_median,
+    searchsorted_many,
     segment_median,
     stable_order,
     unique_counts,
@@ -194,3 +195,16 @@ def test_lookup_and_encoded_through_codes_are_those_of_the_text(kept, fill):
     assert np.array_equal(codes, expected_codes) and values.equals(expected_values)
     column = plain["addr"] if fill is None else pc.fill_null(plain["addr"], fill)
     assert values.equals(column.combine_chunks().dictionary_encode().dictionary)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("in_order", [True, False])
+def test_searchsorted_many_is_numpys_searchsorted(side, in_order):
+    """Many values against few sorted edges, ties and values beyond either end included: placed
+    the other way round where the values come sorted, the same integers."""
+    rng = np.random.default_rng(11)
+    edges = np.sort(rng.integers(0, 100, 40)).astype(np.float64)
+    values = rng.integers(-10, 110, 5_000).astype(np.float64)
+    values = np.sort(values) if in_order else values
+    assert np.array_equal(searchsorted_many(edges, values, side), np.searchsorted(edges, values, side))
+    assert np.array_equal(searchsorted_many(edges[:0], values, side), np.zeros(len(values), np.int64))

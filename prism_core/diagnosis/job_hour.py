@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import lookup
+from prism_core.arrays import lookup, searchsorted_many
 from prism_core.constants import KIND_CODES, UNCLASSIFIED
 from prism_core.constants import NS_PER_S as NS
 from prism_core.schema import STEPS, conform
@@ -273,7 +273,7 @@ def _step_of(start: np.ndarray, step_start: np.ndarray, step_end: np.ndarray, sl
     """Index of the step each flow starts in (a flow `slack_s` early still belongs to it), -1
     outside every step."""
     shifted = start + slack_s
-    step = np.searchsorted(step_start, shifted, side="right") - 1
+    step = searchsorted_many(step_start, shifted, side="right") - 1
     inside = (step >= 0) & (shifted < step_end[np.maximum(step, 0)] + slack_s) if len(step_start) else step < -1
     return np.where(inside, step, -1)
 
