@@ -22,6 +22,8 @@ from prism_core.parallelism import family_sizes
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.rows import RowIndex
 
+# address pairs of a job whose pair rows are looked up in a table (4 bytes each) up to this many
+MAX_PAIR_TABLE = 1 << 22
 # the carried columns of a state written before the flows came with their size families
 CARRIED_BEFORE_FAMILIES = ("start", "end", "nbytes", "kind", "pair", "exporter")
 
@@ -199,6 +201,15 @@ def _pair_of_flows(src: np.ndarray, src_names: pa.Array, dst: np.ndarray, dst_na
                         np.nan_to_num(pair_src) * n_dst + np.nan_to_num(pair_dst)).astype(np.int64)
     flow_key = src * n_dst
     flow_key += dst
+    n_keys = max(len(src_names), 1) * n_dst
+    if n_keys <= MAX_PAIR_TABLE:
+        # pairs are distinct: the row of every address pair in a table, one lookup per flow
+        row_of_key = np.full(n_keys, -1, np.int32)
+        listed = pair_key >= 0
+        row_of_key[pair_key[listed]] = np.flatnonzero(listed)
+        flow_row = row_of_key[flow_key]
+        on_pair = flow_row >= 0
+        return on_pair, flow_row[on_pair].astype(np.int64)
     # pairs are distinct (a flow key is never -1): a hashed lookup per flow, not a binary search
     pair_row = pc.index_in(pa.array(flow_key), value_set=pa.array(pair_key, pa.int64()))
     return pc.is_valid(pair_row).to_numpy(zero_copy_only=False), pair_row.drop_null().to_numpy().astype(np.int64)
