@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core import diagnosis, parallelism, resolution, timeline
-from prism_core.arrays import filter_rows, group_indices
+from prism_core.arrays import filter_rows, group_indices, lookup, with_codes
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import MINUTE_NS
@@ -41,6 +41,8 @@ BULK_READ_BYTES = CHECKPOINT_FLOW_BYTES
 # that needs another column adds it here.
 JOB_FLOW_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes", "sampler_address",
                     "sampling_rate")
+# The flow columns a job's stages look up and number: encoded once per job (`arrays.with_codes`)
+ADDRESS_COLUMNS = ("src_addr", "dst_addr", "sampler_address")
 
 
 @dataclass
@@ -209,12 +211,13 @@ def analyze_job(
     stage = "input"
     try:
         flows = pa.concat_tables(batches) if batches else FLOWS.empty_table().select(JOB_FLOW_COLUMNS)
+        flows = with_codes(flows, ADDRESS_COLUMNS)
         members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
         events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
         restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
 
         # the stages before diagnosis read what members sent, not the reads into them
-        sent = filter_rows(flows, pc.is_in(flows["src_addr"], value_set=members["addr"])) if members.num_rows else flows
+        sent = filter_rows(flows, lookup(flows, "src_addr", members["addr"]) >= 0) if members.num_rows else flows
         evict_flows()
         stage = "parallelism"
         found = (
@@ -283,9 +286,8 @@ def resolving_flows(flows: pa.Table, resolved: resolution.JobResolution) -> pa.T
     instants would blur its boundaries. Elsewhere every record (no step of it is reported)."""
     if resolved.resolution != "steps":
         return flows
-    exporters = pc.fill_null(flows["sampler_address"], resolution.NO_EXPORTER)
-    resolving = pc.is_in(exporters, value_set=pa.array(sorted(resolved.resolving_exporters), pa.string()))
-    return filter_rows(flows, resolving)
+    resolving = pa.array(sorted(resolved.resolving_exporters), pa.string())
+    return filter_rows(flows, lookup(flows, "sampler_address", resolving, fill=resolution.NO_EXPORTER) >= 0)
 
 
 def failed_job(job_id: str, stage: str, error: Exception, previous: dict, hour_start_ns: int,

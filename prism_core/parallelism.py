@@ -45,7 +45,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combined_key, filter_rows, group_median, stable_order, unique_counts, unique_inverse
+from prism_core.arrays import (
+    combined_key, encoded, filter_rows, group_median, lookup, stable_order, unique_counts, unique_inverse,
+)
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
 from prism_core.recognition.merge import connected
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
@@ -122,11 +124,11 @@ def identify_parallelism(
     handed_bytes = job_flows["bytes"].to_numpy().astype(np.int64, copy=False)
     gpus = _member_gpus(members)
     # each flow's source among the member GPUs, its text looked up once for both uses
-    src = pc.fill_null(pc.index_in(job_flows["src_addr"], value_set=gpus["addr"]), -1).to_numpy()
+    src = lookup(job_flows, "src_addr", gpus["addr"])
     sent = _sent_while_member(job_flows, members, gpus, src)
     job_flows = filter_rows(job_flows, sent)
     src = src[sent]
-    dst = pc.fill_null(pc.index_in(job_flows["dst_addr"], value_set=gpus["addr"]), -1).to_numpy()
+    dst = lookup(job_flows, "dst_addr", gpus["addr"])
     inside = dst >= 0
     kind = np.full(job_flows.num_rows, OTHER, np.int8)
     family_bytes = handed_bytes[sent]
@@ -846,13 +848,15 @@ def _slot_in_stage(host_code: np.ndarray, level: np.ndarray) -> np.ndarray:
 def _comm_pairs(job_id: str, job_flows: pa.Table, src: np.ndarray, addrs: pa.ChunkedArray | pa.Array,
                 kind: np.ndarray) -> pa.Table:
     """The flows' (source, destination, kind) pairs; `src`: each flow's source's row of `addrs`."""
-    # grouped by the source's and the kind's codes, named on the pairs: a name per flow costs more
-    # to make and to hash
-    table = pa.table({"src_addr": src, "dst_addr": job_flows["dst_addr"], "kind": kind, "bytes": job_flows["bytes"]})
+    # grouped by the source's, the destination's and the kind's codes, named on the pairs: a name
+    # per flow costs more to make and to hash
+    dst, dst_names = encoded(job_flows, "dst_addr")
+    table = pa.table({"src_addr": src, "dst_addr": pa.array(dst, mask=dst < 0), "kind": kind,
+                      "bytes": job_flows["bytes"]})
     grouped = table.group_by(["src_addr", "dst_addr", "kind"], use_threads=False).aggregate(
         [("bytes", "count"), ("bytes", "sum"), ("bytes", "count_distinct")]
     )
-    for name, names in (("src_addr", addrs), ("kind", pa.array(COMM_KINDS))):
+    for name, names in (("src_addr", addrs), ("dst_addr", dst_names), ("kind", pa.array(COMM_KINDS))):
         grouped = grouped.set_column(grouped.schema.get_field_index(name), name, names.take(grouped[name]))
     grouped = grouped.rename_columns(
         {"bytes_count": "flows", "bytes_sum": "bytes", "bytes_count_distinct": "distinct_sizes"}

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import (
-    MAD_TO_SIGMA, combination_ids, kth_within_groups, sorted_within_groups, stable_order, unique_counts,
+    MAD_TO_SIGMA, combination_ids, encoded, kth_within_groups, sorted_within_groups, stable_order, unique_counts,
     unique_inverse,
 )
 from prism_core.schema import ISSUE_KINDS
@@ -238,12 +238,12 @@ def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
     with no gap at all); gaps of zero or less (overlapping transfers) count in the first bin."""
     if flows.num_rows == 0:
         return ExporterTally()
-    names = pc.fill_null(flows["sampler_address"], NO_EXPORTER).combine_chunks().dictionary_encode()
-    dictionary = names.dictionary.to_pylist()
+    codes, names = encoded(flows, "sampler_address", fill=NO_EXPORTER)
+    dictionary = names.to_pylist()
     order_of_names = np.argsort(dictionary)
     rank = np.empty(len(dictionary), np.int64)
     rank[order_of_names] = np.arange(len(dictionary))
-    exporter = rank[names.indices.to_numpy()]
+    exporter = rank[codes]
     n = len(dictionary)
     start = flows["time_flow_start_ns"].to_numpy()
     end = flows["time_flow_end_ns"].to_numpy()
@@ -256,7 +256,7 @@ def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
     # one 64-bit hash per (exporter, 5-tuple): a collision (odds ~n^2 / 2^64) only mixes two
     # flows' gaps, and one key sorts much faster than six
     tuple_ids = np.zeros(len(start), np.uint64)
-    columns = (exporter, _codes(flows["src_addr"]), _codes(flows["dst_addr"]),
+    columns = (exporter, encoded(flows, "src_addr")[0], encoded(flows, "dst_addr")[0],
                *(pc.fill_null(flows[c], -1).to_numpy() for c in ("src_port", "dst_port", "proto")))
     with np.errstate(over="ignore"):
         for column in columns:
@@ -385,17 +385,16 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     sampler_address) can resolve, given the hour's exporter profiles (by address; an exporter
     without a profile reads as per_transfer: nothing says otherwise)."""
     period = rhythm_period_s(flows, params)
-    names = pc.fill_null(flows["sampler_address"], NO_EXPORTER)
-    counts = pc.value_counts(names)
-    one_by_one = {item["values"]: item["counts"] for item in counts.to_pylist()
-                  if _one_by_one(profiles.get(item["values"]))}
+    exporter, names = encoded(flows, "sampler_address", fill=NO_EXPORTER)
+    counts = np.bincount(exporter, minlength=len(names)).tolist()
+    one_by_one = {name: count for name, count in zip(names.to_pylist(), counts) if _one_by_one(profiles.get(name))}
     # a clock coarser than a share of the step period blurs the boundaries
     resolving = {name for name in one_by_one
                  if period is None or _clock_ns(profiles.get(name)) * 1e-9 <= params.max_clock_share * period}
     resolving_records = sum(one_by_one[name] for name in resolving)
     if (resolving_records >= params.min_resolving_records
             and resolving_records >= params.min_resolving_share * flows.num_rows):
-        timed = _transfers_timed(flows, names, one_by_one, profiles, params)
+        timed = _transfers_timed(flows, exporter, names, one_by_one, profiles, params)
         return JobResolution("steps", period, frozenset(resolving), timed)
     return JobResolution("period" if period is not None else "jobs_only", period, frozenset(), False)
 
@@ -409,13 +408,13 @@ def issue_kinds_shown(resolved: JobResolution, params: ResolutionParams = DEFAUL
     return tuple(kind for kind in ISSUE_KINDS if resolved.transfers_timed or kind not in params.transfer_issue_kinds)
 
 
-def _transfers_timed(flows: pa.Table, names: pa.ChunkedArray, one_by_one: dict[str, int],
+def _transfers_timed(flows: pa.Table, exporter: np.ndarray, names: pa.Array, one_by_one: dict[str, int],
                      profiles: dict[str, ExporterProfile], params: ResolutionParams) -> bool:
     """Whether nearly all the job's records (`min_transfer_share`) come from exporters that report
     transfers one by one on a clock well below the transfers' length (`max_transfer_clock_share`
-    of the median record of those exporters)."""
-    mine = pc.is_in(names, value_set=pa.array(sorted(one_by_one), pa.string()))
-    duration_s = pc.subtract(flows["time_flow_end_ns"], flows["time_flow_start_ns"]).filter(mine).to_numpy() * 1e-9
+    of the median record of those exporters). `exporter`: each record's code among `names`."""
+    mine = np.array([name in one_by_one for name in names.to_pylist()], bool)[exporter]
+    duration_s = (flows["time_flow_end_ns"].to_numpy() - flows["time_flow_start_ns"].to_numpy())[mine] * 1e-9
     if not len(duration_s):
         return False
     transfer_s = float(np.median(duration_s))
@@ -515,8 +514,7 @@ def _major_onsets(flows: pa.Table, params: ResolutionParams) -> tuple[np.ndarray
         return None
     start = flows["time_flow_start_ns"].to_numpy()
     end = flows["time_flow_end_ns"].to_numpy()
-    exporter = _codes(flows["sampler_address"])
-    pair = combination_ids(exporter, _codes(flows["src_addr"]), _codes(flows["dst_addr"]))
+    pair = combination_ids(*(encoded(flows, name)[0] for name in ("sampler_address", "src_addr", "dst_addr")))
     # records usually come in start order: then a stable order by pair alone (linear) is that
     order = stable_order(pair) if np.all(start[1:] >= start[:-1]) else np.lexsort((start, pair))
     pair, start = pair[order], start[order]
@@ -604,10 +602,3 @@ def _quantile(histogram: np.ndarray, q: float) -> float | None:
         return None
     cell = int(np.searchsorted(np.cumsum(histogram), q * total, side="left"))
     return float(LOWEST_S * 10 ** (cell / BINS_PER_DECADE))
-
-
-def _codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """Integer codes of a column's values (nulls are one more value)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    return pc.fill_null(column.dictionary_encode().indices, -1).to_numpy().astype(np.int64)

@@ -2,12 +2,14 @@
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from prism_core.arrays import (
     MAX_SLICED_DROPS,
     MAX_SLICED_STRING_DROPS,
     combined_key,
+    encoded,
     filter_rows,
     group_first_index,
     group_indices,
@@ -15,11 +17,14 @@ from prism_core.arrays import (
     group_mode,
     group_reduce,
     kth_within_groups,
+    lookup,
     rolling_median,
+    searchsorted_many,
     segment_median,
     stable_order,
     unique_counts,
     unique_inverse,
+    with_codes,
 )
 
 
@@ -169,3 +174,37 @@ def test_kth_within_groups_of_many_small_groups_sorts_them_all():
     kth = rng.integers(0, 2, 2_000)
     expected = values[np.lexsort((values, group))][2 * np.arange(2_000) + kth]
     assert np.array_equal(kth_within_groups(group, values, kth), expected)
+
+
+@pytest.mark.parametrize("kept", [1.0, 0.999, 0.3, 0.0])
+@pytest.mark.parametrize("fill", [None, "", "unseen"])
+def test_lookup_and_encoded_through_codes_are_those_of_the_text(kept, fill):
+    """A table's codes (`with_codes`), filtered along with it (slices or copies), give what the
+    text itself gives: the index in a value set, and the values numbered in order of first
+    appearance (of the rows left), nulls filled or -1."""
+    rng = np.random.default_rng(7)
+    names = np.array([f"10.0.{i}.1" for i in range(30)] + [""], object)
+    text = names[rng.integers(0, len(names), 20_000)]
+    text[rng.integers(0, len(text), 12)] = None
+    table = pa.concat_tables([pa.table({"addr": pa.array(part, pa.string())}) for part in np.split(text, [7_000])])
+    keep = rng.random(len(text)) < kept
+    plain, coded = filter_rows(table, keep), filter_rows(with_codes(table, ("addr",)), keep)
+    value_set = pa.array(list(names[::3]), pa.string())
+    assert np.array_equal(lookup(coded, "addr", value_set, fill), lookup(plain, "addr", value_set, fill))
+    (codes, values), (expected_codes, expected_values) = encoded(coded, "addr", fill), encoded(plain, "addr", fill)
+    assert np.array_equal(codes, expected_codes) and values.equals(expected_values)
+    column = plain["addr"] if fill is None else pc.fill_null(plain["addr"], fill)
+    assert values.equals(column.combine_chunks().dictionary_encode().dictionary)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("in_order", [True, False])
+def test_searchsorted_many_is_numpys_searchsorted(side, in_order):
+    """Many values against few sorted edges, ties and values beyond either end included: placed
+    the other way round where the values come sorted, the same integers."""
+    rng = np.random.default_rng(11)
+    edges = np.sort(rng.integers(0, 100, 40)).astype(np.float64)
+    values = rng.integers(-10, 110, 5_000).astype(np.float64)
+    values = np.sort(values) if in_order else values
+    assert np.array_equal(searchsorted_many(edges, values, side), np.searchsorted(edges, values, side))
+    assert np.array_equal(searchsorted_many(edges[:0], values, side), np.zeros(len(values), np.int64))

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prism_core import timeline
+from prism_core.arrays import encoded
 from prism_core.constants import DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER
 from prism_core.evaluate.steps import score
 from prism_core.ingest import dedupe, parse_flow_file
@@ -1019,3 +1020,21 @@ def test_a_collective_ends_at_the_median_of_the_pairs_ending_with_the_second_lat
     assert params.transfer_ns == 2 * ms and params.cluster_ns == 15 * ms
     ends = flows.cluster_ends(np.r_[np.arange(n), 5], np.r_[np.zeros(n, int), 1], 2, params)
     assert ends.tolist() == [95 * ms, 60 * ms]  # median of 90, 95, 200; a lone pair's own end
+
+
+def test_pair_of_flows_table_lookup_is_the_hashed_one(monkeypatch):
+    """The flows' pair rows looked up in a table of address pairs are those hashed per flow (the
+    path of a job with too many addresses for the table): flows off every pair, pairs no flow
+    has and addresses only one side knows included."""
+    rng = np.random.default_rng(5)
+    addrs = [f"10.0.{i}.1" for i in range(12)]
+    flows = pa.table({"src_addr": [addrs[i] for i in rng.integers(0, 10, 3_000)],
+                      "dst_addr": [addrs[i] for i in rng.integers(2, 12, 3_000)]})
+    kinds = pa.table({"src_addr": addrs[:6] + ["10.9.9.9"], "dst_addr": addrs[6:] + [addrs[3]]})
+    (src, src_names), (dst, dst_names) = encoded(flows, "src_addr"), encoded(flows, "dst_addr")
+    on_pair, pair = traffic._pair_of_flows(src, src_names, dst, dst_names, kinds)
+    monkeypatch.setattr(traffic, "MAX_PAIR_TABLE", 0)
+    hashed_on_pair, hashed_pair = traffic._pair_of_flows(src, src_names, dst, dst_names, kinds)
+    assert on_pair.any() and not on_pair.all()
+    assert np.array_equal(on_pair, hashed_on_pair) and np.array_equal(pair, hashed_pair)
+    assert pair.dtype == hashed_pair.dtype == np.int64

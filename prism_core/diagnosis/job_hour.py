@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prism_core.arrays import lookup, searchsorted_many
 from prism_core.constants import KIND_CODES, UNCLASSIFIED
 from prism_core.constants import NS_PER_S as NS
 from prism_core.schema import STEPS, conform
@@ -82,10 +83,10 @@ class JobHour:
         addrs = members["addrs"]
         member_set = pa.array(addrs, pa.string())
 
-        def code(column: pa.ChunkedArray) -> np.ndarray:
-            return pc.fill_null(pc.index_in(column, value_set=member_set), -1).to_numpy().astype(np.int64)
+        def code(table: pa.Table, name: str) -> np.ndarray:
+            return lookup(table, name, member_set).astype(np.int64)
 
-        src, dst = code(flows["src_addr"]), code(flows["dst_addr"])
+        src, dst = code(flows, "src_addr"), code(flows, "dst_addr")
         start = (flows["time_flow_start_ns"].to_numpy() - origin_ns) / NS
         end = (flows["time_flow_end_ns"].to_numpy() - origin_ns) / NS
         nbytes = flows["bytes"].to_numpy()
@@ -95,7 +96,7 @@ class JobHour:
         read_order = np.flatnonzero(reads)[np.argsort(start[reads], kind="stable")]
         comm = (src >= 0) & (dst >= 0)
         order = np.flatnonzero(comm)[np.argsort(start[comm], kind="stable")]
-        kind = _flow_kinds(src[order], dst[order], code(pairs["src_addr"]), code(pairs["dst_addr"]),
+        kind = _flow_kinds(src[order], dst[order], code(pairs, "src_addr"), code(pairs, "dst_addr"),
                            pairs["kind"].to_pylist(), len(addrs))
         step_columns = _steps(steps, origin_ns, params.min_step_s)
         step = _step_of(start[order], step_columns["step_start"], step_columns["step_end"], params.boundary_slack_s)
@@ -272,7 +273,7 @@ def _step_of(start: np.ndarray, step_start: np.ndarray, step_end: np.ndarray, sl
     """Index of the step each flow starts in (a flow `slack_s` early still belongs to it), -1
     outside every step."""
     shifted = start + slack_s
-    step = np.searchsorted(step_start, shifted, side="right") - 1
+    step = searchsorted_many(step_start, shifted, side="right") - 1
     inside = (step >= 0) & (shifted < step_end[np.maximum(step, 0)] + slack_s) if len(step_start) else step < -1
     return np.where(inside, step, -1)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from prism_core import waste
-from prism_core.arrays import rolling_median
+from prism_core.arrays import rolling_median, searchsorted_many
 
 from .baseline import Baseline
 from .issues import Issue, confidence
@@ -57,12 +57,12 @@ def _bytes_until(job: JobHour, at: np.ndarray) -> np.ndarray:
         """per sorted time t: the sum of the weights whose edge is at or before t (`first_time_after`:
         each edge's place among the times, where already found)"""
         if first_time_after is None:
-            first_time_after = np.searchsorted(times, edge, side="left")
+            first_time_after = searchsorted_many(times, edge, side="left")
         return np.cumsum(np.bincount(first_time_after, weights=weights, minlength=len(times) + 1))[:len(times)]
 
     def ramps_from(edge: np.ndarray) -> np.ndarray:
         """per sorted time t: the sum over the ramps whose `edge` is at or before t of rate x (t - edge)"""
-        place = np.searchsorted(times, edge, side="left")  # once for both sums
+        place = searchsorted_many(times, edge, side="left")  # once for both sums
         return times * summed_up_to(edge, rate, place) - summed_up_to(edge, rate * edge, place)
 
     instant = ~ramp

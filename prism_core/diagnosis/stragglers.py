@@ -91,8 +91,10 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     step, kind, start, host, pipeline, ordinal, peer_first, alone = (
         a[compared] for a in (step, kind, start, host, pipeline, ordinal, peer_first, alone))
     del compared
-    position_in_step = np.where(alone, (start - job.step_start[step]) / job.duration[step], start - peer_first)
+    # hosts alone in their stage are few: their shares are computed for them alone
+    position_in_step = start - peer_first
     del peer_first
+    position_in_step[alone] = (start[alone] - job.step_start[step[alone]]) / job.duration[step[alone]]
     structure = KeyGroups(combined_key(kind, host, ordinal))
     del kind, ordinal
     # median and MAD: robust while a straggler makes up to half of the steps late

@@ -16,17 +16,16 @@ from prism_core.timeline.traffic import Traffic
 from prism_core.timeline.typical import Typical
 
 
-def ends_step(phases: Phases, p: int, typical: Typical, restarts: np.ndarray, complete: np.ndarray,
+def ends_step(phases: Phases, p: int, typical: Typical, failed: bool, complete: np.ndarray,
               traffic: Traffic, params: TimelineParams) -> bool:
     """Whether phase p closes a step that finished. Followed by the next step's traffic: if it
     carries its usual bytes. Followed by silence or a failure, the step's end is unseen: it
     finished if the phase carries all its bytes and no pair is short of its usual flows (a hung
     member sends no more), no checkpoint was being saved (its end is unknown), and, before a
     restart, the failure more likely came during the next step's compute than before this step's
-    optimizer ended."""
+    optimizer ended. `failed`: a restart came after the phase, by the next step's traffic."""
     if not complete[p]:
         return False
-    failed = np.any((restarts > phases.close_ns[p]) & (restarts <= phases.next_ns[p]))
     if phases.next_ns[p] >= 0 and not failed:
         return True
     if phases.bulk_write[p] or phases.nbytes[p] < params.last_complete_share * typical.phase_bytes:

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prism_core.arrays import encoded
 from prism_core.constants import (
     CHECKPOINT_FLOW_BYTES,
     FLOW_FAMILY_BYTES,
@@ -21,6 +22,8 @@ from prism_core.parallelism import family_sizes
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.rows import RowIndex
 
+# address pairs of a job whose pair rows are looked up in a table (4 bytes each) up to this many
+MAX_PAIR_TABLE = 1 << 22
 # the carried columns of a state written before the flows came with their size families
 CARRIED_BEFORE_FAMILIES = ("start", "end", "nbytes", "kind", "pair", "exporter")
 
@@ -59,20 +62,20 @@ class Traffic:
         # only GPU-to-GPU pairs carry training traffic (not storage, monitoring or NFS pairs)
         kinds = kinds.filter(pc.and_(pc.is_in(kinds["src_addr"], value_set=gpus),
                                      pc.is_in(kinds["dst_addr"], value_set=gpus)))
-        dst = job_flows["dst_addr"].combine_chunks().dictionary_encode()
-        on_pair, pair = _pair_of_flows(job_flows["src_addr"], dst, kinds)
+        dst, dst_names = encoded(job_flows, "dst_addr")
+        on_pair, pair = _pair_of_flows(*encoded(job_flows, "src_addr"), dst, dst_names, kinds)
 
         nbytes = job_flows["bytes"].to_numpy()
-        outside = ~pc.is_in(dst.dictionary, value_set=gpus).to_numpy(zero_copy_only=False)
-        outbound = outside[dst.indices.to_numpy()] & (nbytes >= CHECKPOINT_FLOW_BYTES)
+        outside = ~pc.is_in(dst_names, value_set=gpus).to_numpy(zero_copy_only=False)
+        outbound = outside[dst] & (nbytes >= CHECKPOINT_FLOW_BYTES)
         del dst
         start = job_flows["time_flow_start_ns"].to_numpy()
 
         carried = _decode_carry(carry)
         pairs = [f"{s}>{d}" for s, d in zip(kinds["src_addr"].to_pylist(), kinds["dst_addr"].to_pylist())]
-        exporter_text = pc.fill_null(job_flows["sampler_address"], "").combine_chunks().dictionary_encode()
+        exporter_code, exporter_names = encoded(job_flows, "sampler_address", fill="")
         exporters = list(carried["exporters"])
-        exporter = _extend(exporters, exporter_text.dictionary.to_pylist())[exporter_text.indices.to_numpy()]
+        exporter = _extend(exporters, exporter_names.to_pylist())[exporter_code]
         labelled = FLOW_KIND in job_flows.column_names
         # each column's values for the flows on a pair, made one column at a time (each is
         # hundreds of MB for a large job's flows)
@@ -186,18 +189,27 @@ class Traffic:
         return ((low.astype(np.float64) + high.astype(np.float64)) / 2).astype(np.int64)
 
 
-def _pair_of_flows(src_addr: pa.ChunkedArray, dst: pa.DictionaryArray, kinds: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+def _pair_of_flows(src: np.ndarray, src_names: pa.Array, dst: np.ndarray, dst_names: pa.Array,
+                   kinds: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """(whether each flow is on one of the pairs of `kinds`, the pair row of each flow that is),
-    through integer keys on the flows' own address dictionaries (`dst`: the destinations encoded)."""
-    src = src_addr.combine_chunks().dictionary_encode()
-    n_dst = max(len(dst.dictionary), 1)
-    pair_src = pc.index_in(kinds["src_addr"], value_set=src.dictionary).to_numpy(zero_copy_only=False)
-    pair_dst = pc.index_in(kinds["dst_addr"], value_set=dst.dictionary).to_numpy(zero_copy_only=False)
+    through integer keys on the flows' own address dictionaries (`src`, `dst`: each flow's codes
+    among `src_names`, `dst_names`)."""
+    n_dst = max(len(dst_names), 1)
+    pair_src = pc.index_in(kinds["src_addr"], value_set=src_names).to_numpy(zero_copy_only=False)
+    pair_dst = pc.index_in(kinds["dst_addr"], value_set=dst_names).to_numpy(zero_copy_only=False)
     pair_key = np.where(np.isnan(pair_src) | np.isnan(pair_dst), -1,
                         np.nan_to_num(pair_src) * n_dst + np.nan_to_num(pair_dst)).astype(np.int64)
-    flow_key = src.indices.to_numpy().astype(np.int64)
-    flow_key *= n_dst
-    flow_key += dst.indices.to_numpy()
+    flow_key = src * n_dst
+    flow_key += dst
+    n_keys = max(len(src_names), 1) * n_dst
+    if n_keys <= MAX_PAIR_TABLE:
+        # pairs are distinct: the row of every address pair in a table, one lookup per flow
+        row_of_key = np.full(n_keys, -1, np.int32)
+        listed = pair_key >= 0
+        row_of_key[pair_key[listed]] = np.flatnonzero(listed)
+        flow_row = row_of_key[flow_key]
+        on_pair = flow_row >= 0
+        return on_pair, flow_row[on_pair].astype(np.int64)
     # pairs are distinct (a flow key is never -1): a hashed lookup per flow, not a binary search
     pair_row = pc.index_in(pa.array(flow_key), value_set=pa.array(pair_key, pa.int64()))
     return pc.is_valid(pair_row).to_numpy(zero_copy_only=False), pair_row.drop_null().to_numpy().astype(np.int64)

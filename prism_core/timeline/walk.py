@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
 import pyarrow as pa
 
@@ -22,7 +24,7 @@ def emit_steps(
 ) -> list[dict]:
     """Walk the phases in time order and emit the steps they close (none until the job's usual
     timings are known: too few steps in view so far, they wait in the carry); the state follows
-    the last emitted step."""
+    the last emitted step. `restarts`: the restart instants, sorted."""
     if not typical.known:
         return []
     boundary = bounds.boundaries(phases, typical, params)
@@ -31,6 +33,11 @@ def emit_steps(
     silence = params.silence_steps * typical.period_ns
     usual_gap = ~bounds.long_gap(phases, typical, params)
     stopped = silences(traffic, silence, state.last_close_ns)
+    # the restarts by each phase's close, and whether one came after it by the next step's traffic:
+    # counted for every phase at once (a job has few restarts, and most none)
+    restarts_by_close = np.searchsorted(restarts, phases.close_ns, side="right")
+    failed = np.searchsorted(restarts, phases.next_ns, side="right") > restarts_by_close
+    restart_list = restarts.tolist()
     rows: list[dict] = []
     end, close = state.last_end_ns, state.last_close_ns
     for p in range(len(phases.close_ns)):
@@ -49,7 +56,7 @@ def emit_steps(
         decided = over and (followed or quiet >= silence or unsaved)
         if not decided or boundary[p] >= hour_end_ns:
             break
-        if not ends_step(phases, p, typical, restarts, complete, traffic, params) or (
+        if not ends_step(phases, p, typical, bool(failed[p]), complete, traffic, params) or (
                 end is not None
                 and hung_before_it_ended(phases, p, boundary, complete, traffic, typical, hour_end_ns, params)):
             if end is None and followed and usual_gap[p]:
@@ -57,17 +64,17 @@ def emit_steps(
                 end, close = int(boundary[p]), int(phases.close_ns[p])
             continue
         after = close if close is not None else -(1 << 62)
-        restarted = restarts[(restarts > after) & (restarts <= phases.close_ns[p])]
+        restarted = restarts_by_close[p] - bisect_right(restart_list, after)  # since the last close
         start = end
-        if len(restarted):
-            start = attempt_start(phases, p, boundary, traffic, int(restarted[-1]), typical, params)
+        if restarted > 0:
+            start = attempt_start(phases, p, boundary, traffic, restart_list[restarts_by_close[p] - 1], typical, params)
             state.checkpoint_steps = []  # a restarted job may save on another cadence
         elif end is None:
             start = opening_start(phases, p, boundary, complete, traffic, typical, hour_start_ns, params)
             if start is None:  # the view opened inside this step: its end is only a reference
                 end, close = int(boundary[p]), int(phases.close_ns[p])
                 continue
-        attempt = state.attempt + int(np.sum(restarts <= phases.close_ns[p]))
+        attempt = state.attempt + int(restarts_by_close[p])
         sync = phases.has_dp
         rows.append({"start": int(min(start, boundary[p] - 1)), "end": int(boundary[p]),
                      "sync_start": int(phases.start_ns[p]) if sync else None,
