@@ -369,23 +369,6 @@ def test_a_restart_whose_sizes_come_back_a_few_header_bytes_apart_keeps_the_id()
     assert job["restarts"] == 1 and job["status"] == "running"
 
 
-def test_a_signature_counts_a_size_told_a_few_header_bytes_apart_as_one_size():
-    """A job's gather size comes a few bytes apart every minute, its sync size repeats to the
-    byte by chance in two minutes: both are sizes the job is known by (seen in enough minutes),
-    so the job resuming with its gathers alone is still the job."""
-    from prism_core.recognition.track import Track
-
-    track = Track("job-a", np.arange(2), HOUR0, HOUR0)
-    for minute in range(4):
-        gathers = 762_000_000 + np.array([16, 400, 800]) + 1_200 * minute  # never the same bytes
-        sync = 611_000_000 if minute < 2 else 611_000_000 + 64 * minute
-        track.add_sizes(np.r_[gathers, sync], np.array([3, 3, 3, 2]), DEFAULT_PARAMS)
-    known = track.known_sizes(DEFAULT_PARAMS)
-    assert len(known) == 2 and known.min() // 1_000_000 == 611 and known.max() // 1_000_000 == 762
-    resumed = np.array([762_000_000 + 7_000, 762_000_000 + 7_600])
-    assert track.signature_share(resumed, np.array([12, 12]), DEFAULT_PARAMS) == 1.0
-
-
 def test_a_restart_window_shorter_than_the_silence_makes_the_resumed_traffic_a_new_job():
     topology = inventory(2)
     minutes = [m for m in range(60) if not 20 <= m < 25]  # five silent minutes

@@ -101,26 +101,12 @@ class Track:
 
     def add_sizes(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> None:
         """Count a minute's repeated flow `sizes` (with their `flows`) into the signature, keeping
-        the sizes with the most flows. Sizes within `params.same_size` of their neighbour are one
-        transfer size as exporters count it (header bytes put it a few bytes apart in every
-        minute): one entry, known by its size with the most flows, its flows and minutes summed,
-        so that the sizes seen in enough minutes (`known_sizes`) are the job's, not those that
-        happened to repeat to the byte."""
+        the sizes with the most flows."""
         all_sizes = np.concatenate([self.sizes, sizes])
-        if not len(all_sizes):
-            return
-        all_flows = np.concatenate([self.size_flows, flows])
-        old_minutes = np.concatenate([self.size_minutes, np.zeros(len(sizes), np.int64)])
-        new = np.r_[np.zeros(len(self.sizes), bool), np.ones(len(sizes), bool)]
-        order = np.argsort(all_sizes, kind="stable")
-        ordered = all_sizes[order]
-        size_class = np.cumsum(np.r_[True, ordered[1:] > ordered[:-1] * (1.0 + params.same_size)]) - 1
-        totals = np.bincount(size_class, weights=all_flows[order]).astype(np.int64)
-        minutes = np.bincount(size_class, weights=old_minutes[order]).astype(np.int64)
-        minutes += np.bincount(size_class, weights=new[order]) > 0
-        # each class known by its size with the most flows (the smallest on ties)
-        by_flows = np.lexsort((ordered, -all_flows[order], size_class))
-        distinct = ordered[by_flows[np.r_[True, size_class[by_flows][1:] != size_class[by_flows][:-1]]]]
+        distinct, position = np.unique(all_sizes, return_inverse=True)
+        totals = np.bincount(position, weights=np.concatenate([self.size_flows, flows])).astype(np.int64)
+        minutes = np.concatenate([self.size_minutes, np.zeros(len(sizes), np.int64)])
+        minutes = np.bincount(position, weights=minutes).astype(np.int64) + np.isin(distinct, sizes)
         keep = np.argsort(-totals, kind="stable")[: params.signature_sizes]
         self.sizes, self.size_flows, self.size_minutes = distinct[keep], totals[keep], minutes[keep]
 
