@@ -762,15 +762,18 @@ def _ring_order(
 
 
 def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, gpus_per_host: int) -> tuple[int, int]:
-    """How many GPUs write the checkpoint, (fewest, most): the largest flow size that several
-    member NICs each send to a non-member more than once (shards go out in equal chunks; log
-    writes never repeat a size).
+    """How many GPUs write the checkpoint, (fewest, most): the largest flow size (size family,
+    `family_sizes`) that several member NICs each send to a non-member more than once (shards go
+    out in equal chunks; log writes never repeat a size).
     Counted per (stage level, GPU index), so a host replaced in a restart counts once."""
     # shards are checkpoint-sized; a monitoring reply or a log write may repeat a small size by chance
     external = external.filter(pc.greater_equal(external["bytes"], CHECKPOINT_FLOW_BYTES))
     if external.num_rows == 0:
         return 0, 0
-    per_nic = external.group_by(["bytes", "src_addr"], use_threads=False).aggregate([("bytes", "count")])
+    # one chunk size as exporters count it: header bytes put each record a few bytes apart
+    family = family_sizes(external["bytes"].to_numpy())
+    per_nic = pa.table({"bytes": family, "src_addr": external["src_addr"]}).group_by(
+        ["bytes", "src_addr"], use_threads=False).aggregate([("bytes", "count")])
     per_nic = per_nic.filter(pc.greater_equal(per_nic["bytes_count"], 2))
     if per_nic.num_rows == 0:
         return 0, 0

@@ -411,11 +411,24 @@ def _pipeline_job(slow_steps: range, n_steps: int = 240, seed: int = 3):
     return flows, gpus, pairs, steps, addr[slow_nic], truth
 
 
-def test_a_slow_link_on_pipeline_traffic_costs_its_delay_to_the_1f1b_schedule():
+def _with_header_bytes(flows: pa.Table, seed: int = 5) -> pa.Table:
+    """`flows` as an exporter counting header bytes reports them: L3 headers (IPv4 + UDP + BTH +
+    ICRC, 44 bytes) on every 4 KiB packet and a 16-byte extension header on a binomial quarter of
+    them, so transfers of one size report unequal bytes."""
+    nbytes = flows["bytes"].to_numpy()
+    packets = -(-nbytes // 4096)
+    noisy = nbytes + 44 * packets + 16 * np.random.default_rng(seed).binomial(packets, 0.25)
+    return flows.set_column(flows.schema.get_field_index("bytes"), "bytes", pa.array(noisy))
+
+
+@pytest.mark.parametrize("header_bytes", [False, True])
+def test_a_slow_link_on_pipeline_traffic_costs_its_delay_to_the_1f1b_schedule(header_bytes):
     # A NIC at 30% of line rate adds ~1.7 ms to each 32 MiB activation gradient it carries; two of
     # those delays a step reach the end of the 1F1B schedule: ~3.5 ms of a 2.9 s step, far below
     # the step's jitter (2%, 60 ms). The whole-step excess cannot see it; the replay can.
     flows, gpus, pairs, steps, nic, truth = _pipeline_job(slow_steps=range(60, 180))
+    if header_bytes:  # activations and gradients of one size, reported bytes apart
+        flows = _with_header_bytes(flows)
     found = diagnosis.diagnose_job("job-p", flows, gpus, pairs, steps, EVENTS.empty_table(), None,
                                    HOUR0_NS, HOUR0_NS + HOUR_NS).issues
     (link,) = _by_kind(found, "slow_link")
@@ -448,7 +461,8 @@ def test_a_slow_nic_in_a_tree_all_reduce_is_named_not_the_leaf_that_only_talks_t
     assert link["subject"] == addr[slow_nic] == "10.0.2.3"
 
 
-def test_a_slow_nic_in_a_ring_slows_the_whole_ring_and_is_still_named():
+@pytest.mark.parametrize("header_bytes", [False, True])
+def test_a_slow_nic_in_a_ring_slows_the_whole_ring_and_is_still_named(header_bytes):
     # A ring of 4 hosts, one NIC each (a job of one GPU per host): a link moves a chunk only when
     # the one before it has arrived, so from step 40 on, while host 2's NIC runs at 35% of line
     # rate, every link of the ring runs at 38-40% and host 2's links are no slower than 0.9x the
@@ -466,6 +480,8 @@ def test_a_slow_nic_in_a_ring_slows_the_whole_ring_and_is_still_named():
     every = np.ones(start.size, bool)
     flows = _flow_table(start, start + seconds.ravel(), np.tile(ring_src, n_steps * chunks),
                         np.tile(ring_dst, n_steps * chunks), np.full(start.size, chunk_bytes), addr, every)
+    if header_bytes:  # the chunks, one size, reported bytes apart: a transfer is measured against its family
+        flows = _with_header_bytes(flows)
     gpus = conform(pa.table({"job_id": ["job-r"] * 4, "addr": addr, "host": [f"gpu{h}" for h in range(4)],
                              "gpu": np.zeros(4, int), "pp_stage": np.zeros(4, int), "dp_rank": np.arange(4)}), JOB_GPUS)
     pairs = conform(pa.table({"job_id": ["job-r"] * 4, "src_addr": addr[ring_src], "dst_addr": addr[ring_dst],

@@ -219,7 +219,7 @@ def with_header_bytes(flows: pa.Table, seed: int = 0) -> pa.Table:
     return flows.set_column(flows.schema.get_field_index("bytes"), "bytes", pa.array(counted))
 
 
-@pytest.mark.parametrize("shape", ["ring, tied embeddings", "tree", "rs_ag, tp 1"])
+@pytest.mark.parametrize("shape", ["ring, tied embeddings", "tree", "rs_ag, tp 1", "dp inside a host, checkpoint"])
 def test_header_bytes_keep_pairs_and_degrees(shape):
     # no two records of one transfer size agree to the byte, and the two directions of a pair differ
     spec = SHAPES[shape]
