@@ -27,7 +27,8 @@ class Phases:
     close_ns: np.ndarray  # its last burst ends
     nbytes: np.ndarray
     nflows: np.ndarray
-    whole_on_most_exporters: np.ndarray  # bool: short, if at all, only where an exporter lost records
+    whole_otherwise: np.ndarray  # bool: short of a usual phase's bytes, but only where an exporter lost
+    # records, or with the step's signal traffic outside its heavy bursts (`_whole_otherwise`)
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
     gather_start_ns: np.ndarray  # of such a phase, where that collective (its last burst) starts (-1: none)
     before_gather_ns: np.ndarray  # and where the bursts before it end (-1: none)
@@ -137,11 +138,34 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     return Phases(flows, start_ns, close, nbytes, np.bincount(phase[kept], minlength=len(first)).astype(float),
-                  _whole_on_most_exporters(traffic, flows, params),
+                  _whole_otherwise(traffic, flows, signal, close, params),
                   after_optimizer, gather_start_ns, before_gather, scatter_start_ns, opens_step,
                   closed, *_what_follows(traffic, flows, close, has_dp, burst, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _whole_otherwise(traffic: Traffic, flows: list[np.ndarray], signal: np.ndarray, close: np.ndarray,
+                     params: TimelineParams) -> np.ndarray:
+    """Per phase short of a usual phase's bytes, whether it still closes a whole step: on most
+    exporters (`_whole_on_most_exporters`), or over the step (`_whole_since_previous`)."""
+    return _whole_on_most_exporters(traffic, flows, params) | _whole_since_previous(traffic, signal, close, params)
+
+
+def _whole_since_previous(traffic: Traffic, signal: np.ndarray, close: np.ndarray, params: TimelineParams) -> np.ndarray:
+    """Per phase, whether the signal traffic (DP, else the pipeline's) since the phase before
+    closed carries at least `complete_share` of its median over the hour's phases (`steps_to_learn`
+    of them at least; never for the first). A straggler stretches a sync's buckets into bursts too
+    light to be told from the rest: its phases hold part of the sync, the step still all of it. A
+    phase cut short by a failure, or a warm-up step's sync split by a pause, carries part of it."""
+    whole = np.zeros(len(close), bool)
+    if len(close) <= params.steps_to_learn:
+        return whole
+    carried = np.r_[0.0, np.cumsum(traffic.nbytes[signal], dtype=np.float64)]
+    until_close = carried[np.searchsorted(traffic.start[signal], close, side="right")]
+    since_previous = np.diff(until_close)
+    whole[1:] = since_previous >= params.complete_share * np.median(since_previous)
+    return whole
 
 
 def _whole_on_most_exporters(traffic: Traffic, flows: list[np.ndarray], params: TimelineParams) -> np.ndarray:
