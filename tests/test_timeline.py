@@ -729,6 +729,21 @@ def test_boundary_gap_threshold_finds_the_gap_that_recurs_once_per_step(per_step
     assert np.allclose(gaps[kept] / 1e9, boundary, rtol=0.1)
 
 
+def test_a_long_stretch_of_bucket_syncs_is_inside_the_step_however_regular():
+    """Four pipeline stages inside each host sync their gradient buckets across hosts one after
+    another, 0.5 s apart, over 7 s at each step's end; then 16 s of compute, jittered 15% (sealed-5
+    job 026). The buckets' cadence is as regular as the steps, and far more frequent, but a step
+    of 0.5 s with a 16 s pause every 15 is no rhythm: the steps are the long gaps."""
+    rng = np.random.default_rng(6)
+    per_step = np.tile(np.r_[[0.5] * 14, 16.0], 60) * rng.lognormal(0.0, 0.02, 60 * 15)
+    per_step[14::15] *= rng.lognormal(0.0, 0.15, 60)
+    gaps = (per_step * 1e9).astype(np.int64)
+    at = _times(np.r_[0.0, per_step[:-1]] * 1e9 + 0.03e9)
+    candidate = np.repeat(np.arange(len(gaps) + 1), 8)
+    threshold = _boundary_gap_threshold(gaps, at, candidate, np.empty(0, np.int64))
+    assert np.sum(gaps >= threshold) == 60
+
+
 def test_regime_cuts_of_many_gaps_include_the_one_per_step():
     """A pipeline's micro-batch gaps outnumber its step gaps 200 to 1: BOCD sees quantiles of
     them, and the cut still falls right below the step gaps."""

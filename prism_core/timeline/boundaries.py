@@ -21,11 +21,11 @@ if TYPE_CHECKING:  # typical.py learns the timings from these rules
 
 def complete(phases: Phases, phase_bytes: float, phase_flows: float, params: TimelineParams) -> np.ndarray:
     """Phases that carry a usual phase's bytes in a usual phase's flows (a ZeRO-3 parameter
-    gather alone moves as many bytes as a reduce-scatter, in fewer flows), or do on most of the
-    exporters that report them (the others lost records)."""
+    gather alone moves as many bytes as a reduce-scatter, in fewer flows), or are whole otherwise
+    (`Phases.whole_otherwise`: records lost, or a straggler's sync stretched out of them)."""
     share = params.complete_share
     whole = (phases.nbytes >= share * phase_bytes) & (phases.nflows >= share * phase_flows)
-    return whole | phases.whole_on_most_exporters
+    return whole | phases.whole_otherwise
 
 
 def checkpoints(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:

@@ -27,7 +27,8 @@ class Phases:
     close_ns: np.ndarray  # its last burst ends
     nbytes: np.ndarray
     nflows: np.ndarray
-    whole_on_most_exporters: np.ndarray  # bool: short, if at all, only where an exporter lost records
+    whole_otherwise: np.ndarray  # bool: short of a usual phase's bytes, but only where an exporter lost
+    # records, or with the step's signal traffic outside its heavy bursts (`_whole_otherwise`)
     after_optimizer: np.ndarray  # bool: the phase ends with a collective after the optimizer
     gather_start_ns: np.ndarray  # of such a phase, where that collective (its last burst) starts (-1: none)
     before_gather_ns: np.ndarray  # and where the bursts before it end (-1: none)
@@ -98,9 +99,10 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     all_gather = shapes.same_flows & (np.abs(shapes.repeated - 1.0) <= params.same_shape) & shapes.same_sizes
     repeats = (shapes.repeated >= params.repeat_share) & ~all_gather
     # a different collective on the same pairs right after the optimizer: the next step's ZeRO-3
-    # parameter gather, its first traffic, not part of this sync (one like the burst before it is
-    # the sync's next gradient bucket)
-    drop_last = repeats & ~(shapes.same_sizes & shapes.same_burst)
+    # parameter gather, its first traffic, not part of this sync (one moving the burst before's
+    # transfers is the sync's next gradient buckets: of one stage, or of the first and last
+    # stages at once after they held theirs back for the tied embedding's all-reduce)
+    drop_last = repeats & ~(shapes.same_sizes & shapes.bucket_like)
     after_optimizer = (shapes.repeated >= params.repeat_share) & all_gather
     # every stage's updated shards gathered at once (of the last phase): the optimizer ran, the sync is over
     gathered_every_stage = bool(len(first)) and bool(all_gather[-1] & shapes.every_pair[-1])
@@ -136,11 +138,34 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
     return Phases(flows, start_ns, close, nbytes, np.bincount(phase[kept], minlength=len(first)).astype(float),
-                  _whole_on_most_exporters(traffic, flows, params),
+                  _whole_otherwise(traffic, flows, signal, close, params),
                   after_optimizer, gather_start_ns, before_gather, scatter_start_ns, opens_step,
                   closed, *_what_follows(traffic, flows, close, has_dp, burst, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _whole_otherwise(traffic: Traffic, flows: list[np.ndarray], signal: np.ndarray, close: np.ndarray,
+                     params: TimelineParams) -> np.ndarray:
+    """Per phase short of a usual phase's bytes, whether it still closes a whole step: on most
+    exporters (`_whole_on_most_exporters`), or over the step (`_whole_since_previous`)."""
+    return _whole_on_most_exporters(traffic, flows, params) | _whole_since_previous(traffic, signal, close, params)
+
+
+def _whole_since_previous(traffic: Traffic, signal: np.ndarray, close: np.ndarray, params: TimelineParams) -> np.ndarray:
+    """Per phase, whether the signal traffic (DP, else the pipeline's) since the phase before
+    closed carries at least `complete_share` of its median over the hour's phases (`steps_to_learn`
+    of them at least; never for the first). A straggler stretches a sync's buckets into bursts too
+    light to be told from the rest: its phases hold part of the sync, the step still all of it. A
+    phase cut short by a failure, or a warm-up step's sync split by a pause, carries part of it."""
+    whole = np.zeros(len(close), bool)
+    if len(close) <= params.steps_to_learn:
+        return whole
+    carried = np.r_[0.0, np.cumsum(traffic.nbytes[signal], dtype=np.float64)]
+    until_close = carried[np.searchsorted(traffic.start[signal], close, side="right")]
+    since_previous = np.diff(until_close)
+    whole[1:] = since_previous >= params.complete_share * np.median(since_previous)
+    return whole
 
 
 def _whole_on_most_exporters(traffic: Traffic, flows: list[np.ndarray], params: TimelineParams) -> np.ndarray:
@@ -365,8 +390,8 @@ class _Shapes:
     every_pair: np.ndarray  # bool: those were all of the earlier bytes (within `same_shape`)
     same_sizes: np.ndarray  # bool: the last burst moves its bytes, all but a `same_shape` share, in size
     # families the earlier bursts moved too
-    same_burst: np.ndarray  # bool: it moves the bytes of the burst before it in as many flows (within
-    # `same_shape`): one gradient bucket after another
+    bucket_like: np.ndarray  # bool: its flows carry the bytes of the burst before it's (their mean,
+    # within `same_shape`): one or several gradient buckets after another
 
     @classmethod
     def none(cls, n_phases: int) -> _Shapes:
@@ -406,10 +431,9 @@ def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_ph
     same_sizes = several & (per_phase(last_phase, last_bytes * known)
                             >= (1.0 - params.same_shape) * per_phase(last_phase, last_bytes))
     final, before = candidates[last], candidates[np.maximum(last - 1, first)]
-    bytes_ratio = b_bytes[final] / np.maximum(b_bytes[before], 1)
-    same_burst = several & (np.abs(b_flows[final] / b_flows[before] - 1.0) <= params.same_shape)
-    same_burst &= np.abs(bytes_ratio - 1.0) <= params.same_shape
-    return _Shapes(share, same_flows, every_pair, same_sizes, same_burst)
+    per_flow_ratio = (b_bytes[final] / b_flows[final]) / np.maximum(b_bytes[before] / b_flows[before], 1)
+    bucket_like = several & (np.abs(per_flow_ratio - 1.0) <= params.same_shape)
+    return _Shapes(share, same_flows, every_pair, same_sizes, bucket_like)
 
 
 def bursts(start: np.ndarray, end: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -22,11 +22,13 @@ def boundary_gap_threshold(
 
     Each regime cut (`_regime_cuts`) keeps the gaps above it, and marks steps when those gaps recur
     regularly in time, no unit between two of them carries much more traffic than its neighbours
-    (as a regime boundary in the middle of the hour would), and they are not mostly checkpoint
-    saves. Of those, the most regular wins (a finer cut adds the micro-batch cadence, whose warm-up
-    and cool-down break the rhythm once per step), small classes handicapped as their regularity
-    may be luck (the micro-batches of a warm-up step alone). Only `eligible` gaps can separate
-    steps. Without such a cut, the previous hour's."""
+    (as a regime boundary in the middle of the hour would), they are not mostly checkpoint saves,
+    and the time does not go mostly to a few long units (`time_irregularity`: the bursts of a
+    long sync stretch at each step's end, the compute between). Of those, the most regular wins
+    (a finer cut adds the micro-batch cadence, whose warm-up and cool-down break the rhythm once
+    per step), small classes handicapped as their regularity may be luck (the micro-batches of a
+    warm-up step alone). Only `eligible` gaps can separate steps. Without such a cut, the
+    previous hour's."""
     fallback = previous if previous is not None else (float(gaps[eligible].min()) if eligible.any() else np.inf)
     if np.sum(eligible & (gaps >= fallback)) < steps_to_learn:
         return fallback
@@ -42,6 +44,8 @@ def boundary_gap_threshold(
         # few gaps can look regular by chance: rank by an upper bound, ~1/sqrt(n) wide
         score = irregularity_of_kept + params.small_sample_penalty / np.sqrt(len(kept))
         if irregularity_of_kept > params.max_irregularity or score >= best_score:
+            continue
+        if time_irregularity(at[kept], steps_to_learn) > params.max_irregularity:
             continue
         if _unit_excess(kept, flow_candidate) > params.max_unit_excess:
             continue
@@ -89,6 +93,19 @@ def irregularity(times: np.ndarray) -> float:
     if len(spacing) < 3:
         return np.inf
     return float(np.mean(np.minimum(np.abs(spacing / _neighbour_median(spacing) - 1.0), 1.0)))
+
+
+def time_irregularity(times: np.ndarray, set_aside: int) -> float:
+    """The time the spacing of `times` spends away from the median of its 8 neighbours, as a
+    share of all of it, the `set_aside` largest departures left out (saves, a restart). Near 0 for
+    one event per step; near 1 for the bursts of a long sync stretch at the end of each step,
+    whose cadence `irregularity` may find regular: a long step's compute is one spacing in many,
+    but most of the time."""
+    spacing = np.diff(times).astype(float)
+    if len(spacing) < 3:
+        return np.inf
+    departure = np.sort(np.abs(spacing - _neighbour_median(spacing)))
+    return float(departure[:max(len(departure) - set_aside, 0)].sum() / spacing.sum())
 
 
 def _neighbour_median(values: np.ndarray) -> np.ndarray:
