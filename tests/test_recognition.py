@@ -353,22 +353,6 @@ def test_restart_on_the_same_hosts_keeps_the_id():
     assert json.loads(restart[0]["detail"])["gap_s"] == pytest.approx(5 * 60 + 2)
 
 
-def test_a_restart_whose_sizes_come_back_a_few_header_bytes_apart_keeps_the_id():
-    """Exporters counting header bytes report each transfer size a few bytes to a fraction of a
-    percent apart (L2 or L3 headers per leaf, an extension header on some packets): the sizes a
-    job resumes with after a stop match its signature within `same_size`, never to the byte."""
-    topology = inventory(2)
-    rows = []
-    for minute in (m for m in range(60) if not 20 <= m < 25):  # five silent minutes
-        jitter = 40 * (minute % 5) + (500 if minute >= 25 else 0)  # bytes, unlike before and after
-        for size, flows in ((4 << 20, 12), (96 << 20, 4)):
-            rows += [dict(row, top_size=row["top_size"] + jitter + 8 * rail, bytes=row["bytes"] + flows * jitter)
-                     for rail, row in enumerate(ring([0, 1], [minute], size, flows=flows))]
-    found = recognize_hour(table(rows), topology, None, HOUR0)
-    (job,) = job_rows(found).values()
-    assert job["restarts"] == 1 and job["status"] == "running"
-
-
 def test_a_restart_window_shorter_than_the_silence_makes_the_resumed_traffic_a_new_job():
     topology = inventory(2)
     minutes = [m for m in range(60) if not 20 <= m < 25]  # five silent minutes

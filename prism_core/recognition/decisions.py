@@ -42,20 +42,6 @@ def same_job(
     return overlapping or unchanged or part_of_young or track.signature_share(sizes, flows, params) >= params.signature_match
 
 
-def near_sizes(sizes: np.ndarray, known: np.ndarray, tolerance: float) -> np.ndarray:
-    """Per size: is it within `tolerance` (a share) of one of the `known` sizes? One transfer size
-    as exporters count it: those that count per-packet headers (L2 or L3, an extension header on
-    some packets) report it a few bytes to a fraction of a percent apart each time, so a job's
-    sizes seen again after a stop rarely match its signature to the byte."""
-    if len(known) == 0 or len(sizes) == 0:
-        return np.zeros(len(sizes), bool)
-    known = np.sort(known)
-    below = np.searchsorted(known, sizes, side="right") - 1
-    low, high = known[np.maximum(below, 0)], known[np.minimum(below + 1, len(known) - 1)]
-    nearest = np.minimum(np.abs(sizes - low), np.abs(high - sizes))
-    return nearest <= tolerance * sizes
-
-
 def resumes(
     track: Track, track_hosts: np.ndarray, seen_hosts: np.ndarray, gap_ns: int, sizes: np.ndarray, flows: np.ndarray,
     params: RecognitionParams,
@@ -94,9 +80,8 @@ def hand_over(track: Track, obs: Observations, k: int, params: RecognitionParams
         return None
     src, dst, size, first, last = obs.edges(track.last_observations)
     on_taken = np.isin(src, taken) | np.isin(dst, taken)
-    observed, known = obs.signature(k)[0], track.known_sizes(params)
-    new_sizes = observed[~near_sizes(observed, known, params.same_size)]
-    new_shape = on_taken & near_sizes(size, new_sizes, params.same_size) & ~near_sizes(size, known, params.same_size)
+    new_sizes = np.setdiff1d(obs.signature(k)[0], track.known_sizes(params))
+    new_shape = on_taken & np.isin(size, new_sizes)
     old_shape = on_taken & ~new_shape
     if not (new_shape.any() and old_shape.any()):
         return None

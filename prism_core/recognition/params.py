@@ -28,10 +28,6 @@ class RecognitionParams:
     # threshold, share of a flow size: or they carry a flow size in common, within this share
     # (exporters that count per-packet headers and those that do not differ by about 1%): a job's
     # parts with other roles in a step carry its activations;
-    # the same tolerance makes a job's flow sizes its signature (`Track.signature_share`, the new
-    # sizes of a hand-over): exporters counting header bytes (L2 or L3 per leaf, an extension
-    # header on a share of packets) report one transfer size bytes to ~0.5% apart, so a job that
-    # resumes after a stop matches its signature within this share, not to the byte.
     same_size: float = 0.02
     # threshold, ns: and begin and end their traffic this hour within this much of each other (a
     # rail with only the DP sync first talks at the end of the first step, tens of seconds in),

@@ -11,7 +11,7 @@ import numpy as np
 
 from prism_core.arrays import combination_ids, group_spans
 from prism_core.minutes import MINUTE_NS
-from prism_core.recognition.decisions import Handover, hand_over, near_sizes, resumes, same_job
+from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job
 from prism_core.recognition.merge import ranges
 from prism_core.recognition.observe import Observations
 from prism_core.recognition.params import RecognitionParams
@@ -97,7 +97,7 @@ class Track:
         known = self.known_sizes(params)
         if total == 0 or len(known) == 0:
             return 1.0  # nothing to compare: trust the NICs
-        return float(moved[near_sizes(sizes, known, params.same_size)].sum() / total)
+        return float(moved[np.isin(sizes, known)].sum() / total)
 
     def add_sizes(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> None:
         """Count a minute's repeated flow `sizes` (with their `flows`) into the signature, keeping
