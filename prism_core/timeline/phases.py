@@ -99,10 +99,9 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     all_gather = shapes.same_flows & (np.abs(shapes.repeated - 1.0) <= params.same_shape) & shapes.same_sizes
     repeats = (shapes.repeated >= params.repeat_share) & ~all_gather
     # a different collective on the same pairs right after the optimizer: the next step's ZeRO-3
-    # parameter gather, its first traffic, not part of this sync (one moving the burst before's
-    # transfers is the sync's next gradient buckets: of one stage, or of the first and last
-    # stages at once after they held theirs back for the tied embedding's all-reduce)
-    drop_last = repeats & ~(shapes.same_sizes & shapes.bucket_like)
+    # parameter gather, its first traffic, not part of this sync (one like the burst before it is
+    # the sync's next gradient bucket)
+    drop_last = repeats & ~(shapes.same_sizes & shapes.same_burst)
     after_optimizer = (shapes.repeated >= params.repeat_share) & all_gather
     # every stage's updated shards gathered at once (of the last phase): the optimizer ran, the sync is over
     gathered_every_stage = bool(len(first)) and bool(all_gather[-1] & shapes.every_pair[-1])
@@ -390,8 +389,8 @@ class _Shapes:
     every_pair: np.ndarray  # bool: those were all of the earlier bytes (within `same_shape`)
     same_sizes: np.ndarray  # bool: the last burst moves its bytes, all but a `same_shape` share, in size
     # families the earlier bursts moved too
-    bucket_like: np.ndarray  # bool: its flows carry the bytes of the burst before it's (their mean,
-    # within `same_shape`): one or several gradient buckets after another
+    same_burst: np.ndarray  # bool: it moves the bytes of the burst before it in as many flows (within
+    # `same_shape`): one gradient bucket after another
 
     @classmethod
     def none(cls, n_phases: int) -> _Shapes:
@@ -431,9 +430,10 @@ def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_ph
     same_sizes = several & (per_phase(last_phase, last_bytes * known)
                             >= (1.0 - params.same_shape) * per_phase(last_phase, last_bytes))
     final, before = candidates[last], candidates[np.maximum(last - 1, first)]
-    per_flow_ratio = (b_bytes[final] / b_flows[final]) / np.maximum(b_bytes[before] / b_flows[before], 1)
-    bucket_like = several & (np.abs(per_flow_ratio - 1.0) <= params.same_shape)
-    return _Shapes(share, same_flows, every_pair, same_sizes, bucket_like)
+    bytes_ratio = b_bytes[final] / np.maximum(b_bytes[before], 1)
+    same_burst = several & (np.abs(b_flows[final] / b_flows[before] - 1.0) <= params.same_shape)
+    same_burst &= np.abs(bytes_ratio - 1.0) <= params.same_shape
+    return _Shapes(share, same_flows, every_pair, same_sizes, same_burst)
 
 
 def bursts(start: np.ndarray, end: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
