@@ -218,7 +218,8 @@ def analyze_job(
         evict_flows()
         stage = "parallelism"
         found = (
-            parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism)
+            parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism,
+                                             cached_exporters=cached_exporters(exporters))
             if members.num_rows
             else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None)
         )
@@ -271,6 +272,11 @@ def analyze_job(
         step_period_s=float(np.median(durations)) if len(durations) else resolved.period_s,
         issue_kinds_judged=sorted(shown),
     )
+
+
+def cached_exporters(exporters: dict[str, resolution.ExporterProfile] | None) -> frozenset[str]:
+    """The exporters whose profile says they keep a flow cache (records may merge transfers)."""
+    return frozenset(name for name, profile in (exporters or {}).items() if profile.kind == "flow_cache")
 
 
 def profiles_by_address(profiles: list[resolution.ExporterProfile]) -> dict[str, resolution.ExporterProfile]:
