@@ -227,7 +227,8 @@ def analyze_job(
         # a silent hour only closes the step the previous hour carried: nothing in it blurs that
         silent = sent.num_rows == 0
         resolved = (resolution.JobResolution("steps", None, frozenset(), True) if silent
-                    else resolution.job_resolution(sent, exporters or {}, params.resolution))
+                    else resolution.job_resolution(sent, exporters or {}, params.resolution,
+                                                   members=pc.unique(members["addr"].combine_chunks())))
         stage = "timeline"
         timeline_flows = resolving_flows(found.labelled(sent), resolved)
         # what members sent (a copy of most of the flows) is not held through the timeline, which
