@@ -252,6 +252,7 @@ class _InternalFlows:
     end: np.ndarray
     sampled: np.ndarray
     cached: np.ndarray  # from an exporter with a flow cache: may merge several transfers
+    exporter: np.ndarray  # code of the record's exporter (sampler_address), 0 without
     n_hosts: int
 
     @classmethod
@@ -268,10 +269,13 @@ class _InternalFlows:
             rate = pc.fill_null(job_flows["sampling_rate"], 1).to_numpy()[inside]
             sampled = (rate > 1) & (end == start)
         cached = np.zeros(len(start), bool)
+        exporter = np.zeros(len(start), np.int64)
         if len(cached_exporters) and "sampler_address" in job_flows.column_names:
             exporters = pa.array(sorted(cached_exporters), pa.string())
-            cached = pc.fill_null(pc.is_in(job_flows["sampler_address"], value_set=exporters), False).to_numpy(
-                zero_copy_only=False)[inside] & ~sampled
+            # the cached exporters numbered from 1, any other 0
+            exporter = pc.fill_null(pc.index_in(job_flows["sampler_address"], value_set=exporters), -1).to_numpy(
+                zero_copy_only=False)[inside].astype(np.int64) + 1
+            cached = (exporter > 0) & ~sampled
         return cls(
             src_host=host_code[src],
             dst_host=host_code[dst],
@@ -284,6 +288,7 @@ class _InternalFlows:
             end=end,
             sampled=sampled,
             cached=cached,
+            exporter=exporter,
             n_hosts=int(host_code.max()) + 1,
         )
 
@@ -359,27 +364,31 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
 
 
 def _continuous(flows: _InternalFlows, direction: np.ndarray, params: ParallelismParams) -> np.ndarray:
-    """Per internal flow: a flow cache's record on a host pair whose cached records of one
-    direction cover `continuous_coverage` of the job's span or more (`ParallelismParams`)."""
+    """Per internal flow: a flow cache's record on a host pair whose records from its exporter,
+    of one direction, cover `continuous_coverage` of the job's span or more (`ParallelismParams`).
+    Per exporter: each keeps its own timeouts (a rail whose cache idles out after 10 ms reports
+    a pipeline's transfers one by one beside a rail whose cache merges them for a minute)."""
     chosen = np.flatnonzero(flows.cached)
     if not len(chosen):
         return np.zeros(len(direction), bool)
+    n_exporters = int(flows.exporter.max()) + 1
+    key = direction * n_exporters + flows.exporter
+    reverse = (flows.dst_host * flows.n_hosts + flows.src_host) * n_exporters + flows.exporter
     base = int(flows.start.min())
     span = max(int(flows.end.max()) - base, 1)
     width = span + 1
-    # the union of each direction's records: sorted by start with times offset per direction,
-    # each record adds what it reaches past the records before it
-    order = chosen[np.lexsort((flows.start[chosen], direction[chosen]))]
-    opens = direction[order] * width + (flows.start[order] - base)
-    closes = direction[order] * width + (flows.end[order] - base)
+    # the union of each key's records: sorted by start with times offset per key, each record
+    # adds what it reaches past the records before it
+    order = chosen[np.lexsort((flows.start[chosen], key[chosen]))]
+    opens = key[order] * width + (flows.start[order] - base)
+    closes = key[order] * width + (flows.end[order] - base)
     reach = np.maximum.accumulate(closes)
     before = np.r_[np.iinfo(np.int64).min, reach[:-1]]
     added = np.maximum(closes - np.maximum(opens, before), 0)
-    covered = np.bincount(direction[order], weights=added, minlength=flows.n_hosts * flows.n_hosts)
+    covered = np.bincount(key[order], weights=added, minlength=flows.n_hosts * flows.n_hosts * n_exporters)
     # either direction: a pipeline's forward records may hold only the warm-up and the steady
     # phase's sends, its backward ones the rest of the step
-    reverse = flows.dst_host * flows.n_hosts + flows.src_host
-    return flows.cached & (np.maximum(covered[direction], covered[reverse]) >= params.continuous_coverage * span)
+    return flows.cached & (np.maximum(covered[key], covered[reverse]) >= params.continuous_coverage * span)
 
 
 def _reverse_open_at_both_ends(direction: np.ndarray, reverse_direction: np.ndarray, flows: _InternalFlows,
@@ -503,7 +512,22 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     other = np.maximum(groups.reverse, 0)
     unmatched = np.where(joint, groups.unmatched + groups.unmatched[other], groups.unmatched)
     flows = np.where(joint, groups.flows + groups.flows[other], groups.flows)
-    return balanced & repeated & (unmatched >= params.pipeline_asymmetry * flows)
+    pipeline = balanced & repeated & (unmatched >= params.pipeline_asymmetry * flows)
+    if not groups.lumped.any():
+        return pipeline
+    # Where most of a host pair's records are transfer-sized (other exporters report its
+    # transfers one by one), their groups decide, and its continuous records follow: a cache
+    # whose idle timeout outlasts the steps merges a DP sync from step to step too, and a tree's
+    # broadcast that ends after its reduce reads like a cool-down
+    n = int(max(groups.src_host.max(), groups.dst_host.max())) + 1
+    pair = np.minimum(groups.src_host, groups.dst_host) * n + np.maximum(groups.src_host, groups.dst_host)
+    sized = ~groups.lumped
+    sized_flows = np.bincount(pair[sized], weights=groups.flows[sized], minlength=n * n)
+    lumped_flows = np.bincount(pair[~sized], weights=groups.flows[~sized], minlength=n * n)
+    sized_pipeline = np.bincount(pair[sized & pipeline], minlength=n * n) > 0
+    decided = ~sized & (sized_flows[pair] > lumped_flows[pair])
+    pipeline[decided] = sized_pipeline[pair[decided]]
+    return pipeline
 
 
 def _merged_reverse_flows(groups: _Groups, params: ParallelismParams) -> np.ndarray:

@@ -22,21 +22,27 @@ from test_recognition import HOUR0, recognize_hours, scenario_flows
 
 SECONDS = 150.0
 CACHE = "172.31.0.1"  # the exporter of simulated_job's records through a flow cache
+UNCACHED = "172.31.0.2"  # and of its records of transfers one by one beside it
 
 
 def simulated_job(spec: JobSpec, seed: int = 0, four_nic_hosts: tuple[int, ...] = (),
-                  flow_cache: tuple[float, float] | None = None, seconds: float = SECONDS):
+                  flow_cache: tuple[float, float] | None = None, seconds: float = SECONDS,
+                  cached_rails: tuple[int, ...] | None = None):
     """(flows, members, truth pairs by kind) of one job alone on a cluster, `seconds` long; the
     `four_nic_hosts` have a NIC for every two GPUs (the membership's `gpus` says so);
-    `flow_cache`: (idle, active) timeouts, s, of a flow cache every exporter keeps (the
-    simulator's, prism_core.simulate.exporters.FlowCache)."""
+    `flow_cache`: (idle, active) timeouts, s, of a flow cache (the simulator's,
+    prism_core.simulate.exporters.FlowCache) kept by the exporter of the `cached_rails` (CACHE;
+    all rails when None), the other rails' exporter (UNCACHED) reporting transfers one by one."""
     cluster = Cluster(max(spec.hosts) + 1, four_nic_hosts=four_nic_hosts)
     plan = plan_job(0, spec, cluster, seconds, seed)
     batch = plan.flows(-np.inf, seconds, np.random.default_rng(seed))
     if flow_cache is not None:
         idle, active = flow_cache
+        uncached = np.zeros(len(batch.start), bool) if cached_rails is None else ~np.isin(
+            batch.src % GPUS_PER_HOST, cached_rails)
+        records = Records.of_transfers(batch, uncached.astype(np.int32))
         cache = FlowCache(np.array([idle]), np.array([active]))
-        batch = cache.update(Records.of_transfers(batch, np.zeros(len(batch.start), np.int32)), np.inf)
+        batch = Records.concat([cache.update(records.take(~uncached), np.inf), records.take(uncached)])
 
     def ns(seconds):
         return HOUR0 + np.round(seconds * 1e9).astype(np.int64)
@@ -51,7 +57,7 @@ def simulated_job(spec: JobSpec, seed: int = 0, four_nic_hosts: tuple[int, ...] 
         }
     )
     if flow_cache is not None:
-        flows = flows.append_column("sampler_address", pa.array([CACHE] * flows.num_rows, pa.string()))
+        flows = flows.append_column("sampler_address", pa.array(np.array([CACHE, UNCACHED])[batch.exporter], pa.string()))
     nics = np.unique(cluster.gpu_nic[Placement.of(spec.hosts, spec.first_gpu, spec.gpus_per_host).gpus])
     members = pa.table(
         {
@@ -295,6 +301,20 @@ def test_a_flow_cache_longer_than_the_quiet_in_a_step_keeps_pp_and_dp_pairs(shap
     # and ZeRO's gathers on two hosts run on both ways at once
     spec = SHAPES[shape]
     flows, members, truth = simulated_job(spec, flow_cache=(1.0, 60.0))
+    found = parallelism.identify_parallelism("job", flows, members, cached_exporters={CACHE})
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+@pytest.mark.parametrize("shape", ["tree", "tree over two-host stages, checkpoint"])
+def test_transfers_reported_one_by_one_decide_beside_one_rails_merged_records(shape):
+    # one rail's cache idles out after 15 s, longer than the 3 s steps: its records run from
+    # step to step, DP syncs and pipeline sends alike (a tree's reduce opens before its broadcast
+    # and the broadcast closes after it, as a pipeline's forward and backward records do); the
+    # other rails report each transfer, and their groups decide each host pair's kind
+    spec = SHAPES[shape]
+    flows, members, truth = simulated_job(spec, flow_cache=(15.0, 60.0), cached_rails=(0,))
     found = parallelism.identify_parallelism("job", flows, members, cached_exporters={CACHE})
     assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
     assert pairs_of(found, "pp") == truth["pp"]
