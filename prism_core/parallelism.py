@@ -374,21 +374,27 @@ def _continuous(flows: _InternalFlows, direction: np.ndarray, params: Parallelis
     n_exporters = int(flows.exporter.max()) + 1
     key = direction * n_exporters + flows.exporter
     reverse = (flows.dst_host * flows.n_hosts + flows.src_host) * n_exporters + flows.exporter
+    keys, of_key = unique_inverse(key[chosen])  # the (direction, exporter) pairs with cached records
     base = int(flows.start.min())
     span = max(int(flows.end.max()) - base, 1)
     width = span + 1
     # the union of each key's records: sorted by start with times offset per key, each record
     # adds what it reaches past the records before it
-    order = chosen[np.lexsort((flows.start[chosen], key[chosen]))]
-    opens = key[order] * width + (flows.start[order] - base)
-    closes = key[order] * width + (flows.end[order] - base)
+    order = np.lexsort((flows.start[chosen], of_key))
+    opens = of_key[order] * width + (flows.start[chosen][order] - base)
+    closes = of_key[order] * width + (flows.end[chosen][order] - base)
     reach = np.maximum.accumulate(closes)
     before = np.r_[np.iinfo(np.int64).min, reach[:-1]]
     added = np.maximum(closes - np.maximum(opens, before), 0)
-    covered = np.bincount(key[order], weights=added, minlength=flows.n_hosts * flows.n_hosts * n_exporters)
+    covered = np.r_[np.bincount(of_key[order], weights=added, minlength=len(keys)), 0.0]
+
+    def coverage(of: np.ndarray) -> np.ndarray:
+        at = np.minimum(np.searchsorted(keys, of), len(keys) - 1)
+        return covered[np.where(keys[at] == of, at, len(keys))]
+
     # either direction: a pipeline's forward records may hold only the warm-up and the steady
     # phase's sends, its backward ones the rest of the step
-    return flows.cached & (np.maximum(covered[key], covered[reverse]) >= params.continuous_coverage * span)
+    return flows.cached & (np.maximum(coverage(key), coverage(reverse)) >= params.continuous_coverage * span)
 
 
 def _reverse_open_at_both_ends(direction: np.ndarray, reverse_direction: np.ndarray, flows: _InternalFlows,
