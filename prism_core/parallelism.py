@@ -100,6 +100,13 @@ class ParallelismParams:
     # closes the backward direction's last (cool-down), a collective (ZeRO's gathers, an
     # all-to-all) sends both ways at once.
     continuous_coverage: float = 0.3
+    # threshold, ns: a continuous record is answered when reverse traffic is in flight this close
+    # to its first and to its last packet. A collective's two directions open and close within
+    # its own latency (a tree's reduce opens before its broadcast and closes before it: 15-50 ms
+    # on small, where a cache merged a DP tree from step to step); a pipeline's backward
+    # direction opens a micro-batch's forward pass through the later stages after the forward
+    # one (0.1-0.5 s on small), and closes as long after it
+    continuous_slack_ns: int = 50_000_000
 
 
 DEFAULT_PARAMS = ParallelismParams()
@@ -400,7 +407,7 @@ def _continuous(flows: _InternalFlows, direction: np.ndarray, params: Parallelis
 def _reverse_open_at_both_ends(direction: np.ndarray, reverse_direction: np.ndarray, flows: _InternalFlows,
                                chosen: np.ndarray, params: ParallelismParams) -> np.ndarray:
     """Per `chosen` flow: was a record of the reverse direction (any size) in flight at its first
-    packet and at its last (within the in-flight slack)? Asked as flows of no direction (one
+    packet and at its last (within `continuous_slack_ns`)? Asked as flows of no direction (one
     code past all) whose span is that instant."""
     asked = np.flatnonzero(chosen)
     nowhere = flows.n_hosts * flows.n_hosts
@@ -409,7 +416,7 @@ def _reverse_open_at_both_ends(direction: np.ndarray, reverse_direction: np.ndar
     in_flight = reverse_in_flight(
         np.r_[direction, np.full(len(instants), nowhere)],
         np.r_[np.full(n, nowhere), np.tile(reverse_direction[asked], 2)],
-        np.r_[flows.start, instants], np.r_[flows.end, instants], params.in_flight_slack_ns)
+        np.r_[flows.start, instants], np.r_[flows.end, instants], params.continuous_slack_ns)
     return in_flight[n:n + len(asked)] & in_flight[n + len(asked):]
 
 
