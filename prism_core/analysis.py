@@ -225,8 +225,9 @@ def analyze_job(
         )
         stage = "resolution"
         # a silent hour only closes the step the previous hour carried: nothing in it blurs that
+        # but the carried records themselves
         silent = sent.num_rows == 0
-        resolved = (resolution.JobResolution("steps", None, frozenset(), True) if silent
+        resolved = (silent_resolution(previous.get("timeline", {}).get(job_id), exporters) if silent
                     else resolution.job_resolution(sent, exporters or {}, params.resolution,
                                                    members=pc.unique(members["addr"].combine_chunks())))
         stage = "timeline"
@@ -273,6 +274,19 @@ def analyze_job(
         step_period_s=float(np.median(durations)) if len(durations) else resolved.period_s,
         issue_kinds_judged=sorted(shown),
     )
+
+
+def silent_resolution(timeline_state: dict | None,
+                      exporters: dict[str, resolution.ExporterProfile] | None) -> resolution.JobResolution:
+    """What a silent hour resolves: the step the previous hour carried, where the records carried
+    for it come from exporters that report transfers one by one (a resolved hour's timeline read
+    only those; an unresolved hour's carries a cache's or a sampler's records, and the step they
+    close is no more resolved than the hour's were)."""
+    carry = (timeline_state or {}).get("carry") or {}
+    carried = carry.get("exporters", [])
+    if any(not resolution.reports_one_by_one((exporters or {}).get(name)) for name in carried):
+        return resolution.JobResolution("jobs_only", None, frozenset(), False)
+    return resolution.JobResolution("steps", None, frozenset(), True)
 
 
 def cached_exporters(exporters: dict[str, resolution.ExporterProfile] | None) -> frozenset[str]:

@@ -399,7 +399,7 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     names = pc.fill_null(flows["sampler_address"], NO_EXPORTER)
     counts = pc.value_counts(names)
     one_by_one = {item["values"]: item["counts"] for item in counts.to_pylist()
-                  if _one_by_one(profiles.get(item["values"]))}
+                  if reports_one_by_one(profiles.get(item["values"]))}
     # a clock coarser than a share of the step period blurs the boundaries
     resolving = {name for name in one_by_one
                  if period is None or _clock_ns(profiles.get(name)) * 1e-9 <= params.max_clock_share * period}
@@ -463,7 +463,7 @@ def demoted(resolved: JobResolution) -> JobResolution:
                          False)
 
 
-def _one_by_one(profile: ExporterProfile | None) -> bool:
+def reports_one_by_one(profile: ExporterProfile | None) -> bool:
     """Whether the exporter reports transfers one by one (one without a profile: nothing says
     otherwise)."""
     return profile is None or profile.kind in ("per_transfer", "unknown")

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from prism_core.analysis import analyze_hour
+from prism_core.analysis import analyze_hour, silent_resolution
 from prism_core.minutes import HOUR_NS
 from prism_core.resolution import (
     EXPORTER_KINDS,
@@ -225,6 +225,23 @@ def test_records_cut_only_by_a_caches_active_timeout_show_no_period():
     cache = ExporterProfile("10.255.0.1", table.num_rows, "flow_cache", 1, 0.0, 1, 1.0, 60.0)
     resolved = job_resolution(table, {cache.sampler_address: cache}, members=pa.array(members))
     assert (resolved.resolution, resolved.period_s) == ("jobs_only", None)
+
+
+def test_a_silent_hour_closes_a_step_only_as_resolved_as_the_records_carried_for_it():
+    # the hour before ran its timeline on a cache's records (no steps reported); the job is silent
+    # now, and the step those records leave open is no more resolved than they were
+    cache = ExporterProfile("10.255.0.1", 800, "flow_cache", 1, 0.0, 1, 1.0, 60.0)
+    each = ExporterProfile("10.255.0.2", 6400, "per_transfer", 1, 0.0, 1, 1e-6, 0.02)
+    profiles = {p.sampler_address: p for p in (cache, each)}
+
+    def carrying(*exporters: str) -> dict:
+        return {"carry": {"exporters": list(exporters)}}
+
+    assert silent_resolution(carrying("10.255.0.1"), profiles).resolution == "jobs_only"
+    assert silent_resolution(carrying("10.255.0.2", "10.255.0.1"), profiles).resolution == "jobs_only"
+    assert silent_resolution(carrying("10.255.0.2"), profiles).resolution == "steps"
+    assert silent_resolution({"carry": None}, profiles).resolution == "steps"
+    assert silent_resolution(None, None).resolution == "steps"
 
 
 def test_stragglers_and_slow_links_need_every_transfer_timed():
