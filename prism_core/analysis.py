@@ -221,15 +221,18 @@ def analyze_job(
         evict_flows()
         stage = "parallelism"
         found = (
-            parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism)
+            parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism,
+                                             cached_exporters=cached_exporters(exporters))
             if members.num_rows
             else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None)
         )
         stage = "resolution"
         # a silent hour only closes the step the previous hour carried: nothing in it blurs that
+        # but the carried records themselves
         silent = sent.num_rows == 0
-        resolved = (resolution.JobResolution("steps", None, frozenset(), True) if silent
-                    else resolution.job_resolution(sent, exporters or {}, params.resolution))
+        resolved = (silent_resolution(previous.get("timeline", {}).get(job_id), exporters) if silent
+                    else resolution.job_resolution(sent, exporters or {}, params.resolution,
+                                                   members=pc.unique(members["addr"].combine_chunks())))
         stage = "timeline"
         timeline_flows = resolving_flows(found.labelled(sent), resolved)
         # what members sent (a copy of most of the flows) is not held through the timeline, which
@@ -274,6 +277,24 @@ def analyze_job(
         step_period_s=float(np.median(durations)) if len(durations) else resolved.period_s,
         issue_kinds_judged=sorted(shown),
     )
+
+
+def silent_resolution(timeline_state: dict | None,
+                      exporters: dict[str, resolution.ExporterProfile] | None) -> resolution.JobResolution:
+    """What a silent hour resolves: the step the previous hour carried, where the records carried
+    for it come from exporters that report transfers one by one (a resolved hour's timeline read
+    only those; an unresolved hour's carries a cache's or a sampler's records, and the step they
+    close is no more resolved than the hour's were)."""
+    carry = (timeline_state or {}).get("carry") or {}
+    carried = carry.get("exporters", [])
+    if any(not resolution.reports_one_by_one((exporters or {}).get(name)) for name in carried):
+        return resolution.JobResolution("jobs_only", None, frozenset(), False)
+    return resolution.JobResolution("steps", None, frozenset(), True)
+
+
+def cached_exporters(exporters: dict[str, resolution.ExporterProfile] | None) -> frozenset[str]:
+    """The exporters whose profile says they keep a flow cache (records may merge transfers)."""
+    return frozenset(name for name, profile in (exporters or {}).items() if profile.kind == "flow_cache")
 
 
 def profiles_by_address(profiles: list[resolution.ExporterProfile]) -> dict[str, resolution.ExporterProfile]:

@@ -9,7 +9,10 @@ never reported to the byte, and the two directions of a pair may be counted diff
 Records whose bytes are no transfer's size are judged otherwise: sFlow's sampled records (no
 span, bytes from a few packets) form one group per direction, and a flow cache's records that
 merge several transfers (a whole number of a PP group's activations) carry the pipeline of their
-host pair.
+host pair. Where a cache merges a host pair's sends into records covering much of the job's time
+(a pipeline sending through the step's compute, with quiet gaps shorter than the idle timeout),
+those records are one group per direction too, and are told apart by their ends (see
+`ParallelismParams.continuous_coverage`).
 
 - A collective (ring or tree all-reduce, reduce-scatter + all-gather, all-to-all) is symmetric:
   in every round each participant sends while its peers send too, so the flows of both directions
@@ -39,6 +42,7 @@ rank, PXN), else the stage's DP stays on NVLink and cannot be seen: TP is then g
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +91,24 @@ class ParallelismParams:
     family_spread: float = 1.5
     # threshold, sizes: a family of this many sizes or more on one directed host pair is an all-to-all
     moe_family: int = 4
+    # threshold, share of the job's span in the hour: a flow cache's records of a directed host
+    # pair that cover this much of it (their union) are continuous sends. A cache merges a queue
+    # pair's transfers until it idles for its idle timeout: a pipeline sends through the step's
+    # compute (its records span forward and backward, or run to the active timeout where the
+    # optimizer's gap is shorter than the idle timeout), a DP sync sits at the step's end (its
+    # records cover the sync's share of the step: 2-20% on small). A continuous record overlaps
+    # any reverse traffic, so it is answered only by reverse traffic in flight at its first and
+    # at its last packet: a pipeline opens the forward direction's records first (warm-up) and
+    # closes the backward direction's last (cool-down), a collective (ZeRO's gathers, an
+    # all-to-all) sends both ways at once.
+    continuous_coverage: float = 0.3
+    # threshold, ns: a continuous record is answered when reverse traffic is in flight this close
+    # to its first and to its last packet. A collective's two directions open and close within
+    # its own latency (a tree's reduce opens before its broadcast and closes before it: 15-50 ms
+    # on small, where a cache merged a DP tree from step to step); a pipeline's backward
+    # direction opens a micro-batch's forward pass through the later stages after the forward
+    # one (0.1-0.5 s on small), and closes as long after it
+    continuous_slack_ns: int = 50_000_000
 
 
 DEFAULT_PARAMS = ParallelismParams()
@@ -116,11 +138,14 @@ class Parallelism:
 
 
 def identify_parallelism(
-    job_id: str, job_flows: pa.Table, members: pa.Table, *, params: ParallelismParams = DEFAULT_PARAMS
+    job_id: str, job_flows: pa.Table, members: pa.Table, *, params: ParallelismParams = DEFAULT_PARAMS,
+    cached_exporters: Collection[str] = (),
 ) -> Parallelism:
     """Pairs, stages and degrees of one job from the flows its members sent (an hour of them), and
     its GPUs with the span of their traffic for the job this hour (the membership's).
-    Flows a member sent outside its membership interval belong to another job and are ignored."""
+    Flows a member sent outside its membership interval belong to another job and are ignored.
+    `cached_exporters`: the `sampler_address` of the exporters that keep a flow cache (their
+    resolution profile's kind is `flow_cache`): their records may merge several transfers."""
     handed_bytes = job_flows["bytes"].to_numpy().astype(np.int64, copy=False)
     gpus = _member_gpus(members)
     # each flow's source among the member GPUs, its text looked up once for both uses
@@ -140,7 +165,7 @@ def identify_parallelism(
     if not inside.any():  # nothing between members this hour: stages and degrees unknown
         pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
         return Parallelism(job_gpus, pairs, None, None, None, *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
-    flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus)
+    flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus, cached_exporters)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
@@ -150,8 +175,9 @@ def identify_parallelism(
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
     kind[inside] = np.where(pipeline_sends, PP, group_kind[groups.of_flow])
-    # a sampled record's bytes are no transfer's size: it is a family of its own
-    family_bytes[inside] = np.where(flows.sampled, flows.size, groups.size[groups.of_flow])
+    # a sampled record's bytes are no transfer's size, nor a continuous record's (a sum of many):
+    # each is a family of its own
+    family_bytes[inside] = np.where(flows.sampled | groups.continuous, flows.size, groups.size[groups.of_flow])
     job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
     job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
     pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
@@ -234,11 +260,13 @@ class _InternalFlows:
     start: np.ndarray
     end: np.ndarray
     sampled: np.ndarray
+    cached: np.ndarray  # from an exporter with a flow cache: may merge several transfers
+    exporter: np.ndarray  # code of the record's exporter (sampler_address), 0 without
     n_hosts: int
 
     @classmethod
     def of(cls, job_flows: pa.Table, inside: np.ndarray, src: np.ndarray, dst: np.ndarray,
-           gpus: pa.Table) -> _InternalFlows:
+           gpus: pa.Table, cached_exporters: Collection[str] = ()) -> _InternalFlows:
         """The flows of `job_flows` where `inside` (`src`, `dst`: their sources' and destinations'
         rows of `gpus`); read as arrays, the table is not copied."""
         host_code = gpus["host_code"].to_numpy()
@@ -249,6 +277,14 @@ class _InternalFlows:
         if "sampling_rate" in job_flows.column_names:
             rate = pc.fill_null(job_flows["sampling_rate"], 1).to_numpy()[inside]
             sampled = (rate > 1) & (end == start)
+        cached = np.zeros(len(start), bool)
+        exporter = np.zeros(len(start), np.int64)
+        if len(cached_exporters) and "sampler_address" in job_flows.column_names:
+            exporters = pa.array(sorted(cached_exporters), pa.string())
+            # the cached exporters numbered from 1, any other 0
+            exporter = pc.fill_null(pc.index_in(job_flows["sampler_address"], value_set=exporters), -1).to_numpy(
+                zero_copy_only=False)[inside].astype(np.int64) + 1
+            cached = (exporter > 0) & ~sampled
         return cls(
             src_host=host_code[src],
             dst_host=host_code[dst],
@@ -260,6 +296,8 @@ class _InternalFlows:
             start=start,
             end=end,
             sampled=sampled,
+            cached=cached,
+            exporter=exporter,
             n_hosts=int(host_code.max()) + 1,
         )
 
@@ -276,6 +314,8 @@ class _Groups:
     reverse: np.ndarray  # index of the (dst host, src host, size family) group, -1 when absent
     of_flow: np.ndarray  # group of every internal flow
     answered: np.ndarray  # per internal flow: a flow of the reverse group in flight with it
+    continuous: np.ndarray  # per internal flow: a flow cache's record of continuous sends (`_continuous`)
+    lumped: np.ndarray  # per group: continuous records, whose size is none of a transfer
 
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
@@ -283,14 +323,18 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     # a sampled record's bytes say how many of its packets were sampled, not the transfer's size
     # (nor do they bridge two sizes into one family): the sampled records of a pair are one group
     any_sampled = bool(flows.sampled.any())
-    size_code = np.full(len(flows.size), -1)
-    sizes, size_code[~flows.sampled] = size_families(
-        flows.size[~flows.sampled], params.size_tolerance, params.pipeline_min_flows
-    )
-    size_code[flows.sampled] = len(sizes)
-    sizes = np.r_[sizes, np.median(flows.size[flows.sampled]) if any_sampled else 0]
-    n_sizes = len(sizes)
     direction = flows.src_host * n_hosts + flows.dst_host
+    # so are a flow cache's continuous records (sums of however many transfers the cache held)
+    continuous = _continuous(flows, direction, params)
+    any_continuous = bool(continuous.any())
+    sized = ~flows.sampled & ~continuous
+    size_code = np.full(len(flows.size), -1)
+    sizes, size_code[sized] = size_families(flows.size[sized], params.size_tolerance, params.pipeline_min_flows)
+    size_code[flows.sampled] = len(sizes)
+    size_code[continuous] = len(sizes) + 1
+    sizes = np.r_[sizes, np.median(flows.size[flows.sampled]) if any_sampled else 0,
+                  np.median(flows.size[continuous]) if any_continuous else 0]
+    n_sizes = len(sizes)
     group_key = direction * n_sizes
     group_key += size_code
     del size_code
@@ -305,9 +349,10 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     # and a pipeline returns each activation's gradient, while a flow cache's records that merge
     # many transfers last long enough to overlap anything else on the pair. A sampled record is
     # one packet's time in a transfer of unknown size: any reverse traffic answers it.
-    if not any_sampled:
-        del direction  # read again only for sampled records
     answered = reverse_in_flight(of_flow, reverse[of_flow], flows.start, flows.end, params.in_flight_slack_ns)
+    if any_continuous:
+        reverse_direction = flows.dst_host * n_hosts + flows.src_host
+        answered[continuous] = _reverse_open_at_both_ends(direction, reverse_direction, flows, continuous, params)
     if any_sampled:
         reverse_direction = flows.dst_host * n_hosts + flows.src_host
         slack = np.maximum(params.in_flight_slack_ns, _sampling_interval(direction, flows)[reverse_direction])
@@ -322,7 +367,59 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         reverse=reverse,
         of_flow=of_flow,
         answered=answered,
+        continuous=continuous,
+        lumped=(size_of_group == n_sizes - 1),
     )
+
+
+def _continuous(flows: _InternalFlows, direction: np.ndarray, params: ParallelismParams) -> np.ndarray:
+    """Per internal flow: a flow cache's record on a host pair whose records from its exporter,
+    of one direction, cover `continuous_coverage` of the job's span or more (`ParallelismParams`).
+    Per exporter: each keeps its own timeouts (a rail whose cache idles out after 10 ms reports
+    a pipeline's transfers one by one beside a rail whose cache merges them for a minute)."""
+    chosen = np.flatnonzero(flows.cached)
+    if not len(chosen):
+        return np.zeros(len(direction), bool)
+    n_exporters = int(flows.exporter.max()) + 1
+    key = direction * n_exporters + flows.exporter
+    reverse = (flows.dst_host * flows.n_hosts + flows.src_host) * n_exporters + flows.exporter
+    keys, of_key = unique_inverse(key[chosen])  # the (direction, exporter) pairs with cached records
+    base = int(flows.start.min())
+    span = max(int(flows.end.max()) - base, 1)
+    width = span + 1
+    # the union of each key's records: sorted by start with times offset per key, each record
+    # adds what it reaches past the records before it
+    order = np.lexsort((flows.start[chosen], of_key))
+    opens = of_key[order] * width + (flows.start[chosen][order] - base)
+    closes = of_key[order] * width + (flows.end[chosen][order] - base)
+    reach = np.maximum.accumulate(closes)
+    before = np.r_[np.iinfo(np.int64).min, reach[:-1]]
+    added = np.maximum(closes - np.maximum(opens, before), 0)
+    covered = np.r_[np.bincount(of_key[order], weights=added, minlength=len(keys)), 0.0]
+
+    def coverage(of: np.ndarray) -> np.ndarray:
+        at = np.minimum(np.searchsorted(keys, of), len(keys) - 1)
+        return covered[np.where(keys[at] == of, at, len(keys))]
+
+    # either direction: a pipeline's forward records may hold only the warm-up and the steady
+    # phase's sends, its backward ones the rest of the step
+    return flows.cached & (np.maximum(coverage(key), coverage(reverse)) >= params.continuous_coverage * span)
+
+
+def _reverse_open_at_both_ends(direction: np.ndarray, reverse_direction: np.ndarray, flows: _InternalFlows,
+                               chosen: np.ndarray, params: ParallelismParams) -> np.ndarray:
+    """Per `chosen` flow: was a record of the reverse direction (any size) in flight at its first
+    packet and at its last (within `continuous_slack_ns`)? Asked as flows of no direction (one
+    code past all) whose span is that instant."""
+    asked = np.flatnonzero(chosen)
+    nowhere = flows.n_hosts * flows.n_hosts
+    n = len(direction)
+    instants = np.r_[flows.start[asked], flows.end[asked]]
+    in_flight = reverse_in_flight(
+        np.r_[direction, np.full(len(instants), nowhere)],
+        np.r_[np.full(n, nowhere), np.tile(reverse_direction[asked], 2)],
+        np.r_[flows.start, instants], np.r_[flows.end, instants], params.continuous_slack_ns)
+    return in_flight[n:n + len(asked)] & in_flight[n + len(asked):]
 
 
 def _sampling_interval(direction: np.ndarray, flows: _InternalFlows) -> np.ndarray:
@@ -423,7 +520,29 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     reverse_flows = reverse_flows + _merged_reverse_flows(groups, params)
     balanced = (reverse_flows * params.balance >= groups.flows) & (groups.flows * params.balance >= reverse_flows)
     repeated = groups.flows >= params.pipeline_min_flows
-    return balanced & repeated & (groups.unmatched >= params.pipeline_asymmetry * groups.flows)
+    # continuous records are judged with their reverse ones: the warm-up opens the forward
+    # direction's records alone, the cool-down closes the backward direction's, and traffic at the
+    # step's end merged into both (a tied embedding's sync on the pipeline's NICs) may hide one
+    joint = groups.lumped & (groups.reverse >= 0)
+    other = np.maximum(groups.reverse, 0)
+    unmatched = np.where(joint, groups.unmatched + groups.unmatched[other], groups.unmatched)
+    flows = np.where(joint, groups.flows + groups.flows[other], groups.flows)
+    pipeline = balanced & repeated & (unmatched >= params.pipeline_asymmetry * flows)
+    if not groups.lumped.any():
+        return pipeline
+    # Where most of a host pair's records are transfer-sized (other exporters report its
+    # transfers one by one), their groups decide, and its continuous records follow: a cache
+    # whose idle timeout outlasts the steps merges a DP sync from step to step too, and a tree's
+    # broadcast that ends after its reduce reads like a cool-down
+    n = int(max(groups.src_host.max(), groups.dst_host.max())) + 1
+    pair = np.minimum(groups.src_host, groups.dst_host) * n + np.maximum(groups.src_host, groups.dst_host)
+    sized = ~groups.lumped
+    sized_flows = np.bincount(pair[sized], weights=groups.flows[sized], minlength=n * n)
+    lumped_flows = np.bincount(pair[~sized], weights=groups.flows[~sized], minlength=n * n)
+    sized_pipeline = np.bincount(pair[sized & pipeline], minlength=n * n) > 0
+    decided = ~sized & (sized_flows[pair] > lumped_flows[pair])
+    pipeline[decided] = sized_pipeline[pair[decided]]
+    return pipeline
 
 
 def _merged_reverse_flows(groups: _Groups, params: ParallelismParams) -> np.ndarray:
@@ -442,7 +561,7 @@ def _merged_reverse_flows(groups: _Groups, params: ParallelismParams) -> np.ndar
     # direction may be merged, and other traffic on the pair is left out of a balanced one
     own = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
     short = own * params.balance < groups.flows
-    units = np.flatnonzero(has_reverse & short & (groups.flows >= params.pipeline_min_flows))
+    units = np.flatnonzero(has_reverse & short & (groups.flows >= params.pipeline_min_flows) & ~groups.lumped)
     span = count[where[units]]
     unit = np.repeat(units, span)
     offset = np.arange(len(unit)) - np.repeat(np.cumsum(span) - span, span)
@@ -454,7 +573,7 @@ def _merged_reverse_flows(groups: _Groups, params: ParallelismParams) -> np.ndar
     echo = np.where(groups.reverse[other] >= 0, groups.flows[groups.reverse[other]], 0)
     whole &= echo * params.balance < groups.flows[other]
     # and merged records recur like the transfers they hold; a garbled size is near some multiple
-    whole &= groups.flows[other] >= params.pipeline_min_flows
+    whole &= (groups.flows[other] >= params.pipeline_min_flows) & ~groups.lumped[other]
     return np.bincount(unit[whole], weights=(np.round(ratio) * groups.flows[other])[whole], minlength=len(groups.flows))
 
 
@@ -475,9 +594,10 @@ def _merged_pipeline_sends(
     n = flows.n_hosts
     pair_of_group = np.minimum(groups.src_host, groups.dst_host) * n + np.maximum(groups.src_host, groups.dst_host)
     unit = np.full(n * n, np.inf)
-    np.minimum.at(unit, pair_of_group[pipeline], groups.size[pipeline].astype(np.float64))
+    sized = pipeline & ~groups.lumped
+    np.minimum.at(unit, pair_of_group[sized], groups.size[sized].astype(np.float64))
     pair = pair_of_group[groups.of_flow]
-    piped = np.isfinite(unit[pair]) & ~pipeline[groups.of_flow]
+    piped = np.isfinite(unit[pair]) & ~pipeline[groups.of_flow] & ~groups.lumped[groups.of_flow]
     if not piped.any():
         return piped
     units = flows.size / unit[pair]

@@ -157,6 +157,11 @@ class ResolutionParams:
     # share; an interval this close to a pair's median one keeps its time, and the
     # autocorrelation's period agrees with the pairs' within this much
     period_tolerance: float = 0.1
+    # share of a flow cache's idle timeout (its profile's `merge_gap_s`); a record starting after
+    # a quiet shorter than this continues one the cache's active timeout cut (a cache leaves no
+    # shorter quiet otherwise), not a major onset: where the idle timeout is longer than every
+    # quiet of a step, a pair's records are active-timeout cuts whose rhythm is the timeout's
+    continued_gap_share: float = 0.5
 
 
 DEFAULT_PARAMS = ResolutionParams()
@@ -380,14 +385,21 @@ class JobResolution:
 
 
 def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
-                   params: ResolutionParams = DEFAULT_PARAMS) -> JobResolution:
+                   params: ResolutionParams = DEFAULT_PARAMS, members: pa.Array | None = None) -> JobResolution:
     """What the job's records of the hour (`flows`: start, end, src_addr, dst_addr,
     sampler_address) can resolve, given the hour's exporter profiles (by address; an exporter
-    without a profile reads as per_transfer: nothing says otherwise)."""
-    period = rhythm_period_s(flows, params)
+    without a profile reads as per_transfer: nothing says otherwise). `members`: the job's
+    addresses; its rhythm is read from the records between them (traffic to storage or a
+    monitoring agent keeps clocks of its own), all records without."""
+    rhythm = flows
+    if members is not None:
+        between = pc.and_(pc.is_in(flows["src_addr"], value_set=members), pc.is_in(flows["dst_addr"], value_set=members))
+        rhythm = flows.filter(pc.fill_null(between, False))
+    period = rhythm_period_s(rhythm, params, _idle_timeouts_ns(rhythm, profiles))
     exporter, names = encoded(flows, "sampler_address", fill=NO_EXPORTER)
     counts = np.bincount(exporter, minlength=len(names)).tolist()
-    one_by_one = {name: count for name, count in zip(names.to_pylist(), counts) if _one_by_one(profiles.get(name))}
+    one_by_one = {name: count for name, count in zip(names.to_pylist(), counts)
+                  if reports_one_by_one(profiles.get(name))}
     # a clock coarser than a share of the step period blurs the boundaries
     resolving = {name for name in one_by_one
                  if period is None or _clock_ns(profiles.get(name)) * 1e-9 <= params.max_clock_share * period}
@@ -451,7 +463,7 @@ def demoted(resolved: JobResolution) -> JobResolution:
                          False)
 
 
-def _one_by_one(profile: ExporterProfile | None) -> bool:
+def reports_one_by_one(profile: ExporterProfile | None) -> bool:
     """Whether the exporter reports transfers one by one (one without a profile: nothing says
     otherwise)."""
     return profile is None or profile.kind in ("per_transfer", "unknown")
@@ -461,8 +473,23 @@ def _clock_ns(profile: ExporterProfile | None) -> int:
     return profile.clock_ns if profile is not None else 1
 
 
-def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) -> float | None:
+def _idle_timeouts_ns(flows: pa.Table, profiles: dict[str, ExporterProfile]) -> np.ndarray | None:
+    """Per record: its exporter's idle timeout (the profile's `merge_gap_s`, ns) where the
+    exporter keeps a flow cache, 0 elsewhere; None when no exporter does."""
+    cached = {name: profile.merge_gap_s for name, profile in profiles.items()
+              if profile.kind == "flow_cache" and profile.merge_gap_s}
+    if not cached or flows.num_rows == 0:
+        return None
+    names = pa.array(sorted(cached), pa.string())
+    row = pc.index_in(pc.fill_null(flows["sampler_address"], NO_EXPORTER), value_set=names).to_numpy(zero_copy_only=False)
+    gaps = np.r_[np.array([cached[name] for name in names.to_pylist()]) * 1e9, 0.0]
+    return gaps[np.where(np.isnan(row.astype(np.float64)), len(names), row).astype(np.int64)]
+
+
+def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS,
+                    idle_timeout_ns: np.ndarray | None = None) -> float | None:
     """The job's step period from the rhythm of its records, or None where they show none.
+    `idle_timeout_ns`: per record, its exporter's flow-cache idle timeout (0 without a cache).
 
     A step shows on every pair once: a DP pair is quiet between its syncs, a PP pair between the
     last send of a step and the first of the next (the pipeline's flush and the sync). So each
@@ -475,7 +502,7 @@ def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
     (`_autocorrelation_period`). The period is the first when the pairs agree with each other
     (`max_pair_spread`), else the second when it agrees with the first (`period_tolerance`); a
     rhythm neither supports is no rhythm."""
-    major = _major_onsets(flows, params)
+    major = _major_onsets(flows, params, idle_timeout_ns)
     if major is None:
         return None
     onsets, owner = major
@@ -507,9 +534,11 @@ def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
     return None
 
 
-def _major_onsets(flows: pa.Table, params: ResolutionParams) -> tuple[np.ndarray, np.ndarray] | None:
+def _major_onsets(flows: pa.Table, params: ResolutionParams,
+                  idle_timeout_ns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """(start ns, pair code) of each pair's major onsets, sorted by pair then time; None when
-    no pair has enough records to tell its quiets apart."""
+    no pair has enough records to tell its quiets apart. A record after a quiet shorter than
+    `continued_gap_share` of its cache's idle timeout continues one the active timeout cut."""
     if flows.num_rows < 2:
         return None
     start = flows["time_flow_start_ns"].to_numpy()
@@ -535,6 +564,10 @@ def _major_onsets(flows: pa.Table, params: ResolutionParams) -> tuple[np.ndarray
     long_gap = np.full(int(pair.max()) + 1, np.inf)
     long_gap[pair[opens[usable]]] = long_quiet[usable].astype(np.float64)
     major = ~first & (quiet >= params.major_gap_share * long_gap[pair])
+    if idle_timeout_ns is not None:
+        major &= ~(quiet < params.continued_gap_share * idle_timeout_ns[order])
+    if not major.any():
+        return None
     return start[major], pair[major]
 
 

@@ -13,6 +13,7 @@ from prism_core.constants import FLOW_FAMILY_BYTES, FLOW_KIND, KIND_CODES, OTHER
 from prism_core.evaluate import jobs as job_scores
 from prism_core.minutes import HOUR_NS
 from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster, Placement
+from prism_core.simulate.exporters import FlowCache, Records
 from prism_core.simulate.scenarios import FaultSpec, JobSpec
 from prism_core.simulate.schedule import plan_job
 from prism_core.simulate.traffic import KIND_NAMES
@@ -20,14 +21,28 @@ from prism_core.simulate.variation import Traits
 from test_recognition import HOUR0, recognize_hours, scenario_flows
 
 SECONDS = 150.0
+CACHE = "172.31.0.1"  # the exporter of simulated_job's records through a flow cache
+UNCACHED = "172.31.0.2"  # and of its records of transfers one by one beside it
 
 
-def simulated_job(spec: JobSpec, seed: int = 0, four_nic_hosts: tuple[int, ...] = ()):
-    """(flows, members, truth pairs by kind) of one job alone on a cluster, SECONDS long; the
-    `four_nic_hosts` have a NIC for every two GPUs (the membership's `gpus` says so)."""
+def simulated_job(spec: JobSpec, seed: int = 0, four_nic_hosts: tuple[int, ...] = (),
+                  flow_cache: tuple[float, float] | None = None, seconds: float = SECONDS,
+                  cached_rails: tuple[int, ...] | None = None):
+    """(flows, members, truth pairs by kind) of one job alone on a cluster, `seconds` long; the
+    `four_nic_hosts` have a NIC for every two GPUs (the membership's `gpus` says so);
+    `flow_cache`: (idle, active) timeouts, s, of a flow cache (the simulator's,
+    prism_core.simulate.exporters.FlowCache) kept by the exporter of the `cached_rails` (CACHE;
+    all rails when None), the other rails' exporter (UNCACHED) reporting transfers one by one."""
     cluster = Cluster(max(spec.hosts) + 1, four_nic_hosts=four_nic_hosts)
-    plan = plan_job(0, spec, cluster, SECONDS, seed)
-    batch = plan.flows(-np.inf, SECONDS, np.random.default_rng(seed))
+    plan = plan_job(0, spec, cluster, seconds, seed)
+    batch = plan.flows(-np.inf, seconds, np.random.default_rng(seed))
+    if flow_cache is not None:
+        idle, active = flow_cache
+        uncached = np.zeros(len(batch.start), bool) if cached_rails is None else ~np.isin(
+            batch.src % GPUS_PER_HOST, cached_rails)
+        records = Records.of_transfers(batch, uncached.astype(np.int32))
+        cache = FlowCache(np.array([idle]), np.array([active]))
+        batch = Records.concat([cache.update(records.take(~uncached), np.inf), records.take(uncached)])
 
     def ns(seconds):
         return HOUR0 + np.round(seconds * 1e9).astype(np.int64)
@@ -41,6 +56,8 @@ def simulated_job(spec: JobSpec, seed: int = 0, four_nic_hosts: tuple[int, ...] 
             "bytes": batch.nbytes,
         }
     )
+    if flow_cache is not None:
+        flows = flows.append_column("sampler_address", pa.array(np.array([CACHE, UNCACHED])[batch.exporter], pa.string()))
     nics = np.unique(cluster.gpu_nic[Placement.of(spec.hosts, spec.first_gpu, spec.gpus_per_host).gpus])
     members = pa.table(
         {
@@ -49,7 +66,7 @@ def simulated_job(spec: JobSpec, seed: int = 0, four_nic_hosts: tuple[int, ...] 
             "host": [cluster.host_name(h) for h in nics // GPUS_PER_HOST],
             "gpu": pa.array(nics % GPUS_PER_HOST, pa.int32()),
             "first_ns": np.full(nics.size, HOUR0),
-            "last_ns": np.full(nics.size, ns(np.array(SECONDS + 60.0))),
+            "last_ns": np.full(nics.size, ns(np.array(seconds + 60.0))),
         }
     )
     if four_nic_hosts:
@@ -273,6 +290,35 @@ def test_merged_pipeline_sends_keep_their_pairs():
     found = parallelism.identify_parallelism("job", through_a_flow_cache(flows, 4), members)
     assert (found.dp, found.pp) == (spec.dp, spec.pp)
     assert pairs_of(found, "pp") == truth["pp"]
+
+
+@pytest.mark.parametrize("shape", ["tree", "ring, tied embeddings", "stages inside a host",
+                                   "deep pipeline, 16 micro-batches", "zero on two hosts"])
+def test_a_flow_cache_longer_than_the_quiet_in_a_step_keeps_pp_and_dp_pairs(shape):
+    # every exporter keeps a flow cache with a 1 s idle and a 60 s active timeout (issue #18):
+    # a pipeline's sends merge into records spanning the step's compute, or running on to the
+    # active timeout, that overlap any reverse traffic; a DP sync's records sit at the step's end,
+    # and ZeRO's gathers on two hosts run on both ways at once
+    spec = SHAPES[shape]
+    flows, members, truth = simulated_job(spec, flow_cache=(1.0, 60.0))
+    found = parallelism.identify_parallelism("job", flows, members, cached_exporters={CACHE})
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+
+
+@pytest.mark.parametrize("shape", ["tree", "tree over two-host stages, checkpoint"])
+def test_transfers_reported_one_by_one_decide_beside_one_rails_merged_records(shape):
+    # one rail's cache idles out after 15 s, longer than the 3 s steps: its records run from
+    # step to step, DP syncs and pipeline sends alike (a tree's reduce opens before its broadcast
+    # and the broadcast closes after it, as a pipeline's forward and backward records do); the
+    # other rails report each transfer, and their groups decide each host pair's kind
+    spec = SHAPES[shape]
+    flows, members, truth = simulated_job(spec, flow_cache=(15.0, 60.0), cached_rails=(0,))
+    found = parallelism.identify_parallelism("job", flows, members, cached_exporters={CACHE})
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
 
 
 def through_sflow(flows: pa.Table, rate: int, seed: int = 0) -> pa.Table:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from prism_core.analysis import analyze_hour
+from prism_core.analysis import analyze_hour, silent_resolution
 from prism_core.minutes import HOUR_NS
 from prism_core.resolution import (
     EXPORTER_KINDS,
@@ -202,6 +202,46 @@ def test_steps_are_resolved_from_the_exporters_that_report_transfers():
     cached = job_resolution(table, {p.sampler_address: replace(p, kind="flow_cache") for p in (cache, each)})
     assert cached.resolution == "period"
     assert cached.period_s == pytest.approx(3.0, rel=0.02)
+
+
+def test_records_cut_only_by_a_caches_active_timeout_show_no_period():
+    # a pipeline whose quiet gaps are all shorter than the cache's 1 s idle timeout: each queue
+    # pair's records run to the 60 s active timeout, the next starting after a 0.1-0.5 s gap;
+    # monitoring agents poll each member every 15 s (issue #18: the timeout's rhythm or the
+    # agent's was reported as the step period)
+    rng = np.random.default_rng(8)
+    members = [f"10.0.0.{k}" for k in range(8)]
+    parts = []
+    for k in range(4):
+        starts = T0 + np.arange(10) * 60 * SECOND + rng.integers(100 * MS, 500 * MS, 10)
+        for src, dst in ((members[k], members[k + 4]), (members[k + 4], members[k])):
+            parts.append(records(starts, starts + 60 * SECOND - 300 * MS, "10.255.0.1", src=src, dst=dst,
+                                 nbytes=rng.integers(10**9, 2 * 10**9, 10)))
+    for member in members:
+        for agent in ("10.250.0.1", "10.250.0.2", "10.250.0.3"):
+            polls = T0 + np.arange(40) * 15 * SECOND + rng.integers(0, 20 * MS, 40)
+            parts.append(records(polls, polls + 5 * MS, "10.255.0.1", src=member, dst=agent))
+    table = pa.concat_tables(parts)
+    cache = ExporterProfile("10.255.0.1", table.num_rows, "flow_cache", 1, 0.0, 1, 1.0, 60.0)
+    resolved = job_resolution(table, {cache.sampler_address: cache}, members=pa.array(members))
+    assert (resolved.resolution, resolved.period_s) == ("jobs_only", None)
+
+
+def test_a_silent_hour_closes_a_step_only_as_resolved_as_the_records_carried_for_it():
+    # the hour before ran its timeline on a cache's records (no steps reported); the job is silent
+    # now, and the step those records leave open is no more resolved than they were
+    cache = ExporterProfile("10.255.0.1", 800, "flow_cache", 1, 0.0, 1, 1.0, 60.0)
+    each = ExporterProfile("10.255.0.2", 6400, "per_transfer", 1, 0.0, 1, 1e-6, 0.02)
+    profiles = {p.sampler_address: p for p in (cache, each)}
+
+    def carrying(*exporters: str) -> dict:
+        return {"carry": {"exporters": list(exporters)}}
+
+    assert silent_resolution(carrying("10.255.0.1"), profiles).resolution == "jobs_only"
+    assert silent_resolution(carrying("10.255.0.2", "10.255.0.1"), profiles).resolution == "jobs_only"
+    assert silent_resolution(carrying("10.255.0.2"), profiles).resolution == "steps"
+    assert silent_resolution({"carry": None}, profiles).resolution == "steps"
+    assert silent_resolution(None, None).resolution == "steps"
 
 
 def test_stragglers_and_slow_links_need_every_transfer_timed():
