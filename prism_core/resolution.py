@@ -384,6 +384,9 @@ class JobResolution:
     transfers_timed: bool  # the records time single transfers (`transfer_issue_kinds` shown)
 
 
+RHYTHM_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "sampler_address")
+
+
 def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
                    params: ResolutionParams = DEFAULT_PARAMS, members: pa.Array | None = None) -> JobResolution:
     """What the job's records of the hour (`flows`: start, end, src_addr, dst_addr,
@@ -393,8 +396,10 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     monitoring agent keeps clocks of its own), all records without."""
     rhythm = flows
     if members is not None:
-        between = pc.and_(pc.is_in(flows["src_addr"], value_set=members), pc.is_in(flows["dst_addr"], value_set=members))
-        rhythm = flows.filter(pc.fill_null(between, False))
+        between = pc.fill_null(pc.and_(pc.is_in(flows["src_addr"], value_set=members),
+                                       pc.is_in(flows["dst_addr"], value_set=members)), False)
+        if not pc.all(between).as_py():  # a copy of what the rhythm reads, only where it is not all of it
+            rhythm = flows.select(RHYTHM_COLUMNS).filter(between)
     period = rhythm_period_s(rhythm, params, _idle_timeouts_ns(rhythm, profiles))
     exporter, names = encoded(flows, "sampler_address", fill=NO_EXPORTER)
     counts = np.bincount(exporter, minlength=len(names)).tolist()
