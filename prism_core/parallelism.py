@@ -282,8 +282,7 @@ class _InternalFlows:
         if len(cached_exporters) and "sampler_address" in job_flows.column_names:
             exporters = pa.array(sorted(cached_exporters), pa.string())
             # the cached exporters numbered from 1, any other 0
-            exporter = pc.fill_null(pc.index_in(job_flows["sampler_address"], value_set=exporters), -1).to_numpy(
-                zero_copy_only=False)[inside].astype(np.int64) + 1
+            exporter = lookup(job_flows, "sampler_address", exporters)[inside].astype(np.int64) + 1
             cached = (exporter > 0) & ~sampled
         return cls(
             src_host=host_code[src],
@@ -350,11 +349,11 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
     # many transfers last long enough to overlap anything else on the pair. A sampled record is
     # one packet's time in a transfer of unknown size: any reverse traffic answers it.
     answered = reverse_in_flight(of_flow, reverse[of_flow], flows.start, flows.end, params.in_flight_slack_ns)
-    if any_continuous:
+    if any_continuous or any_sampled:
         reverse_direction = flows.dst_host * n_hosts + flows.src_host
+    if any_continuous:
         answered[continuous] = _reverse_open_at_both_ends(direction, reverse_direction, flows, continuous, params)
     if any_sampled:
-        reverse_direction = flows.dst_host * n_hosts + flows.src_host
         slack = np.maximum(params.in_flight_slack_ns, _sampling_interval(direction, flows)[reverse_direction])
         on_pair = reverse_in_flight(direction, reverse_direction, flows.start, flows.end, slack.astype(np.int64))
         answered = np.where(flows.sampled, on_pair, answered)

@@ -39,8 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import (
-    MAD_TO_SIGMA, combination_ids, encoded, kth_within_groups, sorted_within_groups, stable_order, unique_counts,
-    unique_inverse,
+    CODES_SUFFIX, MAD_TO_SIGMA, combination_ids, encoded, filter_rows, kth_within_groups, lookup, sorted_within_groups,
+    stable_order, unique_counts, unique_inverse,
 )
 from prism_core.schema import ISSUE_KINDS
 
@@ -396,10 +396,10 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     monitoring agent keeps clocks of its own), all records without."""
     rhythm = flows
     if members is not None:
-        between = pc.fill_null(pc.and_(pc.is_in(flows["src_addr"], value_set=members),
-                                       pc.is_in(flows["dst_addr"], value_set=members)), False)
-        if not pc.all(between).as_py():  # a copy of what the rhythm reads, only where it is not all of it
-            rhythm = flows.select(RHYTHM_COLUMNS).filter(between)
+        between = (lookup(flows, "src_addr", members) >= 0) & (lookup(flows, "dst_addr", members) >= 0)
+        if not between.all():  # a copy of what the rhythm reads (and its codes), only where it is not all of it
+            read = [name for name in flows.column_names if name.removesuffix(CODES_SUFFIX) in RHYTHM_COLUMNS]
+            rhythm = filter_rows(flows.select(read), between)
     period = rhythm_period_s(rhythm, params, _idle_timeouts_ns(rhythm, profiles))
     exporter, names = encoded(flows, "sampler_address", fill=NO_EXPORTER)
     counts = np.bincount(exporter, minlength=len(names)).tolist()
@@ -486,9 +486,8 @@ def _idle_timeouts_ns(flows: pa.Table, profiles: dict[str, ExporterProfile]) -> 
     if not cached or flows.num_rows == 0:
         return None
     names = pa.array(sorted(cached), pa.string())
-    row = pc.index_in(pc.fill_null(flows["sampler_address"], NO_EXPORTER), value_set=names).to_numpy(zero_copy_only=False)
     gaps = np.r_[np.array([cached[name] for name in names.to_pylist()]) * 1e9, 0.0]
-    return gaps[np.where(np.isnan(row.astype(np.float64)), len(names), row).astype(np.int64)]
+    return gaps[lookup(flows, "sampler_address", names, fill=NO_EXPORTER)]  # -1, not cached: the 0 at the end
 
 
 def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS,
