@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from prism_core.arrays import stable_order
+from prism_core.arrays import first_beyond_in_group, stable_order
 from prism_core.timeline.params import TimelineParams
 
 MAX_GRID_CELLS = 1 << 22  # ranges x pairs (or exporters) looked up at once: bounds the memory of a batch
@@ -120,12 +120,12 @@ class RowIndex:
         row starting more than `transfer_ns` after it (len(self) where none)."""
         if self._by_pair is None:
             self._by_pair = _FirstOfEach(self.pair)
-            later = self.positions(self.start + self.params.transfer_ns, side="right")
-            # asked in the index's own (pair, position) order the lookups come sorted, which
-            # binary search serves from its cache: the same answers, several times faster
             order = self._by_pair.order
             self._next_send = np.empty(len(self), np.int64)
-            self._next_send[order] = self._by_pair.first_at_or_after(later[order], self.pair[order])
+            # one search among the pair's own rows by start, not one for a position among all rows and
+            # another for the pair's first row at or after it
+            beyond = first_beyond_in_group(self.pair[order], self.start[order], self.params.transfer_ns)
+            self._next_send[order] = np.r_[order, len(self)][beyond]
         return self._by_pair, self._next_send
 
 
