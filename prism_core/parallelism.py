@@ -464,6 +464,16 @@ def family_sizes(nbytes: np.ndarray, params: ParallelismParams = DEFAULT_PARAMS)
     return smallest[family]
 
 
+def family_codes(nbytes: np.ndarray, params: ParallelismParams = DEFAULT_PARAMS) -> np.ndarray:
+    """Each flow's size family numbered in order of its smallest size: `unique_inverse` of
+    `family_sizes`, without hashing every flow's size again (each family's smallest size is its
+    own, so the few families are ranked instead)."""
+    smallest, family = size_families(nbytes, params.size_tolerance, params.pipeline_min_flows)
+    rank = np.empty(len(smallest), np.int64)
+    rank[np.argsort(smallest)] = np.arange(len(smallest))
+    return rank[family]
+
+
 def reverse_in_flight(
     direction: np.ndarray, reverse: np.ndarray, start: np.ndarray, end: np.ndarray,
     slack_ns: int | np.ndarray = DEFAULT_PARAMS.in_flight_slack_ns,

@@ -364,6 +364,18 @@ def test_sizes_that_do_not_recur_chain_no_families():
     assert widest <= 1.02
 
 
+def test_family_codes_number_families_by_their_smallest_size():
+    """Recurring sizes, lone ones between and below them (whose families come first by size, not by
+    where the recurring ones are numbered): the families' smallest sizes ranked, as np.unique would."""
+    rng = np.random.default_rng(3)
+    sizes = np.r_[rng.choice([4_000, 4_020, 90_000, 90_500], 400), rng.integers(1_000, 200_000, 50)]
+    rng.shuffle(sizes)
+    codes = parallelism.family_codes(sizes)
+    assert np.array_equal(codes, np.unique(parallelism.family_sizes(sizes), return_inverse=True)[1])
+    assert codes[sizes == 4_000][0] == codes[sizes == 4_020][0] and len(np.unique(codes)) > 4
+    assert len(parallelism.family_codes(sizes[:0])) == 0
+
+
 def test_flows_sent_outside_membership_are_ignored():
     spec = SHAPES["ring, tied embeddings"]
     flows, members, _ = simulated_job(spec)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from prism_core import waste
-from prism_core.arrays import KeyGroups, combined_key, group_median, group_mode, group_reduce, time_segments, unique_inverse
+from prism_core.arrays import KeyGroups, combined_key, group_median, group_mode, group_reduce, time_segments
 from prism_core.constants import DP, PP, UNCLASSIFIED
-from prism_core.parallelism import family_sizes
+from prism_core.parallelism import family_codes
 
 from .baseline import Baseline
 from .issues import Issue
@@ -51,7 +51,7 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     sel = (job.step >= 0) & (job.kind != UNCLASSIFIED) & (job.nbytes >= params.throughput_min_bytes) & (seconds > 0)
     sel &= ~(excluded | job.split)[np.maximum(job.step, 0)]
     step, rate = job.step[sel], job.nbytes[sel] / np.maximum(seconds[sel], 1e-9)
-    size = unique_inverse(family_sizes(job.nbytes[sel]))[1]  # header bytes make each record's count its own
+    size = family_codes(job.nbytes[sel])  # header bytes make each record's count its own
     ratio = rate / _usual_rate(step, size, rate)
     src, dst = job.src[sel], job.dst[sel]
     flows = (step, src, dst, ratio)
@@ -240,7 +240,7 @@ def pipeline_delay(job: JobHour, code: int, steps: np.ndarray, params: Diagnosis
     if not len(idx):
         return None
     # transfers: flows of one pair and size within launch skew of each other
-    size = unique_inverse(family_sizes(job.nbytes[idx]))[1]
+    size = family_codes(job.nbytes[idx])
     pair_step = combined_key(job.step[idx], job.src[idx], job.dst[idx], size)
     order = np.lexsort((job.start[idx], pair_step))
     idx, pair_step, size = idx[order], pair_step[order], size[order]

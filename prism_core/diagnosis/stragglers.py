@@ -19,10 +19,9 @@ import numpy as np
 from prism_core import waste
 from prism_core.arrays import (
     MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_median, group_mode, group_reduce, stable_order,
-    unique_inverse,
 )
 from prism_core.constants import PP
-from prism_core.parallelism import family_sizes
+from prism_core.parallelism import family_codes
 
 from .baseline import Baseline
 from .issues import Issue
@@ -45,7 +44,7 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     host = job.host_of_addr[job.src[sel]]
     # a transfer class: kind, size and direction along the pipeline (forward or backward)
     direction = np.sign(job.stage_of_host[job.host_of_addr[job.dst[sel]]] - job.stage_of_host[host]) + 1
-    size = unique_inverse(family_sizes(job.nbytes[sel]))[1]  # header bytes make each record's count its own
+    size = family_codes(job.nbytes[sel])  # header bytes make each record's count its own
     kind = combined_key(job.kind[sel], size, direction)
     step, start, pipeline = job.step[sel], job.start[sel], job.kind[sel] == PP
     sender_group = combined_key(step, kind, host)
