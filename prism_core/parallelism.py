@@ -808,23 +808,25 @@ def warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> 
     base = int(start.min())
     width = int(start.max()) - base + 1
     key = pair * width + (start - base)
-    if np.all(start[1:] >= start[:-1]):
-        # flows usually come in start order: ordered by pair alone (linear passes) the keys are
-        # sorted, and the lone flows asked in that order keep the search cache-friendly
-        by_key = stable_order(pair, scattered=True)
-        key, answered_by_key = key[by_key], answered[by_key]
-        exchanges, at, lone = key[answered_by_key], key[~answered_by_key], by_key[~answered_by_key]
-    else:
-        exchanges, lone = np.sort(key[answered]), np.flatnonzero(~answered)
-        at = key[lone]
-    after = np.searchsorted(exchanges, at)
-    previous = np.where(after > 0, exchanges[np.maximum(after - 1, 0)], -1)
-    following = np.where(after < len(exchanges), exchanges[np.minimum(after, len(exchanges) - 1)], -1)
-    block = pair[lone] * width  # this pair's exchanges lie in [block, block + width)
+    # flows usually come in start order: then ordered by pair alone (linear passes) the keys are sorted
+    by_key = stable_order(pair, scattered=True) if np.all(start[1:] >= start[:-1]) else np.argsort(key, kind="stable")
+    key, answered = key[by_key], answered[by_key]
+    # per flow in key order, the last exchange's key at or before it and the first's at or after
+    # it: two running extremes instead of a search per lone flow among the exchanges
+    previous = np.where(answered, key, -1)
+    np.maximum.accumulate(previous, out=previous)
+    following = np.where(answered, key, np.iinfo(np.int64).max)
+    following = np.minimum.accumulate(following[::-1])[::-1]
+    lone = np.flatnonzero(~answered)
+    at, previous, following = key[lone], previous[lone], following[lone]
+    block = at - at % width  # this pair's exchanges lie in [block, block + width)
     far = 2 * width  # no exchange on that side
     since = np.where(previous >= block, at - previous, far)
-    until = np.where((following >= block) & (following < block + width), following - at, far)
-    vote[lone] = np.sign(since - until)
+    until = np.where(following < block + width, following - at, far)
+    # an exchange starting with the lone flow follows it, whichever of the two the order put first
+    tied = previous == at
+    since[tied], until[tied] = far, 0
+    vote[by_key[lone]] = np.sign(since - until)
     return vote
 
 

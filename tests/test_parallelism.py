@@ -376,6 +376,26 @@ def test_family_codes_number_families_by_their_smallest_size():
     assert len(parallelism.family_codes(sizes[:0])) == 0
 
 
+@pytest.mark.parametrize("in_order", [True, False])
+def test_warm_up_votes_weigh_the_nearest_exchanges_of_the_pair(in_order):
+    """Lone flows among exchanges of a few pairs, starts often tied: each lone flow votes by which of
+    its pair's nearest exchanges is closer (one at its own start follows it), as a flow-by-flow
+    search says."""
+    rng = np.random.default_rng(8)
+    pair, start = rng.integers(0, 4, 3_000), rng.integers(0, 400, 3_000)
+    start = np.sort(start) if in_order else start
+    answered = rng.random(len(pair)) < 0.6
+    expected = np.zeros(len(pair))
+    for i in np.flatnonzero(~answered):
+        mine = start[answered & (pair == pair[i])]
+        before, after = mine[mine < start[i]], mine[mine >= start[i]]
+        since = start[i] - before.max() if len(before) else 1 << 40
+        until = after.min() - start[i] if len(after) else 1 << 40
+        expected[i] = np.sign(since - until)
+    votes = parallelism.warm_up_votes(pair, start, answered)
+    assert np.array_equal(votes, expected) and (votes > 0).any() and (votes < 0).any()
+
+
 def test_flows_sent_outside_membership_are_ignored():
     spec = SHAPES["ring, tied embeddings"]
     flows, members, _ = simulated_job(spec)
