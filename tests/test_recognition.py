@@ -767,3 +767,20 @@ def test_a_job_behind_flow_caches_is_one_job_with_one_id_across_hours():
     assert [r["n_gpus"] for r in cached.values()] == [32]
     assert [r["job_id"] for r in second.jobs.to_pylist() if r["n_hosts"] == 4] == list(cached)
     assert sorted(r["n_hosts"] for r in first.jobs.to_pylist()) == [2, 4]
+
+
+@pytest.mark.parametrize(("runs_on_s", "one_job"), [(6.0, True), (0.0, False)], ids=["records-run-on", "records-end"])
+def test_rails_whose_cache_sums_recur_are_one_job_only_where_their_records_run_past_the_minute(runs_on_s, one_job):
+    # Each rail's leaf merges a step's transfers into one record: the sums recur on the rail
+    # (sized), but each leaf's timeouts give its own sum, and rails 4-7 are cut at their leaves'
+    # own moments (out of step, no size in common). Records that run on past their minute's end
+    # (a cache holding the flow) show neither when the rail's traffic starts nor when it ends:
+    # the rails' shared life decides. Ending inside the minute, they are timed: out of step, apart.
+    rows = []
+    for rail in range(8):
+        cut = rail >= 4
+        rows += [dict(row, bytes=row["top_size"] * 6) for row in ring(
+            [0, 1, 2, 3], range(30, 50), 50_000_000 + 3_000_000 * rail, rails=[rail], flows=6,
+            first_s=0.4 + (5.3 * rail if cut else 0.0), last_s=(59.9 + runs_on_s) if cut else 59.9)]
+    (_, found), = recognize_hours(table(rows), inventory(4))
+    assert sorted(r["n_gpus"] for r in found.jobs.to_pylist()) == ([32] if one_job else [4, 4, 4, 4, 16])

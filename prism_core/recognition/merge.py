@@ -11,6 +11,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from prism_core.arrays import group_median, time_segments
+from prism_core.minutes import MINUTE_NS
 from prism_core.recognition.params import RecognitionParams
 
 
@@ -105,7 +106,13 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, param
     exact_share = np.bincount(edge_life, weights=graph.edge_exact, minlength=n_lives) / np.maximum(
         np.bincount(edge_life, minlength=n_lives), 1)
     sized = exact_share >= params.sized_share
-    return in_step[meeting] | shared | (out_of_step & ~(sized[life_a] & sized[life_b]))
+    # nor, where its records run on past their minute's end (a flow cache's merges, cut by the
+    # active timeout at the phase of the rail's own leaf), when its traffic starts and ends
+    unended = last_ns > (first_ns // MINUTE_NS + 1) * MINUTE_NS + tolerance
+    timed = np.bincount(life, weights=~unended, minlength=n_lives) / np.maximum(
+        np.bincount(life, minlength=n_lives), 1) >= params.sized_share
+    judged = sized & timed
+    return in_step[meeting] | shared | (out_of_step & ~(judged[life_a] & judged[life_b]))
 
 
 def _life_gaps(anchor: np.ndarray, first_ns: np.ndarray, last_ns: np.ndarray, params: RecognitionParams) -> np.ndarray:

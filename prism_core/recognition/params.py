@@ -50,7 +50,9 @@ class RecognitionParams:
     # threshold, share of a part's rows this hour: a part is told by its sizes only when at least
     # this share of its rows carry a size recurring byte for byte; behind flow caches (sums),
     # packet samplers (estimates) and header-counting exporters sizes tell nothing, and the parts
-    # on the same hosts living the same life are one job.
+    # on the same hosts living the same life are one job. Likewise by its timing only when this
+    # share of its minutes end their records within the minute (`in_step_ns`): a cache holding a
+    # flow past the minute shows neither when the part's traffic starts nor when it ends.
     sized_share: float = 0.5
     # threshold, ns: pauses up to this long inside one NIC's traffic of a minute are bridged; longer
     # ones separate a job that stopped from one that started on the same hosts within the minute.
