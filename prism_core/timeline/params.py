@@ -31,6 +31,9 @@ class TimelineParams:
     # least this many come between two of its bursts (the median): a step's forward and backward
     # of a micro-batch at least (phases._exchange_marks_steps)
     marker_sends: int = 2
+    # share; a pipeline's turns are misread where they mark fewer than this share of the longer gaps
+    # that part its steps without them (phases._turns_misread)
+    min_turn_share: float = 0.5
     # share; the irregularity a class of one gap would have to beat (few gaps look regular by luck)
     small_sample_penalty: float = 0.2
     # ratio; no step carries more than this many times the sync flows of its neighbours

@@ -76,9 +76,19 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     candidate_of_burst = np.cumsum(heavy) - 1
     on_candidate = heavy[burst]
     by_turns = pipeline and not has_dp and not by_exchange
-    turn = _pipeline_turns(traffic, signal, burst) if by_turns else np.ones(len(gaps), bool)
-    gap_threshold_ns = boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
-                                              traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params)
+    every_gap = np.ones(len(gaps), bool)
+
+    def threshold(eligible: np.ndarray) -> float:
+        return boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
+                                      traffic.bulk_writes, gap_threshold_ns, eligible, steps_to_learn, params)
+
+    turn = _pipeline_turns(traffic, signal, burst) if by_turns else every_gap
+    turn_threshold_ns = threshold(turn)
+    if by_turns:
+        alone_threshold_ns = threshold(every_gap)
+        if _turns_misread(turn, gaps, turn_threshold_ns, alone_threshold_ns, steps_to_learn, params):
+            turn, turn_threshold_ns = every_gap, alone_threshold_ns
+    gap_threshold_ns = turn_threshold_ns
     between_phases = turn & (gaps >= gap_threshold_ns)
     # phase p holds candidates[first[p]:first[p + 1]]
     first = np.r_[0, np.flatnonzero(between_phases) + 1] if len(candidates) else np.empty(0, int)
@@ -290,6 +300,22 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
         return np.full(len(lo), -1, np.int64)
     maxima = np.maximum.reduceat(np.r_[values, -1], np.stack([lo, hi], axis=1).ravel())[::2]
     return np.where(hi > lo, maxima, -1)
+
+
+def _turns_misread(turn: np.ndarray, gaps: np.ndarray, turn_threshold_ns: float, alone_threshold_ns: float,
+                   steps_to_learn: int, params: TimelineParams) -> bool:
+    """Whether a pipeline's turns (`_pipeline_turns`) are misread, so that its steps are parted by
+    the gaps alone: they are read from the overlap of a link's two directions and of its rails,
+    each on its own exporter, and exporters whose clocks are tens of ms apart (drift) shift that
+    overlap. Then the gaps that part steps without the turns (`alone_threshold_ns`) and are as
+    long as the turns' cut mostly do not turn (`min_turn_share`), where those gaps are longer
+    than the turns' cut (they lie inside the steps the turns would make) or the turns part too
+    few steps to learn from. A warm-up's long micro-batch gaps do not turn either, but there the
+    turns part the steps and the gaps alone cut below them."""
+    long = gaps >= max(turn_threshold_ns, alone_threshold_ns)
+    if long.sum() < steps_to_learn or np.mean(turn[long]) >= params.min_turn_share:
+        return False
+    return alone_threshold_ns > turn_threshold_ns or np.sum(turn & (gaps >= turn_threshold_ns)) < steps_to_learn
 
 
 def _pipeline_turns(traffic: Traffic, rows: np.ndarray, burst: np.ndarray) -> np.ndarray:

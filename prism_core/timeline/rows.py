@@ -91,9 +91,9 @@ class RowIndex:
         return t1, forward, found
 
     def last_before_reply(self, lo: np.ndarray, link_of_pair: np.ndarray, reverse: np.ndarray) -> np.ndarray:
-        """Per position in `lo`: the start of the last row on its row's link (`link_of_pair`) before
-        the first row at or after it on the reverse link (`reverse`, per link), -1 where no row
-        comes back. O(log n) per position."""
+        """Per position in `lo`: the position of the last row on its row's link (`link_of_pair`)
+        before the first row at or after it on the reverse link (`reverse`, per link), -1 where no
+        row comes back. O(log n) per position."""
         if not len(self):
             return np.full(len(lo), -1, np.int64)
         link = link_of_pair[self.pair]
@@ -102,7 +102,13 @@ class RowIndex:
         back = reverse[link[lo]]
         reply = by_link.first_at_or_after(lo, back)
         last = by_link.last_before(reply, link[lo])
-        return np.where((reply < len(self)) & (last >= lo), self.start[np.maximum(last, 0)], -1)
+        return np.where((reply < len(self)) & (last >= lo), last, -1)
+
+    def first_of_pair(self, lo: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Per position in `lo`: the first position at or after it holding the pair of the row at
+        the matching position of `positions` (len(self) where none)."""
+        by_pair, _ = self._pair_index()
+        return by_pair.first_at_or_after(lo, self.pair[positions])
 
     def last_sending_before(self, position: int, until: int) -> int:
         """The last position before `position` whose pair sends again before position `until`
