@@ -106,7 +106,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     # the same collective again moves the same transfer sizes: another gradient bucket, or the
     # all-gather of the shards a reduce-scatter left (ZeRO-1/2); a parameter gather moves the
     # parameters' sizes, however close its bytes come to the gradients'
-    all_gather = shapes.same_flows & (np.abs(shapes.repeated - 1.0) <= params.same_shape) & shapes.same_sizes
+    all_gather = ((shapes.same_flows & (np.abs(shapes.repeated - 1.0) <= params.same_shape)) | shapes.same_but_lost)
+    all_gather &= shapes.same_sizes
     repeats = (shapes.repeated >= params.repeat_share) & ~all_gather
     # a different collective on the same pairs right after the optimizer: the next step's ZeRO-3
     # parameter gather, its first traffic, not part of this sync (one like the burst before it is
@@ -146,19 +147,38 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     closed = np.ones(len(first), bool)
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
-    return Phases(flows, start_ns, close, nbytes, np.bincount(phase[kept], minlength=len(first)).astype(float),
-                  _whole_otherwise(traffic, flows, signal, close, params),
+    nflows = np.bincount(phase[kept], minlength=len(first)).astype(float)
+    return Phases(flows, start_ns, close, nbytes, nflows,
+                  _whole_otherwise(traffic, flows, signal, start_ns, close, nbytes, nflows, params),
                   after_optimizer, gather_start_ns, before_gather, scatter_start_ns, opens_step,
                   closed, *_what_follows(traffic, flows, close, has_dp, burst, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
 
-def _whole_otherwise(traffic: Traffic, flows: list[np.ndarray], signal: np.ndarray, close: np.ndarray,
-                     params: TimelineParams) -> np.ndarray:
+def _whole_otherwise(traffic: Traffic, flows: list[np.ndarray], signal: np.ndarray, start: np.ndarray,
+                     close: np.ndarray, nbytes: np.ndarray, nflows: np.ndarray, params: TimelineParams) -> np.ndarray:
     """Per phase short of a usual phase's bytes, whether it still closes a whole step: on most
-    exporters (`_whole_on_most_exporters`), or over the step (`_whole_since_previous`)."""
-    return _whole_on_most_exporters(traffic, flows, params) | _whole_since_previous(traffic, signal, close, params)
+    exporters (`_whole_on_most_exporters`), over its usual span (`_whole_over_its_span`), or over
+    the step (`_whole_since_previous`)."""
+    return (_whole_on_most_exporters(traffic, flows, params) | _whole_over_its_span(start, close, nbytes, nflows, params)
+            | _whole_since_previous(traffic, signal, close, params))
+
+
+def _whole_over_its_span(start: np.ndarray, close: np.ndarray, nbytes: np.ndarray, nflows: np.ndarray,
+                         params: TimelineParams) -> np.ndarray:
+    """Per phase, whether it lasted a usual phase (at least `usual_span_share` of the median span)
+    and carries at least 1 - `lost_share` of the usual bytes and flows (medians over the hour's
+    phases, `steps_to_learn` of them at least). Lost export datagrams take records out of a
+    collective, not its time: a sync whose records all pass one exporter has no other exporter to
+    show it whole. A phase cut short by a failure ends early; one split by a pause holds part of
+    the span."""
+    if len(close) < params.steps_to_learn:
+        return np.zeros(len(close), bool)
+    span = close - start
+    kept = 1.0 - params.lost_share
+    return ((span >= params.usual_span_share * np.median(span)) & (nbytes >= kept * np.median(nbytes))
+            & (nflows >= kept * np.median(nflows)))
 
 
 def _whole_since_previous(traffic: Traffic, signal: np.ndarray, close: np.ndarray, params: TimelineParams) -> np.ndarray:
@@ -417,10 +437,13 @@ class _Shapes:
     # families the earlier bursts moved too
     same_burst: np.ndarray  # bool: it moves the bytes of the burst before it in as many flows (within
     # `same_shape`): one gradient bucket after another
+    same_but_lost: np.ndarray  # bool: its flows' mean size is the earlier bursts' (on its pairs, within
+    # `same_shape`), and either holds at least 1 - `lost_share` of the other's flows: the same
+    # collective again, one side short of the records a lost export datagram took
 
     @classmethod
     def none(cls, n_phases: int) -> _Shapes:
-        return cls(np.zeros(n_phases), *(np.zeros(n_phases, bool) for _ in range(4)))
+        return cls(np.zeros(n_phases), *(np.zeros(n_phases, bool) for _ in range(5)))
 
 
 def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_phase: np.ndarray, in_last: np.ndarray,
@@ -447,8 +470,13 @@ def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_ph
     earlier_bytes, last_bytes = traffic.nbytes[earlier_rows], traffic.nbytes[last_rows]
     repeated_bytes = per_phase(earlier_phase, earlier_bytes * repeated)
     share = np.divide(repeated_bytes, per_phase(last_phase, last_bytes), out=np.zeros(n_phases), where=several)
-    flows_ratio = per_phase(earlier_phase, repeated) / per_phase(last_phase)
+    repeated_flows, last_flows = per_phase(earlier_phase, repeated), per_phase(last_phase)
+    flows_ratio = repeated_flows / last_flows
     same_flows = several & (np.abs(flows_ratio - 1.0) <= params.same_shape)
+    # a lost datagram takes whole records: the flows left keep their sizes, not their count
+    mean_size_ratio = np.divide(share, flows_ratio, out=np.zeros(n_phases), where=flows_ratio > 0)
+    kept = np.minimum(repeated_flows, last_flows) / np.maximum(repeated_flows, last_flows)
+    same_but_lost = several & (np.abs(mean_size_ratio - 1.0) <= params.same_shape) & (kept >= 1.0 - params.lost_share)
     every_pair = several & (repeated_bytes >= (1.0 - params.same_shape) * per_phase(earlier_phase, earlier_bytes))
     # the last burst's flows in a size family of its phase's earlier bursts
     family_key = combined_key(phase, unique_inverse(traffic.family[signal])[1])
@@ -459,7 +487,7 @@ def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_ph
     bytes_ratio = b_bytes[final] / np.maximum(b_bytes[before], 1)
     same_burst = several & (np.abs(b_flows[final] / b_flows[before] - 1.0) <= params.same_shape)
     same_burst &= np.abs(bytes_ratio - 1.0) <= params.same_shape
-    return _Shapes(share, same_flows, every_pair, same_sizes, same_burst)
+    return _Shapes(share, same_flows, every_pair, same_sizes, same_burst, same_but_lost)
 
 
 def bursts(start: np.ndarray, end: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
