@@ -397,7 +397,8 @@ def test_a_pipeline_whose_replicas_sync_inside_their_hosts_ends_each_step_after_
     assert figures["steps_within_1pct"].value >= 0.98, figures["steps_within_1pct"]
 
 
-@pytest.mark.parametrize("late_rail_ns", [{1: 25_000_000}, {0: 27_000_000, 1: 1_000_000, 6: -20_000_000, 7: -1_000_000}])
+@pytest.mark.parametrize("late_rail_ns", [{1: 25_000_000},
+                                          {0: 27_000_000, 1: 1_000_000, 6: -20_000_000, 7: -1_000_000}])
 def test_a_pipeline_over_leaves_whose_clocks_disagree_keeps_its_steps(late_rail_ns):
     """A pp8 job on two hosts (small's job 003), its one stage link on two rails each way: the
     forward sends on rails 0 and 1, the backward ones on rails 6 and 7, each rail's leaf with its
@@ -416,6 +417,22 @@ def test_a_pipeline_over_leaves_whose_clocks_disagree_keeps_its_steps(late_rail_
     figures, state = _divided_and_scored(spec, 300.0, late_rail_ns=late_rail_ns)
     assert figures["steps_within_1pct"].value >= 0.98, figures["steps_within_1pct"]
     assert state["baseline"]["fill"] == 4
+
+
+@pytest.mark.parametrize("ahead_ms", [30, 112])
+def test_a_rails_leaf_whose_clock_runs_ahead_does_not_open_every_step_alone(ahead_ms):
+    """A pp2 job on two hosts (small's job 008), its stage link on all eight rails: each
+    micro-batch's eight sends leave together, each on its rail's leaf. With one leaf's clock
+    ahead of the others by more than the reach that makes pairs lead together (`cluster_ns`, or
+    even a forward pass), that leaf's send opened every step alone, early by its clock (small +
+    clock_drift: 120 steps 112 ms early). The pairs on the earliest pair's link lead with it:
+    every step is within 1% of its truth."""
+    from prism_core.simulate.scenarios import JobSpec
+
+    spec = JobSpec(2, tp=8, pp=2, start_s=0, end_s=1e9, step_s=2.5, channels=1, checkpoint_s=1e6, hosts=(0, 1))
+    figures, _ = _divided_and_scored(spec, 300.0, late_rail_ns={3: -ahead_ms * 1_000_000})
+    assert figures["prism_steps"].value == figures["truth_steps"].value
+    assert figures["steps_within_1pct"].value == 1.0, figures["steps_within_1pct"]
 
 
 def test_a_sync_short_only_where_an_exporter_lost_records_still_ends_its_step():

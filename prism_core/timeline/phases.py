@@ -161,7 +161,8 @@ def _whole_otherwise(traffic: Traffic, flows: list[np.ndarray], signal: np.ndarr
     """Per phase short of a usual phase's bytes, whether it still closes a whole step: on most
     exporters (`_whole_on_most_exporters`), over its usual span (`_whole_over_its_span`), or over
     the step (`_whole_since_previous`)."""
-    return (_whole_on_most_exporters(traffic, flows, params) | _whole_over_its_span(start, close, nbytes, nflows, params)
+    return (_whole_on_most_exporters(traffic, flows, params)
+            | _whole_over_its_span(start, close, nbytes, nflows, params)
             | _whole_since_previous(traffic, signal, close, params))
 
 
@@ -266,7 +267,8 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
     look_until = np.where(followed, next_ns + (until - close) // params.first_sends_part, 0)
     sends = traffic.index(PP, params)
     send_hi = np.minimum(sends.positions(look_until), sends.positions(until))
-    t1, forward, found = sends.first_sends(sends.positions(after_phase)[followed], send_hi[followed])
+    t1, forward, found = sends.first_sends(sends.positions(after_phase)[followed], send_hi[followed],
+                                           traffic.host_links()[0])
     first_send_ns = np.full(len(close), -1, np.int64)
     forward_ns = np.full(len(close), -1, np.int64)
     first_send_ns[followed] = np.where(found, t1, -1)

@@ -59,12 +59,17 @@ class RowIndex:
             starts[batch] = _masked_medians(self.start[np.where(seen, first, 0)], seen)
         return starts
 
-    def first_sends(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def first_sends(self, lo: np.ndarray, hi: np.ndarray,
+                    link_of_pair: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(t1, f, found) of steps whose pipeline traffic (rows of kind PP) starts with each range
         [lo, hi): the pairs that send first send their first two micro-batches one forward pass f
         apart, the first at t1; medians over those pairs (clock skew cancels in f). A pair counts if
         it sends again in the range after its first transfer (`transfer_ns`: its channels); found is
-        False for a range where none does."""
+        False for a range where none does. The pairs that send first are those within reach of the
+        lower median first send of the earliest pair's link (`link_of_pair`, per pair code): a
+        stage's tensor-parallel ranks send each micro-batch together, each on its own rail, so a
+        rail's leaf whose clock runs tens of ms ahead does not open every step alone, nor does a
+        pair whose first record was lost (its next send a forward pass later) delay it."""
         t1 = np.zeros(len(lo), np.int64)
         forward = np.zeros(len(lo), np.int64)
         found = np.zeros(len(lo), bool)
@@ -83,8 +88,10 @@ class RowIndex:
             # which other pairs lead with it
             leader = np.argmin(first_ns, axis=1)
             leader_forward = again_ns[np.arange(len(leader)), leader] - earliest
-            reach = earliest + np.minimum(self.params.cluster_ns, leader_forward // 2)
-            leading = sends & (first_ns <= reach[:, None])
+            reach = np.minimum(self.params.cluster_ns, leader_forward // 2)
+            link = link_of_pair[by_pair.codes]
+            anchor = _masked_medians(first_ns, sends & (link[None, :] == link[leader][:, None]), lower=True)
+            leading = sends & (np.abs(np.where(sends, first_ns, 0) - anchor[:, None]) <= reach[:, None])
             t1[batch] = _masked_medians(first_ns, leading)
             # a lost record only lengthens the gap its pair shows: of two middle pairs, the shorter
             forward[batch] = _masked_medians(again_ns - first_ns, leading, lower=True)
