@@ -861,6 +861,23 @@ def test_checkpoint_gaps_alone_do_not_make_steps():
     assert np.sum(gaps >= threshold) == len(gaps)
 
 
+def test_turns_are_misread_only_where_enough_long_gaps_do_not_turn():
+    """A pipeline's turns are given up for the gaps alone where the long gaps mostly do not turn
+    and are enough to learn steps from: the 197 step gaps of small + clock_drift seed 2's pp8 job
+    in an hour whose leaves were tens of ms apart (none turned), not the five micro-batch gaps
+    of a job's tail carried into a silent hour (fleet seed 3: four false 0.15 s steps), nor a
+    warm-up's long micro-batch gaps below the turns' cut."""
+    step_gaps, micro = np.full(197, 600e6), np.full(2000, 40e6)
+    gaps = np.r_[step_gaps, micro]
+    none_turn = np.zeros(len(gaps), bool)
+    assert phases._turns_misread(none_turn, gaps, 561e6, 420e6, DEFAULT_PARAMS)
+    tail = np.r_[np.full(5, 114e6), np.full(20, 3e6)]
+    assert not phases._turns_misread(np.zeros(len(tail), bool), tail, 49e6, 49e6, DEFAULT_PARAMS)
+    warm_up = np.r_[step_gaps, np.full(400, 700e6), micro]  # most long gaps a slow stretch's
+    turns = np.r_[np.ones(197, bool), np.zeros(400 + 2000, bool)]
+    assert not phases._turns_misread(turns, warm_up, 313e6, 40e6, DEFAULT_PARAMS)
+
+
 def test_short_phases_join_until_they_weigh_a_phase_but_not_across_a_silence():
     # steps every 10 s; a warm-up step cut in quarters; a phase cut short, a silence, a step
     nbytes = np.array([1.0, 1.0, 1.0, 0.25, 0.25, 0.25, 0.25, 1.0, 1.0, 0.5, 1.0])

@@ -86,7 +86,7 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     turn_threshold_ns = threshold(turn)
     if by_turns:
         alone_threshold_ns = threshold(every_gap)
-        if _turns_misread(turn, gaps, turn_threshold_ns, alone_threshold_ns, steps_to_learn, params):
+        if _turns_misread(turn, gaps, turn_threshold_ns, alone_threshold_ns, params):
             turn, turn_threshold_ns = every_gap, alone_threshold_ns
     gap_threshold_ns = turn_threshold_ns
     between_phases = turn & (gaps >= gap_threshold_ns)
@@ -325,7 +325,7 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
 
 
 def _turns_misread(turn: np.ndarray, gaps: np.ndarray, turn_threshold_ns: float, alone_threshold_ns: float,
-                   steps_to_learn: int, params: TimelineParams) -> bool:
+                   params: TimelineParams) -> bool:
     """Whether a pipeline's turns (`_pipeline_turns`) are misread, so that its steps are parted by
     the gaps alone: they are read from the overlap of a link's two directions and of its rails,
     each on its own exporter, and exporters whose clocks are tens of ms apart (drift) shift that
@@ -333,11 +333,14 @@ def _turns_misread(turn: np.ndarray, gaps: np.ndarray, turn_threshold_ns: float,
     long as the turns' cut mostly do not turn (`min_turn_share`), where those gaps are longer
     than the turns' cut (they lie inside the steps the turns would make) or the turns part too
     few steps to learn from. A warm-up's long micro-batch gaps do not turn either, but there the
-    turns part the steps and the gaps alone cut below them."""
+    turns part the steps and the gaps alone cut below them. Only where those gaps are enough to
+    learn steps from (`steps_to_learn`, even for a job seen whole: a tail's few gaps are no
+    rhythm)."""
+    enough = params.steps_to_learn
     long = gaps >= max(turn_threshold_ns, alone_threshold_ns)
-    if long.sum() < steps_to_learn or np.mean(turn[long]) >= params.min_turn_share:
+    if long.sum() < enough or np.mean(turn[long]) >= params.min_turn_share:
         return False
-    return alone_threshold_ns > turn_threshold_ns or np.sum(turn & (gaps >= turn_threshold_ns)) < steps_to_learn
+    return alone_threshold_ns > turn_threshold_ns or np.sum(turn & (gaps >= turn_threshold_ns)) < enough
 
 
 def _pipeline_turns(traffic: Traffic, rows: np.ndarray, burst: np.ndarray) -> np.ndarray:
