@@ -276,13 +276,22 @@ def _simulated_job(spec, seconds: float, seed: int = 0) -> tuple[pa.Table, pa.Ta
             ns(plan.steps["end"][done]))
 
 
-def _divided_and_scored(spec, seconds: float, late_host_ns: int = 0, lost_share: float = 0.0) -> tuple[dict, dict]:
+def _divided_and_scored(spec, seconds: float, late_host_ns: int = 0, lost_share: float = 0.0,
+                        late_rail_ns: dict[int, int] | None = None) -> tuple[dict, dict]:
     """The steps of a job simulated alone, divided over its hour and a silent next one (which
     decides the last step), scored against its truth; and the timeline's last state. The flows
-    sent from the job's last host are stamped `late_host_ns` late (its leaf's clock). With
+    sent from the job's last host are stamped `late_host_ns` late (its leaf's clock), those sent
+    on a rail of `late_rail_ns` that rail's late (each rail's leaf its own exporter). With
     `lost_share`, each rail's leaf exports its records in datagrams of 24 (in time order) and
     loses that share of them."""
     flows, pairs, gpus, starts, ends = _simulated_job(spec, seconds)
+    if late_rail_ns:
+        rail = pc.take(gpus["gpu"], pc.index_in(flows["src_addr"], value_set=gpus["addr"])).to_numpy()
+        late = np.vectorize(lambda r: late_rail_ns.get(int(r), 0), otypes=[np.int64])(rail)
+        for column in ("time_flow_start_ns", "time_flow_end_ns"):
+            flows = flows.set_column(flows.schema.get_field_index(column), column, pc.add(flows[column], late))
+        flows = flows.set_column(flows.schema.get_field_index("sampler_address"), "sampler_address",
+                                 pc.cast(pa.array(rail), pa.string())).sort_by("time_flow_start_ns")
     if lost_share:
         rail = pc.index_in(flows["src_addr"], value_set=gpus["addr"])
         leaf = pc.take(gpus["gpu"], rail).to_numpy()
@@ -299,6 +308,13 @@ def _divided_and_scored(spec, seconds: float, late_host_ns: int = 0, lost_share:
             shifted = pc.add(flows[column], pc.multiply(pc.cast(late, pa.int64()), late_host_ns))
             flows = flows.set_column(flows.schema.get_field_index(column), column, shifted)
         flows = flows.sort_by("time_flow_start_ns")
+    return _scored(flows, pairs, gpus, starts, ends)
+
+
+def _scored(flows: pa.Table, pairs: pa.Table, gpus: pa.Table, starts: np.ndarray, ends: np.ndarray
+            ) -> tuple[dict, dict]:
+    """A job's flows (`_simulated_job`'s, altered) divided over their hour and a silent next one,
+    scored against its truth steps; and the timeline's last state."""
     state, steps = None, []
     for hour in (10, 11):
         hour_flows = flows if hour == 10 else flows.slice(0, 0)
@@ -381,6 +397,44 @@ def test_a_pipeline_whose_replicas_sync_inside_their_hosts_ends_each_step_after_
     assert figures["steps_within_1pct"].value >= 0.98, figures["steps_within_1pct"]
 
 
+@pytest.mark.parametrize("late_rail_ns", [{1: 25_000_000},
+                                          {0: 27_000_000, 1: 1_000_000, 6: -20_000_000, 7: -1_000_000}])
+def test_a_pipeline_over_leaves_whose_clocks_disagree_keeps_its_steps(late_rail_ns):
+    """A pp8 job on two hosts (small's job 003), its one stage link on two rails each way: the
+    forward sends on rails 0 and 1, the backward ones on rails 6 and 7, each rail's leaf with its
+    own clock (20 ppm of drift leaves leaves tens of ms apart within minutes). With rail 1 a
+    little over half a forward pass late, the forward passes counted from the step's first send
+    (rail 0's) to the last one before the first gradient (rail 1's) came out a pass too many, and
+    every step started a forward pass early (small + clock drift seed 1: 195 steps 46 ms early);
+    with each direction's two rails apart and the backward ones early (seed 2's leaves ten
+    minutes in), the directions' overlap showed no turn from backward to forward at most of the
+    steps' gaps and steps merged (seed 2: the hour was one step). Each step is within 1% of its
+    truth."""
+    from prism_core.simulate.scenarios import JobSpec
+
+    spec = JobSpec(2, tp=2, pp=8, start_s=0, end_s=1e9, step_s=3.0, micro_batches=16, channels=1,
+                   checkpoint_s=1e6, hosts=(0, 1))
+    figures, state = _divided_and_scored(spec, 300.0, late_rail_ns=late_rail_ns)
+    assert figures["steps_within_1pct"].value >= 0.98, figures["steps_within_1pct"]
+    assert state["baseline"]["fill"] == 4
+
+
+@pytest.mark.parametrize("ahead_ms", [30, 112])
+def test_a_rails_leaf_whose_clock_runs_ahead_does_not_open_every_step_alone(ahead_ms):
+    """A pp2 job on two hosts (small's job 008), its stage link on all eight rails: each
+    micro-batch's eight sends leave together, each on its rail's leaf. With one leaf's clock
+    ahead of the others by more than the reach that makes pairs lead together (`cluster_ns`, or
+    even a forward pass), that leaf's send opened every step alone, early by its clock (small +
+    clock_drift: 120 steps 112 ms early). The pairs on the earliest pair's link lead with it:
+    every step is within 1% of its truth."""
+    from prism_core.simulate.scenarios import JobSpec
+
+    spec = JobSpec(2, tp=8, pp=2, start_s=0, end_s=1e9, step_s=2.5, channels=1, checkpoint_s=1e6, hosts=(0, 1))
+    figures, _ = _divided_and_scored(spec, 300.0, late_rail_ns={3: -ahead_ms * 1_000_000})
+    assert figures["prism_steps"].value == figures["truth_steps"].value
+    assert figures["steps_within_1pct"].value == 1.0, figures["steps_within_1pct"]
+
+
 def test_a_sync_short_only_where_an_exporter_lost_records_still_ends_its_step():
     """Four hosts sync their gradients over eight rails, each rail's leaf exporting over UDP and
     losing 4% of its datagrams (24 records each): a phase that lost one takes an eighth of its
@@ -396,6 +450,29 @@ def test_a_sync_short_only_where_an_exporter_lost_records_still_ends_its_step():
     figures, _ = _divided_and_scored(spec, 600.0, lost_share=0.04)
     assert figures["steps_within_1pct"].value >= 0.98, figures["steps_within_1pct"]
     assert figures["truth_steps"].value - figures["prism_steps"].value <= 1
+
+
+def test_a_sync_whose_all_gather_lost_records_on_its_one_exporter_still_ends_its_step():
+    """A dp32 pp2 job whose every sync record passes one leaf (small's job 007): each step's
+    reduce-scatters and the all-gather of the updated shards after them, 128 flows. A lost export
+    datagram took the all-gather's last 14 records in every third step: 50 flows against the
+    scatters' 64 no longer read as the same collective again (within 10%), the gather was dropped
+    as the next step's parameter gather, the phase held half a sync and its step merged with the
+    next (small + loss seed 1: 10 of the job's 40 steps). Its flows keep the scatters' size, and
+    the phase lasted a usual sync: every step is within 1% of its truth."""
+    from prism_core.simulate.scenarios import JobSpec
+
+    spec = JobSpec(8, tp=1, pp=2, start_s=0, end_s=1e9, step_s=5.0, micro_batches=4, collective="rs_ag",
+                   checkpoint_s=1e6, hosts=tuple(range(8)))
+    flows, pairs, gpus, starts, ends = _simulated_job(spec, 300.0)
+    start, kind = flows["time_flow_start_ns"].to_numpy(), flows[FLOW_KIND].to_numpy()
+    lost = np.zeros(len(start), bool)
+    for end in ends[2::3]:
+        gathered = np.flatnonzero((kind == DP) & (start <= end) & (start > end - 2 * SECOND))
+        lost[gathered[-14:]] = True
+    figures, _ = _scored(flows.filter(pa.array(~lost)), pairs, gpus, starts, ends)
+    assert figures["prism_steps"].value == figures["truth_steps"].value
+    assert figures["steps_within_1pct"].value == 1.0, figures["steps_within_1pct"]
 
 
 def test_a_stragglers_stretched_sync_still_closes_its_steps():
@@ -782,6 +859,23 @@ def test_checkpoint_gaps_alone_do_not_make_steps():
     candidate = np.repeat(np.arange(len(gaps) + 1), 4)
     threshold = _boundary_gap_threshold(gaps, at, candidate, writes)
     assert np.sum(gaps >= threshold) == len(gaps)
+
+
+def test_turns_are_misread_only_where_enough_long_gaps_do_not_turn():
+    """A pipeline's turns are given up for the gaps alone where the long gaps mostly do not turn
+    and are enough to learn steps from: the 197 step gaps of small + clock_drift seed 2's pp8 job
+    in an hour whose leaves were tens of ms apart (none turned), not the five micro-batch gaps
+    of a job's tail carried into a silent hour (fleet seed 3: four false 0.15 s steps), nor a
+    warm-up's long micro-batch gaps below the turns' cut."""
+    step_gaps, micro = np.full(197, 600e6), np.full(2000, 40e6)
+    gaps = np.r_[step_gaps, micro]
+    none_turn = np.zeros(len(gaps), bool)
+    assert phases._turns_misread(none_turn, gaps, 561e6, 420e6, DEFAULT_PARAMS)
+    tail = np.r_[np.full(5, 114e6), np.full(20, 3e6)]
+    assert not phases._turns_misread(np.zeros(len(tail), bool), tail, 49e6, 49e6, DEFAULT_PARAMS)
+    warm_up = np.r_[step_gaps, np.full(400, 700e6), micro]  # most long gaps a slow stretch's
+    turns = np.r_[np.ones(197, bool), np.zeros(400 + 2000, bool)]
+    assert not phases._turns_misread(turns, warm_up, 313e6, 40e6, DEFAULT_PARAMS)
 
 
 def test_short_phases_join_until_they_weigh_a_phase_but_not_across_a_silence():

@@ -173,7 +173,8 @@ def marked_starts(traffic: Traffic, first: np.ndarray, until: int, typical: Typi
     sends = traffic.index(PP, params)
     send_from, which = np.unique(sends.at_or_after_rows(first), return_inverse=True)
     send_until = np.full(len(send_from), sends.at_or_after_rows(until))
-    t1, forward, found = (values[which] for values in sends.first_sends(send_from, send_until))
+    links = traffic.host_links()[0]
+    t1, forward, found = (values[which] for values in sends.first_sends(send_from, send_until, links))
     start = t1 - typical.fill * forward
     start[~found] = traffic.index(None, params).cluster_starts(first[~found], np.full((~found).sum(), until))
     return start

@@ -31,6 +31,9 @@ class TimelineParams:
     # least this many come between two of its bursts (the median): a step's forward and backward
     # of a micro-batch at least (phases._exchange_marks_steps)
     marker_sends: int = 2
+    # share; a pipeline's turns are misread where they mark fewer than this share of the longer gaps
+    # that part its steps without them (phases._turns_misread)
+    min_turn_share: float = 0.5
     # share; the irregularity a class of one gap would have to beat (few gaps look regular by luck)
     small_sample_penalty: float = 0.2
     # ratio; no step carries more than this many times the sync flows of its neighbours
@@ -47,6 +50,10 @@ class TimelineParams:
     repeat_share: float = 0.5
     # share; an all-gather of the updated shards repeats the reduce-scatter's bytes and flows this closely
     same_shape: float = 0.1
+    # share of a collective's records that lost export datagrams may take (24 records each, a few
+    # on a collective of some 60 flows): flows of the same mean size fewer by at most this much
+    # are the same collective again
+    lost_share: float = 0.4
     # divisor; the next step's first sends are looked for in this part of the gap to the next phase's end
     first_sends_part: int = 4
 
@@ -57,6 +64,9 @@ class TimelineParams:
     complete_share: float = 0.9
     # share; the same for a phase after which the job falls silent (a hang or failure cut it)
     last_complete_share: float = 0.97
+    # share of the usual phase's span; a phase lasting this long, short of records but not of more
+    # than `lost_share`, was not cut short (phases._whole_over_its_span)
+    usual_span_share: float = 0.8
     # ratio; a job whose next step is this much slower than usual started in view (warm-up)
     warmup_ratio: float = 1.15
     # steps; a first step is judged against the median of this many steps after it (the local rhythm)

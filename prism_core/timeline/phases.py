@@ -76,9 +76,19 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     candidate_of_burst = np.cumsum(heavy) - 1
     on_candidate = heavy[burst]
     by_turns = pipeline and not has_dp and not by_exchange
-    turn = _pipeline_turns(traffic, signal, burst) if by_turns else np.ones(len(gaps), bool)
-    gap_threshold_ns = boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
-                                              traffic.bulk_writes, gap_threshold_ns, turn, steps_to_learn, params)
+    every_gap = np.ones(len(gaps), bool)
+
+    def threshold(eligible: np.ndarray) -> float:
+        return boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
+                                      traffic.bulk_writes, gap_threshold_ns, eligible, steps_to_learn, params)
+
+    turn = _pipeline_turns(traffic, signal, burst) if by_turns else every_gap
+    turn_threshold_ns = threshold(turn)
+    if by_turns:
+        alone_threshold_ns = threshold(every_gap)
+        if _turns_misread(turn, gaps, turn_threshold_ns, alone_threshold_ns, params):
+            turn, turn_threshold_ns = every_gap, alone_threshold_ns
+    gap_threshold_ns = turn_threshold_ns
     between_phases = turn & (gaps >= gap_threshold_ns)
     # phase p holds candidates[first[p]:first[p + 1]]
     first = np.r_[0, np.flatnonzero(between_phases) + 1] if len(candidates) else np.empty(0, int)
@@ -96,7 +106,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     # the same collective again moves the same transfer sizes: another gradient bucket, or the
     # all-gather of the shards a reduce-scatter left (ZeRO-1/2); a parameter gather moves the
     # parameters' sizes, however close its bytes come to the gradients'
-    all_gather = shapes.same_flows & (np.abs(shapes.repeated - 1.0) <= params.same_shape) & shapes.same_sizes
+    all_gather = ((shapes.same_flows & (np.abs(shapes.repeated - 1.0) <= params.same_shape)) | shapes.same_but_lost)
+    all_gather &= shapes.same_sizes
     repeats = (shapes.repeated >= params.repeat_share) & ~all_gather
     # a different collective on the same pairs right after the optimizer: the next step's ZeRO-3
     # parameter gather, its first traffic, not part of this sync (one like the burst before it is
@@ -136,19 +147,39 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     closed = np.ones(len(first), bool)
     if len(first):
         closed[-1] = hour_end_ns - int(b_end[candidates[-1]]) >= gap_threshold_ns or gathered_every_stage
-    return Phases(flows, start_ns, close, nbytes, np.bincount(phase[kept], minlength=len(first)).astype(float),
-                  _whole_otherwise(traffic, flows, signal, close, params),
+    nflows = np.bincount(phase[kept], minlength=len(first)).astype(float)
+    return Phases(flows, start_ns, close, nbytes, nflows,
+                  _whole_otherwise(traffic, flows, signal, start_ns, close, nbytes, nflows, params),
                   after_optimizer, gather_start_ns, before_gather, scatter_start_ns, opens_step,
                   closed, *_what_follows(traffic, flows, close, has_dp, burst, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
 
 
-def _whole_otherwise(traffic: Traffic, flows: list[np.ndarray], signal: np.ndarray, close: np.ndarray,
-                     params: TimelineParams) -> np.ndarray:
+def _whole_otherwise(traffic: Traffic, flows: list[np.ndarray], signal: np.ndarray, start: np.ndarray,
+                     close: np.ndarray, nbytes: np.ndarray, nflows: np.ndarray, params: TimelineParams) -> np.ndarray:
     """Per phase short of a usual phase's bytes, whether it still closes a whole step: on most
-    exporters (`_whole_on_most_exporters`), or over the step (`_whole_since_previous`)."""
-    return _whole_on_most_exporters(traffic, flows, params) | _whole_since_previous(traffic, signal, close, params)
+    exporters (`_whole_on_most_exporters`), over its usual span (`_whole_over_its_span`), or over
+    the step (`_whole_since_previous`)."""
+    return (_whole_on_most_exporters(traffic, flows, params)
+            | _whole_over_its_span(start, close, nbytes, nflows, params)
+            | _whole_since_previous(traffic, signal, close, params))
+
+
+def _whole_over_its_span(start: np.ndarray, close: np.ndarray, nbytes: np.ndarray, nflows: np.ndarray,
+                         params: TimelineParams) -> np.ndarray:
+    """Per phase, whether it lasted a usual phase (at least `usual_span_share` of the median span)
+    and carries at least 1 - `lost_share` of the usual bytes and flows (medians over the hour's
+    phases, `steps_to_learn` of them at least). Lost export datagrams take records out of a
+    collective, not its time: a sync whose records all pass one exporter has no other exporter to
+    show it whole. A phase cut short by a failure ends early; one split by a pause holds part of
+    the span."""
+    if len(close) < params.steps_to_learn:
+        return np.zeros(len(close), bool)
+    span = close - start
+    kept = 1.0 - params.lost_share
+    return ((span >= params.usual_span_share * np.median(span)) & (nbytes >= kept * np.median(nbytes))
+            & (nflows >= kept * np.median(nflows)))
 
 
 def _whole_since_previous(traffic: Traffic, signal: np.ndarray, close: np.ndarray, params: TimelineParams) -> np.ndarray:
@@ -236,7 +267,8 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
     look_until = np.where(followed, next_ns + (until - close) // params.first_sends_part, 0)
     sends = traffic.index(PP, params)
     send_hi = np.minimum(sends.positions(look_until), sends.positions(until))
-    t1, forward, found = sends.first_sends(sends.positions(after_phase)[followed], send_hi[followed])
+    t1, forward, found = sends.first_sends(sends.positions(after_phase)[followed], send_hi[followed],
+                                           traffic.host_links()[0])
     first_send_ns = np.full(len(close), -1, np.int64)
     forward_ns = np.full(len(close), -1, np.int64)
     first_send_ns[followed] = np.where(found, t1, -1)
@@ -290,6 +322,25 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
         return np.full(len(lo), -1, np.int64)
     maxima = np.maximum.reduceat(np.r_[values, -1], np.stack([lo, hi], axis=1).ravel())[::2]
     return np.where(hi > lo, maxima, -1)
+
+
+def _turns_misread(turn: np.ndarray, gaps: np.ndarray, turn_threshold_ns: float, alone_threshold_ns: float,
+                   params: TimelineParams) -> bool:
+    """Whether a pipeline's turns (`_pipeline_turns`) are misread, so that its steps are parted by
+    the gaps alone: they are read from the overlap of a link's two directions and of its rails,
+    each on its own exporter, and exporters whose clocks are tens of ms apart (drift) shift that
+    overlap. Then the gaps that part steps without the turns (`alone_threshold_ns`) and are as
+    long as the turns' cut mostly do not turn (`min_turn_share`), where those gaps are longer
+    than the turns' cut (they lie inside the steps the turns would make) or the turns part too
+    few steps to learn from. A warm-up's long micro-batch gaps do not turn either, but there the
+    turns part the steps and the gaps alone cut below them. Only where those gaps are enough to
+    learn steps from (`steps_to_learn`, even for a job seen whole: a tail's few gaps are no
+    rhythm)."""
+    enough = params.steps_to_learn
+    long = gaps >= max(turn_threshold_ns, alone_threshold_ns)
+    if long.sum() < enough or np.mean(turn[long]) >= params.min_turn_share:
+        return False
+    return alone_threshold_ns > turn_threshold_ns or np.sum(turn & (gaps >= turn_threshold_ns)) < enough
 
 
 def _pipeline_turns(traffic: Traffic, rows: np.ndarray, burst: np.ndarray) -> np.ndarray:
@@ -391,10 +442,13 @@ class _Shapes:
     # families the earlier bursts moved too
     same_burst: np.ndarray  # bool: it moves the bytes of the burst before it in as many flows (within
     # `same_shape`): one gradient bucket after another
+    same_but_lost: np.ndarray  # bool: its flows' mean size is the earlier bursts' (on its pairs, within
+    # `same_shape`), and either holds at least 1 - `lost_share` of the other's flows: the same
+    # collective again, one side short of the records a lost export datagram took
 
     @classmethod
     def none(cls, n_phases: int) -> _Shapes:
-        return cls(np.zeros(n_phases), *(np.zeros(n_phases, bool) for _ in range(4)))
+        return cls(np.zeros(n_phases), *(np.zeros(n_phases, bool) for _ in range(5)))
 
 
 def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_phase: np.ndarray, in_last: np.ndarray,
@@ -421,8 +475,13 @@ def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_ph
     earlier_bytes, last_bytes = traffic.nbytes[earlier_rows], traffic.nbytes[last_rows]
     repeated_bytes = per_phase(earlier_phase, earlier_bytes * repeated)
     share = np.divide(repeated_bytes, per_phase(last_phase, last_bytes), out=np.zeros(n_phases), where=several)
-    flows_ratio = per_phase(earlier_phase, repeated) / per_phase(last_phase)
+    repeated_flows, last_flows = per_phase(earlier_phase, repeated), per_phase(last_phase)
+    flows_ratio = repeated_flows / last_flows
     same_flows = several & (np.abs(flows_ratio - 1.0) <= params.same_shape)
+    # a lost datagram takes whole records: the flows left keep their sizes, not their count
+    mean_size_ratio = np.divide(share, flows_ratio, out=np.zeros(n_phases), where=flows_ratio > 0)
+    kept = np.minimum(repeated_flows, last_flows) / np.maximum(repeated_flows, last_flows)
+    same_but_lost = several & (np.abs(mean_size_ratio - 1.0) <= params.same_shape) & (kept >= 1.0 - params.lost_share)
     every_pair = several & (repeated_bytes >= (1.0 - params.same_shape) * per_phase(earlier_phase, earlier_bytes))
     # the last burst's flows in a size family of its phase's earlier bursts
     family_key = combined_key(phase, unique_inverse(traffic.family[signal])[1])
@@ -433,7 +492,7 @@ def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_ph
     bytes_ratio = b_bytes[final] / np.maximum(b_bytes[before], 1)
     same_burst = several & (np.abs(b_flows[final] / b_flows[before] - 1.0) <= params.same_shape)
     same_burst &= np.abs(bytes_ratio - 1.0) <= params.same_shape
-    return _Shapes(share, same_flows, every_pair, same_sizes, same_burst)
+    return _Shapes(share, same_flows, every_pair, same_sizes, same_burst, same_but_lost)
 
 
 def bursts(start: np.ndarray, end: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

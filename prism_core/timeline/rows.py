@@ -59,12 +59,17 @@ class RowIndex:
             starts[batch] = _masked_medians(self.start[np.where(seen, first, 0)], seen)
         return starts
 
-    def first_sends(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def first_sends(self, lo: np.ndarray, hi: np.ndarray,
+                    link_of_pair: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(t1, f, found) of steps whose pipeline traffic (rows of kind PP) starts with each range
         [lo, hi): the pairs that send first send their first two micro-batches one forward pass f
         apart, the first at t1; medians over those pairs (clock skew cancels in f). A pair counts if
         it sends again in the range after its first transfer (`transfer_ns`: its channels); found is
-        False for a range where none does."""
+        False for a range where none does. The pairs that send first are those within reach of the
+        lower median first send of the earliest pair's link (`link_of_pair`, per pair code): a
+        stage's tensor-parallel ranks send each micro-batch together, each on its own rail, so a
+        rail's leaf whose clock runs tens of ms ahead does not open every step alone, nor does a
+        pair whose first record was lost (its next send a forward pass later) delay it."""
         t1 = np.zeros(len(lo), np.int64)
         forward = np.zeros(len(lo), np.int64)
         found = np.zeros(len(lo), bool)
@@ -83,17 +88,19 @@ class RowIndex:
             # which other pairs lead with it
             leader = np.argmin(first_ns, axis=1)
             leader_forward = again_ns[np.arange(len(leader)), leader] - earliest
-            reach = earliest + np.minimum(self.params.cluster_ns, leader_forward // 2)
-            leading = sends & (first_ns <= reach[:, None])
+            reach = np.minimum(self.params.cluster_ns, leader_forward // 2)
+            link = link_of_pair[by_pair.codes]
+            anchor = _masked_medians(first_ns, sends & (link[None, :] == link[leader][:, None]), lower=True)
+            leading = sends & (np.abs(np.where(sends, first_ns, 0) - anchor[:, None]) <= reach[:, None])
             t1[batch] = _masked_medians(first_ns, leading)
             # a lost record only lengthens the gap its pair shows: of two middle pairs, the shorter
             forward[batch] = _masked_medians(again_ns - first_ns, leading, lower=True)
         return t1, forward, found
 
     def last_before_reply(self, lo: np.ndarray, link_of_pair: np.ndarray, reverse: np.ndarray) -> np.ndarray:
-        """Per position in `lo`: the start of the last row on its row's link (`link_of_pair`) before
-        the first row at or after it on the reverse link (`reverse`, per link), -1 where no row
-        comes back. O(log n) per position."""
+        """Per position in `lo`: the position of the last row on its row's link (`link_of_pair`)
+        before the first row at or after it on the reverse link (`reverse`, per link), -1 where no
+        row comes back. O(log n) per position."""
         if not len(self):
             return np.full(len(lo), -1, np.int64)
         link = link_of_pair[self.pair]
@@ -102,7 +109,13 @@ class RowIndex:
         back = reverse[link[lo]]
         reply = by_link.first_at_or_after(lo, back)
         last = by_link.last_before(reply, link[lo])
-        return np.where((reply < len(self)) & (last >= lo), self.start[np.maximum(last, 0)], -1)
+        return np.where((reply < len(self)) & (last >= lo), last, -1)
+
+    def first_of_pair(self, lo: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Per position in `lo`: the first position at or after it holding the pair of the row at
+        the matching position of `positions` (len(self) where none)."""
+        by_pair, _ = self._pair_index()
+        return by_pair.first_at_or_after(lo, self.pair[positions])
 
     def last_sending_before(self, position: int, until: int) -> int:
         """The last position before `position` whose pair sends again before position `until`

@@ -242,9 +242,14 @@ def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np
     # the step's first send: no earlier than the phase's end, no later than the leading pairs' sends
     lo = np.maximum(pipeline.positions(phases.close_ns + 1), pipeline.positions(phases.first_send_ns - params.cluster_ns))
     last_forward = pipeline.last_before_reply(lo[sent], link_of_pair, reverse)
-    after_link = (last_forward - phases.first_send_ns[sent]) / phases.forward_ns[sent]
+    replied = last_forward >= 0
+    # counted from its own pair's first send of the step: one exporter's clock (the step's first
+    # send is the leading pairs' median, on other leaves whose clocks may be a forward pass apart)
+    last_forward = np.maximum(last_forward, 0)
+    own_first = pipeline.first_of_pair(lo[sent], last_forward)
+    after_link = (pipeline.start[last_forward] - pipeline.start[np.minimum(own_first, len(pipeline) - 1)])
     passes = np.full(len(sent), np.nan)
-    passes[sent] = np.where(last_forward >= 0, after_link / max(len(hosts) - 1, 1), np.nan)
+    passes[sent] = np.where(replied, after_link / phases.forward_ns[sent] / max(len(hosts) - 1, 1), np.nan)
     return passes
 
 
