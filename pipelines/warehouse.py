@@ -22,7 +22,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import local_workers, parquet_parts, storage
+from pipelines import parquet_parts, storage
 from prism_core.schema import TABLES
 
 DATA_FILE = "data.parquet"
@@ -75,14 +75,14 @@ def write_partition(root: str | Path, table: str, hour: datetime, rows: pa.Table
     return write_partition_pieces(root, table, hour, [rows])
 
 
-def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces: Iterable[pa.Table]) -> str:
+def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces: Iterable[pa.Table],
+                           encoders: int = 1) -> str:
     """Replace the partition of `table` for `hour` with the rows of `pieces`, in order, in row
-    groups of ROW_GROUP_ROWS. Row groups are encoded on every core (pyarrow's writer encodes one
-    column after another on one) and assembled in order into the one file (parquet_parts);
-    at most one row group per core is held encoding at once."""
+    groups of ROW_GROUP_ROWS. Row groups are encoded on `encoders` threads (pyarrow's writer
+    encodes one column after another on one core) and assembled in order into the one file
+    (parquet_parts); at most one row group per encoder is held encoding at once."""
     schema = TABLES[table]
     final = partition_file(root, table, hour)
-    encoders = local_workers.available_cores()
 
     def write(path: str) -> None:
         with open(path, "wb") as out, ThreadPoolExecutor(encoders) as pool:
