@@ -71,16 +71,19 @@ class PartitionWritten:
     cpu_s: float
 
 
-def write_partition(root: str, hour: datetime, table: str, pieces: Sequence[pa.Table | LazyRows]) -> PartitionWritten:
+def write_partition(root: str, hour: datetime, table: str, pieces: Sequence[pa.Table | LazyRows],
+                    encoders: int) -> PartitionWritten:
     started, started_cpu = time.perf_counter(), time.process_time()
-    warehouse.write_partition_pieces(root, table, hour, read_ahead(pieces))
+    warehouse.write_partition_pieces(root, table, hour, read_ahead(pieces), encoders)
     return PartitionWritten(hour, table, sum(piece.num_rows for piece in pieces),
                             time.perf_counter() - started, time.process_time() - started_cpu)
 
 
 class WritePartition(PooledDoFn):
     """(hour, table, pieces) -> the partition replaced, on the local workers (several partitions at
-    once); emits (hour key, table) once it is, and logs how long the write took."""
+    once), each encoded on as many threads as there are workers: the hour's `flows` file is most
+    of the sink and is written while the other workers have little else left; emits (hour key,
+    table) once it is, and logs how long the write took."""
 
     def __init__(self, root: str, workers: int = 1):
         super().__init__(workers)
@@ -89,7 +92,7 @@ class WritePartition(PooledDoFn):
     def process(self, partition: tuple[datetime, str, Sequence[pa.Table | LazyRows]],
                 window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
         hour, table, pieces = partition
-        yield from self.defer(write_partition, (self.root, hour, table, pieces), window, timestamp,
+        yield from self.defer(write_partition, (self.root, hour, table, pieces, self.workers), window, timestamp,
                               cost=sum(piece.num_rows for piece in pieces))
 
     def outputs(self, written: PartitionWritten):

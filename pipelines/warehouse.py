@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import storage
+from pipelines import parquet_parts, storage
 from prism_core.schema import TABLES
 
 DATA_FILE = "data.parquet"
@@ -73,29 +75,54 @@ def write_partition(root: str | Path, table: str, hour: datetime, rows: pa.Table
     return write_partition_pieces(root, table, hour, [rows])
 
 
-def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces: Iterable[pa.Table]) -> str:
-    """Replace the partition of `table` for `hour` with the rows of `pieces`, in order, streamed
-    into row groups of ROW_GROUP_ROWS, so only one row group is ever held at once."""
+def write_partition_pieces(root: str | Path, table: str, hour: datetime, pieces: Iterable[pa.Table],
+                           encoders: int = 1) -> str:
+    """Replace the partition of `table` for `hour` with the rows of `pieces`, in order, in row
+    groups of ROW_GROUP_ROWS. Row groups are encoded on `encoders` threads (pyarrow's writer
+    encodes one column after another on one core) and assembled in order into the one file
+    (parquet_parts); at most one row group per encoder is held encoding at once."""
     schema = TABLES[table]
     final = partition_file(root, table, hour)
 
     def write(path: str) -> None:
-        dictionary = [name for name in schema.names if name not in UNIQUE_VALUED]
-        deltas = [name for name in schema.names if name in UNIQUE_VALUED]
-        with pq.ParquetWriter(path, schema, use_dictionary=dictionary,
-                              compression={name: "none" if name in deltas else "zstd" for name in schema.names},
-                              column_encoding=dict.fromkeys(deltas, UNIQUE_VALUED_ENCODING)) as writer:
-            pending, written = schema.empty_table(), 0
-            for piece in pieces:
-                pending = pa.concat_tables([pending, piece.cast(schema)])
-                while pending.num_rows >= ROW_GROUP_ROWS:
-                    writer.write_table(pending.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
-                    pending, written = pending.slice(ROW_GROUP_ROWS), written + ROW_GROUP_ROWS
-            if pending.num_rows or not written:  # an empty partition still gets its empty row group
-                writer.write_table(pending, row_group_size=ROW_GROUP_ROWS)
+        with open(path, "wb") as out, ThreadPoolExecutor(encoders) as pool:
+            assembled, encoding = parquet_parts.PartsFile(out), deque()
+            for rows in row_groups(schema, pieces):
+                if len(encoding) == encoders:
+                    assembled.add(encoding.popleft().result())
+                encoding.append(pool.submit(encode_row_group, rows))
+            for part in encoding:
+                assembled.add(part.result())
+            assembled.close()
 
     storage.publish(final, write)
     return final
+
+
+def row_groups(schema: pa.Schema, pieces: Iterable[pa.Table]) -> Iterator[pa.Table]:
+    """The rows of `pieces` cast to `schema`, in order, in tables of ROW_GROUP_ROWS rows (the last
+    fewer); no rows at all give one empty table, so an empty partition still has its schema."""
+    pending, yielded = schema.empty_table(), False
+    for piece in pieces:
+        pending = pa.concat_tables([pending, piece.cast(schema)])
+        while pending.num_rows >= ROW_GROUP_ROWS:
+            yield pending.slice(0, ROW_GROUP_ROWS)
+            pending, yielded = pending.slice(ROW_GROUP_ROWS), True
+    if pending.num_rows or not yielded:
+        yield pending
+
+
+def encode_row_group(rows: pa.Table) -> pa.Buffer:
+    """`rows` as one row group of a Parquet file in memory (a part of the partition's file)."""
+    schema = rows.schema
+    dictionary = [name for name in schema.names if name not in UNIQUE_VALUED]
+    deltas = [name for name in schema.names if name in UNIQUE_VALUED]
+    part = pa.BufferOutputStream()
+    with pq.ParquetWriter(part, schema, use_dictionary=dictionary,
+                          compression={name: "none" if name in deltas else "zstd" for name in schema.names},
+                          column_encoding=dict.fromkeys(deltas, UNIQUE_VALUED_ENCODING)) as writer:
+        writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
+    return part.getvalue()
 
 
 def read_parquet(location: str, **options) -> pa.Table:

@@ -131,3 +131,14 @@ def test_job_latest_has_one_row_per_job_as_of_its_latest_hour(tmp_path):
     with warehouse.connect(tmp_path) as con:
         rows = con.execute("SELECT job_id, status, hour(first_seen), hours_seen FROM job_latest").fetchall()
     assert rows == [("job-a", "ended", 9, 2)]
+
+
+def test_a_partition_encoded_on_several_threads_is_the_same_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(warehouse, "ROW_GROUP_ROWS", 4)
+    pieces = [quarantine_rows(3, "a"), quarantine_rows(6, "b"), quarantine_rows(2, "c")]
+    files = [Path(warehouse.write_partition_pieces(tmp_path / f"by{encoders}", "quarantine", HOUR, pieces, encoders))
+             for encoders in (1, 3)]
+    assert files[0].read_bytes() == files[1].read_bytes()
+    written = pq.ParquetFile(files[0])
+    assert [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)] == [4, 4, 3]
+    assert written.read().equals(pa.concat_tables(pieces))
