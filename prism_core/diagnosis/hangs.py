@@ -18,7 +18,7 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.arrays import combined_key
-from prism_core.constants import DP, NS_PER_S as NS
+from prism_core.constants import NS_PER_S as NS
 
 from .checkpoints import Checkpoints
 from .issues import Issue
@@ -128,7 +128,7 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     saved &= job.write_to_storage
     save_end = float(job.write_end[saved].max()) if saved.any() else None
     unfinished_start = save_end if save_end is not None else unfinished_start
-    after_complete = seen & (job.start > unfinished_start)
+    since_complete = int(np.sum(job.start[seen] > unfinished_start))
     typical_step = float(np.median(job.duration[:n_steps])) if n_steps else (level_s or 0.0)
 
     # the GPUs active since the last complete step began (a checkpoint step is long: a GPU
@@ -167,8 +167,11 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     first_silent = silent_since[silenced].min(initial=np.inf)
     silent_first = silenced[silent_since[silenced] <= first_silent + params.hang_stagger_s / 2]
     first = last_seen[silent_first if len(silent_first) else active].min()
-    mid_step = bool(after_complete.any()) and not (
-        len(complete) and not len(silenced) and _whole_steps(job, after_complete, complete, params))
+    # traffic after the last complete step that adds up to whole steps of every GPU is steps the
+    # timeline did not divide (a job's last step, closed by no next one): the job ended with them
+    steps_after = since_complete / np.median(per_step) if len(complete) else 0.0
+    whole = round(steps_after) >= 1 and abs(steps_after - round(steps_after)) <= 1.0 - params.complete_step_share
+    mid_step = since_complete > 0 and not (whole and not len(silenced))
     # a checkpoint write keeps the job busy without traffic between its GPUs
     last_active = max(stopped, float(job.write_end[job.write_end < before].max(initial=-np.inf)))
     return Stop(
@@ -185,22 +188,6 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
         n_gpus=job.gpus_active(stopped - params.active_window_s, stopped),
         decided=False,
     )
-
-
-def _whole_steps(job: JobHour, after: np.ndarray, complete: np.ndarray, params: DiagnosisParams) -> bool:
-    """Is the traffic `after` the last complete step whole steps, their flows and their DP
-    synchronizations both as many as the usual step's times the same count? Steps the timeline
-    did not divide (a job's last step, closed by no next step), with which the job ended; a
-    step cut short stops before its synchronization completes (a ring stalls without any of its
-    members), so it carries less of its DP traffic than of the rest."""
-    counted, n = np.isin(job.step, complete), int(complete.max()) + 1
-    shares = []
-    for mask in (np.ones(len(job.kind), bool), job.kind == DP):
-        usual = np.median(np.bincount(job.step[counted & mask], minlength=n)[complete])
-        if usual > 0:
-            shares.append(np.sum(after & mask) / usual)
-    steps = round(shares[0]) if shares else 0
-    return steps >= 1 and all(abs(share - steps) <= 1.0 - params.complete_step_share for share in shares)
 
 
 def _active_at_phase(job: JobHour, steps: np.ndarray, addrs: np.ndarray, since: np.ndarray, until: float) -> np.ndarray:
