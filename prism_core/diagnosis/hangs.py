@@ -128,7 +128,7 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     saved &= job.write_to_storage
     save_end = float(job.write_end[saved].max()) if saved.any() else None
     unfinished_start = save_end if save_end is not None else unfinished_start
-    since_complete = int(np.sum(job.start[seen] > unfinished_start))
+    mid_step = bool((job.start[seen] > unfinished_start).any())
     typical_step = float(np.median(job.duration[:n_steps])) if n_steps else (level_s or 0.0)
 
     # the GPUs active since the last complete step began (a checkpoint step is long: a GPU
@@ -167,11 +167,6 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     first_silent = silent_since[silenced].min(initial=np.inf)
     silent_first = silenced[silent_since[silenced] <= first_silent + params.hang_stagger_s / 2]
     first = last_seen[silent_first if len(silent_first) else active].min()
-    # traffic after the last complete step that adds up to whole steps of every GPU is steps the
-    # timeline did not divide (a job's last step, closed by no next one): the job ended with them
-    steps_after = since_complete / np.median(per_step) if len(complete) else 0.0
-    whole = round(steps_after) >= 1 and abs(steps_after - round(steps_after)) <= 1.0 - params.complete_step_share
-    mid_step = since_complete > 0 and not (whole and not len(silenced))
     # a checkpoint write keeps the job busy without traffic between its GPUs
     last_active = max(stopped, float(job.write_end[job.write_end < before].max(initial=-np.inf)))
     return Stop(

@@ -65,8 +65,7 @@ class JobHour:
     # the job's recognition events
     event_ns: np.ndarray
     event_kind: np.ndarray  # str
-    # the other jobs' addresses and their hosts this hour: when each first and last used one
-    other_addr: np.ndarray  # str
+    # the other jobs' hosts this hour: when each first and last used one
     other_host: np.ndarray  # str
     other_first: np.ndarray
     other_last: np.ndarray
@@ -109,7 +108,7 @@ class JobHour:
             write_src=src[write_order],
             write_dst=write_dst,
             write_bytes=nbytes[write_order],
-            write_to_storage=~np.isin(write_dst, others["other_addr"]),
+            write_to_storage=~np.isin(write_dst, others.pop("other_addr")),
             read_start=start[read_order],
             read_end=end[read_order],
             read_dst=dst[read_order],
@@ -171,12 +170,8 @@ class JobHour:
         return int(self.gpus_of_host[hosts].sum() if len(hosts) else self.gpus_of_host.sum())
 
     def hosts_taken_after(self, hosts: list[str], after: float) -> float:
-        """When another job first used one of this job's GPUs on `hosts` after `after` (inf: never
-        this hour): one of its member addresses, not any address of the hosts, as jobs share
-        hosts GPU by GPU (a job on a host's other GPUs says nothing of this one's); any address
-        of the hosts for a job with no member this hour (a hang carried from the hour before)."""
-        own = np.isin(self.other_addr, self.addrs) if len(self.addrs) else True
-        mine = np.isin(self.other_host, hosts) & own & (self.other_last > after)
+        """When another job first used one of `hosts` after `after` (inf: never this hour)."""
+        mine = np.isin(self.other_host, hosts) & (self.other_last > after)
         return float(max(self.other_first[mine].min(), after)) if mine.any() else np.inf
 
     def event_kinds(self, lo_ns: int, hi_ns: int, window_s: float) -> list[str]:
