@@ -294,7 +294,7 @@ def silent_resolution(timeline_state: dict | None,
 
 def cached_exporters(exporters: dict[str, resolution.ExporterProfile] | None) -> frozenset[str]:
     """The exporters whose profile says they keep a flow cache (records may merge transfers)."""
-    return frozenset(name for name, profile in (exporters or {}).items() if profile.kind == "flow_cache")
+    return frozenset(name for name, profile in (exporters or {}).items() if resolution.keeps_flow_cache(profile))
 
 
 def profiles_by_address(profiles: list[resolution.ExporterProfile]) -> dict[str, resolution.ExporterProfile]:

@@ -474,6 +474,11 @@ def reports_one_by_one(profile: ExporterProfile | None) -> bool:
     return profile is None or profile.kind in ("per_transfer", "unknown")
 
 
+def keeps_flow_cache(profile: ExporterProfile | None) -> bool:
+    """Whether the exporter keeps a flow cache: its records may merge several transfers."""
+    return profile is not None and profile.kind == "flow_cache"
+
+
 def _clock_ns(profile: ExporterProfile | None) -> int:
     return profile.clock_ns if profile is not None else 1
 
@@ -482,7 +487,7 @@ def _idle_timeouts_ns(flows: pa.Table, profiles: dict[str, ExporterProfile]) -> 
     """Per record: its exporter's idle timeout (the profile's `merge_gap_s`, ns) where the
     exporter keeps a flow cache, 0 elsewhere; None when no exporter does."""
     cached = {name: profile.merge_gap_s for name, profile in profiles.items()
-              if profile.kind == "flow_cache" and profile.merge_gap_s}
+              if keeps_flow_cache(profile) and profile.merge_gap_s}
     if not cached or flows.num_rows == 0:
         return None
     names = pa.array(sorted(cached), pa.string())
