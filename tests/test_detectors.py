@@ -329,7 +329,7 @@ def test_a_quiet_gap_after_a_complete_step_is_a_save_not_a_restart():
     # an unseen save: the job finishes step 29 and is quiet 40 s before step 30 (recognition takes
     # its return for a restart: attempt 1); a crash 0.2 s into the step after 49 is quiet as long
     durations = jittered(60)
-    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + 40.0 * ((np.arange(60) >= 30) + (np.arange(60) >= 50))
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + 40.0 * ((np.arange(60) >= 30).astype(int) + (np.arange(60) >= 50))
     attempt = (np.arange(60) >= 30).astype(np.int64) + (np.arange(60) >= 50)
     flows = joined(ring_flows(step_start, 4, np.full((60, 4), 0.05)), cut_steps(step_start[[49]] + durations[[49]]))
     job = make_hour(durations, step_start=step_start, attempt=attempt, flows=flows)
