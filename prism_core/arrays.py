@@ -159,6 +159,19 @@ def searchsorted_many(a: np.ndarray, v: np.ndarray, side: str = "left") -> np.nd
     return np.repeat(np.arange(len(a) + 1), np.diff(np.r_[0, placed, len(v)]))
 
 
+def nearest_within(values: np.ndarray, reference: np.ndarray, share: float) -> np.ndarray:
+    """Per value: the index of the nearest entry of `reference` (sorted) when that lies within
+    `share` of the value, else -1. Exporters that count header bytes per packet, or estimate a
+    flow's bytes, report one transfer size a few bytes apart each time: sizes are compared so."""
+    if not len(reference) or not len(values):
+        return np.full(len(values), -1, np.int64)
+    place = np.searchsorted(reference, values)
+    below, above = np.maximum(place - 1, 0), np.minimum(place, len(reference) - 1)
+    distance_below, distance_above = np.abs(values - reference[below]), np.abs(reference[above] - values)
+    nearest = np.where(distance_below <= distance_above, below, above)
+    return np.where(np.minimum(distance_below, distance_above) <= share * np.abs(values), nearest, -1)
+
+
 def first_beyond_in_group(group: np.ndarray, times: np.ndarray, gap: int) -> np.ndarray:
     """For rows sorted by (group, times): per row, the first row of its group whose time exceeds
     its own by more than `gap` (len(group) where none). One search, asked in sorted order, over keys

@@ -19,6 +19,7 @@ from prism_core.arrays import (
     group_reduce,
     kth_within_groups,
     lookup,
+    nearest_within,
     rolling_median,
     searchsorted_many,
     segment_median,
@@ -230,3 +231,10 @@ def test_first_beyond_in_group_is_a_search_within_each_group(gap):
     assert np.array_equal(first_beyond_in_group(group, times, gap), expected)
     assert (expected < len(group)).any() and (expected == len(group)).any()
     assert len(first_beyond_in_group(group[:0], times[:0], gap)) == 0
+
+
+def test_nearest_within_names_the_nearest_reference_only_within_the_share():
+    reference = np.array([100.0, 200.0, 1000.0])
+    values = np.array([101.0, 150.0, 197.0, 990.0, 5.0, 2000.0])
+    assert nearest_within(values, reference, 0.02).tolist() == [0, -1, 1, 2, -1, -1]
+    assert nearest_within(values, np.zeros(0), 0.02).tolist() == [-1] * 6

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from prism_core.arrays import nearest_within
 from prism_core.recognition.observe import Observations
 from prism_core.recognition.params import RecognitionParams
 
@@ -80,8 +81,10 @@ def hand_over(track: Track, obs: Observations, k: int, params: RecognitionParams
         return None
     src, dst, size, first, last = obs.edges(track.last_observations)
     on_taken = np.isin(src, taken) | np.isin(dst, taken)
-    new_sizes = np.setdiff1d(obs.signature(k)[0], track.known_sizes(params))
-    new_shape = on_taken & np.isin(size, new_sizes)
+    known = np.sort(track.known_sizes(params)).astype(np.float64)
+    seen = obs.signature(k)[0]
+    new_sizes = np.sort(seen[nearest_within(seen.astype(np.float64), known, params.same_size) < 0]).astype(np.float64)
+    new_shape = on_taken & (nearest_within(size.astype(np.float64), new_sizes, params.same_size) >= 0)
     old_shape = on_taken & ~new_shape
     if not (new_shape.any() and old_shape.any()):
         return None

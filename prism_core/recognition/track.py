@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prism_core.arrays import combination_ids, group_spans
+from prism_core.arrays import combination_ids, group_spans, nearest_within
 from prism_core.minutes import MINUTE_NS
 from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job
 from prism_core.recognition.merge import ranges
@@ -89,26 +89,54 @@ class Track:
         return established if len(established) else self.sizes
 
     def signature_share(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> float:
-        """Share of the observed repeated bytes in flow sizes the job is known by. Weighing by
-        bytes lets the gradient buckets (sized by the model and its sharding) outweigh activation
-        sizes, which many models share."""
+        """Share of the observed repeated bytes in flow sizes the job is known by (within
+        `params.same_size`: exporters that count header bytes tell one size a few bytes apart
+        each time). Weighing by bytes lets the gradient buckets (sized by the model and its
+        sharding) outweigh activation sizes, which many models share."""
         moved = sizes.astype(np.float64) * flows
         total = moved.sum()
         known = self.known_sizes(params)
         if total == 0 or len(known) == 0:
             return 1.0  # nothing to compare: trust the NICs
-        return float(moved[np.isin(sizes, known)].sum() / total)
+        return float(moved[_known_size(sizes, known, params) >= 0].sum() / total)
 
     def add_sizes(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> None:
         """Count a minute's repeated flow `sizes` (with their `flows`) into the signature, keeping
-        the sizes with the most flows."""
-        all_sizes = np.concatenate([self.sizes, sizes])
-        distinct, position = np.unique(all_sizes, return_inverse=True)
-        totals = np.bincount(position, weights=np.concatenate([self.size_flows, flows])).astype(np.int64)
-        minutes = np.concatenate([self.size_minutes, np.zeros(len(sizes), np.int64)])
-        minutes = np.bincount(position, weights=minutes).astype(np.int64) + np.isin(distinct, sizes)
-        keep = np.argsort(-totals, kind="stable")[: params.signature_sizes]
-        self.sizes, self.size_flows, self.size_minutes = distinct[keep], totals[keep], minutes[keep]
+        the sizes with the most flows. A size within `params.same_size` of one the signature holds
+        counts as that one; the minute's other sizes that close to each other count as the one of
+        them with the most flows (header bytes spread one transfer size over nearby counts)."""
+        held = _known_size(sizes, self.sizes, params)
+        new = held < 0
+        new_sizes, new_flows = _one_per_family(sizes[new], flows[new], params.same_size)
+        all_sizes = np.concatenate([self.sizes, new_sizes])
+        totals = np.concatenate([self.size_flows + np.bincount(held[~new], flows[~new], len(self.sizes)).astype(np.int64),
+                                 new_flows])
+        minutes = np.concatenate([self.size_minutes + (np.bincount(held[~new], minlength=len(self.sizes)) > 0),
+                                  np.ones(len(new_sizes), np.int64)])
+        by_size = np.argsort(all_sizes, kind="stable")  # ties in flows keep the smaller size first
+        keep = by_size[np.argsort(-totals[by_size], kind="stable")[: params.signature_sizes]]
+        self.sizes, self.size_flows, self.size_minutes = all_sizes[keep], totals[keep], minutes[keep]
+
+
+def _known_size(sizes: np.ndarray, known: np.ndarray, params: RecognitionParams) -> np.ndarray:
+    """Per size: the index in `known` of the size it is (the nearest within `params.same_size`), -1 for none."""
+    order = np.argsort(known, kind="stable")
+    at = nearest_within(sizes.astype(np.float64), known[order].astype(np.float64), params.same_size)
+    at[at >= 0] = order[at[at >= 0]]
+    return at
+
+
+def _one_per_family(sizes: np.ndarray, flows: np.ndarray, share: float) -> tuple[np.ndarray, np.ndarray]:
+    """Sizes within `share` of their neighbour (sorted) as one: the size with the most flows (the
+    smallest on ties), with the family's flows."""
+    if not len(sizes):
+        return sizes, flows
+    by_size = np.argsort(sizes, kind="stable")
+    size, flow = sizes[by_size], flows[by_size]
+    family = np.cumsum(np.r_[True, size[1:] > size[:-1] * (1.0 + share)]) - 1
+    best = np.lexsort((size, -flow, family))
+    first = best[np.r_[True, family[best][1:] != family[best][:-1]]]
+    return size[first], np.bincount(family, flow).astype(np.int64)
 
 
 def hosts_held_in_part(src: np.ndarray, dst: np.ndarray, size: np.ndarray, vocabulary: NicVocabulary,
