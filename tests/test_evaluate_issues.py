@@ -181,3 +181,14 @@ def test_recall_by_size_against_the_diagnosis_thresholds():
     assert figures["recall_straggler_under_1x"] is None
     # f1 and the slow step have no factor in their params
     assert figures["faults_without_size"] == 2
+
+
+def test_a_prism_job_seen_on_part_of_a_jobs_addresses_is_that_job_not_the_one_before_on_them():
+    # t0 held a0 and a1 in the hour before; t1 holds a0-a3 now, and Prism saw it on a0 and a1 only
+    at = ts([-3600, -1800, 0, 3600])
+    truth_gpus = pa.table({"job_id": ["t0", "t0", "t1", "t1", "t1", "t1"], "addr": ["a0", "a1", "a0", "a1", "a2", "a3"],
+                           "start": pa.concat_arrays([at.take([0, 0]), at.take([2] * 4)]),
+                           "end": pa.concat_arrays([at.take([1, 1]), at.take([3] * 4)])})
+    prism_gpus = pa.table({"job_id": ["p1", "p1"], "addr": ["a0", "a1"], "first_seen": at.take([2, 2]),
+                           "last_seen": at.take([3, 3])})
+    assert issue_scorer.associate_jobs(truth_gpus, prism_gpus) == {("t1", "p1")}

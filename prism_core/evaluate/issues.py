@@ -1,8 +1,10 @@
 """Scores the `issues` table against the simulator's truth faults.
 
 Issue rows are first merged by `issue_id` (an issue crossing hours has one row per hour, each with
-that hour's waste). A Prism job is associated with every truth job whose address set it resembles
-(Jaccard >= 0.5 over `job_gpus`); hosts are reused, so an issue can match a truth fault of an
+that hour's waste). A Prism job is associated with every truth job that held at least half of its
+addresses while both held them (`associate_jobs`: hosts are reused, so an address that served
+another job earlier in the hour associates nothing; a Prism job seen on part of a job's GPUs is
+that job, one merging two jobs is both). An issue can match a truth fault of an
 associated job when the kinds are equal, the times overlap (within `TIME_SLACK_NS`) and the subject
 is the fault's: a straggler names its host (or one host of a slow stage), a slow link its address (alone or as one end of a
 link), and a hang its address or the whole job (its GPUs stopped together, so the data cannot
@@ -20,12 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.optimize import linear_sum_assignment
 
+from prism_core.evaluate import jobs as jobs_scorer
 from prism_core.evaluate import sensitivity
 from prism_core.evaluate.figures import Figure
 from prism_core.truth import TRUTH_FAULT_KINDS
 
 HOUR_NS = 3_600_000_000_000
-MIN_JACCARD = 0.5
+MIN_SHARED = 0.5  # of a Prism job's addresses, held by the truth job at the same time
 TIME_SLACK_NS = 30_000_000_000
 SUBJECT_KINDS = ("straggler", "slow_link", "hang")  # the truth names a host or an address
 WASTE_TOLERANCE = 0.10
@@ -93,17 +96,35 @@ def merged_issues(rows: pa.Table) -> pa.Table:
 
 
 def associate_jobs(truth_gpus: pa.Table, prism_gpus: pa.Table) -> set[tuple[str, str]]:
-    """(truth job, Prism job) pairs whose address sets have Jaccard similarity >= MIN_JACCARD."""
-    truth_addrs = truth_gpus.group_by(["job_id", "addr"], use_threads=False).aggregate([])
-    prism_addrs = prism_gpus.group_by(["job_id", "addr"], use_threads=False).aggregate([])
-    shared = truth_addrs.join(prism_addrs, "addr", join_type="inner", left_suffix="_truth", right_suffix="_prism")
+    """(truth job, Prism job) pairs where the truth job held at least MIN_SHARED of the Prism job's
+    addresses while both held them: their spans (`start`..`end` in the truth, `first_seen`..
+    `last_seen` in Prism's, where the tables have them) overlap as `jobs.LIFE_OVERLAP_NS` says."""
+    truth_spans, prism_spans = _address_spans(truth_gpus, "start", "end"), _address_spans(prism_gpus, "first_seen", "last_seen")
+    joined = truth_spans.join(prism_spans, "addr", join_type="inner", left_suffix="_truth", right_suffix="_prism")
+    start_truth, end_truth, start_prism, end_prism = (
+        joined[c].to_numpy() for c in ("start_truth", "end_truth", "start_prism", "end_prism"))
+    held_together = np.minimum(end_truth, end_prism) - np.maximum(start_truth, start_prism)
+    shorter = np.minimum(end_truth - start_truth, end_prism - start_prism)
+    shared = joined.filter(pa.array(held_together > np.minimum(jobs_scorer.LIFE_OVERLAP_NS, shorter / 2)))
     shared = shared.group_by(["job_id_truth", "job_id_prism"], use_threads=False).aggregate([("addr", "count")])
-    truth_size, prism_size = _sizes(truth_addrs), _sizes(prism_addrs)
-    pairs = set()
-    for truth_id, prism_id, common in zip(*(shared[c].to_pylist() for c in ("job_id_truth", "job_id_prism", "addr_count"))):
-        if common / (truth_size[truth_id] + prism_size[prism_id] - common) >= MIN_JACCARD:
-            pairs.add((truth_id, prism_id))
-    return pairs
+    prism_size = _sizes(prism_spans)
+    return {(truth_id, prism_id)
+            for truth_id, prism_id, common in zip(*(shared[c].to_pylist() for c in ("job_id_truth", "job_id_prism", "addr_count")))
+            if common >= MIN_SHARED * prism_size[prism_id]}
+
+
+def _address_spans(gpus: pa.Table, start: str, end: str) -> pa.Table:
+    """job_id, addr, start, end (int64 ns) per address of each job; a table without spans holds
+    every address for all time."""
+    def column(name: str, fill: int) -> np.ndarray:
+        if name not in gpus.column_names:
+            return np.full(gpus.num_rows, fill, np.int64)
+        return pc.fill_null(gpus[name].cast(pa.int64()), fill).to_numpy()
+
+    spans = pa.table({"job_id": gpus["job_id"], "addr": gpus["addr"],
+                      "start": column(start, -(1 << 60)), "end": column(end, 1 << 60)})
+    spans = spans.group_by(["job_id", "addr"], use_threads=False).aggregate([("start", "min"), ("end", "max")])
+    return pa.table({"job_id": spans["job_id"], "addr": spans["addr"], "start": spans["start_min"], "end": spans["end_max"]})
 
 
 def _sizes(job_addrs: pa.Table) -> dict[str, int]:
