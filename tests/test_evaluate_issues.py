@@ -31,7 +31,8 @@ def scorer_case() -> tuple[dict, dict]:
         "start": ts([100, 1000, 3000, 500]), "end": ts([400, 1200, 3500, 506]),
         "wasted_gpu_s": [1000.0, 200.0, 5000.0, 40.0], "params": ["{}"] * 4,
     })
-    steps = pa.table({"job_id": ["t1", "t2", "t2"], "start": ts([0, 0, 3700]), "end": ts([5, 5, 3705])})
+    steps = pa.table({"job_id": ["t1", "t2", "t2"], "start": ts([0, 0, 3700]), "end": ts([5, 5, 3705]),
+                      "checkpoint": [False] * 3})
     truth = {"faults": faults, "job_gpus": truth_gpus, "jobs": pa.table({"job_id": ["t1", "t2"], "n_gpus": [4, 4]}),
              "steps": steps}
     issues = pa.table({
@@ -192,3 +193,20 @@ def test_a_prism_job_seen_on_part_of_a_jobs_addresses_is_that_job_not_the_one_be
     prism_gpus = pa.table({"job_id": ["p1", "p1"], "addr": ["a0", "a1"], "first_seen": at.take([2, 2]),
                            "last_seen": at.take([3, 3])})
     assert issue_scorer.associate_jobs(truth_gpus, prism_gpus) == {("t1", "p1")}
+
+
+def test_false_slow_steps_are_told_by_the_truths_step_under_them():
+    truth, warehouse = scorer_case()
+    # t2's steps: 5 s each, but a stall of 9 s at 50 s and a checkpoint save at 100 s
+    durations = [5.0] * 30
+    durations[10], durations[20] = 9.0, 20.0
+    starts = np.r_[0.0, np.cumsum(durations)[:-1]]
+    truth["steps"] = pa.table({"job_id": ["t2"] * 30, "start": ts(list(starts)), "end": ts(list(starts + durations)),
+                               "checkpoint": [k == 20 for k in range(30)]})
+    case = with_issues(warehouse, issue_id=["s1", "s2", "s3"], job_id=["p2"] * 3, kind=["slow_step"] * 3,
+                       subject=["p2"] * 3, start=ts([starts[10], starts[20], starts[5]]),
+                       end=ts([starts[10] + 9, starts[20] + 20, starts[5] + 5]))
+    figures = figures_of(truth, case)
+    # p2's own slow step i4 (50-55 s) lies on the stall too
+    assert (figures["false_slow_steps"], figures["false_slow_steps_on_long_steps"],
+            figures["false_slow_steps_on_checkpoints"]) == (4, 2, 1)

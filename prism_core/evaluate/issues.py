@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.optimize import linear_sum_assignment
 
+from prism_core.diagnosis import DEFAULT_PARAMS as DIAGNOSIS_DEFAULTS
 from prism_core.evaluate import jobs as jobs_scorer
 from prism_core.evaluate import sensitivity
 from prism_core.evaluate.figures import Figure
@@ -33,6 +34,7 @@ TIME_SLACK_NS = 30_000_000_000
 SUBJECT_KINDS = ("straggler", "slow_link", "hang")  # the truth names a host or an address
 WASTE_TOLERANCE = 0.10
 PERCEPTIBLE_SHARE = 0.01
+SLOW_STEP_NEIGHBOURS = 10  # truth steps each side whose median is a step's usual length
 
 
 def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dict) -> dict[str, Figure]:
@@ -79,9 +81,48 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
     figures["waste_within_10pct_perceptible"] = Figure.share((errors[perceptible] <= WASTE_TOLERANCE).sum(),
                                                              perceptible.sum())
     figures |= _recall_by_size(faults, fault_kind, detected, held)
+    if "steps" in truth:
+        figures |= _false_slow_steps(truth["steps"], issues, matched, associated)
     figures["faults"] = Figure(faults.num_rows)
     figures["issues"] = Figure(issues.num_rows)
     return figures
+
+
+def _false_slow_steps(steps: pa.Table, issues: pa.Table, matched: np.ndarray,
+                      associated: set[tuple[str, str]]) -> dict[str, Figure]:
+    """The false slow-step issues by the truth's step they overlap most (of the truth jobs their
+    Prism job stands for): a checkpoint step, a step that took `slow_step_delta` times the median
+    of the job's ordinary steps around it (SLOW_STEP_NEIGHBOURS each side) though the simulator
+    injected no fault there (a stall of a heavy-tailed job: slow by any measure of the step, not a
+    fault by the truth's), or neither. Says how much of the slow steps' imprecision is the truth's
+    line between a stall that is the job's nature and an injected one."""
+    false = np.flatnonzero(~matched & (np.asarray(issues["kind"].to_pylist(), dtype=object) == "slow_step"))
+    truth_jobs: dict[str, list[str]] = {}
+    for truth_id, prism_id in associated:
+        truth_jobs.setdefault(prism_id, []).append(truth_id)
+    by_job = {job_id: np.flatnonzero(pc.equal(steps["job_id"], job_id).to_numpy(zero_copy_only=False))
+              for job_id in {t for ts in truth_jobs.values() for t in ts}}
+    start, end = (steps[c].cast(pa.int64()).to_numpy() for c in ("start", "end"))
+    checkpoint = steps["checkpoint"].to_numpy(zero_copy_only=False)
+    issue_start, issue_end = (issues[c].cast(pa.int64()).to_numpy() for c in ("start", "end"))
+    job_of_issue = issues["job_id"].to_pylist()
+    on_checkpoints = on_long_steps = 0
+    for i in false.tolist():
+        rows = np.concatenate([by_job[t] for t in truth_jobs.get(job_of_issue[i], [])] or [np.zeros(0, np.int64)])
+        rows = rows[np.argsort(start[rows], kind="stable")]
+        together = np.minimum(end[rows], issue_end[i]) - np.maximum(start[rows], issue_start[i])
+        if not len(rows) or together.max() <= 0:
+            continue
+        k = int(np.argmax(together))
+        if checkpoint[rows[k]]:
+            on_checkpoints += 1
+            continue
+        around = rows[max(k - SLOW_STEP_NEIGHBOURS, 0):k + SLOW_STEP_NEIGHBOURS + 1]
+        around = around[~checkpoint[around]]
+        usual = np.median(end[around] - start[around])
+        on_long_steps += end[rows[k]] - start[rows[k]] >= DIAGNOSIS_DEFAULTS.slow_step_delta * usual
+    return {"false_slow_steps": Figure(len(false)), "false_slow_steps_on_long_steps": Figure(int(on_long_steps)),
+            "false_slow_steps_on_checkpoints": Figure(on_checkpoints)}
 
 
 def merged_issues(rows: pa.Table) -> pa.Table:
