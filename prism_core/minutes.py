@@ -42,11 +42,11 @@ def minute_aggregates(flows: pa.Table, counted: np.ndarray | None = None) -> pa.
         return FLOW_MINUTES.empty_table()
     weight = np.ones(flows.num_rows, np.int64) if counted is None else counted.astype(np.int64)
     rows = flows.select([*PAIR, "bytes", "time_flow_start_ns", "time_flow_end_ns"])
-    rows = rows.append_column("flows", [weight])
+    rows = rows.append_column("sampling_rate", pc.fill_null(flows["sampling_rate"], 1)).append_column("flows", [weight])
     # One grouping by (pair, size), each pair's most frequent size first (the smallest on ties):
     # every column of a row follows from its sizes here.
     per_size = rows.group_by([*PAIR, "bytes"], use_threads=False).aggregate(
-        [("flows", "sum"), ("time_flow_start_ns", "min"), ("time_flow_end_ns", "max")]
+        [("flows", "sum"), ("time_flow_start_ns", "min"), ("time_flow_end_ns", "max"), ("sampling_rate", "max")]
     )
     per_size = per_size.sort_by(
         [*((key, "ascending") for key in PAIR), ("flows_sum", "descending"), ("bytes", "ascending")]
@@ -63,6 +63,7 @@ def minute_aggregates(flows: pa.Table, counted: np.ndarray | None = None) -> pa.
             "top_size_flows": count[first],
             "first_start_ns": np.minimum.reduceat(per_size["time_flow_start_ns_min"].to_numpy(), first),
             "last_end_ns": np.maximum.reduceat(per_size["time_flow_end_ns_max"].to_numpy(), first),
+            "sampling_rate": np.maximum.reduceat(per_size["sampling_rate_max"].to_numpy(), first),
         }
     )
     return conform(grouped, FLOW_MINUTES)

@@ -62,6 +62,9 @@ FLOW_MINUTES = pa.schema(
         ("top_size_flows", pa.int64()),  # how many flows had it
         ("first_start_ns", pa.int64()),
         ("last_end_ns", pa.int64()),
+        # the highest sampling rate of its records (1: unsampled): a sampler's byte counts are
+        # estimates (sampled packets x rate), so its sizes recur without being a transfer's
+        ("sampling_rate", pa.int64()),
     ]
 )
 

@@ -217,6 +217,17 @@ def test_pipeline_hops_tell_a_job_on_the_first_gpus_of_idle_hosts_from_a_job_of_
     assert recognize_hour(table(rows + hops), topology, None, HOUR0).jobs["n_gpus"].to_pylist() == [32]
 
 
+def test_sampled_rows_show_no_pipeline_hop_ending_a_host():
+    # the same rows behind packet samplers: their sizes are estimates (sampled packets x rate), a
+    # size shared one way and the other tells no transfer, so the job holds its hosts whole
+    topology = inventory(4)
+    minutes = range(5)
+    rows = ring([0, 2], minutes, 64 << 20, rails=[0, 1]) + ring([1, 3], minutes, 64 << 20, rails=[0, 1])
+    hops = pipeline_hop(0, 1, minutes, 4 << 20, 0, 1) + pipeline_hop(2, 3, minutes, 4 << 20, 0, 1)
+    sampled = [dict(row, sampling_rate=4096) for row in rows + hops]
+    assert recognize_hour(table(sampled), topology, None, HOUR0).jobs["n_gpus"].to_pylist() == [32]
+
+
 def test_a_job_on_hosts_another_left_this_hour_holds_them_whole():
     # a job of whole hosts ends at minute 10; from minute 20 another on the same hosts shows only
     # rails 0-3 (its other GPUs' NICs talked this hour, for the first job): both hold 16 GPUs

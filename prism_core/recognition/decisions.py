@@ -79,7 +79,7 @@ def hand_over(track: Track, obs: Observations, k: int, params: RecognitionParams
     taken = np.intersect1d(obs.nics(k), track.nics)
     if len(track.last_observations) == 0 or len(taken) == 0:
         return None
-    src, dst, size, first, last = obs.edges(track.last_observations)
+    src, dst, size, first, last, _ = obs.edges(track.last_observations)
     on_taken = np.isin(src, taken) | np.isin(dst, taken)
     known = np.sort(track.known_sizes(params)).astype(np.float64)
     seen = obs.signature(k)[0]

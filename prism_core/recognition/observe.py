@@ -35,12 +35,14 @@ class Observations:
     edge_size: np.ndarray  #   top size, first flow start and last flow end of the row
     edge_first_ns: np.ndarray
     edge_last_ns: np.ndarray
+    edge_estimated: np.ndarray  #   and whether its sizes are a packet sampler's estimates
     host_of_nic: np.ndarray  # host code of every NIC code
 
     @classmethod
     def empty(cls) -> Observations:
         empty, pointer = np.zeros(0, np.int64), np.zeros(1, np.int64)
-        return cls(empty, empty, empty, pointer, empty, pointer, empty, empty, pointer, *[empty] * 6)
+        return cls(empty, empty, empty, pointer, empty, pointer, empty, empty, pointer, *[empty] * 5,
+                   np.zeros(0, bool), empty)
 
     def nics(self, k: int) -> np.ndarray:
         return self.nic_codes[self.nic_ptr[k] : self.nic_ptr[k + 1]]
@@ -59,9 +61,10 @@ class Observations:
         return np.concatenate([sizes for sizes, _ in parts]), np.concatenate([flows for _, flows in parts])
 
     def edges(self, ks: np.ndarray) -> tuple[np.ndarray, ...]:
-        """src NIC, dst NIC, top size, first start, last end of the rows of observations `ks`."""
+        """src NIC, dst NIC, top size, first start, last end, estimated of the rows of observations `ks`."""
         rows = np.concatenate([np.arange(self.edge_ptr[k], self.edge_ptr[k + 1]) for k in ks.tolist()])
-        columns = (self.edge_src_nic, self.edge_dst_nic, self.edge_size, self.edge_first_ns, self.edge_last_ns)
+        columns = (self.edge_src_nic, self.edge_dst_nic, self.edge_size, self.edge_first_ns, self.edge_last_ns,
+                   self.edge_estimated)
         return tuple(column[rows] for column in columns)
 
 
@@ -123,7 +126,9 @@ def observe(
     node_nic = nic_of_addr[node_key % n_addrs]
     node_host_key = node_minute_pos * len(vocabulary.host_names) + host_of_addr[node_key % n_addrs]
     repeated = edges["_repeated"].to_numpy(zero_copy_only=False)
-    exact = edges["top_size_flows"].to_numpy() >= params.min_repeated_flows
+    # a sampler's sizes are estimates (rows of older warehouses say no rate: unsampled)
+    estimated = pc.fill_null(edges["sampling_rate"], 1).to_numpy() > 1
+    exact = (edges["top_size_flows"].to_numpy() >= params.min_repeated_flows) & ~estimated
     graph = Graph(node_host_key, node_nic, node_first_ns, node_last_ns, src_node, edges["top_size"].to_numpy(), exact)
     job = job_of_nodes(src_node, node_of_end[n_edges:], graph, params)
     job, job_nic_pairs, job_minute_pos = _in_tracking_order(job, node_minute_pos, node_nic, node_first_ns, vocabulary)
@@ -164,6 +169,7 @@ def observe(
         edge_size=edges["top_size"].to_numpy()[by_job],
         edge_first_ns=edges["first_start_ns"].to_numpy()[by_job],
         edge_last_ns=edges["last_end_ns"].to_numpy()[by_job],
+        edge_estimated=estimated[by_job],
         host_of_nic=vocabulary.hosts(np.arange(len(vocabulary.addrs))),
     )
 

@@ -460,9 +460,10 @@ class Tracker:
         track.status = "ended" if superseded else "running"
         track.seen_this_hour = True
         track.add_sizes(*obs.signatures(ks), self.params)
-        src, dst, size, _, _ = obs.edges(ks)
-        track.held_in_part = np.union1d(track.held_in_part,
-                                        hosts_held_in_part(src, dst, size, self.vocabulary, self.params.same_size))
+        src, dst, size, _, _, estimated = obs.edges(ks)
+        # a sampler's estimates tell no transfer size apart from another
+        track.held_in_part = np.union1d(track.held_in_part, hosts_held_in_part(
+            src[~estimated], dst[~estimated], size[~estimated], self.vocabulary, self.params.same_size))
         track.last_observations, track.last_presence = ks, len(self.presence)
         self.presence.append((index, first_ns, last_ns, seen if superseded else track.nics))
 
