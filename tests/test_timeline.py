@@ -631,6 +631,66 @@ def test_a_distributed_optimizers_gather_after_bucketed_syncs_opens_each_step():
     assert _distance_to_nearest(ends, bounds).max() < 0.01 * 10 * SECOND
 
 
+def _stage_rings_job(held_back_alone: bool, light_rings: bool) -> tuple[pa.Table, pa.Table, list[int], list[int]]:
+    """A pipeline's DP syncs as the network shows them when its stages and tied embedding stay
+    inside the hosts: four stages' rings over four hosts sync one after another at each step's
+    end, 4 buckets of 256 MiB on each pair, in one burst; the first and last stages' buckets, held
+    back for the embedding's all-reduce, come last, as one burst of both rings (`held_back_alone`:
+    the last stage's ring alone instead). Stages 0 and 1 share their NICs (one NIC for two GPUs),
+    so the held-back burst repeats stage 1's pairs. With `light_rings`, stages 2 and 3 cross more
+    hosts (8 pairs each, two buckets on each: the same flows and bytes per burst, half per pair).
+    An optimizer of 1.3 s follows the sync. Returns the flows, the DP pairs, where each step's
+    sync ends and where it ends."""
+    rng = np.random.default_rng(11)
+
+    def ring(name: str, n: int) -> list[tuple[str, str]]:
+        return [(f"{name}{k}", f"{name}{(k + 1) % n}") for k in range(n)]
+
+    shared, other = ring("n", 4), ring("m", 4)
+    far = ring("f", 8) if light_rings else ring("f", 4)
+    last = ring("l", 8) if light_rings else ring("l", 4)
+    rows, sync_ends, step_ends, t = [], [], [], 10 * HOUR_NS
+
+    def burst(at: int, pairs: list[tuple[str, str]], flows_per_pair: int) -> int:
+        rows.extend((at + 1_000_000 * c, at + 180_000_000, src, dst, 256 << 20)
+                    for src, dst in pairs for c in range(flows_per_pair))
+        return at + 180_000_000
+
+    per_pair = 2 if light_rings else 4
+    for _ in range(40):
+        pace = rng.uniform(0.98, 1.02)
+        at = t + int(14e9 * pace)
+        at = burst(at, shared, 4) + int(0.29e9 * pace)
+        at = burst(at, far, per_pair) + int(0.37e9 * pace)
+        end = burst(at, last if held_back_alone else shared + last, per_pair)
+        sync_ends.append(end)
+        t = end + int(1.3e9 * pace)
+        step_ends.append(t)
+    start, end, src, dst, nbytes = map(list, zip(*rows))
+    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
+                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
+    every = sorted(set(shared + far + last))
+    pairs = pa.table({"src_addr": [a for a, _ in every], "dst_addr": [b for _, b in every], "kind": ["dp"] * len(every)})
+    return flows, pairs, sync_ends, step_ends
+
+
+@pytest.mark.parametrize("held_back_alone, light_rings", [(False, False), (True, True)])
+def test_the_held_back_buckets_of_two_stages_at_once_end_the_sync_where_the_exchange_stays_inside_a_host(
+        held_back_alone, light_rings):
+    """The first and last stages' buckets, held back for the tied embedding's all-reduce inside a
+    host, come after the other stages' syncs as one burst on twice the pairs, pair for pair like a
+    stage's (sealed-5 job 013, whose every step ended 1.5 s early, at that burst's start, read as
+    a ZeRO-3 parameter gather opening the next step): each sync phase ends with it, and no gather
+    marks the next step. Likewise the syncs of stages whose rings cross more hosts, lighter per pair
+    (sealed-5 job 006): they are syncs, not the next step's gather."""
+    flows, pairs, sync_ends, _ = _stage_rings_job(held_back_alone, light_rings)
+    built = traffic.Traffic.build(flows, pairs, None)
+    found = phases.sync_phases(built, 11 * HOUR_NS, None, DEFAULT_PARAMS.steps_to_learn, DEFAULT_PARAMS)
+    assert len(found.close_ns) == len(sync_ends)
+    assert np.abs(found.close_ns - np.array(sync_ends)).max() < 20_000_000
+    assert np.all(found.gather_ns < 0)
+
+
 def _ring_step_ends(rows: list[tuple], gpus: list[str]) -> np.ndarray:
     """The step ends divided from `rows` (start, end, src, dst, bytes) of a DP ring over `gpus`."""
     start, end, src, dst, nbytes = map(list, zip(*rows))

@@ -65,6 +65,7 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         distinct = burst_pair[np.r_[True, burst_pair[1:] != burst_pair[:-1]]]
         b_pairs = np.bincount(distinct // len(traffic.pairs), minlength=len(b_start))
         heavy = upper_class(np.log(np.maximum(b_bytes, 1.0) * b_flows / b_pairs.astype(float) ** 2), params)
+        heavy |= _other_groups_syncs(traffic, signal, burst, heavy, params)
         if b_bytes[heavy].sum() < params.heavy_bytes_share * b_bytes.sum():
             # too light to hold every step's gradients: bucket syncs that happened to touch
             heavy[:] = True
@@ -101,8 +102,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     phase = phase_of_burst[burst]
     in_phase = phase >= 0
     in_last = in_phase & (burst == candidates[last][phase])
-    shapes = (_phase_shapes(traffic, signal, phase, in_phase, in_last, b_bytes, b_flows, candidates, first, last,
-                            params) if has_dp else _Shapes.none(len(first)))
+    shapes = (_phase_shapes(traffic, signal, phase, in_phase, in_last, b_bytes, b_flows, b_pairs, candidates, first,
+                            last, params) if has_dp else _Shapes.none(len(first)))
     # the same collective again moves the same transfer sizes: another gradient bucket, or the
     # all-gather of the shards a reduce-scatter left (ZeRO-1/2); a parameter gather moves the
     # parameters' sizes, however close its bytes come to the gradients'
@@ -110,8 +111,9 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     all_gather &= shapes.same_sizes
     repeats = (shapes.repeated >= params.repeat_share) & ~all_gather
     # a different collective on the same pairs right after the optimizer: the next step's ZeRO-3
-    # parameter gather, its first traffic, not part of this sync (one like the burst before it is
-    # the sync's next gradient bucket)
+    # parameter gather, its first traffic, not part of this sync (one like the burst before it pair
+    # for pair is the sync's next gradient bucket, of as many DP groups or more: the first and last
+    # stages sync theirs at once after holding them back for the tied embedding's all-reduce)
     drop_last = repeats & ~(shapes.same_sizes & shapes.same_burst)
     after_optimizer = (shapes.repeated >= params.repeat_share) & all_gather
     # every stage's updated shards gathered at once (of the last phase): the optimizer ran, the sync is over
@@ -154,6 +156,23 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
                   closed, *_what_follows(traffic, flows, close, has_dp, burst, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _other_groups_syncs(traffic: Traffic, signal: np.ndarray, burst: np.ndarray, heavy: np.ndarray,
+                        params: TimelineParams) -> np.ndarray:
+    """Per burst of the DP rows `signal` (`burst` of each), whether a light one is another DP
+    group's gradient sync: it moves the heavy bursts' transfer sizes (all but a `same_shape` share
+    of its bytes in their size families) on pairs no heavy burst uses. Per pair a group whose ring
+    crosses more hosts shows more pairs of the same flows, so its syncs weigh less; a ZeRO-3
+    parameter gather or an MoE all-to-all runs on the sync's own pairs."""
+    light_row = ~heavy[burst]
+    if not light_row.any() or light_row.all():
+        return np.zeros(len(heavy), bool)
+    pair, family, nbytes = traffic.pair[signal], traffic.family[signal], traffic.nbytes[signal].astype(float)
+    alike = ~np.isin(pair, pair[~light_row]) & np.isin(family, family[~light_row])
+    moved = np.bincount(burst, nbytes, minlength=len(heavy))
+    alike_bytes = np.bincount(burst, nbytes * alike, minlength=len(heavy))
+    return ~heavy & (alike_bytes >= (1.0 - params.same_shape) * moved)
 
 
 def _whole_otherwise(traffic: Traffic, flows: list[np.ndarray], signal: np.ndarray, start: np.ndarray,
@@ -440,8 +459,9 @@ class _Shapes:
     every_pair: np.ndarray  # bool: those were all of the earlier bytes (within `same_shape`)
     same_sizes: np.ndarray  # bool: the last burst moves its bytes, all but a `same_shape` share, in size
     # families the earlier bursts moved too
-    same_burst: np.ndarray  # bool: it moves the bytes of the burst before it in as many flows (within
-    # `same_shape`): one gradient bucket after another
+    same_burst: np.ndarray  # bool: it moves the bytes of the burst before it in as many flows per pair
+    # (within `same_shape`), on as many pairs or more: one gradient bucket after another, of as many
+    # DP groups or more at once
     same_but_lost: np.ndarray  # bool: its flows' mean size is the earlier bursts' (on its pairs, within
     # `same_shape`), and either holds at least 1 - `lost_share` of the other's flows: the same
     # collective again, one side short of the records a lost export datagram took
@@ -452,7 +472,7 @@ class _Shapes:
 
 
 def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_phase: np.ndarray, in_last: np.ndarray,
-                  b_bytes: np.ndarray, b_flows: np.ndarray, candidates: np.ndarray,
+                  b_bytes: np.ndarray, b_flows: np.ndarray, b_pairs: np.ndarray, candidates: np.ndarray,
                   first: np.ndarray, last: np.ndarray, params: TimelineParams) -> _Shapes:
     """The `_Shapes` of every phase at once, from the signal rows (`phase` of each, `in_last`: in
     its phase's last burst). About repeated 1 with the same flows when the last burst repeats a
@@ -489,9 +509,16 @@ def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_ph
     same_sizes = several & (per_phase(last_phase, last_bytes * known)
                             >= (1.0 - params.same_shape) * per_phase(last_phase, last_bytes))
     final, before = candidates[last], candidates[np.maximum(last - 1, first)]
-    bytes_ratio = b_bytes[final] / np.maximum(b_bytes[before], 1)
-    same_burst = several & (np.abs(b_flows[final] / b_flows[before] - 1.0) <= params.same_shape)
-    same_burst &= np.abs(bytes_ratio - 1.0) <= params.same_shape
+    # per pair: the first and last stages' buckets synced at once after the tied embedding's
+    # all-reduce move one stage's bucket on each of their pairs (a ZeRO-3 parameter gather runs on
+    # the sync's own pairs, in fewer flows)
+    def like_before(scale: np.ndarray) -> np.ndarray:
+        bytes_ratio = b_bytes[final] / np.maximum(b_bytes[before], 1) / scale
+        return ((np.abs(b_flows[final] / b_flows[before] / scale - 1.0) <= params.same_shape)
+                & (np.abs(bytes_ratio - 1.0) <= params.same_shape))
+
+    pairs_ratio = b_pairs[final] / np.maximum(b_pairs[before], 1)
+    same_burst = several & (like_before(np.ones(n_phases)) | ((pairs_ratio > 1.0) & like_before(pairs_ratio)))
     return _Shapes(share, same_flows, every_pair, same_sizes, same_burst, same_but_lost)
 
 
