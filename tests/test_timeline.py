@@ -825,6 +825,30 @@ def test_boundary_gap_threshold_finds_the_gap_that_recurs_once_per_step(per_step
     assert np.allclose(gaps[kept] / 1e9, boundary, rtol=0.1)
 
 
+def test_saves_every_k_steps_over_an_unseen_network_are_no_step_cadence():
+    """A reduce-scatter and an all-gather close each 3.5 s step, each step jittered 6% as a whole;
+    every 40th step saves for 6 s over a storage network the records do not show. The saves'
+    cadence is more regular than the steps' (40 jittered steps sum to a steadier length), but only
+    as much as summing independent steps makes it: the steps are the units (sealed-4 sim-job-011)."""
+    rng = np.random.default_rng(5)
+    steps = 480
+    scale = rng.lognormal(0.0, 0.06, steps)
+    gaps = np.stack([0.38 * scale, 2.7 * scale], axis=1)
+    gaps[39::40, 1] += 6.0
+    gaps = gaps.ravel()
+    at = _times(np.r_[0.0, gaps[:-1]] * 1e9 + 0.28e9)  # a 0.28 s burst before each gap
+    gaps = (gaps * 1e9).astype(np.int64)
+    candidate = np.repeat(np.arange(len(gaps) + 1), 64)
+    threshold = regimes.boundary_gap_threshold(gaps, at, candidate, np.empty(0, np.int64), None,
+                                               np.ones(len(gaps), bool), DEFAULT_PARAMS.steps_to_learn,
+                                               DEFAULT_PARAMS, syncs=True)
+    assert np.sum(gaps >= threshold) == steps
+    # read as pipeline sends, whose parts need not share a step's jitter, the regular cadence stands
+    alone = regimes.boundary_gap_threshold(gaps, at, candidate, np.empty(0, np.int64), None,
+                                           np.ones(len(gaps), bool), DEFAULT_PARAMS.steps_to_learn, DEFAULT_PARAMS)
+    assert np.sum(gaps >= alone) == steps // 40
+
+
 def test_a_long_stretch_of_bucket_syncs_is_inside_the_step_however_regular():
     """Four pipeline stages inside each host sync their gradient buckets across hosts one after
     another, 0.5 s apart, over 7 s at each step's end; then 16 s of compute, jittered 15% (sealed-5

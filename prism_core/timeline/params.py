@@ -38,6 +38,10 @@ class TimelineParams:
     small_sample_penalty: float = 0.2
     # ratio; no step carries more than this many times the sync flows of its neighbours
     max_unit_excess: float = 2.0
+    # ratio; a cut whose units each hold several of a finer cut's is a cadence of those (saves
+    # every k steps) when it is at most this many times as regular as summing k independent units
+    # makes them (regimes._groups; the sum of k jittered steps deviates ~1/sqrt(k) as much)
+    averaged_irregularity: float = 2.0
     # share; a cut may keep gaps that are mostly checkpoint saves only below this share of them
     max_saving_share: float = 0.5
     # ratio; a cut keeping every gap sits this far below the shortest

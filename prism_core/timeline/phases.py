@@ -80,7 +80,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
 
     def threshold(eligible: np.ndarray) -> float:
         return boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
-                                      traffic.bulk_writes, gap_threshold_ns, eligible, steps_to_learn, params)
+                                      traffic.bulk_writes, gap_threshold_ns, eligible, steps_to_learn, params,
+                                      syncs=has_dp)
 
     turn = _pipeline_turns(traffic, signal, burst) if by_turns else every_gap
     turn_threshold_ns = threshold(turn)
