@@ -25,6 +25,10 @@ class TimelineParams:
     # share of the DP bytes; gradient syncs carry at least this much (a ZeRO-3 job gathers each
     # micro-batch's parameters, at most 8 per step, against one sync of every gradient)
     heavy_bytes_share: float = 0.05
+    # heavy bursts (the median's bytes); lighter DP bursts moving the heavy ones' transfer sizes on
+    # their pairs in this much between two heavy bursts sync without them: the heavy ones are
+    # buckets merged by a straggler, and every burst is a sync (phases._runs_without_heavy)
+    heavy_absent_syncs: float = 2.0
     # share; boundary gaps deviate at most this much (mean, relative) from their local median spacing
     max_irregularity: float = 0.15
     # pipeline sends (bursts); a pipeline job's exchange outside its hops marks its steps when at
@@ -38,6 +42,10 @@ class TimelineParams:
     small_sample_penalty: float = 0.2
     # ratio; no step carries more than this many times the sync flows of its neighbours
     max_unit_excess: float = 2.0
+    # ratio; a cut whose units each hold several of a finer cut's is a cadence of those (saves
+    # every k steps) when it is at most this many times as regular as summing k independent units
+    # makes them (regimes._groups; the sum of k jittered steps deviates ~1/sqrt(k) as much)
+    averaged_irregularity: float = 2.0
     # share; a cut may keep gaps that are mostly checkpoint saves only below this share of them
     max_saving_share: float = 0.5
     # ratio; a cut keeping every gap sits this far below the shortest

@@ -69,6 +69,10 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
         if b_bytes[heavy].sum() < params.heavy_bytes_share * b_bytes.sum():
             # too light to hold every step's gradients: bucket syncs that happened to touch
             heavy[:] = True
+        elif _runs_without_heavy(traffic, signal, burst, heavy, b_start, b_bytes, params):
+            # the same collective runs for steps on end without them: buckets a straggler stretched
+            # into overlap weigh as several
+            heavy[:] = True
     else:
         heavy = np.ones(len(b_start), bool)
     candidates = np.flatnonzero(heavy)
@@ -81,7 +85,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
 
     def threshold(eligible: np.ndarray) -> float:
         return boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
-                                      traffic.bulk_writes, gap_threshold_ns, eligible, steps_to_learn, params)
+                                      traffic.bulk_writes, gap_threshold_ns, eligible, steps_to_learn, params,
+                                      syncs=has_dp)
 
     turn = _pipeline_turns(traffic, signal, burst) if by_turns else every_gap
     turn_threshold_ns = threshold(turn)
@@ -173,6 +178,24 @@ def _other_groups_syncs(traffic: Traffic, signal: np.ndarray, burst: np.ndarray,
     moved = np.bincount(burst, nbytes, minlength=len(heavy))
     alike_bytes = np.bincount(burst, nbytes * alike, minlength=len(heavy))
     return ~heavy & (alike_bytes >= (1.0 - params.same_shape) * moved)
+
+
+def _runs_without_heavy(traffic: Traffic, signal: np.ndarray, burst: np.ndarray, heavy: np.ndarray,
+                        b_start: np.ndarray, b_bytes: np.ndarray, params: TimelineParams) -> bool:
+    """Whether the lighter DP bursts move the heavy ones' collective (their transfer sizes on
+    their pairs) between two heavy bursts (or before the first, after the last) in as many bytes
+    as `heavy_absent_syncs` heavy bursts (the median) or more: the job syncs its gradients there
+    without any heavy burst, so the heavy ones are that sync's buckets merged into one burst (a
+    straggler stretches them until they overlap), not a heavier collective of every step. A
+    distributed optimizer's bucketed reduce-scatter moves one all-gather's bytes between two."""
+    if heavy.all() or not heavy.any():
+        return False
+    heavy_row = heavy[burst]
+    key = combined_key(traffic.pair[signal], traffic.family[signal])
+    light = ~heavy_row & np.isin(key, key[heavy_row])
+    stretch = np.searchsorted(b_start[heavy], traffic.start[signal[light]])
+    carried = np.bincount(stretch, traffic.nbytes[signal[light]], minlength=int(heavy.sum()) + 1)
+    return bool(carried.max() >= params.heavy_absent_syncs * np.median(b_bytes[heavy]))
 
 
 def _whole_otherwise(traffic: Traffic, flows: list[np.ndarray], signal: np.ndarray, start: np.ndarray,

@@ -16,7 +16,7 @@ from prism_core.timeline.params import TimelineParams
 
 def boundary_gap_threshold(
     gaps: np.ndarray, at: np.ndarray, flow_candidate: np.ndarray, bulk_writes: np.ndarray, previous: float | None,
-    eligible: np.ndarray, steps_to_learn: int, params: TimelineParams,
+    eligible: np.ndarray, steps_to_learn: int, params: TimelineParams, syncs: bool = False,
 ) -> float:
     """The shortest gap between two candidate bursts that still separates two steps.
 
@@ -27,14 +27,16 @@ def boundary_gap_threshold(
     long sync stretch at each step's end, the compute between). Of those, the most regular wins
     (a finer cut adds the micro-batch cadence, whose warm-up and cool-down break the rhythm once
     per step), small classes handicapped as their regularity may be luck (the micro-batches of a
-    warm-up step alone). Only `eligible` gaps can separate steps. Without such a cut, the
-    previous hour's."""
+    warm-up step alone). Only `eligible` gaps can separate steps. Of bursts that are gradient
+    syncs (`syncs`), a finer cut wins where the best one's units are runs of its units, regular
+    only as sums of independent units are (`_groups`: saves every k steps over a storage network
+    the records do not show). Without such a cut, the previous hour's."""
     fallback = previous if previous is not None else (float(gaps[eligible].min()) if eligible.any() else np.inf)
     if np.sum(eligible & (gaps >= fallback)) < steps_to_learn:
         return fallback
     log_gaps = np.log10(np.maximum(gaps, 1))
     cuts = _regime_cuts(log_gaps[eligible], params)
-    best, best_score, seen = fallback, np.inf, set()
+    passing, seen = [], set()  # (score, irregularity, kept, threshold) of every cut that marks steps
     for cut in cuts:
         kept = np.flatnonzero(eligible & (log_gaps >= cut))
         if len(kept) in seen:
@@ -43,7 +45,7 @@ def boundary_gap_threshold(
         irregularity_of_kept = irregularity(at[kept])
         # few gaps can look regular by chance: rank by an upper bound, ~1/sqrt(n) wide
         score = irregularity_of_kept + params.small_sample_penalty / np.sqrt(len(kept))
-        if irregularity_of_kept > params.max_irregularity or score >= best_score:
+        if irregularity_of_kept > params.max_irregularity:
             continue
         if time_irregularity(at[kept], steps_to_learn) > params.max_irregularity:
             continue
@@ -54,9 +56,37 @@ def boundary_gap_threshold(
             shortest_kept = float(gaps[kept].min())
             dropped = gaps[eligible & (gaps < shortest_kept)].astype(float)
             # halfway (in log) to the longest gap left inside steps
-            best = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / params.cut_ratio
-            best_score = score
-    return best
+            threshold = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / params.cut_ratio
+            passing.append((score, irregularity_of_kept, kept, threshold))
+    if not passing:
+        return fallback
+    best = min(passing, key=lambda cut: cut[0])
+    # a cut whose units are runs of a finer cut's, regular only as sums of independent units are
+    # (saves every k steps over a network the records do not show), is a cadence of steps
+    grouping = [finer for finer in passing
+                if syncs and len(finer[2]) > len(best[2]) and _groups(best[2], finer[2], at, params)]
+    return min(grouping, key=lambda cut: cut[0])[3] if grouping else best[3]
+
+
+def _groups(coarse: np.ndarray, fine: np.ndarray, at: np.ndarray, params: TimelineParams) -> bool:
+    """Whether the units between the `coarse` boundary gaps are runs of the units between the
+    `fine` ones (gap indexes; the coarse are among the fine) whose regularity is what summing
+    independent units gives: a step's jitter is its own, so k steps in a row deviate from their
+    usual length about 1/sqrt(k) as much as one step does, while the parts of one step (the
+    micro-batches of a pipeline, a sync's buckets) share its jitter and their sum deviates as much
+    as each (of a pipeline's micro-batches, which need not, the cadence is read from its turns). The
+    fine units' own deviation is measured away from the coarse boundaries (whose
+    units hold the longer gaps); the coarse units must hold at least two fine ones each (the
+    median) and be no more regular than `averaged_irregularity` times that sum's."""
+    per_unit = np.diff(np.searchsorted(fine, coarse))
+    if len(per_unit) < 3 or np.median(per_unit) < 2:
+        return False
+    deviation = _deviations(at[fine])
+    starts_coarse = np.isin(fine[:-1], coarse) | np.isin(fine[1:], coarse)
+    if np.sum(~starts_coarse) < 3:
+        return False
+    averaged = float(np.mean(deviation[~starts_coarse])) / np.sqrt(float(np.median(per_unit)))
+    return irregularity(at[coarse]) <= params.averaged_irregularity * averaged
 
 
 def _regime_cuts(log_gaps: np.ndarray, params: TimelineParams) -> np.ndarray:
@@ -89,10 +119,16 @@ def irregularity(times: np.ndarray) -> float:
     """Mean deviation of the spacing of `times` from the median of its 8 neighbours, each capped
     at 1: near 0 for one event per step, high when two kinds of gaps interleave (an even number
     of neighbours keeps an alternating pattern from matching itself)."""
-    spacing = np.diff(times).astype(float)
-    if len(spacing) < 3:
+    if len(times) < 4:
         return np.inf
-    return float(np.mean(np.minimum(np.abs(spacing / _neighbour_median(spacing) - 1.0), 1.0)))
+    return float(np.mean(_deviations(times)))
+
+
+def _deviations(times: np.ndarray) -> np.ndarray:
+    """Per spacing of `times` (4 or more), its relative deviation from the median of its 8
+    neighbours, capped at 1."""
+    spacing = np.diff(times).astype(float)
+    return np.minimum(np.abs(spacing / _neighbour_median(spacing) - 1.0), 1.0)
 
 
 def time_irregularity(times: np.ndarray, set_aside: int) -> float:
