@@ -83,8 +83,9 @@ def hand_over(track: Track, obs: Observations, k: int, params: RecognitionParams
     on_taken = np.isin(src, taken) | np.isin(dst, taken)
     known = np.sort(track.known_sizes(params)).astype(np.float64)
     seen = obs.signature(k)[0]
-    new_sizes = np.sort(seen[nearest_within(seen.astype(np.float64), known, params.same_size) < 0]).astype(np.float64)
-    new_shape = on_taken & (nearest_within(size.astype(np.float64), new_sizes, params.same_size) >= 0)
+    share = params.signature_size_share
+    new_sizes = np.sort(seen[nearest_within(seen.astype(np.float64), known, share) < 0]).astype(np.float64)
+    new_shape = on_taken & (nearest_within(size.astype(np.float64), new_sizes, share) >= 0)
     old_shape = on_taken & ~new_shape
     if not (new_shape.any() and old_shape.any()):
         return None

@@ -98,6 +98,11 @@ class RecognitionParams:
     # threshold, share of bytes: a resumed job is the stopped one when this share of its repeated
     # bytes is in flow sizes the stopped job also used.
     signature_match: float = 0.5
+    # threshold, share of a flow size: a job's signature holds a size within this much of another
+    # as that one. One exporter counting header bytes per packet spreads a transfer size by ~0.1%
+    # from record to record (its packets' headers average out); two jobs' transfer sizes a few
+    # tenths of a percent apart are rare, a percent or two apart common (models share shapes).
+    signature_size_share: float = 0.0025
     # threshold, sizes: flow sizes kept per job as its signature, most flows first.
     signature_sizes: int = 32
     # threshold, minutes: a job is known by the sizes seen in this many minutes or more, once

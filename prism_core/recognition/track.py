@@ -90,8 +90,8 @@ class Track:
 
     def signature_share(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> float:
         """Share of the observed repeated bytes in flow sizes the job is known by (within
-        `params.same_size`: exporters that count header bytes tell one size a few bytes apart
-        each time). Weighing by bytes lets the gradient buckets (sized by the model and its
+        `params.signature_size_share`: exporters that count header bytes tell one size a few bytes
+        apart each time). Weighing by bytes lets the gradient buckets (sized by the model and its
         sharding) outweigh activation sizes, which many models share."""
         moved = sizes.astype(np.float64) * flows
         total = moved.sum()
@@ -102,12 +102,12 @@ class Track:
 
     def add_sizes(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> None:
         """Count a minute's repeated flow `sizes` (with their `flows`) into the signature, keeping
-        the sizes with the most flows. A size within `params.same_size` of one the signature holds
+        the sizes with the most flows. A size within `params.signature_size_share` of one the signature holds
         counts as that one; the minute's other sizes that close to each other count as the one of
         them with the most flows (header bytes spread one transfer size over nearby counts)."""
         held = _known_size(sizes, self.sizes, params)
         new = held < 0
-        new_sizes, new_flows = _one_per_family(sizes[new], flows[new], params.same_size)
+        new_sizes, new_flows = _one_per_family(sizes[new], flows[new], params.signature_size_share)
         all_sizes = np.concatenate([self.sizes, new_sizes])
         totals = np.concatenate([self.size_flows + np.bincount(held[~new], flows[~new], len(self.sizes)).astype(np.int64),
                                  new_flows])
@@ -119,9 +119,10 @@ class Track:
 
 
 def _known_size(sizes: np.ndarray, known: np.ndarray, params: RecognitionParams) -> np.ndarray:
-    """Per size: the index in `known` of the size it is (the nearest within `params.same_size`), -1 for none."""
+    """Per size: the index in `known` of the size it is (the nearest within `params.signature_size_share`), -1
+    for none."""
     order = np.argsort(known, kind="stable")
-    at = nearest_within(sizes.astype(np.float64), known[order].astype(np.float64), params.same_size)
+    at = nearest_within(sizes.astype(np.float64), known[order].astype(np.float64), params.signature_size_share)
     at[at >= 0] = order[at[at >= 0]]
     return at
 
