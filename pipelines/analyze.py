@@ -23,8 +23,8 @@ from pipelines.local_workers import PooledDoFn
 from pipelines.shuffle_staging import TableRef, read_staged_evictable, stage_tables
 from pipelines.sink import HourTables
 from prism_core.analysis import (
-    JOB_FLOW_COLUMNS, HourAnalysis, JobAnalysis, analyze_job, assemble_hour, jobs_to_analyze, open_membership,
-    profiles_by_address, split_flows_by_job,
+    ADDRESS_COLUMNS, JOB_FLOW_COLUMNS, HourAnalysis, JobAnalysis, analyze_job, assemble_hour, jobs_to_analyze,
+    open_membership, profiles_by_address, split_flows_by_job,
 )
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.recognition import Recognition
@@ -49,9 +49,12 @@ def split_row_group(path: str, index: int, membership: pa.Table, shuffle_dir: st
                     ) -> tuple[list[tuple[str, tuple[int, TableRef]]], int]:
     """A row group of the hour's flows split by job (prism_core.analysis.split_flows_by_job) and
     staged: (job_id, (row group index, staged flows of the job)) for each job, and the number of
-    flows of no job."""
+    flows of no job. The addresses are read dictionary-encoded, as Parquet stores them: the split
+    and the analysis's codes go through their few distinct values, and only each job's rows are
+    decoded to text, never the whole row group's."""
     with storage.open_input(path) as handle:
-        flows = pq.ParquetFile(handle).read_row_group(index, columns=list(JOB_FLOW_COLUMNS))
+        flows = pq.ParquetFile(handle, read_dictionary=ADDRESS_COLUMNS).read_row_group(
+            index, columns=list(JOB_FLOW_COLUMNS))
     staged = stage_tables(shuffle_dir, split_flows_by_job(flows, membership))
     return [(job_id, (index, rows)) for job_id, rows in staged], flows.num_rows - sum(r.num_rows for _, r in staged)
 
