@@ -173,9 +173,11 @@ class AnalyzeHour(beam.PTransform):
             [(job_id, None) for job_id in jobs_to_analyze(self.recognition, self.previous)], reshuffle=False)
         context = stage_object(self.shuffle_dir, HourContext(
             self.recognition, open_membership(self.recognition, self.hour[0]), self.previous, self.exporters))
+        # The local workers split the row groups whatever bundle they come in; any other runner
+        # spreads them by the Create's reshuffle.
         job_flows = (
             pipeline
-            | "FlowsRowGroups" >> beam.Create(row_groups(self.flows_path))
+            | "FlowsRowGroups" >> beam.Create(row_groups(self.flows_path), reshuffle=self.workers == 1)
             | "SplitByJob" >> beam.ParDo(SplitByJob(context, self.shuffle_dir, self.workers))
         )
         analyses = (
