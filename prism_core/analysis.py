@@ -104,14 +104,24 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     first_ns, last_ns = membership["first_ns"].to_numpy(), membership["last_ns"].to_numpy()
     flow_start = flows["time_flow_start_ns"].to_numpy()
 
+    # Most addresses have one span: their flows need no search, only whether it had begun.
+    spans = np.bincount(member_code, minlength=len(addrs) + 1)  # per address code (+1: none)
+    only_span = np.zeros(len(spans), np.int64)
+    only_span[member_code] = np.arange(len(member_code))
+
     def latest_span(code: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per flow: the membership row of the last span on address `code` begun by the flow's
         `start`, and whether there is one (flows before the earliest span are clipped onto it)."""
+        row = only_span[code]
+        valid = (spans[code] == 1) & (first_ns[row] <= start)
+        several = np.flatnonzero(spans[code] > 1)
+        code, start = code[several], start[several]
         key = code * shift + np.clip(start - base, 0, shift - 1)
         candidate = np.searchsorted(member_key, key, side="right") - 1
-        valid = candidate >= 0
-        row = order[np.where(valid, candidate, 0)]
-        return row, valid & (member_code[row] == code) & (first_ns[row] <= start)
+        found = candidate >= 0
+        row[several] = order[np.where(found, candidate, 0)]
+        valid[several] = found & (member_code[row[several]] == code) & (first_ns[row[several]] <= start)
+        return row, valid
 
     src_code = _index_in(src, addrs).to_numpy().astype(np.int64)
     row, sent = latest_span(src_code, flow_start)
