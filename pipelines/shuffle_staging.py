@@ -15,6 +15,7 @@ directory is removed when the run ends, whether it succeeded or failed.
 from __future__ import annotations
 
 import mmap
+import pickle
 import shutil
 import tempfile
 import time
@@ -149,3 +150,34 @@ def _tables(readers: dict[str, pa.ipc.RecordBatchFileReader], refs: Sequence[Tab
         )
         for ref in refs
     ]
+
+
+@dataclass(frozen=True)
+class StagedObject:
+    """A Python object (an hour's recognition, its previous state) pickled once into a staged file,
+    for the steps that all need it: a DoFn that held the object itself would be pickled with it,
+    and compressed, every time the runner serializes or copies the DoFn (several times per bundle
+    with the in-process runner), and so would each task handed to the local workers. `get()`
+    reads the file once per process (the launcher keeps the object it staged)."""
+
+    path: str
+
+    def get(self):
+        global _last_loaded
+        if _last_loaded is None or _last_loaded[0] != self.path:
+            with open(self.path, "rb") as file:
+                _last_loaded = (self.path, pickle.load(file))
+        return _last_loaded[1]
+
+
+_last_loaded: tuple[str, object] | None = None  # the StagedObject this process read last, and its object
+
+
+def stage_object(directory: str, value) -> StagedObject:
+    """`value` pickled into a new file under `directory` (a shuffle staging area)."""
+    global _last_loaded
+    path = str(Path(directory) / f"{uuid.uuid4().hex}.pickle")
+    with open(path, "wb") as file:
+        pickle.dump(value, file, protocol=pickle.HIGHEST_PROTOCOL)
+    _last_loaded = (path, value)
+    return StagedObject(path)

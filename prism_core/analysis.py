@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core import diagnosis, parallelism, resolution, timeline
-from prism_core.arrays import filter_rows, group_indices, lookup, with_codes
+from prism_core.arrays import CODES_SUFFIX, filter_rows, group_indices, lookup, with_codes
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.minutes import MINUTE_NS
@@ -84,10 +84,16 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     address from an address that is no job's (storage) belongs to the job that last took that
     address, even after its traffic stopped: a stopped job that resumes reads its checkpoint back
     before it sends anything (prism_core.diagnosis). Other flows of no job (idle hosts, background
-    endpoints) are dropped here: they have no job to be analyzed with."""
+    endpoints) are dropped here: they have no job to be analyzed with.
+    Address columns read dictionary-encoded (the pipeline reads the hour's Parquet so: its
+    dictionaries come without decoding every row's text) are looked up through their few distinct
+    values; each job's flows then carry them as text, as ever, and their codes beside them
+    (`arrays.with_codes`, which then need not hash every row's text again)."""
     if flows.num_rows == 0 or membership.num_rows == 0:
         return
-    addrs = pc.unique(pa.concat_arrays([membership["addr"].combine_chunks(), flows["src_addr"].combine_chunks()]))
+    src = flows["src_addr"]
+    src_values = src.combine_chunks().dictionary if pa.types.is_dictionary(src.type) else src.combine_chunks()
+    addrs = pc.unique(pa.concat_arrays([membership["addr"].combine_chunks(), src_values]))
     base = int(pc.min(membership["first_ns"]).as_py())
     # One sortable int64 per (address, interval start): address code in the high bits.
     shift = np.int64(1 << 44)  # > 4 hours in ns, the widest span a run hands over
@@ -98,23 +104,33 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     first_ns, last_ns = membership["first_ns"].to_numpy(), membership["last_ns"].to_numpy()
     flow_start = flows["time_flow_start_ns"].to_numpy()
 
+    # Most addresses have one span: their flows need no search, only whether it had begun.
+    spans = np.bincount(member_code, minlength=len(addrs) + 1)  # per address code (+1: none)
+    only_span = np.zeros(len(spans), np.int64)
+    only_span[member_code] = np.arange(len(member_code))
+
     def latest_span(code: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per flow: the membership row of the last span on address `code` begun by the flow's
         `start`, and whether there is one (flows before the earliest span are clipped onto it)."""
+        row = only_span[code]
+        valid = (spans[code] == 1) & (first_ns[row] <= start)
+        several = np.flatnonzero(spans[code] > 1)
+        code, start = code[several], start[several]
         key = code * shift + np.clip(start - base, 0, shift - 1)
         candidate = np.searchsorted(member_key, key, side="right") - 1
-        valid = candidate >= 0
-        row = order[np.where(valid, candidate, 0)]
-        return row, valid & (member_code[row] == code) & (first_ns[row] <= start)
+        found = candidate >= 0
+        row[several] = order[np.where(found, candidate, 0)]
+        valid[several] = found & (member_code[row[several]] == code) & (first_ns[row[several]] <= start)
+        return row, valid
 
-    src_code = pc.index_in(flows["src_addr"], value_set=addrs).to_numpy().astype(np.int64)
+    src_code = _index_in(src, addrs).to_numpy().astype(np.int64)
     row, sent = latest_span(src_code, flow_start)
     sent &= flow_start <= last_ns[row]
     # bulk reads from an address that is no job's: the few candidates are looked up alone
     is_member = np.zeros(len(addrs), bool)
     is_member[member_code] = True
     bulk = np.flatnonzero(~is_member[src_code] & (flows["bytes"].to_numpy() >= BULK_READ_BYTES))
-    dst_code = pc.fill_null(pc.index_in(flows["dst_addr"].take(bulk), value_set=addrs), len(addrs))
+    dst_code = pc.fill_null(_index_in(flows["dst_addr"].take(bulk), addrs), len(addrs))
     reader_row, read = latest_span(dst_code.to_numpy().astype(np.int64), flow_start[bulk])
     row[bulk[read]] = reader_row[read]
     belongs = sent.copy()
@@ -127,7 +143,28 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     member_job = pc.index_in(membership["job_id"], value_set=job_ids).to_numpy()
     job_flows = flows.select(JOB_FLOW_COLUMNS)
     for code, rows in group_indices(member_job[row[kept]]):
-        yield job_ids[code].as_py(), job_flows.take(kept[rows])
+        yield job_ids[code].as_py(), decoded_with_codes(job_flows.take(kept[rows]))
+
+
+def _index_in(column: pa.ChunkedArray | pa.Array, value_set: pa.Array) -> pa.Array:
+    """`pc.index_in(column, value_set)` (one array); of a dictionary-encoded column, through its
+    distinct values."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(column.type):
+        return pc.index_in(column, value_set=value_set)
+    return pc.index_in(column.dictionary, value_set=value_set).take(column.indices)
+
+
+def decoded_with_codes(flows: pa.Table) -> pa.Table:
+    """`flows` with each dictionary-encoded column decoded to its values' type, and the encoded
+    column appended as its codes (name + CODES_SUFFIX, as `arrays.with_codes` adds them)."""
+    for index, field in enumerate(flows.schema):
+        if pa.types.is_dictionary(field.type):
+            codes = flows[field.name]
+            values = pa.chunked_array([chunk.dictionary.take(chunk.indices) for chunk in codes.chunks],
+                                      field.type.value_type)
+            flows = flows.set_column(index, field.name, values).append_column(field.name + CODES_SUFFIX, codes)
+    return flows
 
 
 def open_membership(recognition: Recognition, hour_start_ns: int) -> pa.Table:

@@ -77,10 +77,30 @@ def with_codes(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
     """`table` with each column of `names` also dictionary-encoded (as name + CODES_SUFFIX), once:
     the stages that read it (`lookup`, `encoded`) then go through its integer codes and its few
     distinct values instead of hashing every row's text again (each pass over a large job's
-    addresses is tens of ms). A filter of the table (`filter_rows`) keeps the codes in step."""
+    addresses is tens of ms). A filter of the table (`filter_rows`) keeps the codes in step. Codes
+    the table carries already (its pieces' own dictionaries: prism_core.analysis.split_flows_by_job)
+    are renumbered instead, through their integers, to the codes `dictionary_encode` gives."""
     for name in names:
-        table = table.append_column(name + CODES_SUFFIX, table[name].combine_chunks().dictionary_encode())
+        coded = name + CODES_SUFFIX
+        if coded in table.column_names:
+            table = table.set_column(table.schema.get_field_index(coded), coded, first_seen_codes(table[coded]))
+        else:
+            table = table.append_column(coded, table[name].combine_chunks().dictionary_encode())
     return table
+
+
+def first_seen_codes(codes: pa.ChunkedArray) -> pa.DictionaryArray:
+    """A dictionary-encoded column as `dictionary_encode` encodes its values: one dictionary of the
+    values that show, in the order they first show, whatever dictionaries its chunks had."""
+    codes = codes.combine_chunks()  # one dictionary for every chunk
+    indices = codes.indices
+    shown = pc.unique(indices).drop_null()
+    renumbered = np.zeros(len(codes.dictionary), np.int32)
+    renumbered[shown.to_numpy()] = np.arange(len(shown), dtype=np.int32)
+    valid = indices.is_valid() if indices.null_count else None
+    indices = pa.array(renumbered[pc.fill_null(indices, 0).to_numpy()], mask=None if valid is None else
+                       pc.invert(valid).to_numpy(zero_copy_only=False))
+    return pa.DictionaryArray.from_arrays(indices, codes.dictionary.take(shown))
 
 
 def _carried_codes(table: pa.Table, name: str) -> tuple[np.ndarray, pa.Array] | None:

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.analysis import analyze_hour, open_membership, split_flows_by_job
+from prism_core.analysis import ADDRESS_COLUMNS, analyze_hour, open_membership, split_flows_by_job
+from prism_core.arrays import CODES_SUFFIX, with_codes
 from prism_core.minutes import HOUR_NS
 from prism_core.recognition import MEMBERSHIP, Recognition
 from prism_core.simulate import write_scenario
@@ -115,3 +116,41 @@ def test_bulk_reads_from_storage_go_to_the_job_that_last_took_the_gpu_even_after
     split = {job: ((part["time_flow_start_ns"].to_numpy() - HOUR) // SECOND).tolist()
              for job, part in split_flows_by_job(flows, recognition.membership)}
     assert split == {"b": [1500], "c": [2500]}
+
+
+def test_addresses_read_dictionary_encoded_split_and_encode_as_their_text_does():
+    """The pipeline reads the addresses dictionary-encoded (pipelines/analyze.split_row_group):
+    each job gets the same rows and text as from the text columns, and the codes it carries are
+    those `with_codes` gives the text (one dictionary, values in order of first appearance), here
+    from two pieces with dictionaries of their own that list values no row of the job shows."""
+    recognition = _recognition(
+        [("a", HOUR - HOUR_NS, "running", "h0"), ("b", HOUR + 100 * SECOND, "ended", "h1")],
+        [("a", "h0", HOUR + 10 * SECOND, HOUR + 3500 * SECOND), ("b", "h1", HOUR + 100 * SECOND, HOUR + 1000 * SECOND)],
+        gpus_per_host=2,
+    )
+    sent = [("h0.1", "h0", 20, "x"), ("h1", "h1.1", 200, None), ("h0", "storage", 30, "y"), ("idle", "h0", 40, "x"),
+            ("h1.1", "h1", 300, "z"), ("storage", "h1", 1500, "x"), ("h0", "h0.1", 3000, "y")]
+    flows = pa.table({
+        "time_flow_start_ns": pa.array([HOUR + t * SECOND for _, _, t, _ in sent], pa.int64()),
+        "time_flow_end_ns": pa.array([HOUR + t * SECOND + 1 for _, _, t, _ in sent], pa.int64()),
+        "src_addr": [s for s, _, _, _ in sent], "dst_addr": [d for _, d, _, _ in sent],
+        "bytes": pa.array([1 << 30] * len(sent), pa.int64()), "sampler_address": [x for _, _, _, x in sent],
+        "sampling_rate": pa.array([1] * len(sent), pa.int64()),
+    })
+    membership = open_membership(recognition, HOUR)
+    encoded = flows
+    for name in ADDRESS_COLUMNS:
+        encoded = encoded.set_column(encoded.schema.get_field_index(name), name, flows[name].dictionary_encode())
+    plain = dict(split_flows_by_job(flows, membership))
+    # pieces of a job from two row groups, each with its own dictionary
+    pieces = [dict(split_flows_by_job(part, membership)) for part in (encoded.slice(0, 4), encoded.slice(4))]
+    assert sorted(plain) == ["a", "b"]
+    for job, rows in plain.items():
+        parts = [piece[job] for piece in pieces if job in piece]
+        assert len(parts) == 2 and all("src_addr" + CODES_SUFFIX in part.column_names for part in parts)
+        carried = with_codes(pa.concat_tables(parts), ADDRESS_COLUMNS)
+        expected = with_codes(rows, ADDRESS_COLUMNS)
+        assert carried.schema == expected.schema
+        assert carried.combine_chunks().equals(expected.combine_chunks())
+        for name in ADDRESS_COLUMNS:
+            assert carried[name + CODES_SUFFIX].num_chunks == 1

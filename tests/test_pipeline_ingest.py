@@ -3,6 +3,7 @@ hour assignment and the conservation of rows."""
 
 import json
 import os
+import pickle
 from datetime import datetime, timedelta, timezone
 
 import apache_beam as beam
@@ -14,8 +15,9 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import warehouse
 from pipelines.ingest import HourRange, IngestFlows, StagedFlows, file_batches
+from pipelines import shuffle_staging
 from pipelines.shuffle_staging import (
-    SHUFFLE_STAGING_DIR, StagingFile, read_staged, read_staged_evictable, stage_tables,
+    SHUFFLE_STAGING_DIR, StagedObject, StagingFile, read_staged, read_staged_evictable, stage_object, stage_tables,
 )
 from pipelines.run import infer_range, run_ingest
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_of
@@ -184,6 +186,20 @@ def test_a_staging_file_holds_every_table_appended_until_closed(tmp_path):
     staged.close()
     assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(staged.path)]
     assert [t["a"].to_pylist() for t in read_staged(refs[::-1])] == [[4, 5, 6], [3], [1, 2]]
+
+
+def test_a_staged_object_is_read_from_its_file_once_per_process(tmp_path, monkeypatch):
+    """What every step of an hour needs is staged once and steps carry its path: a process that
+    did not stage it (a worker) reads the file on the first get and keeps what it read; the one
+    that staged it never reads it."""
+    value = {"recognition": pa.table({"job_id": ["a", "b"]}), "previous": {"timeline": {"a": [1, 2]}}}
+    staged = stage_object(str(tmp_path), value)
+    assert staged.get() is value and len(pickle.dumps(staged)) < 200
+    monkeypatch.setattr(shuffle_staging, "_last_loaded", None)  # as in a worker that did not stage it
+    again = StagedObject(staged.path)
+    read = again.get()
+    assert read["recognition"].equals(value["recognition"]) and read["previous"] == value["previous"]
+    assert again.get() is read
 
 
 def test_a_file_without_valid_rows_is_quarantined_once(tmp_path):
