@@ -163,7 +163,7 @@ def _address_spans(gpus: pa.Table, start: str, end: str) -> pa.Table:
         return pc.fill_null(gpus[name].cast(pa.int64()), fill).to_numpy()
 
     spans = pa.table({"job_id": gpus["job_id"], "addr": gpus["addr"],
-                      "start": column(start, -(1 << 60)), "end": column(end, 1 << 60)})
+                      "start": column(start, 0), "end": column(end, 1 << 62)})
     spans = spans.group_by(["job_id", "addr"], use_threads=False).aggregate([("start", "min"), ("end", "max")])
     return pa.table({"job_id": spans["job_id"], "addr": spans["addr"], "start": spans["start_min"], "end": spans["end_max"]})
 
