@@ -365,13 +365,14 @@ def test_restart_on_the_same_hosts_keeps_the_id():
 
 
 def test_a_restart_whose_sizes_are_told_a_few_header_bytes_apart_keeps_the_id():
-    # an exporter counting per-packet headers tells each minute's sizes a few bytes apart: after
-    # five silent minutes, the job is known by sizes within `same_size` of its own, not byte for byte
+    # an exporter counting per-packet headers tells each pair's sizes a few bytes apart, minute
+    # after minute: after five silent minutes, the job is known by sizes within
+    # `signature_size_share` of its own, not byte for byte
     topology = inventory(2)
     minutes = [m for m in range(60) if not 20 <= m < 25]
-    rows = [dict(row, top_size=row["top_size"] + 37 * minute)
+    rows = [dict(row, top_size=row["top_size"] + 37 * minute + 11 * pair)
             for minute in minutes
-            for row in ring([0, 1], [minute], 4 << 20) + ring([0, 1], [minute], 96 << 20, flows=4)]
+            for pair, row in enumerate(ring([0, 1], [minute], 4 << 20) + ring([0, 1], [minute], 96 << 20, flows=4))]
     (job,) = job_rows(recognize_hour(table(rows), topology, None, HOUR0)).values()
     assert job["restarts"] == 1
 

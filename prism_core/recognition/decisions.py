@@ -59,6 +59,17 @@ def resumes(
     )
 
 
+def size_share(sizes: np.ndarray, params: RecognitionParams) -> float:
+    """How far apart (a share) a minute's `sizes` may be from a job's and still be its: within
+    `params.signature_size_share` where two of them are that close but unequal (an exporter
+    counting header bytes tells each pair's transfers a few bytes apart), else byte for byte:
+    where sizes recur exactly, another job's sizes a few tenths of a percent off are another
+    model's."""
+    distinct = np.unique(sizes).astype(np.float64)
+    spread = len(distinct) > 1 and bool(np.any(distinct[1:] <= distinct[:-1] * (1.0 + params.signature_size_share)))
+    return params.signature_size_share if spread else 0.0
+
+
 @dataclass(frozen=True)
 class Handover:
     """How the minute in which a new job took NICs of an old one splits between them."""
@@ -83,7 +94,7 @@ def hand_over(track: Track, obs: Observations, k: int, params: RecognitionParams
     on_taken = np.isin(src, taken) | np.isin(dst, taken)
     known = np.sort(track.known_sizes(params)).astype(np.float64)
     seen = obs.signature(k)[0]
-    share = params.signature_size_share
+    share = size_share(seen, params)
     new_sizes = np.sort(seen[nearest_within(seen.astype(np.float64), known, share) < 0]).astype(np.float64)
     new_shape = on_taken & (nearest_within(size.astype(np.float64), new_sizes, share) >= 0)
     old_shape = on_taken & ~new_shape

@@ -11,7 +11,7 @@ import numpy as np
 
 from prism_core.arrays import combination_ids, group_spans, nearest_within
 from prism_core.minutes import MINUTE_NS
-from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job
+from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job, size_share
 from prism_core.recognition.merge import ranges
 from prism_core.recognition.observe import Observations
 from prism_core.recognition.params import RecognitionParams
@@ -89,25 +89,25 @@ class Track:
         return established if len(established) else self.sizes
 
     def signature_share(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> float:
-        """Share of the observed repeated bytes in flow sizes the job is known by (within
-        `params.signature_size_share`: exporters that count header bytes tell one size a few bytes
-        apart each time). Weighing by bytes lets the gradient buckets (sized by the model and its
-        sharding) outweigh activation sizes, which many models share."""
+        """Share of the observed repeated bytes in flow sizes the job is known by (`size_share`).
+        Weighing by bytes lets the gradient buckets (sized by the model and its sharding) outweigh
+        activation sizes, which many models share."""
         moved = sizes.astype(np.float64) * flows
         total = moved.sum()
         known = self.known_sizes(params)
         if total == 0 or len(known) == 0:
             return 1.0  # nothing to compare: trust the NICs
-        return float(moved[_known_size(sizes, known, params) >= 0].sum() / total)
+        return float(moved[_known_size(sizes, known, size_share(sizes, params)) >= 0].sum() / total)
 
     def add_sizes(self, sizes: np.ndarray, flows: np.ndarray, params: RecognitionParams) -> None:
         """Count a minute's repeated flow `sizes` (with their `flows`) into the signature, keeping
-        the sizes with the most flows. A size within `params.signature_size_share` of one the signature holds
-        counts as that one; the minute's other sizes that close to each other count as the one of
-        them with the most flows (header bytes spread one transfer size over nearby counts)."""
-        held = _known_size(sizes, self.sizes, params)
+        the sizes with the most flows. A size within `size_share` of one the signature holds counts
+        as that one; the minute's other sizes that close to each other count as the one of them
+        with the most flows (header bytes spread one transfer size over nearby counts)."""
+        share = size_share(sizes, params)
+        held = _known_size(sizes, self.sizes, share)
         new = held < 0
-        new_sizes, new_flows = _one_per_family(sizes[new], flows[new], params.signature_size_share)
+        new_sizes, new_flows = _one_per_family(sizes[new], flows[new], share)
         all_sizes = np.concatenate([self.sizes, new_sizes])
         totals = np.concatenate([self.size_flows + np.bincount(held[~new], flows[~new], len(self.sizes)).astype(np.int64),
                                  new_flows])
@@ -118,11 +118,10 @@ class Track:
         self.sizes, self.size_flows, self.size_minutes = all_sizes[keep], totals[keep], minutes[keep]
 
 
-def _known_size(sizes: np.ndarray, known: np.ndarray, params: RecognitionParams) -> np.ndarray:
-    """Per size: the index in `known` of the size it is (the nearest within `params.signature_size_share`), -1
-    for none."""
+def _known_size(sizes: np.ndarray, known: np.ndarray, share: float) -> np.ndarray:
+    """Per size: the index in `known` of the size it is (the nearest within `share`), -1 for none."""
     order = np.argsort(known, kind="stable")
-    at = nearest_within(sizes.astype(np.float64), known[order].astype(np.float64), params.signature_size_share)
+    at = nearest_within(sizes.astype(np.float64), known[order].astype(np.float64), share)
     at[at >= 0] = order[at[at >= 0]]
     return at
 
