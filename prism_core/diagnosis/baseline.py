@@ -87,15 +87,8 @@ def fit_baseline(job: JobHour, masks: StepMasks, checkpoints: Checkpoints, recen
     # synchronized): the epilogue is taken as long as the prologue. A longer silence after the
     # save, by more than the slow-step margin, is a stall that joined the step.
     by_writes = checkpoint & np.isfinite(checkpoints.save_end) & (not known)
-    lead = checkpoints.save_start - job.step_start  # the quiet and work before the first write
-    prologue = np.maximum(lead - baseline, 0.0)
+    prologue = np.maximum(checkpoints.save_start - job.step_start - baseline, 0.0)
     expected[by_writes] = np.maximum(checkpoints.save_end + prologue - job.step_start, baseline)[by_writes]
-    # The timeline may have put the step's start at the end of the work before the save (the
-    # job's traffic shows only at its syncs): then the writes begin sooner than a step's work could
-    # have run, and the step is the save (its quiet start, its writes, a quiet end as long) and
-    # the work of the next step.
-    work_after = by_writes & (lead < params.save_lead_work_share * baseline)
-    expected[work_after] = (checkpoints.save_end + lead - job.step_start + baseline)[work_after]
     spill = checkpoint & np.r_[False, checkpoint[:-1]]  # counted in its save's first step
     judged[spill] = expected[spill] = baseline[spill]
     sync = job.sync_s[clean[hour]]

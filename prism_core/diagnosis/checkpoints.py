@@ -48,7 +48,7 @@ def find_checkpoints(job: JobHour, warmup: np.ndarray, previous: CheckpointState
     earlier_ns = previous.last_checkpoint_ns if previous.last_checkpoint_ns is not None else first_step_ns
     if not n:
         return Checkpoints(checkpoint, save_start, save_end, earlier_ns), previous
-    long, paused = _long_steps(job, warmup, params)
+    long = _long_steps(job, warmup, params)
     # a checkpoint step is long; a large write alone may be a copy to another job. A save has no
     # traffic to mark its end: the timeline may end its step early and put the rest of the save
     # into the next one, so each step its writes overlap is the save's.
@@ -67,21 +67,10 @@ def find_checkpoints(job: JobHour, warmup: np.ndarray, previous: CheckpointState
     np.fmin.at(save_start, writes, to_storage[inside])
     np.fmax.at(save_end, writes, stored_until[inside])
     checkpoint = written & long
-    # A long save may leave no step at all: the timeline ends the step at its work and starts the
-    # next one at its traffic, the quiet between them in no step. Such a pause is on the rhythm as
-    # a long step is (numbered as the step before the next one, as restarts.find_resumes numbers
-    # quiet gaps), with its writes if any fall into it; it is no step to mark or to judge.
-    before_gap = np.searchsorted(job.step_end, to_storage, side="right") - 1
-    gap_written = np.zeros(n, bool)
-    in_gap = (before_gap >= 0) & (before_gap < n - 1)
-    in_gap[in_gap] &= to_storage[in_gap] < job.step_start[np.minimum(before_gap[in_gap] + 1, n - 1)]
-    gap_written[before_gap[in_gap]] = True
-    gap_number = np.r_[job.number[1:] - 1, -1]
     # the rhythm of the saves seen, else of the long steps (stalls spread evenly over time put a few
     # long steps equal gaps apart: without writes the rhythm must hold more often)
-    rhythm = (rhythm_of(np.r_[job.number[checkpoint], gap_number[paused & gap_written]], params.rhythm_repeats, params)
-              or rhythm_of(np.r_[job.number[long], gap_number[paused]], params.rhythm_repeats_unwritten, params)
-              or previous.checkpoint_rhythm)
+    rhythm = (rhythm_of(job.number[checkpoint], params.rhythm_repeats, params)
+              or rhythm_of(job.number[long], params.rhythm_repeats_unwritten, params) or previous.checkpoint_rhythm)
     state = previous
     if rhythm:
         period, phase = rhythm
@@ -111,18 +100,14 @@ def saving_times(previous: tuple[float, ...], saving: np.ndarray, slow: np.ndarr
     return (previous + tuple(round(float(x), 6) for x in saving[~slow]))[-params.save_history:]
 
 
-def _long_steps(job: JobHour, warmup: np.ndarray, params: DiagnosisParams) -> tuple[np.ndarray, np.ndarray]:
+def _long_steps(job: JobHour, warmup: np.ndarray, params: DiagnosisParams) -> np.ndarray:
     """Per step: longer than the slow-step limit of the job's own jitter over the rolling median
-    of its steps (warm-up steps are long for another reason); and followed by a quiet gap in no
-    step that would make it as long (a pause before the next step, not a restart: warm-up follows
-    that)."""
+    of its steps (warm-up steps are long for another reason)."""
     logs = np.log(job.duration)
     usual = ~warmup
     rough = rolling_median(logs, usual, np.zeros(len(logs), int), params.baseline_steps)
     limit = np.log(max(params.slow_step_delta, 1 + params.jitter_sigmas * jitter_sigma(logs, usual, params)))
-    gap = np.r_[np.maximum(job.step_start[1:] - job.step_end[:-1], 0.0), 0.0]
-    paused = (np.log(job.duration + gap) - rough > limit) & (gap > 0) & usual & np.r_[usual[1:], False]
-    return (logs - rough > limit) & usual, paused
+    return (logs - rough > limit) & usual
 
 
 def on_rhythm(numbers: np.ndarray, long: np.ndarray, period: int, phase: int, slack: int) -> np.ndarray:
@@ -162,13 +147,10 @@ def rhythm_of(numbers: np.ndarray, min_repeats: int, params: DiagnosisParams) ->
     slack = params.rhythm_slack_steps
     pairs_apart = _pairs_apart(numbers)
     pairs_apart[: 2 * slack + 2] = 0
-    # a difference counts the pairs within the slack of it too: saves the timeline numbered a step
-    # off spread one period's pairs over its neighbours
-    near_apart = np.convolve(pairs_apart, np.ones(2 * slack + 1, np.int64), mode="same")
     candidates = np.flatnonzero(pairs_apart)
     if not len(candidates):
         return None
-    candidates = candidates[np.argsort(-near_apart[candidates], kind="stable")[:params.rhythm_candidates]]
+    candidates = candidates[np.argsort(-pairs_apart[candidates], kind="stable")[:params.rhythm_candidates]]
     best, best_hits = None, 0
     for period in candidates.tolist():  # most common first: ties keep it
         phase = int(np.argmax(np.bincount(numbers % period)))  # a long step off the rhythm does not set it

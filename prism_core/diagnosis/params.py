@@ -48,9 +48,6 @@ class DiagnosisParams:
     # units), the spread taken as at least save_spread_floor
     save_sigmas: float = 4.0
     save_spread_floor: float = 0.05
-    # share of a step: a save whose first write comes sooner than this after its step's start
-    # did not follow the step's work (the timeline put the start at the end of the work before)
-    save_lead_work_share: float = 0.5
     # share of the usual traffic of a step (bytes between members, the median of the steps around
     # it); a step carrying this much holds two steps whose boundary the records missed (a sync lost
     # with its export datagram), not a slow one: a step's traffic varies by a few percent (10%
