@@ -127,7 +127,7 @@ def observe(
     node_host_key = node_minute_pos * len(vocabulary.host_names) + host_of_addr[node_key % n_addrs]
     repeated = edges["_repeated"].to_numpy(zero_copy_only=False)
     # a sampler's sizes are estimates (rows of older warehouses say no rate: unsampled)
-    estimated = pc.fill_null(edges["sampling_rate"], 1).to_numpy() > 1
+    estimated = pc.fill_null(edges["sampling_rate"], 1).to_numpy() > params.estimated_sampling_rate
     exact = (edges["top_size_flows"].to_numpy() >= params.min_repeated_flows) & ~estimated
     graph = Graph(node_host_key, node_nic, node_first_ns, node_last_ns, src_node, edges["top_size"].to_numpy(), exact)
     job = job_of_nodes(src_node, node_of_end[n_edges:], graph, params)

@@ -98,6 +98,11 @@ class RecognitionParams:
     # threshold, share of bytes: a resumed job is the stopped one when this share of its repeated
     # bytes is in flow sizes the stopped job also used.
     signature_match: float = 0.5
+    # threshold, 1-in-N: a row whose records were sampled 1 in more than this many packets holds
+    # a sampler's estimate of its bytes (sampled packets x rate), recurring without being any
+    # transfer's size; sampled 1 in a few, a transfer's bytes are counted to a few bytes
+    # (resolution's `max_sampling_rate` draws the same line)
+    estimated_sampling_rate: int = 16
     # threshold, share of a flow size: a job's signature holds a size within this much of another
     # as that one. One exporter counting header bytes per packet spreads a transfer size by ~0.1%
     # from record to record (its packets' headers average out); two jobs' transfer sizes a few
