@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.optimize import linear_sum_assignment
 
+from prism_core.arrays import encoded, group_indices
 from prism_core.diagnosis import DEFAULT_PARAMS as DIAGNOSIS_DEFAULTS
 from prism_core.evaluate import jobs as jobs_scorer
 from prism_core.evaluate import sensitivity
@@ -97,19 +98,21 @@ def _false_slow_steps(steps: pa.Table, issues: pa.Table, matched: np.ndarray,
     fault by the truth's), or neither. Says how much of the slow steps' imprecision is the truth's
     line between a stall that is the job's nature and an injected one."""
     false = np.flatnonzero(~matched & (np.asarray(issues["kind"].to_pylist(), dtype=object) == "slow_step"))
-    truth_jobs: dict[str, list[str]] = {}
-    for truth_id, prism_id in associated:
-        truth_jobs.setdefault(prism_id, []).append(truth_id)
-    by_job = {job_id: np.flatnonzero(pc.equal(steps["job_id"], job_id).to_numpy(zero_copy_only=False))
-              for job_id in {t for ts in truth_jobs.values() for t in ts}}
     start, end = (steps[c].cast(pa.int64()).to_numpy() for c in ("start", "end"))
     checkpoint = steps["checkpoint"].to_numpy(zero_copy_only=False)
+    job_code, job_names = encoded(steps, "job_id")
+    steps_of = dict(zip(job_names.to_pylist(), (rows for _, rows in group_indices(job_code))))
+    # per Prism job: the steps of the truth jobs it stands for, by start
+    parts: dict[str, list[np.ndarray]] = {}
+    for truth_id, prism_id in sorted(associated):
+        parts.setdefault(prism_id, []).append(steps_of.get(truth_id, np.zeros(0, np.int64)))
+    rows_of = {prism_id: np.concatenate(rows) for prism_id, rows in parts.items()}
+    rows_of = {prism_id: rows[np.argsort(start[rows], kind="stable")] for prism_id, rows in rows_of.items()}
     issue_start, issue_end = (issues[c].cast(pa.int64()).to_numpy() for c in ("start", "end"))
     job_of_issue = issues["job_id"].to_pylist()
     on_checkpoints = on_long_steps = 0
     for i in false.tolist():
-        rows = np.concatenate([by_job[t] for t in truth_jobs.get(job_of_issue[i], [])] or [np.zeros(0, np.int64)])
-        rows = rows[np.argsort(start[rows], kind="stable")]
+        rows = rows_of.get(job_of_issue[i], np.zeros(0, np.int64))
         together = np.minimum(end[rows], issue_end[i]) - np.maximum(start[rows], issue_start[i])
         if not len(rows) or together.max() <= 0:
             continue
@@ -139,14 +142,12 @@ def merged_issues(rows: pa.Table) -> pa.Table:
 def associate_jobs(truth_gpus: pa.Table, prism_gpus: pa.Table) -> set[tuple[str, str]]:
     """(truth job, Prism job) pairs where the truth job held at least MIN_SHARED of the Prism job's
     addresses while both held them: their spans (`start`..`end` in the truth, `first_seen`..
-    `last_seen` in Prism's, where the tables have them) overlap as `jobs.LIFE_OVERLAP_NS` says."""
+    `last_seen` in Prism's, where the tables have them) overlap as `jobs.held_together` says."""
     truth_spans, prism_spans = _address_spans(truth_gpus, "start", "end"), _address_spans(prism_gpus, "first_seen", "last_seen")
     joined = truth_spans.join(prism_spans, "addr", join_type="inner", left_suffix="_truth", right_suffix="_prism")
     start_truth, end_truth, start_prism, end_prism = (
         joined[c].to_numpy() for c in ("start_truth", "end_truth", "start_prism", "end_prism"))
-    held_together = np.minimum(end_truth, end_prism) - np.maximum(start_truth, start_prism)
-    shorter = np.minimum(end_truth - start_truth, end_prism - start_prism)
-    shared = joined.filter(pa.array(held_together > np.minimum(jobs_scorer.LIFE_OVERLAP_NS, shorter / 2)))
+    shared = joined.filter(pa.array(jobs_scorer.held_together(start_truth, end_truth, start_prism, end_prism)))
     shared = shared.group_by(["job_id_truth", "job_id_prism"], use_threads=False).aggregate([("addr", "count")])
     prism_size = _sizes(prism_spans)
     return {(truth_id, prism_id)

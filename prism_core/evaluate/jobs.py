@@ -119,9 +119,7 @@ def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table,
     start_true, end_true, start_prism, end_prism = (
         joined[c].to_numpy() for c in ("start_true", "end_true", "start_prism", "end_prism")
     )
-    held_together = np.minimum(end_true, end_prism) - np.maximum(start_true, start_prism)
-    shorter_span = np.minimum(end_true - start_true, end_prism - start_prism)
-    overlapping = held_together > np.minimum(LIFE_OVERLAP_NS, shorter_span / 2)
+    overlapping = held_together(start_true, end_true, start_prism, end_prism)
     joined = joined.append_column("same_span", pa.array(_same_time(start_true, end_true, start_prism, end_prism)))
     shared = joined.filter(pa.array(overlapping)).group_by(["job_id_true", "job_id_prism"], use_threads=False)
     shared = shared.aggregate([("addr", "count"), ("same_span", "sum")])
@@ -145,6 +143,13 @@ def _association(true_gpus: pa.Table, prism_gpus: pa.Table, true_jobs: pa.Table,
     links = links.append_column("same_spans", pa.array(same_spans)).append_column("together_ns", pa.array(together))
     order = [("true_id", "ascending"), ("shared", "descending"), ("together_ns", "descending"), ("prism_id", "ascending")]
     return links.filter(pa.array(known)).sort_by(order)
+
+
+def held_together(start_a: np.ndarray, end_a: np.ndarray, start_b: np.ndarray, end_b: np.ndarray) -> np.ndarray:
+    """Whether each pair of an address's spans in two jobs overlaps enough to associate the jobs
+    through it: by more than LIFE_OVERLAP_NS, or half the shorter span."""
+    together = np.minimum(end_a, end_b) - np.maximum(start_a, start_b)
+    return together > np.minimum(LIFE_OVERLAP_NS, np.minimum(end_a - start_a, end_b - start_b) / 2)
 
 
 def _same_time(start_a: np.ndarray, end_a: np.ndarray, start_b: np.ndarray, end_b: np.ndarray) -> np.ndarray:
