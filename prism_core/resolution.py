@@ -102,11 +102,10 @@ class ResolutionParams:
     min_resolving_records: int = 200
     # share of the step period; a clock coarser than this blurs the boundaries
     max_clock_share: float = 0.005
-    # the steps the timeline divides must keep time: at least this share of them within
-    # step_tolerance of the median of the steps around them (step_window of them; slow steps,
-    # checkpoints and warm-up are few, a level shift keeps time locally) ...
+    # the steps the timeline divides must keep time: at least this share of them closer to the
+    # median of the steps around them (step_window of them; slow steps, checkpoints and warm-up
+    # are few, a level shift keeps time locally) than to half or twice it ...
     min_steady_share: float = 0.8
-    step_tolerance: float = 0.1
     step_window: int = 9
     # count; ... judged from this many steps of the hour on (fewer say too little)
     min_steps_judged: int = 10
@@ -448,7 +447,9 @@ def steps_keep_time(durations_s: np.ndarray, synchronized: np.ndarray | None = N
     random; such steps are not reported (`analysis`). A step longer than its neighbours that
     holds the job's DP synchronization (`synchronized`, per step) is a whole step that took
     longer: a job with heavy-tailed steps (stalls of a few tenths of a step, often) has many,
-    and they are what the diagnosis judges. A split step is shorter than its neighbours."""
+    and they are what the diagnosis judges. A split step is shorter than its neighbours, two merged
+    longer: a step is steady closer to the local median than to half or twice it (within a factor
+    of sqrt 2), whatever the job's own jitter, which a narrower band would take for blur."""
     n = len(durations_s)
     if n < params.min_steps_judged:
         return True
@@ -456,7 +457,7 @@ def steps_keep_time(durations_s: np.ndarray, synchronized: np.ndarray | None = N
     padded = np.pad(np.asarray(durations_s, float), half, mode="edge")
     windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1)
     local = np.median(windows, axis=1)
-    steady = np.abs(durations_s - local) <= params.step_tolerance * local
+    steady = np.abs(np.log(np.asarray(durations_s, float) / local)) <= np.log(2.0) / 2
     if synchronized is not None:
         steady |= synchronized & (durations_s > local)
     return bool(steady.mean() >= params.min_steady_share)
