@@ -247,6 +247,55 @@ def test_a_nic_serving_two_gpus_counts_both():
     assert found.membership["gpus"].to_pylist() == [2] * 8
 
 
+def mixed_inventory(n_hosts: int, four_nic_hosts: tuple[int, ...]) -> Topology:
+    """8-NIC hosts, and 4-NIC hosts whose NIC 10.0.h.g serves GPUs g and g + 1."""
+    lines = ["addr,host,gpu,leaf,pod,gpus_per_nic"] + [
+        f"10.0.{h}.{g},host{h:02d},{g},leaf{g},pod0,{2 if h in four_nic_hosts else 1}"
+        for h in range(n_hosts) for g in (range(0, 8, 2) if h in four_nic_hosts else range(8))]
+    return Topology.from_csv_bytes("\n".join(lines).encode())
+
+
+def gpus_by_host(recognition, job_id) -> dict[str, list[int]]:
+    found: dict[str, set] = {}
+    for row in recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id)).to_pylist():
+        found.setdefault(row["host"], set()).update(range(row["gpu"], row["gpu"] + row["gpus"]))
+    return {host: sorted(gpus) for host, gpus in sorted(found.items())}
+
+
+def test_a_job_on_part_of_its_hosts_holds_as_many_gpus_on_each():
+    # a DP ring over GPUs 4-5 of four hosts shows only rail 4 (PXN: the block's first GPU carries
+    # the ring between hosts, GPU 5 talks over NVLink); host03 has 4 NICs, its NIC 4 serves GPUs 4
+    # and 5: the job holds GPUs 4-5 on every host. Beside it, on GPUs 0-1 of hosts 0-2, a job
+    # showing rails 0 and 1 (a ring per tensor-parallel rank) holds them and no more; it never shows
+    # more than two GPUs a host, so the silent GPUs 2-7 of those hosts are not its.
+    topology = mixed_inventory(4, four_nic_hosts=(3,))
+    minutes = range(10)
+    rows = ring([0, 1, 2, 3], minutes, 6 << 20, rails=[4], first_s=3.4, last_s=57.2)
+    rows += ring([0, 1, 2], minutes, 4 << 20, rails=[0, 1])
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    jobs = {row["n_hosts"]: row for row in found.jobs.to_pylist()}
+    assert {hosts: row["n_gpus"] for hosts, row in jobs.items()} == {4: 8, 3: 6}
+    assert gpus_by_host(found, jobs[4]["job_id"]) == {f"host{h:02d}": [4, 5] for h in range(4)}
+    assert gpus_by_host(found, jobs[3]["job_id"]) == {f"host{h:02d}": [0, 1] for h in range(3)}
+    # without the prior each keeps the NICs it showed: rail 4 (two GPUs on host03 only)
+    apart = recognize_hour(table(rows), topology, None, HOUR0, params=replace(DEFAULT_PARAMS, same_gpus_per_host=False))
+    assert sorted(apart.jobs["n_gpus"].to_pylist()) == [5, 6]
+
+
+def test_a_gpu_block_stops_at_another_jobs_nics():
+    # the same ring over GPUs 4-5, while a third job talks on GPU 5 of host00 (with host04): the
+    # block's other NIC there is that job's, so on host00 the ring's job keeps GPU 4 alone
+    topology = mixed_inventory(5, four_nic_hosts=(3,))
+    minutes = range(10)
+    rows = ring([0, 1, 2, 3], minutes, 6 << 20, rails=[4], first_s=3.4, last_s=57.2)
+    rows += ring([0, 4], minutes, 9 << 20, rails=[5], first_s=7.1, last_s=50.3)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    jobs = {row["n_hosts"]: row for row in found.jobs.to_pylist()}
+    assert gpus_by_host(found, jobs[4]["job_id"]) == {"host00": [4], **{f"host{h:02d}": [4, 5] for h in (1, 2, 3)}}
+    # the third job shows one GPU a host on 8-NIC hosts: it holds GPU 5 of each
+    assert gpus_by_host(found, jobs[2]["job_id"]) == {"host00": [5], "host04": [5]}
+
+
 def test_weak_edges_and_storage_do_not_glue_jobs():
     topology = inventory(4)
     rows = ring([0, 1], [0], 4 << 20) + ring([2, 3], [0], 8 << 20)

@@ -84,6 +84,13 @@ class RecognitionParams:
     # NICs: exporters that lose records or sample packets leave a few of a job's NICs silent in a
     # minute, while a new job on part of the NICs another left covers a part of them.
     same_nics_jaccard: float = 0.9
+    # prior: a job holds as many GPUs on each of its hosts, an aligned block of a power of two
+    # (launchers start the same number of ranks per node; schedulers hand out GPUs in blocks that
+    # share a PCIe switch or NVLink group). A job on part of its hosts shows only some of its NICs
+    # (with PXN a block's first GPU carries a ring's traffic to and from the next host, the others
+    # talk over NVLink), so it holds on every host the block as wide as it shows on its widest
+    # (`Tracker.gpu_blocks`); False: each such job keeps the NICs it showed.
+    same_gpus_per_host: bool = True
     # prior, ns: how long a job may show its parts apart (pipelines before its first DP sync joins
     # them); tracks begun this recently may still be parts of one job not yet seen whole.
     young_ns: int = 3 * MINUTE_NS

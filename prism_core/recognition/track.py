@@ -175,6 +175,13 @@ def hosts_held_in_part(src: np.ndarray, dst: np.ndarray, size: np.ndarray, vocab
     return np.unique(dst_host[arrives[~vocabulary.on_last_rail(dst[arrives])]])
 
 
+def _bit_length(values: np.ndarray) -> np.ndarray:
+    """Bits of each non-negative integer (0 for 0): 1 << _bit_length(n - 1) is the power of two
+    at or above n."""
+    values = np.asarray(values, np.int64)
+    return np.where(values > 0, np.floor(np.log2(np.maximum(values, 1))).astype(np.int64) + 1, 0)
+
+
 def _signed(*columns: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(c, np.int64) for c in columns]
 
@@ -521,7 +528,85 @@ class Tracker:
             track = self.tracks[index]
             track.nics = with_their_hosts(track.nics)
             self.owners.give(track.nics, index)
-        self.presence = [(t, f, l, with_their_hosts(n) if t in whole else n) for t, f, l, n in self.presence]
+        blocks = {}
+        if self.params.same_gpus_per_host:
+            blocks = self.gpu_blocks(keys, at, (nics, first, last), (span_first, span_last), partial,
+                                     (by_host_nics, host_of_all))
+        for index, block in blocks.items():
+            track = self.tracks[index]
+            added = np.setdiff1d(block, track.nics)
+            track.nics = np.union1d(track.nics, block)
+            self.owners.give(added[self.owners.of(added) < 0], index)
+
+        def with_blocks(index: int, nics: np.ndarray) -> np.ndarray:
+            """`nics` and the NICs of the job's GPU blocks on their hosts."""
+            block = blocks[index]
+            return np.union1d(nics, block[np.isin(self.vocabulary.hosts(block), self.vocabulary.hosts(nics))])
+
+        self.presence = [(t, f, l, with_their_hosts(n) if t in whole else with_blocks(t, n) if t in blocks else n)
+                         for t, f, l, n in self.presence]
+
+    def gpu_blocks(self, keys: np.ndarray, at: np.ndarray, entries: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   key_span: tuple[np.ndarray, np.ndarray], partial: np.ndarray,
+                   host_nics: tuple[np.ndarray, np.ndarray]) -> dict[int, np.ndarray]:
+        """The NICs of each job on part of its hosts, its GPUs taken as one aligned block of as
+        many GPUs on every host (`RecognitionParams.same_gpus_per_host`), as wide as the job shows
+        on its widest host. The presence entries' (NIC, first, last) `entries` belong to the
+        (host, track) `keys` at `at`, each key present over `key_span`; `partial`: per track, on
+        part of its hosts; `host_nics`: every GPU NIC of the hosts and its host, by host then GPU.
+
+        With NCCL's PXN a send crossing hosts leaves through the NIC of the receiver's rail, so a
+        DP ring over blocks of GPUs shows one NIC per host (the block's first GPU, where the ring
+        arrives from the previous host), the others talk over NVLink; the block's width shows
+        where a NIC serves two GPUs, a tensor-parallel group has a ring per rank, or blocks on
+        different GPUs of two hosts make a send leave through the sender's own NIC. A host where
+        another job is present on the block's other NICs at the same time keeps the NICs shown."""
+        vocabulary = self.vocabulary
+        nics, entry_first, entry_last = entries
+        rail = vocabulary.rails(nics)
+        n_keys = len(keys)
+        low = np.full(n_keys, np.iinfo(np.int64).max)
+        high = np.full(n_keys, -1)
+        np.minimum.at(low, at, rail)
+        np.maximum.at(high, at, rail + vocabulary.gpus_served(nics) - 1)
+        candidate = partial[keys[:, 1]] & (low >= 0)
+        if not candidate.any():
+            return {}
+        # the track's block: its widest host's GPUs, a power of two
+        widest = np.zeros(len(partial), np.int64)
+        np.maximum.at(widest, keys[candidate, 1], high[candidate] - low[candidate] + 1)
+        width = np.left_shift(1, _bit_length(np.maximum(widest[keys[:, 1]], 1) - 1))
+        # per host the aligned block holding every GPU shown there, at least that wide
+        width = np.maximum(width, np.left_shift(1, _bit_length(np.bitwise_xor(low, np.maximum(high, low)))))
+        block_first = low - low % width
+        by_host_nics, host_of_all = host_nics
+        hosts = keys[:, 0]
+        start = np.searchsorted(host_of_all, hosts, side="left")
+        count = np.where(candidate, np.searchsorted(host_of_all, hosts, side="right") - start, 0)
+        pair_key = np.repeat(np.arange(n_keys), count)
+        pair_nic = by_host_nics[ranges(start, count)]
+        pair_rail = vocabulary.rails(pair_nic)
+        inside = (pair_rail >= block_first[pair_key]) & (pair_rail < block_first[pair_key] + width[pair_key])
+        pair_key, pair_nic = pair_key[inside], pair_nic[inside]
+        # another job on the block's NICs while this one is on the host: not its block
+        spans_of, span_at = np.unique(np.stack([nics, keys[at, 1]], axis=1), axis=0, return_inverse=True)
+        nic_first, nic_last = group_spans(span_at.ravel(), len(spans_of), entry_first, entry_last)
+        by_nic = np.argsort(spans_of[:, 0], kind="stable")
+        span_nic = spans_of[by_nic, 0]
+        lo_at = np.searchsorted(span_nic, pair_nic, side="left")
+        many = np.searchsorted(span_nic, pair_nic, side="right") - lo_at
+        other = by_nic[ranges(lo_at, many)]
+        of_pair = np.repeat(np.arange(len(pair_nic)), many)
+        track = keys[pair_key[of_pair], 1]
+        first, last = key_span[0][pair_key[of_pair]], key_span[1][pair_key[of_pair]]
+        clash = (spans_of[other, 1] != track) & (nic_first[other] <= last) & (nic_last[other] >= first)
+        key_clashes = np.bincount(pair_key[of_pair], weights=clash, minlength=n_keys) > 0
+        keep = ~key_clashes[pair_key]
+        pair_track = keys[pair_key[keep], 1]
+        pair_nic = pair_nic[keep]
+        order = np.argsort(pair_track, kind="stable")
+        tracks, first_of = np.unique(pair_track[order], return_index=True)
+        return {int(t): np.unique(n) for t, n in zip(tracks.tolist(), np.split(pair_nic[order], first_of[1:]))}
 
     def end_hour(self, hour_end_ns: int) -> list[Track]:
         """The tracks the hour reports (seen this hour, or running when it began), each ended if

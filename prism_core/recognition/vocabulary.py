@@ -75,6 +75,10 @@ class NicVocabulary:
         """The rail of each NIC code: the first GPU it serves (-1 for no GPU NIC)."""
         return self._gpu_of[codes]
 
+    def gpus_served(self, codes: np.ndarray) -> np.ndarray:
+        """How many GPUs each NIC code serves (1 without an inventory)."""
+        return self._gpus_of[codes]
+
     def on_last_rail(self, codes: np.ndarray) -> np.ndarray:
         """Whether each NIC code serves its host's last GPUs."""
         last = np.array([self._last_rail_of.get(self.host_names[h], -1) for h in self.hosts(codes).tolist()], np.int64)
