@@ -23,7 +23,9 @@ from prism_core import diagnosis, parallelism, resolution, timeline
 from prism_core.arrays import CODES_SUFFIX, filter_rows, group_indices, lookup, with_codes
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
+from prism_core.constants import NS_PER_S
 from prism_core.minutes import MINUTE_NS
+from prism_core.queue_pairs import resumed_on_same_connections
 from prism_core.recognition import Recognition, recognize_hour
 from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, JOBS, STEPS, TABLES
 from prism_core.topology import Topology
@@ -40,7 +42,7 @@ BULK_READ_BYTES = CHECKPOINT_FLOW_BYTES
 # only these from the hour's Parquet and stages only these, half the bytes of a flow row. A stage
 # that needs another column adds it here.
 JOB_FLOW_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes", "sampler_address",
-                    "sampling_rate")
+                    "sampling_rate", "src_port")
 # The flow columns a job's stages look up and number: encoded once per job (`arrays.with_codes`)
 ADDRESS_COLUMNS = ("src_addr", "dst_addr", "sampler_address")
 
@@ -252,6 +254,10 @@ def analyze_job(
         members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
         events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
         restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
+        paused_ns = paused_restarts(flows, members["addr"], restarts_ns, params.diagnosis)
+        if paused_ns:  # no restart for the diagnosis; the timeline divides them alike, in one attempt
+            events = events.filter(pc.invert(pc.and_(pc.equal(events["kind"], "restart"),
+                                                     pc.is_in(events["at_ns"], value_set=pa.array(paused_ns, pa.int64())))))
 
         # the stages before diagnosis read what members sent, not the reads into them
         sent = filter_rows(flows, lookup(flows, "src_addr", members["addr"]) >= 0) if members.num_rows else flows
@@ -278,7 +284,7 @@ def analyze_job(
         evict_flows()
         steps = timeline.divide_steps(
             job_id, timeline_flows, found.comm_pairs, previous.get("timeline", {}).get(job_id),
-            hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline,
+            hour_start_ns, hour_end_ns, restarts_ns, found.job_gpus, params=params.timeline, paused_ns=paused_ns,
         )
         del timeline_flows
         stage = "diagnosis"
@@ -314,6 +320,27 @@ def analyze_job(
         step_period_s=float(np.median(durations)) if len(durations) else resolved.period_s,
         issue_kinds_judged=sorted(shown),
     )
+
+
+def paused_restarts(flows: pa.Table, members: pa.ChunkedArray, restarts_ns: list[int],
+                    params: diagnosis.DiagnosisParams) -> list[int]:
+    """The recognition's restarts after which the job's transfers between members ran on the
+    connections they ran on before (prism_core.queue_pairs): pauses, its processes alive."""
+    if not restarts_ns or "src_port" not in flows.column_names:
+        return []
+    src, dst = lookup(flows, "src_addr", members), lookup(flows, "dst_addr", members)
+    between = np.flatnonzero((src >= 0) & (dst >= 0))
+    start = flows["time_flow_start_ns"].to_numpy()[between]
+    order = np.argsort(start, kind="stable")
+    rows = between[order]
+    port = pc.fill_null(flows["src_port"], -1).to_numpy()[rows]
+    start = start[order]
+    resumed_at = np.asarray(restarts_ns, np.int64)  # the first traffic after the silence
+    before = np.searchsorted(start, resumed_at, side="left") - 1
+    silent_from = np.where(before >= 0, start[np.maximum(before, 0)] + 1, resumed_at)
+    same = resumed_on_same_connections(src[rows], dst[rows], port, start, silent_from, resumed_at,
+                                       params.connection_window_s * NS_PER_S, params.same_connection_share)
+    return [r for r, paused in zip(restarts_ns, same.tolist()) if paused]
 
 
 def silent_resolution(timeline_state: dict | None,
@@ -393,6 +420,12 @@ def assemble_hour(analyses: list[JobAnalysis], recognition: Recognition) -> Hour
     statuses = [job_status(status, job_id in hung)
                 for job_id, status in zip(job_table["job_id"].to_pylist(), job_table["status"].to_pylist())]
     job_table = job_table.set_column(job_table.schema.get_field_index("status"), "status", pa.array(statuses, pa.string()))
+    # the tracker counts every resume after a silence; those the job's connections showed were pauses are none
+    paused = {a.job_id: (a.state["timeline"] or {}).get("paused_restarts", 0) for a in analyses}
+    restarts = [count - paused.get(job_id, 0) if count is not None else None
+                for job_id, count in zip(job_table["job_id"].to_pylist(), job_table["restarts"].to_pylist())]
+    job_table = job_table.set_column(job_table.schema.get_field_index("restarts"), "restarts",
+                                     pa.array(restarts, job_table.schema.field("restarts").type))
     for name in ("dp", "pp", "tp"):
         values = pa.array([degrees.get(j, {}).get(name) for j in job_table["job_id"].to_pylist()], pa.int32())
         job_table = job_table.set_column(job_table.schema.get_field_index(name), name, values)

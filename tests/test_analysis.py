@@ -57,7 +57,7 @@ def test_a_job_holds_its_hosts_from_the_hour_start_if_it_ran_then_and_to_the_end
         "time_flow_end_ns": pa.array([HOUR + t * SECOND + 1 for _, t in sent], pa.int64()),
         "src_addr": [h for h, _ in sent], "dst_addr": ["storage"] * len(sent),
         "bytes": pa.array([1 << 30] * len(sent), pa.int64()), "sampler_address": ["x"] * len(sent),
-        "sampling_rate": pa.array([1] * len(sent), pa.int64()),
+        "sampling_rate": pa.array([1] * len(sent), pa.int64()), "src_port": pa.array([None] * len(sent), pa.int32()),
     })
     split = {job: (part["time_flow_start_ns"].to_numpy() - HOUR) // SECOND
              for job, part in split_flows_by_job(flows, open_membership(recognition, HOUR))}
@@ -111,7 +111,7 @@ def test_bulk_reads_from_storage_go_to_the_job_that_last_took_the_gpu_even_after
         "time_flow_end_ns": pa.array([HOUR + t * SECOND + 1 for _, _, t, _ in reads], pa.int64()),
         "src_addr": [s for s, _, _, _ in reads], "dst_addr": [d for _, d, _, _ in reads],
         "bytes": pa.array([b for _, _, _, b in reads], pa.int64()), "sampler_address": ["x"] * len(reads),
-        "sampling_rate": pa.array([1] * len(reads), pa.int64()),
+        "sampling_rate": pa.array([1] * len(reads), pa.int64()), "src_port": pa.array([None] * len(reads), pa.int32()),
     })
     split = {job: ((part["time_flow_start_ns"].to_numpy() - HOUR) // SECOND).tolist()
              for job, part in split_flows_by_job(flows, recognition.membership)}
@@ -135,7 +135,7 @@ def test_addresses_read_dictionary_encoded_split_and_encode_as_their_text_does()
         "time_flow_end_ns": pa.array([HOUR + t * SECOND + 1 for _, _, t, _ in sent], pa.int64()),
         "src_addr": [s for s, _, _, _ in sent], "dst_addr": [d for _, d, _, _ in sent],
         "bytes": pa.array([1 << 30] * len(sent), pa.int64()), "sampler_address": [x for _, _, _, x in sent],
-        "sampling_rate": pa.array([1] * len(sent), pa.int64()),
+        "sampling_rate": pa.array([1] * len(sent), pa.int64()), "src_port": pa.array([None] * len(sent), pa.int32()),
     })
     membership = open_membership(recognition, HOUR)
     encoded = flows

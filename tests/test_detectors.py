@@ -39,7 +39,7 @@ def make_hour(durations=(), hosts: int = 4, flows: dict | None = None, writes: d
     """A job of `hosts` hosts with one GPU each (address 10.0.<host>.1, stage 0, dp rank = host),
     steps of `durations` seconds, back to back from 1 s into the hour unless `step_start` says
     when, numbered from 0, and the given flows between members ({start, end, src, dst, nbytes[,
-    kind]}: arrays, kind DP by default) and writes to storage ({start, end, src, nbytes});
+    kind, port]}: arrays, kind DP by default, no port) and writes to storage ({start, end, src, nbytes});
     `fields` replace any other column."""
     durations = np.asarray(durations, float)
     if step_start is None:
@@ -60,6 +60,7 @@ def make_hour(durations=(), hosts: int = 4, flows: dict | None = None, writes: d
         replica_of_addr=np.arange(hosts),
         start=start[order], end=flows.get("end", np.zeros(0))[order], src=flows.get("src", np.zeros(0, int))[order],
         dst=flows.get("dst", np.zeros(0, int))[order], nbytes=flows.get("nbytes", np.zeros(0, int))[order],
+        port=flows.get("port", np.full(len(start), -1, np.int32))[order],
         kind=flows.get("kind", np.full(len(start), DP, np.int8))[order], step=step,
         write_start=writes.get("start", np.zeros(0)), write_end=writes.get("end", np.zeros(0)),
         write_src=writes.get("src", np.zeros(0, int)), write_dst=np.full(n_writes, "10.200.0.1"),
@@ -334,6 +335,21 @@ def test_a_quiet_gap_after_a_complete_step_is_a_save_not_a_restart():
     flows = joined(ring_flows(step_start, 4, np.full((60, 4), 0.05)), cut_steps(step_start[[49]] + durations[[49]]))
     job = make_hour(durations, step_start=step_start, attempt=attempt, flows=flows)
     assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS).steps.tolist() == [50]
+
+
+def test_a_resume_on_the_connections_of_before_is_a_pause_and_one_on_new_connections_a_restart():
+    # two 40 s silences that look like crashes (a transfer of an unfinished step before each):
+    # after the first the job's transfers run on the queue pairs (source ports) they ran on, after
+    # the second on new ones; records without ports tell nothing
+    durations = jittered(60)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + 40.0 * ((np.arange(60) >= 20).astype(int) + (np.arange(60) >= 40))
+    attempt = (np.arange(60) >= 20).astype(np.int64) + (np.arange(60) >= 40)
+    flows = joined(ring_flows(step_start, 4, np.full((60, 4), 0.05)), cut_steps(step_start[[19, 39]] + durations[[19, 39]]))
+    port = 49152 + flows["src"] + np.where(flows["start"] > step_start[40] - 1.0, 100, 0)  # new queue pairs at step 40
+    job = make_hour(durations, step_start=step_start, attempt=attempt, flows={**flows, "port": port})
+    assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS).steps.tolist() == [40]
+    unported = make_hour(durations, step_start=step_start, attempt=attempt, flows=flows)
+    assert restarts.find_resumes(unported, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS).steps.tolist() == [20, 40]
 
 
 def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host():

@@ -358,6 +358,24 @@ def test_custom_scenario_with_a_replaced_host_restart(tmp_path):
                      ("gpu0005", first_after["start"], job["end"])}
 
 
+def test_a_restarted_job_connects_anew_on_new_queue_pairs(tmp_path):
+    scenario = replace(SCENARIOS["tiny"], name="tiny", minutes=6, jobs=(
+        JobSpec(2, tp=8, pp=1, start_s=10, end_s=1e9, step_s=3.0, checkpoint_s=60, hosts=(0, 1),
+                faults=(FaultSpec("restart", at_s=150, gap_s=60, host=1),)),))
+    write_scenario(scenario, tmp_path, seed=0)
+    resumed_ns = truth(tmp_path, "steps").filter(pc.field("attempt") == 1)["start"].cast(pa.int64())[0].as_py()
+    ports = duckdb.sql(f"""
+        select src_addr, dst_addr, time_flow_start_ns >= {resumed_ns} as resumed, list(distinct src_port) as ports
+        from read_parquet('{tmp_path}/flows/*.parquet')
+        where src_addr like '10.1.%' and dst_addr like '10.1.%' group by all""").fetchall()  # GPU to GPU
+    by_pair = {}
+    for src, dst, resumed, used in ports:
+        by_pair.setdefault((src, dst), {})[resumed] = set(used)
+    both = [sides for sides in by_pair.values() if len(sides) == 2]
+    assert len(both) >= 8  # the job's pairs of both attempts: each on new source ports after the restart
+    assert all(not sides[False] & sides[True] for sides in both)
+
+
 def test_a_hang_holds_the_hosts_until_the_watchdog_kills_it(tmp_path):
     """Two data-parallel jobs hang at 100 s; the watchdog kills them 120 s later. One is restarted
     from its checkpoint 40 s after the kill, the other ends."""

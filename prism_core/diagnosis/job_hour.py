@@ -40,6 +40,7 @@ class JobHour:
     src: np.ndarray
     dst: np.ndarray
     nbytes: np.ndarray
+    port: np.ndarray  # source port (its queue pair's; -1: the record has none)
     kind: np.ndarray  # pair kind code (prism_core.constants)
     step: np.ndarray  # index of the step the flow starts in, -1 outside every step
     # large flows from members to outside the job, by start: checkpoint writes, or copies to
@@ -121,6 +122,7 @@ class JobHour:
         src = src[order]
         dst = dst[order]
         nbytes = nbytes[order]
+        port = _ports(flows, order)
         return cls(
             job_id=job_id,
             origin_ns=origin_ns,
@@ -132,6 +134,7 @@ class JobHour:
             src=src,
             dst=dst,
             nbytes=nbytes,
+            port=port,
             kind=kind,
             step=step,
             **writes_and_reads,
@@ -304,3 +307,10 @@ def _other_jobs(job_id: str, membership: pa.Table | None, origin_ns: int, hour_e
         "other_first": (others["first_ns"].to_numpy() - origin_ns) / NS,
         "other_last": (others["last_ns"].to_numpy() - origin_ns) / NS,
     }
+
+
+def _ports(flows: pa.Table, rows: np.ndarray) -> np.ndarray:
+    """The source port of each of `rows` (-1 where the record has none, or no record has ports)."""
+    if "src_port" not in flows.column_names:
+        return np.full(len(rows), -1, np.int32)
+    return pc.fill_null(flows["src_port"], -1).to_numpy().astype(np.int32)[rows]

@@ -75,6 +75,12 @@ class DiagnosisParams:
     warmup_steps: int = 3  # steps after a (re)start that are slow by nature, charged to the restart
     restart_gap_s: float = 20.0  # s; a silence between steps this long (and > restart_gap_steps) is a restart
     restart_gap_steps: float = 3.0  # median steps
+    # a job that resumes on the connections it had (queue pairs, read from the records' source
+    # ports: prism_core.queue_pairs) paused, its processes alive: no restart. The connections of
+    # the transfers within connection_window_s after the silence and before it are compared; at
+    # least same_connection_share of the later ones must be earlier ones (a restart's are all new)
+    connection_window_s: float = 30.0
+    same_connection_share: float = 0.5
     # s; the hosts a job had at a moment are those active this long before it
     active_window_s: float = 60.0
     event_window_s: float = 60.0  # s; recognition events this close to a restart are its evidence

@@ -15,6 +15,7 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.constants import NS_PER_S as NS
+from prism_core.queue_pairs import resumed_on_same_connections
 
 from . import hangs
 from .checkpoints import Checkpoints, on_rhythm, rhythm_of
@@ -47,6 +48,11 @@ def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhyt
     # merged records, a sampler's instants) the timeline may find none while transfers go on
     quiet &= job.step_start - _last_end_before(job, job.step_start - params.boundary_slack_s) > params.restart_gap_s
     resumed = (job.attempt > previous_attempt) | (quiet & (silence > params.restart_gap_s))
+    # a job that resumed on the connections it had only paused (a save the flow logs do not see)
+    silent_from = np.r_[last_end, job.step_end[:-1]][resumed]
+    resumed[resumed] &= ~resumed_on_same_connections(job.src, job.dst, job.port, job.start, silent_from,
+                                                     job.step_start[resumed], params.connection_window_s,
+                                                     params.same_connection_share)
     # A crash stops the job in the middle of a step: traffic of the unfinished step comes before
     # the silence. A job that finished its step and went quiet (a save over a network the flow logs
     # do not see; recognition may still take its return for a restart) was not interrupted.

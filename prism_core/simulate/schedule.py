@@ -42,6 +42,7 @@ from prism_core.simulate.traffic import (
 RESTART_STOP_S = 0.3  # a failing job's NICs fall silent within this of the failure
 HANG_SPREAD_S = (0.5, 4.0)  # peers of a hung GPU stop this long after they first wait on it
 HANG_WATCHDOG_S = 600.0  # PyTorch's NCCL timeout: a hung collective is killed after 10 minutes
+ATTEMPT_SALT = 1_000  # per attempt, in the job's port salt (jobs are salted by index: a few hundred at most)
 
 
 @dataclass
@@ -166,8 +167,9 @@ class _Planner:
         """Id and duration of the step template for `cond`, built on first use."""
         if cond not in self.template_ids:
             self.template_ids[cond] = len(self.templates)
+            # a restarted job's processes connect anew: new queue pairs, so new RoCE source ports
             self.templates.append(step_template(self.model, self.placements[cond.attempt], self.cluster.gpu_nic,
-                                                cond, self.salt))
+                                                cond, self.salt + ATTEMPT_SALT * cond.attempt))
         tid = self.template_ids[cond]
         return tid, self.templates[tid].duration
 

@@ -41,18 +41,23 @@ def divide_steps(
     restarts_ns: Sequence[int] = (),
     job_gpus: pa.Table | None = None,
     params: TimelineParams = DEFAULT_PARAMS,
+    paused_ns: Sequence[int] = (),
 ) -> Timeline:
     """Steps of `job_id` decided by this hour's flows: the job's flows of the hour (sent by its
     members), its directed pairs labelled dp / pp / other, the state the previous hour returned
     (None for a job new to Prism), the job tracker's restart instants (the job's first traffic
     after each downtime; the attempt increments at each) and, where known, the host of each of
-    its addresses (`job_gpus`: addr, host). Flows carried from the previous hour start before
+    its addresses (`job_gpus`: addr, host). `paused_ns`: those of the restart instants that were
+    pauses (the job resumed on its connections, `prism_core.queue_pairs`): the step division reads
+    them as it reads restarts, but the attempt stays. Flows carried from the previous hour start before
     `hour_start_ns`; only flows older than `params.max_carry_ns` before `hour_end_ns` are dropped
     from the carry."""
     state = TimelineState.load(previous)
+    state.paused_restarts += len(paused_ns)
     traffic = Traffic.build(job_flows, comm_pairs, state.carry, job_gpus)
     seen_until = state.last_close_ns if state.last_close_ns is not None else -(1 << 62)
     restarts = np.unique(np.array([*state.pending_restarts_ns, *(r for r in restarts_ns if r > seen_until)], np.int64))
+    paused = np.unique(np.array([*state.pending_paused_ns, *(r for r in paused_ns if r > seen_until)], np.int64))
     learn_from = steps_to_learn(traffic, hour_end_ns, params)
     phases = sync_phases(traffic, hour_end_ns, state.baseline.get("gap_threshold_ns"), learn_from, params)
     usual = typical(phases, traffic, state.baseline, learn_from, params)
@@ -60,14 +65,16 @@ def divide_steps(
         # a job seen whole with too few steps to learn its timings will show no more: its last step stands in
         usual = typical(phases, traffic, {**state.baseline, **last_step_timings(phases, traffic, params)}, learn_from,
                         params)
-    rows = emit_steps(phases, usual, traffic, state, restarts, hour_start_ns, hour_end_ns, params)
+    rows = emit_steps(phases, usual, traffic, state, restarts, paused, hour_start_ns, hour_end_ns, params)
 
     first_step = state.next_step
     state.next_step += len(rows)
     state.attempt = rows[-1]["attempt"] if rows else state.attempt
     # restarts no emitted step is behind yet count for the next hour (within the carry's reach)
     behind = state.last_close_ns if state.last_close_ns is not None else -(1 << 62)
-    state.pending_restarts_ns = [int(r) for r in restarts if r > max(behind, hour_end_ns - params.max_carry_ns)]
+    pending_from = max(behind, hour_end_ns - params.max_carry_ns)
+    state.pending_restarts_ns = [int(r) for r in restarts if r > pending_from]
+    state.pending_paused_ns = [int(r) for r in paused if r > pending_from]
     state.baseline = usual.as_baseline(phases.gap_threshold_ns)
     carry_from = max(state.last_end_ns if state.last_end_ns is not None else -(1 << 62),
                      hour_end_ns - params.max_carry_ns)

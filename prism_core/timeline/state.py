@@ -14,11 +14,13 @@ class TimelineState:
     next_step: int = 0
     attempt: int = 0
     pending_restarts_ns: list[int] = field(default_factory=list)  # not yet behind an emitted step
+    pending_paused_ns: list[int] = field(default_factory=list)  # those of them that were pauses
     last_end_ns: int | None = None  # end of the last emitted step; None until a boundary is seen
     last_close_ns: int | None = None  # end of the sync phase that closed it
     checkpoint_steps: list[int] = field(default_factory=list)  # the last three saving, this attempt
     baseline: dict = field(default_factory=dict)  # the job's usual timings (Typical.as_baseline)
     carry: dict | None = None  # flows after the last emitted boundary (Traffic.carry)
+    paused_restarts: int = 0  # restarts recognition reported that were pauses (not attempts), so far
 
     @classmethod
     def load(cls, previous: dict | None) -> TimelineState:

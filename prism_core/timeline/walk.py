@@ -20,11 +20,12 @@ from prism_core.timeline.typical import Typical
 
 def emit_steps(
     phases: Phases, typical: Typical, traffic: Traffic, state: TimelineState, restarts: np.ndarray,
-    hour_start_ns: int, hour_end_ns: int, params: TimelineParams,
+    paused: np.ndarray, hour_start_ns: int, hour_end_ns: int, params: TimelineParams,
 ) -> list[dict]:
     """Walk the phases in time order and emit the steps they close (none until the job's usual
     timings are known: too few steps in view so far, they wait in the carry); the state follows
-    the last emitted step. `restarts`: the restart instants, sorted."""
+    the last emitted step. `restarts`: the restart instants, sorted; `paused`: those of them that
+    were pauses (the job resumed on its connections): divided alike, in the same attempt."""
     if not typical.known:
         return []
     boundary = bounds.boundaries(phases, typical, params)
@@ -38,6 +39,8 @@ def emit_steps(
     restarts_by_close = np.searchsorted(restarts, phases.close_ns, side="right")
     failed = np.searchsorted(restarts, phases.next_ns, side="right") > restarts_by_close
     restart_list = restarts.tolist()
+    paused_list = paused.tolist()
+    attempts_by_close = restarts_by_close - np.searchsorted(paused, phases.close_ns, side="right")
     rows: list[dict] = []
     end, close = state.last_end_ns, state.last_close_ns
     for p in range(len(phases.close_ns)):
@@ -68,13 +71,14 @@ def emit_steps(
         start = end
         if restarted > 0:
             start = attempt_start(phases, p, boundary, traffic, restart_list[restarts_by_close[p] - 1], typical, params)
-            state.checkpoint_steps = []  # a restarted job may save on another cadence
+            if attempts_by_close[p] > bisect_right(restart_list, after) - bisect_right(paused_list, after):
+                state.checkpoint_steps = []  # a restarted job may save on another cadence (a paused one not)
         elif end is None:
             start = opening_start(phases, p, boundary, complete, traffic, typical, hour_start_ns, params)
             if start is None:  # the view opened inside this step: its end is only a reference
                 end, close = int(boundary[p]), int(phases.close_ns[p])
                 continue
-        attempt = state.attempt + int(restarts_by_close[p])
+        attempt = state.attempt + int(attempts_by_close[p])
         sync = phases.has_dp
         rows.append({"start": int(min(start, boundary[p] - 1)), "end": int(boundary[p]),
                      "sync_start": int(phases.start_ns[p]) if sync else None,

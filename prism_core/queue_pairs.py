@@ -1,0 +1,37 @@
+"""Queue pairs: whether a job's transfers after a silence run on the connections they ran on before.
+
+An RDMA transfer runs on a queue pair, and a RoCEv2 NIC derives the UDP source port of its packets
+from the queue pair (ECMP entropy), so a flow record's (source, destination, source port) names
+the connection. A job whose processes restarted connects anew: its queue pairs, so its source
+ports, are new. A job that only paused (a checkpoint saved over a network the flow logs do not
+see, a stall) resumes on the connections it had. Records without ports tell nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PORTS = 1 << 16
+
+
+def resumed_on_same_connections(src: np.ndarray, dst: np.ndarray, port: np.ndarray, start: np.ndarray,
+                                 silent_from: np.ndarray, resumed_at: np.ndarray, window: float,
+                                 min_share: float) -> np.ndarray:
+    """Per silence (the job's traffic stopped by `silent_from` and resumed at `resumed_at`):
+    whether at least `min_share` of the connections of its transfers within `window` from the
+    resume also carried its transfers within `window` before the silence. `src`, `dst`: integer
+    codes of the transfers' ends (>= 0), `port`: source port (< 0 where the record has none),
+    `start`: their starts, sorted (the unit of the times and `window`). A silence with no port
+    on either side is not resumed on the same connections."""
+    known = port >= 0
+    n_codes = int(max(src.max(initial=0), dst.max(initial=0))) + 1
+    connection = (src.astype(np.int64) * n_codes + dst) * PORTS + port
+    same = np.zeros(len(resumed_at), bool)
+    for i, (stop, resume) in enumerate(zip(np.asarray(silent_from).tolist(), np.asarray(resumed_at).tolist())):
+        lo, mid = np.searchsorted(start, [stop - window, stop], side="left")
+        on, hi = np.searchsorted(start, [resume, resume + window], side="left")
+        before = np.unique(connection[lo:mid][known[lo:mid]])
+        after = np.unique(connection[on:hi][known[on:hi]])
+        if len(before) and len(after):
+            same[i] = np.isin(after, before, assume_unique=True).mean() >= min_share
+    return same
