@@ -532,7 +532,7 @@ def test_a_job_taking_hosts_within_the_minute_another_ends_gets_its_traffic_from
                       "time_flow_end_ns": [at + 7 * SECOND, at + 16 * SECOND],
                       "src_addr": ["10.0.1.0"] * 2, "dst_addr": ["10.0.0.0"] * 2,
                       "bytes": [OLD_SIZES[0], NEW_SIZES[0]], "sampler_address": ["10.9.0.1"] * 2,
-                      "sampling_rate": [1, 1]})
+                      "sampling_rate": [1, 1], "src_port": pa.array([None, None], pa.int32())})
     split = {job_id: part["bytes"].to_pylist() for job_id, part in split_flows_by_job(flows, found.membership)}
     assert split == {old_id: [OLD_SIZES[0]], new_id: [NEW_SIZES[0]]}
 
@@ -549,7 +549,8 @@ def test_a_pair_row_both_jobs_share_labelled_by_the_old_jobs_size_does_not_stret
     # the new job's first flows are its own, not the old job's
     flows = pa.table({"time_flow_start_ns": [at + 15 * SECOND], "time_flow_end_ns": [at + 16 * SECOND],
                       "src_addr": ["10.0.1.0"], "dst_addr": ["10.0.0.0"],
-                      "bytes": [NEW_SIZES[0]], "sampler_address": ["10.9.0.1"], "sampling_rate": [1]})
+                      "bytes": [NEW_SIZES[0]], "sampler_address": ["10.9.0.1"], "sampling_rate": [1],
+                      "src_port": pa.array([None], pa.int32())})
     assert [job_id for job_id, _ in split_flows_by_job(flows, found.membership)] == [new_id]
 
 
