@@ -59,7 +59,7 @@ def deduplicated_order(flows: pa.Table) -> np.ndarray:
     positions = np.flatnonzero(tied)  # runs of equal start, in start order
     duplicates = np.zeros(0, dtype=np.int64)
     if len(positions):
-        tied_rows = flows.take(order[positions])
+        tied_rows = flows.select(EXACT_COPY).take(order[positions])  # not the codes a minute carries beside
         within = pc.sort_indices(
             tied_rows, sort_keys=[(name, "ascending", "at_end") for name in FULL_SORT_ORDER]
         ).to_numpy()
