@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import stable_order, time_segments
+from prism_core.arrays import stable_order, time_segments, value_codes
 from prism_core.schema import FLOW_MINUTES, FLOWS, conform
 
 MINUTE_NS = 60_000_000_000
@@ -26,7 +26,7 @@ def minute_of(start_ns: pa.Array) -> pa.Array:
     return floored.cast(FLOWS.field("minute").type)
 
 
-PAIR = ("minute", "src_addr", "dst_addr")
+PAIR = ("minute", "src", "dst")  # a NIC pair's minute as `minute_aggregates` groups it: its addresses `_ranked`
 
 
 def minute_aggregates(flows: pa.Table, counted: np.ndarray | None = None) -> pa.Table:
@@ -41,8 +41,13 @@ def minute_aggregates(flows: pa.Table, counted: np.ndarray | None = None) -> pa.
     if flows.num_rows == 0:
         return FLOW_MINUTES.empty_table()
     weight = np.ones(flows.num_rows, np.int64) if counted is None else counted.astype(np.int64)
-    rows = flows.select([*PAIR, "bytes", "time_flow_start_ns", "time_flow_end_ns"])
-    rows = rows.append_column("sampling_rate", pc.fill_null(flows["sampling_rate"], 1)).append_column("flows", [weight])
+    src, src_names = _ranked(flows, "src_addr")
+    dst, dst_names = _ranked(flows, "dst_addr")
+    rows = pa.table({
+        "minute": flows["minute"], "src": src, "dst": dst, "bytes": flows["bytes"],
+        "time_flow_start_ns": flows["time_flow_start_ns"], "time_flow_end_ns": flows["time_flow_end_ns"],
+        "sampling_rate": pc.fill_null(flows["sampling_rate"], 1), "flows": weight,
+    })
     # One grouping by (pair, size), each pair's most frequent size first (the smallest on ties):
     # every column of a row follows from its sizes here.
     per_size = rows.group_by([*PAIR, "bytes"], use_threads=False).aggregate(
@@ -55,7 +60,9 @@ def minute_aggregates(flows: pa.Table, counted: np.ndarray | None = None) -> pa.
     size, count = per_size["bytes"].to_numpy(), per_size["flows_sum"].to_numpy()
     grouped = pa.table(
         {
-            **{key: per_size[key].take(first) for key in PAIR},
+            "minute": per_size["minute"].take(first),
+            "src_addr": src_names.take(per_size["src"].take(first)),
+            "dst_addr": dst_names.take(per_size["dst"].take(first)),
             "flows": np.add.reduceat(count, first),
             "bytes": np.add.reduceat(size * count, first),
             "distinct_sizes": np.diff(first, append=len(size)),
@@ -96,6 +103,19 @@ def _pair_starts(rows: pa.Table) -> np.ndarray:
     """Index of the first row of each (minute, src, dst) in rows sorted by it (keys never null)."""
     changed = np.zeros(rows.num_rows - 1, bool)
     for key in PAIR:
-        column = rows[key].combine_chunks()
-        changed |= pc.not_equal(column.slice(1), column.slice(0, len(column) - 1)).to_numpy(zero_copy_only=False)
+        column = rows[key].to_numpy()
+        changed |= column[1:] != column[:-1]
     return np.flatnonzero(np.concatenate(([True], changed)))
+
+
+def _ranked(flows: pa.Table, name: str) -> tuple[np.ndarray, pa.Array]:
+    """Text column `name` as integers that order as its text sorts (equal for equal text; null
+    last, as Arrow sorts it), and the distinct text (then null) in that order: grouping and
+    sorting on these costs a fraction of hashing and comparing the text. Through the codes the
+    table carries (`with_codes`) where it has them."""
+    codes, names = value_codes(flows, name)
+    by_text = pc.sort_indices(names).to_numpy()
+    rank = np.empty(len(names) + 1, np.int64)  # code -1 (null): the last entry
+    rank[by_text] = np.arange(len(names))
+    rank[-1] = len(names)
+    return rank[codes], pa.concat_arrays([names.take(pa.array(by_text)), pa.nulls(1, names.type)])

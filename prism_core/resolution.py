@@ -39,8 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import (
-    CODES_SUFFIX, MAD_TO_SIGMA, combination_ids, encoded, filter_rows, kth_within_groups, lookup, sorted_within_groups,
-    stable_order, unique_counts, unique_inverse,
+    CODES_SUFFIX, MAD_TO_SIGMA, combination_ids, encoded, filter_rows, kth_within_groups, lookup, row_hash,
+    sorted_within_groups, stable_order, unique_counts, unique_inverse, value_codes,
 )
 from prism_core.schema import ISSUE_KINDS
 
@@ -259,12 +259,8 @@ def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
     duration = end - start
     # one 64-bit hash per (exporter, 5-tuple): a collision (odds ~n^2 / 2^64) only mixes two
     # flows' gaps, and one key sorts much faster than six
-    tuple_ids = np.zeros(len(start), np.uint64)
-    columns = (exporter, encoded(flows, "src_addr")[0], encoded(flows, "dst_addr")[0],
-               *(pc.fill_null(flows[c], -1).to_numpy() for c in ("src_port", "dst_port", "proto")))
-    with np.errstate(over="ignore"):
-        for column in columns:
-            tuple_ids = (tuple_ids ^ column.astype(np.uint64)) * np.uint64(0x9E3779B97F4A7C15)
+    tuple_ids = row_hash(exporter, value_codes(flows, "src_addr")[0], value_codes(flows, "dst_addr")[0],
+                         *(pc.fill_null(flows[c], -1).to_numpy() for c in ("src_port", "dst_port", "proto")))
     # by start, then stably by 5-tuple (two stable sorts of presorted data beat a lexsort 2x);
     # the 5-tuples by the rank of their hash (the same order), a radix sort when a batch has
     # fewer than 2^16 of them (a minute has ~10 k)

@@ -62,12 +62,9 @@ def _address_chunk(array: pa.Array) -> _Addresses:
 
 
 def _normalize_address(text: str) -> tuple[str | None, int]:
-    text = text.strip()
-    if not text:
-        return None, 0
-    if len(text) > MAX_ADDRESS_TEXT:  # and keep junk out of the cache
-        return None, -1
-    return _parse_address(text)
+    # each file's dictionary holds a few dozen addresses, ~100 k lookups an hour: through the
+    # cache, but text longer than any address (junk, or padding) is checked without it
+    return _checked_address(text) if len(text) <= MAX_ADDRESS_TEXT else _checked_address.__wrapped__(text)
 
 
 def canonical_address(text: str) -> str | None:
@@ -78,7 +75,12 @@ def canonical_address(text: str) -> str | None:
 
 # Flow files of one cluster repeat the same few thousand addresses: remember them across files.
 @functools.lru_cache(maxsize=1 << 16)
-def _parse_address(text: str) -> tuple[str | None, int]:
+def _checked_address(text: str) -> tuple[str | None, int]:
+    text = text.strip()
+    if not text:
+        return None, 0
+    if len(text) > MAX_ADDRESS_TEXT:
+        return None, -1
     try:
         address = ipaddress.ip_address(text)
     except ValueError:

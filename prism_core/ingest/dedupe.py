@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combination_ids
+from prism_core.arrays import combination_ids, row_hash, unique_inverse, value_codes
 from prism_core.ingest.columns import _mask
 from prism_core.schema import FLOWS
 
@@ -59,7 +59,7 @@ def deduplicated_order(flows: pa.Table) -> np.ndarray:
     positions = np.flatnonzero(tied)  # runs of equal start, in start order
     duplicates = np.zeros(0, dtype=np.int64)
     if len(positions):
-        tied_rows = flows.take(order[positions])
+        tied_rows = flows.select(EXACT_COPY).take(order[positions])  # not the codes a minute carries beside
         within = pc.sort_indices(
             tied_rows, sort_keys=[(name, "ascending", "at_end") for name in FULL_SORT_ORDER]
         ).to_numpy()
@@ -74,20 +74,37 @@ def deduplicated_order(flows: pa.Table) -> np.ndarray:
             repeat &= _mask(pc.equal(current, previous)) | both_null
         duplicates = positions[1:][repeat]
     order = np.delete(order, duplicates)
-    compared = flows.select([*FIVE_TUPLE, "sampler_address", "time_flow_start_ns", "time_flow_end_ns", "bytes"])
     # exact copies repeat the 5-tuple and the exporter: whether any 5-tuple has two exporters
     # is the same question asked of every row, without taking the kept ones first
-    if not _several_exporters(compared):
+    if not _several_exporters(flows):
         return order
+    compared = flows.select([*FIVE_TUPLE, "sampler_address", "time_flow_start_ns", "time_flow_end_ns", "bytes"])
     return np.delete(order, copies_from_other_exporters(compared.take(order)))
 
 
 def _several_exporters(flows: pa.Table) -> bool:
-    """Whether some 5-tuple of `flows` was reported by two exporters (most minutes: none), by
-    one hash aggregation."""
-    exporters_per_tuple = flows.group_by(list(FIVE_TUPLE), use_threads=False).aggregate(
-        [("sampler_address", "count_distinct")])["sampler_address_count_distinct"]
-    return (pc.max(exporters_per_tuple).as_py() or 0) >= 2
+    """Whether some 5-tuple of `flows` was reported by two exporters (most minutes: none), in one
+    pass over integers (the addresses' codes carried by the table, `with_codes`, where it has them):
+    each row's exporter against the first exporter of its 5-tuple's hash. A collision of two
+    5-tuples' hashes can only answer yes where the answer is no, and `copies_from_other_exporters`
+    then finds no copy: the rows kept are the same."""
+    exporter = value_codes(flows, "sampler_address")[0]
+    reported = np.flatnonzero(exporter >= 0)  # records without an exporter count for none
+    if not len(reported):
+        return False
+    five_tuple = unique_inverse(row_hash(*(_codes(flows, name)[reported] for name in FIVE_TUPLE)))[1]
+    exporter = exporter[reported]
+    first_exporter = np.empty(five_tuple.max() + 1, np.int64)
+    first_exporter[five_tuple[::-1]] = exporter[::-1]  # the last assignment of an index holds
+    return bool(np.any(exporter != first_exporter[five_tuple]))
+
+
+def _codes(flows: pa.Table, name: str) -> np.ndarray:
+    """Integers equal where the column's values are (null: -1): a text column's codes, an integer
+    column's values."""
+    if pa.types.is_integer(flows.schema.field(name).type):
+        return pc.fill_null(flows[name], -1).to_numpy()
+    return value_codes(flows, name)[0]
 
 
 def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:

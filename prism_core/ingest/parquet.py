@@ -43,7 +43,7 @@ def _read_parquet(data: bytes) -> _Records:
         parquet = pq.ParquetFile(
             pa.BufferReader(data), metadata=parquet.metadata, read_dictionary=dictionary
         )
-        table = parquet.read(columns=present, use_threads=True)
+        table = parquet.read(columns=present, use_threads=True).combine_chunks()
         table.validate(full=True)  # corrupt pages can decode to invalid UTF-8
     except READ_ERRORS as error:
         raise _FileRejected(_corrupt("parquet", error)) from error
