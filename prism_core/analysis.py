@@ -22,8 +22,7 @@ import pyarrow.compute as pc
 from prism_core import diagnosis, parallelism, resolution, timeline
 from prism_core.arrays import CODES_SUFFIX, filter_rows, group_indices, lookup, with_codes
 from prism_core.config import DEFAULT_PARAMS, PrismParams
-from prism_core.constants import CHECKPOINT_FLOW_BYTES
-from prism_core.constants import NS_PER_S
+from prism_core.constants import CHECKPOINT_FLOW_BYTES, NS_PER_S
 from prism_core.minutes import MINUTE_NS
 from prism_core.queue_pairs import resumed_on_same_connections
 from prism_core.recognition import Recognition, recognize_hour

@@ -1,6 +1,7 @@
 """Restarts: the attempt number goes up, or the job falls silent between two steps for longer than
-any step takes. The first `warmup_steps` steps of an attempt (and of a job first seen) are warm-up:
-slow by nature, charged to the restart. A job that resumes after a silence as long as the
+any step takes, and resumes on new connections (restarted processes connect anew; a job that
+resumes on its queue pairs only paused: prism_core.queue_pairs). The first `warmup_steps` steps
+of an attempt (and of a job first seen) are warm-up: slow by nature, charged to the restart. A job that resumes after a silence as long as the
 collective watchdog's timeout was hung, killed and restarted: the restart then costs its downtime
 from the kill, the hang the work lost since the checkpoint. A restart seen only from its
 checkpoint load (hangs.checkpoint_load) is reported to the end of the data and continued by the
@@ -35,9 +36,9 @@ class Resumes:
 def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhythm: tuple[int, int] | None,
                  params: DiagnosisParams) -> Resumes:
     """The steps that resume the job (the attempt goes up, or it was silent for longer than any
-    step takes, after a step cut short, but not on the rhythm of its saves: `saves_rhythm`,
-    (period, phase) in step numbers, from earlier hours), and its warm-up steps. `stop`: how the
-    job's traffic stopped in an earlier hour."""
+    step takes, after a step cut short, but not on the job's own connections nor on the rhythm
+    of its saves: `saves_rhythm`, (period, phase) in step numbers, from earlier hours), and its
+    warm-up steps. `stop`: how the job's traffic stopped in an earlier hour."""
     if not job.n_steps:
         return Resumes(np.zeros(0, np.int64), np.zeros(0, bool), progress.first_step_ns)
     previous_attempt = np.r_[progress.last_attempt, job.attempt[:-1]]
