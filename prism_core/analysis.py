@@ -324,7 +324,11 @@ def analyze_job(
 def paused_restarts(flows: pa.Table, members: pa.ChunkedArray, restarts_ns: list[int],
                     params: diagnosis.DiagnosisParams) -> list[int]:
     """The recognition's restarts after which the job's transfers between members ran on the
-    connections they ran on before (prism_core.queue_pairs): pauses, its processes alive."""
+    connections they ran on before (prism_core.queue_pairs): pauses, its processes alive. The
+    recognition reads minutes: its restart instant may come after the resumed job's first
+    transfers, so the silence is the longest quiet between two transfers that ends within a
+    minute of it; one shorter than a restart's (`restart_gap_s`: the silence began before the
+    hour's records) tells nothing."""
     if not restarts_ns or "src_port" not in flows.column_names:
         return []
     src, dst = lookup(flows, "src_addr", members), lookup(flows, "dst_addr", members)
@@ -332,14 +336,25 @@ def paused_restarts(flows: pa.Table, members: pa.ChunkedArray, restarts_ns: list
     start = flows["time_flow_start_ns"].to_numpy()[between]
     order = np.argsort(start, kind="stable")
     rows = between[order]
-    port = pc.fill_null(flows["src_port"], -1).to_numpy()[rows]
     start = start[order]
-    resumed_at = np.asarray(restarts_ns, np.int64)  # the first traffic after the silence
-    before = np.searchsorted(start, resumed_at, side="left") - 1
-    silent_from = np.where(before >= 0, start[np.maximum(before, 0)] + 1, resumed_at)
+    if len(start) < 2:
+        return []
+    port = pc.fill_null(flows["src_port"], -1).to_numpy()[rows]
+    gap = np.diff(start)
+    silences = []
+    for at in restarts_ns:
+        # gap k ends at start[k + 1]: the gaps ending within a minute of the instant (one at least)
+        lo, hi = np.searchsorted(start[1:], [at - MINUTE_NS, at + MINUTE_NS], side="left")
+        lo = min(lo, len(gap) - 1)
+        quiet = lo + int(np.argmax(gap[lo:max(hi, lo + 1)]))
+        if gap[quiet] >= params.restart_gap_s * NS_PER_S:
+            silences.append((at, start[quiet] + 1, start[quiet + 1]))
+    if not silences:
+        return []
+    at, silent_from, resumed_at = (np.array(column) for column in zip(*silences))
     same = resumed_on_same_connections(src[rows], dst[rows], port, start, silent_from, resumed_at,
                                        params.connection_window_s * NS_PER_S, params.same_connection_share)
-    return [r for r, paused in zip(restarts_ns, same.tolist()) if paused]
+    return at[same].tolist()
 
 
 def silent_resolution(timeline_state: dict | None,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.analysis import ADDRESS_COLUMNS, analyze_hour, open_membership, split_flows_by_job
+from prism_core.analysis import ADDRESS_COLUMNS, analyze_hour, open_membership, paused_restarts, split_flows_by_job
 from prism_core.arrays import CODES_SUFFIX, with_codes
+from prism_core.diagnosis import DEFAULT_PARAMS as DIAGNOSIS
 from prism_core.minutes import HOUR_NS
 from prism_core.recognition import MEMBERSHIP, Recognition
 from prism_core.simulate import write_scenario
@@ -154,3 +156,22 @@ def test_addresses_read_dictionary_encoded_split_and_encode_as_their_text_does()
         assert carried.combine_chunks().equals(expected.combine_chunks())
         for name in ADDRESS_COLUMNS:
             assert carried[name + CODES_SUFFIX].num_chunks == 1
+
+
+def test_a_recognized_restart_on_the_connections_of_before_is_a_pause():
+    # two hosts send every second, fall silent 100-190 s, and send again; recognition, a minute at
+    # a time, puts the resume 10 s late (at 200 s). On the same source ports: a pause; on new
+    # ones: a restart; a silence begun before the hour's records (none before 150 s) tells nothing
+    def flows(times, new_ports_from):
+        times = np.repeat(np.asarray(times, float), 2)
+        src = np.tile(["10.0.0.1", "10.0.1.1"], len(times) // 2)
+        port = 49152 + np.tile([0, 1], len(times) // 2) + np.where(times >= new_ports_from, 7, 0)
+        return pa.table({"time_flow_start_ns": pa.array((HOUR + times * SECOND).astype(np.int64)),
+                         "src_addr": src, "dst_addr": np.where(src == "10.0.0.1", "10.0.1.1", "10.0.0.1"),
+                         "src_port": pa.array(port, pa.int32())})
+
+    members = pa.chunked_array([["10.0.0.1", "10.0.1.1"]])
+    times, at = np.r_[np.arange(0, 100), np.arange(190, 300)], HOUR + 200 * SECOND
+    assert paused_restarts(flows(times, np.inf), members, [at], DIAGNOSIS) == [at]
+    assert paused_restarts(flows(times, 190), members, [at], DIAGNOSIS) == []
+    assert paused_restarts(flows(np.arange(190, 300), np.inf), members, [at], DIAGNOSIS) == []
