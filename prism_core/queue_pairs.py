@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-PORTS = 1 << 16
+from prism_core.arrays import combined_key
 
 
 def resumed_on_same_connections(src: np.ndarray, dst: np.ndarray, port: np.ndarray, start: np.ndarray,
@@ -24,8 +24,7 @@ def resumed_on_same_connections(src: np.ndarray, dst: np.ndarray, port: np.ndarr
     `start`: their starts, sorted (the unit of the times and `window`). A silence with no port
     on either side is not resumed on the same connections."""
     known = port >= 0
-    n_codes = int(max(src.max(initial=0), dst.max(initial=0))) + 1
-    connection = (src.astype(np.int64) * n_codes + dst) * PORTS + port
+    connection = combined_key(src, dst, port)
     same = np.zeros(len(resumed_at), bool)
     for i, (stop, resume) in enumerate(zip(np.asarray(silent_from).tolist(), np.asarray(resumed_at).tolist())):
         lo, mid = np.searchsorted(start, [stop - window, stop], side="left")

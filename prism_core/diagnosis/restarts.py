@@ -1,11 +1,11 @@
 """Restarts: the attempt number goes up, or the job falls silent between two steps for longer than
 any step takes, and resumes on new connections (restarted processes connect anew; a job that
 resumes on its queue pairs only paused: prism_core.queue_pairs). The first `warmup_steps` steps
-of an attempt (and of a job first seen) are warm-up: slow by nature, charged to the restart. A job that resumes after a silence as long as the
-collective watchdog's timeout was hung, killed and restarted: the restart then costs its downtime
-from the kill, the hang the work lost since the checkpoint. A restart seen only from its
-checkpoint load (hangs.checkpoint_load) is reported to the end of the data and continued by the
-resumed steps next hour, under the same issue id.
+of an attempt (and of a job first seen) are warm-up: slow by nature, charged to the restart. A
+job that resumes after a silence as long as the collective watchdog's timeout was hung, killed
+and restarted: the restart then costs its downtime from the kill, the hang the work lost since
+the checkpoint. A restart seen only from its checkpoint load (hangs.checkpoint_load) is reported
+to the end of the data and continued by the resumed steps next hour, under the same issue id.
 """
 
 from __future__ import annotations

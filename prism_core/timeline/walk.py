@@ -40,7 +40,8 @@ def emit_steps(
     failed = np.searchsorted(restarts, phases.next_ns, side="right") > restarts_by_close
     restart_list = restarts.tolist()
     paused_list = paused.tolist()
-    attempts_by_close = restarts_by_close - np.searchsorted(paused, phases.close_ns, side="right")
+    paused_by_close = np.searchsorted(paused, phases.close_ns, side="right")
+    attempts_by_close = restarts_by_close - paused_by_close
     rows: list[dict] = []
     end, close = state.last_end_ns, state.last_close_ns
     for p in range(len(phases.close_ns)):
@@ -71,7 +72,7 @@ def emit_steps(
         start = end
         if restarted > 0:
             start = attempt_start(phases, p, boundary, traffic, restart_list[restarts_by_close[p] - 1], typical, params)
-            if attempts_by_close[p] > bisect_right(restart_list, after) - bisect_right(paused_list, after):
+            if restarted > paused_by_close[p] - bisect_right(paused_list, after):  # not only pauses
                 state.checkpoint_steps = []  # a restarted job may save on another cadence (a paused one not)
         elif end is None:
             start = opening_start(phases, p, boundary, complete, traffic, typical, hour_start_ns, params)
