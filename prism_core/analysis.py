@@ -290,7 +290,7 @@ def analyze_job(
         diagnosed = diagnosis.diagnose_job(
             job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
             previous.get("diagnosis", {}).get(job_id), hour_start_ns, hour_end_ns, recognition.membership,
-            params=params.diagnosis,
+            params=params.diagnosis, steps_resolved=resolved.resolution == "steps",
         )
     except Exception as error:
         logger.warning("analysis of job %s failed in %s", job_id, stage, exc_info=True)

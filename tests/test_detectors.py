@@ -335,6 +335,10 @@ def test_a_quiet_gap_after_a_complete_step_is_a_save_not_a_restart():
     flows = joined(ring_flows(step_start, 4, np.full((60, 4), 0.05)), cut_steps(step_start[[49]] + durations[[49]]))
     job = make_hour(durations, step_start=step_start, attempt=attempt, flows=flows)
     assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS).steps.tolist() == [50]
+    # records that do not resolve the steps (a flow cache's) show no step cut short: the
+    # recognition's restarts stand
+    unresolved = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS, steps_resolved=False)
+    assert unresolved.steps.tolist() == [30, 50]
 
 
 def test_a_resume_on_the_connections_of_before_is_a_pause_and_one_on_new_connections_a_restart():

@@ -843,6 +843,23 @@ def test_a_job_behind_flow_caches_is_one_job_with_one_id_across_hours():
     assert sorted(r["n_hosts"] for r in first.jobs.to_pylist()) == [2, 4]
 
 
+def test_a_rail_whose_cache_sums_look_alike_by_chance_is_job_traffic_from_its_first_minute():
+    # Rails 0-6 of a job over two hosts report transfers one by one; rail 7's leaf keeps a cache
+    # whose records run on past their minute. Two sums of as many transfers look alike (a
+    # "repeated" size) in most minutes, not in the first two: the rail's pair still tells nothing by
+    # its sizes, so all its minutes are the job's, and its life begins with the job's.
+    rows = ring([0, 1], range(30, 50), 50 << 20, rails=range(7))
+    for minute in range(30, 50):
+        at = HOUR0 + minute * MINUTE_NS
+        for src, dst in (("10.0.0.7", "10.0.1.7"), ("10.0.1.7", "10.0.0.7")):
+            row = pair_row(at, src, dst, 1_205_862_400, 2, at + SECOND // 2, at + 70 * SECOND)
+            if minute < 32:
+                row.update(flows=3, top_size=80 << 20, bytes=2_506_096_640, distinct_sizes=3)
+            rows.append(dict(row, top_size_flows=1, bytes=row["bytes"] + 20_971_520 * (minute >= 32)))
+    (_, found), = recognize_hours(table(rows), inventory(2))
+    assert [r["n_gpus"] for r in found.jobs.to_pylist()] == [16]
+
+
 @pytest.mark.parametrize(("runs_on_s", "one_job"), [(6.0, True), (0.0, False)], ids=["records-run-on", "records-end"])
 def test_rails_whose_cache_sums_recur_are_one_job_only_where_their_records_run_past_the_minute(runs_on_s, one_job):
     # Each rail's leaf merges a step's transfers into one record: the sums recur on the rail

@@ -42,20 +42,23 @@ def diagnose_job(
     hour_end_ns: int,
     hour_membership: pa.Table | None = None,
     params: DiagnosisParams = DEFAULT_PARAMS,
+    steps_resolved: bool = True,
 ) -> Diagnosis:
     """Issues of one job over [hour_start_ns, hour_end_ns).
 
     `hour_membership` (prism_core.recognition.MEMBERSHIP, every job of the hour) tells whether the job's
     hosts were taken by another job after it fell silent, and how far the hour's data reaches;
     without it the hour is assumed complete and no host taken. `events` (prism_core.recognition.EVENTS)
-    add host replacements to the restart evidence. Call this also for a job without flows whose
+    add host replacements to the restart evidence. `steps_resolved`: the job's records resolve its
+    steps (prism_core.resolution); where they do not, `steps` show no step cut short. Call this also for a job without flows whose
     previous state has an open issue (`has_open_issue`), so an ongoing hang keeps counting.
     """
     state = DiagnosisState.load(previous)
     job = JobHour.build(job_id, job_flows, job_gpus, comm_pairs, steps, events, hour_membership, hour_start_ns,
                         hour_end_ns, params)
     issues, open_hang = hangs.continue_hang(job, state.hangs.open_hang, params)
-    resumes = restarts.find_resumes(job, state.progress, state.hangs.stop, state.checkpoints.checkpoint_rhythm, params)
+    resumes = restarts.find_resumes(job, state.progress, state.hangs.stop, state.checkpoints.checkpoint_rhythm,
+                                   params, steps_resolved)
     checkpoints_found, checkpoint_state = checkpoints.find_checkpoints(
         job, resumes.warmup, state.checkpoints, resumes.first_step_ns, params)
     stop, open_windows = state.hangs.stop, {}

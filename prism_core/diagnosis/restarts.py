@@ -34,11 +34,13 @@ class Resumes:
 
 
 def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhythm: tuple[int, int] | None,
-                 params: DiagnosisParams) -> Resumes:
+                 params: DiagnosisParams, steps_resolved: bool = True) -> Resumes:
     """The steps that resume the job (the attempt goes up, or it was silent for longer than any
     step takes, after a step cut short, but not on the job's own connections nor on the rhythm
     of its saves: `saves_rhythm`, (period, phase) in step numbers, from earlier hours), and its
-    warm-up steps. `stop`: how the job's traffic stopped in an earlier hour."""
+    warm-up steps. `stop`: how the job's traffic stopped in an earlier hour. `steps_resolved`: the
+    records resolve the steps; where they do not, no step shows itself cut short, and a restart
+    the recognition found (the attempt goes up) stands."""
     if not job.n_steps:
         return Resumes(np.zeros(0, np.int64), np.zeros(0, bool), progress.first_step_ns)
     previous_attempt = np.r_[progress.last_attempt, job.attempt[:-1]]
@@ -61,6 +63,8 @@ def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhyt
     # says itself how it happened.
     interrupted = _interrupted(job, last_end, params) | np.isnan(np.r_[last_end, job.step_end[:-1]])
     interrupted[0] |= stop is None or stop.mid_step
+    if not steps_resolved:
+        interrupted |= job.attempt > previous_attempt
     resumed &= ~quiet | interrupted
     # A save over a network the flow logs do not see leaves the job quiet between two steps (and
     # recognition may take the job's return for a restart): resumes after steps on the rhythm of

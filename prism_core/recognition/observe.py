@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from prism_core.arrays import combination_ids, time_segments
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
+from prism_core.minutes import MINUTE_NS
 from prism_core.recognition.merge import Graph, csr_pointer, job_of_nodes
 from prism_core.recognition.params import RecognitionParams
 from prism_core.recognition.vocabulary import NicVocabulary
@@ -192,13 +193,16 @@ def _job_edges(flow_minutes: pa.Table, topology: Topology, params: RecognitionPa
 
 
 def persistent_pairs(flow_minutes: pa.Table, repeated: np.ndarray, params: RecognitionParams) -> np.ndarray:
-    """Per row: is its NIC pair one whose sizes tell nothing (under `params.sized_share` of its
-    rows `repeated`) that carries traffic in `params.persistent_minutes` minutes or more of the
-    rows given? A flow cache merges a queue pair's transfers into records whose sizes are sums
-    that never repeat, and a packet sampler estimates every record's bytes, so behind them a job's
-    pairs show no repeated size; they still talk minute after minute, where a one-off copy between
-    two jobs' NICs lasts seconds. On a pair whose sizes do repeat, a row without them is not the
-    job's for that (a copy seconds after the job's traffic)."""
+    """Per row: is its NIC pair one whose sizes tell nothing that carries traffic in
+    `params.persistent_minutes` minutes or more of the rows given? A flow cache merges a queue
+    pair's transfers into records whose sizes are sums that never repeat, and a packet sampler
+    estimates every record's bytes, so behind them a job's pairs show no repeated size; they still
+    talk minute after minute, where a one-off copy between two jobs' NICs lasts seconds. Sizes tell
+    nothing on a pair with under `params.sized_share` of its rows `repeated`, or of its rows ending
+    within their minute (`in_step_ns`): a cache whose records run on past the minute sums a few
+    transfers each, and two sums of as many equal transfers look alike by chance. On a pair whose
+    sizes do tell, a row without a repeated size is not the job's for that (a copy seconds after the
+    job's traffic)."""
     if flow_minutes.num_rows == 0:
         return np.zeros(0, bool)
     both = pa.concat_arrays([flow_minutes["src_addr"].combine_chunks(), flow_minutes["dst_addr"].combine_chunks()])
@@ -208,8 +212,13 @@ def persistent_pairs(flow_minutes: pa.Table, repeated: np.ndarray, params: Recog
     first_of_pair_minute = np.unique(combination_ids(pair_code, flow_minutes["_minute_ns"].to_numpy()),
                                      return_index=True)[1]
     minutes_of_pair = np.bincount(pair_code[first_of_pair_minute], minlength=n_pairs)
-    repeated_share = np.bincount(pair_code, weights=repeated, minlength=n_pairs) / np.bincount(pair_code, minlength=n_pairs)
-    return (minutes_of_pair[pair_code] >= params.persistent_minutes) & (repeated_share[pair_code] < params.sized_share)
+    rows_of_pair = np.bincount(pair_code, minlength=n_pairs)
+    repeated_share = np.bincount(pair_code, weights=repeated, minlength=n_pairs) / rows_of_pair
+    minute_ns = flow_minutes["_minute_ns"].to_numpy()
+    ended = flow_minutes["last_end_ns"].to_numpy() <= minute_ns + MINUTE_NS + params.in_step_ns
+    ended_share = np.bincount(pair_code, weights=ended, minlength=n_pairs) / rows_of_pair
+    sized = (repeated_share >= params.sized_share) & (ended_share >= params.sized_share)
+    return (minutes_of_pair[pair_code] >= params.persistent_minutes) & ~sized[pair_code]
 
 
 def repeated_sizes(flow_minutes: pa.Table, params: RecognitionParams) -> np.ndarray:
