@@ -860,6 +860,26 @@ def test_a_rail_whose_cache_sums_look_alike_by_chance_is_job_traffic_from_its_fi
     assert [r["n_gpus"] for r in found.jobs.to_pylist()] == [16]
 
 
+def test_a_rail_whose_cache_shows_a_pause_the_other_rails_bridge_stays_in_its_job():
+    # Every rail's leaf keeps a cache whose records run on past their minute, cut at the leaf's own
+    # moments (the rails are out of step, and no size repeats); the job pauses its GPU traffic for
+    # 17 s (a save to storage). Rail 7's cache ends its record at the pause, the others' hold
+    # theirs through it: rail 7's life goes on, and it stays in the job.
+    rows = []
+    for minute in range(30, 50):
+        at = HOUR0 + minute * MINUTE_NS
+        for rail in range(8):
+            first_s, last_s = 0.4 + 1.1 * rail, 61.0 + 0.5 * rail  # each leaf cuts at its own moments
+            if rail == 7 and minute in (34, 35):
+                first_s, last_s = (0.4, 50.0) if minute == 34 else (7.0, 65.0)
+            for src, dst in ((0, 1), (1, 0)):
+                rows.append(dict(pair_row(at, f"10.0.{src}.{rail}", f"10.0.{dst}.{rail}", 700_000_000 + 7_919 * minute, 3,
+                                          at + round(first_s * SECOND), at + round(last_s * SECOND)),
+                                 top_size_flows=1, distinct_sizes=3, bytes=2_500_000_000 + 104_729 * rail))
+    (_, found), = recognize_hours(table(rows), inventory(2))
+    assert [r["n_gpus"] for r in found.jobs.to_pylist()] == [16]
+
+
 @pytest.mark.parametrize(("runs_on_s", "one_job"), [(6.0, True), (0.0, False)], ids=["records-run-on", "records-end"])
 def test_rails_whose_cache_sums_recur_are_one_job_only_where_their_records_run_past_the_minute(runs_on_s, one_job):
     # Each rail's leaf merges a step's transfers into one record: the sums recur on the rail

@@ -44,8 +44,11 @@ class RecognitionParams:
     # median pause between minutes (a sync-only rail of a job with long steps, or records behind a
     # flow cache, pause as a matter of course): a job arriving on NICs another left seconds before
     # lives a life of its own. A job's stall or unseen checkpoint save may end the lives of all of
-    # its parts at once; they begin again together.
-    life_pause_floor_ns: int = 10 * NS_PER_S
+    # its parts at once; they begin again together. But behind flow caches only some of its parts
+    # show such a pause (a rail whose cache ends its records at the pause; another's holds them
+    # through it): the floor is above a save's pause (17 s on `small` behind caches; at 10 s a
+    # rail that showed one lived a life of its own and became a job of its own).
+    life_pause_floor_ns: int = 30 * NS_PER_S
     life_pause_factor: float = 4.0
     # threshold, share of a part's rows this hour: a part is told by its sizes only when at least
     # this share of its rows carry a size recurring byte for byte; behind flow caches (sums),
