@@ -346,6 +346,33 @@ def test_a_sync_only_jobs_optimizer_tail_is_learned_from_its_steps_pace(optimize
     assert state["baseline"]["tail_per_sync"] is not None
 
 
+def test_the_optimizer_tail_learned_from_the_pace_pools_the_hours_it_is_learned_in():
+    """Each hour's pace fit alone moves the job's boundaries at the hour's start by its noise;
+    pooled (inverse-variance weighted) with the earlier hours' fits, it is their weighted mean."""
+    from prism_core.simulate.scenarios import JobSpec
+    from prism_core.simulate.variation import Traits
+
+    traits = Traits(optimizer_share=0.12, jitter_sigma=0.04)
+    spec = JobSpec(2, tp=8, pp=1, start_s=0, end_s=1e9, step_s=2.5, micro_batches=4, collective="ring",
+                   checkpoint_s=1e6, hosts=(0, 1), traits=traits)
+    flows, pairs, gpus, _, _ = _simulated_job(spec, 2 * 3600.0)
+    start = flows["time_flow_start_ns"].to_numpy()
+
+    def divided(hour: int, state: dict | None) -> dict:
+        in_hour = pa.array((start >= hour * HOUR_NS) & (start < (hour + 1) * HOUR_NS))
+        return timeline.divide_steps("j", flows.filter(in_hour), pairs, state, hour * HOUR_NS, (hour + 1) * HOUR_NS,
+                                     job_gpus=gpus).state
+
+    first = divided(10, None)
+    first_fit, alone, pooled = first["baseline"], divided(11, None)["baseline"], divided(11, first)["baseline"]
+    fits = [(b["tail_per_sync"], b["tail_per_sync_weight"]) for b in (first_fit, alone)]
+    assert all(value is not None and weight > 0 for value, weight in fits)
+    # (the second hour's own fit differs a little with the first hour's timings as its baseline)
+    assert pooled["tail_per_sync_weight"] == pytest.approx(fits[0][1] + fits[1][1], rel=0.01)
+    assert pooled["tail_per_sync"] == pytest.approx(sum(v * w for v, w in fits) / sum(w for _, w in fits), rel=0.001)
+    assert min(v for v, _ in fits) < pooled["tail_per_sync"] < max(v for v, _ in fits)
+
+
 # two GPUs on each of two hosts: each gradient bucket's reduce-scatter waits for the one before
 # it on the NIC, so the buckets synced under the last backward make one heavy burst
 PACKED_BUCKETS = dict(n_hosts=2, tp=1, micro_batches=8, hosts=(0, 1), gpus_per_host=2, first_gpu=(0, 0))

@@ -33,6 +33,7 @@ class Typical:
     save_tail_ns: float | None  # a save's last write ends -> the next step's start
     tail_per_sync: float | None = None  # the optimizer's tail per ns of the closing sync, from the pace (see below)
     gather_opens: bool | None = None  # the gather after the optimizer keeps the next step's pace: it opens it
+    tail_per_sync_weight: float | None = None  # inverse variance of `tail_per_sync`, summed over the hours it pools
 
     @property
     def known(self) -> bool:
@@ -69,7 +70,7 @@ class Typical:
                 "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
                 "write_delay_ns": self.write_delay_ns, "save_ns": self.save_ns, "save_tail_ns": self.save_tail_ns,
                 "tail_per_sync": self.tail_per_sync, "gather_opens": self.gather_opens,
-                "gap_threshold_ns": gap_threshold_ns}
+                "tail_per_sync_weight": self.tail_per_sync_weight, "gap_threshold_ns": gap_threshold_ns}
 
 
 def steps_to_learn(traffic: Traffic, hour_end_ns: int, params: TimelineParams) -> int:
@@ -99,7 +100,7 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
                     baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
                     baseline.get("sync_ns"), baseline.get("forward_ns"), baseline.get("write_delay_ns"),
                     baseline.get("save_ns"), baseline.get("save_tail_ns"), baseline.get("tail_per_sync"),
-                    baseline.get("gather_opens"))
+                    baseline.get("gather_opens"), baseline.get("tail_per_sync_weight"))
     if period is None or gap is None:
         return usual
     usual.forward_ns = median(phases.forward_ns[followed & (phases.forward_ns > 0)], "forward_ns")
@@ -119,7 +120,9 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
     usual.sync_ns = median((phases.close_ns - phases.start_ns)[complete], "sync_ns")
     if usual.close_to_end_ns is None and phases.has_dp:
         paced = _tail_per_sync(phases, complete, normal, learn_from, params)
-        usual.tail_per_sync = paced if paced is not None else usual.tail_per_sync
+        if paced is not None:
+            usual.tail_per_sync, usual.tail_per_sync_weight = _pooled(
+                paced, (usual.tail_per_sync, usual.tail_per_sync_weight))
     next_sync = bounds.next_sync(phases)
     timed = normal & (next_sync > 0)
     lead = phases.next_ns - bounds.boundaries(phases, usual, params)
@@ -167,10 +170,23 @@ def _gather_opens(phases: Phases, normal: np.ndarray, learn_from: int, params: T
     return None
 
 
+def _pooled(fit: tuple[float, float], earlier: tuple[float | None, float | None]) -> tuple[float, float]:
+    """An hour's fit (value, inverse variance) pooled with the earlier hours' (inverse-variance
+    weighted): each hour's fit alone moves the boundaries from hour to hour by its noise (a
+    standard error of 1% of the step is the step's own tolerance), the job's optimizer does not."""
+    value, weight = fit
+    earlier_value, earlier_weight = earlier
+    if earlier_value is None or not earlier_weight:
+        return value, weight
+    total = weight + earlier_weight
+    return (value * weight + earlier_value * earlier_weight) / total, total
+
+
 def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, learn_from: int,
-                   params: TimelineParams) -> float | None:
-    """The optimizer's tail after a sync, per ns of that sync, where nothing on the network marks
-    a step's start (a data-parallel job whose only traffic is its sync): from the job's pace. A
+                   params: TimelineParams) -> tuple[float, float] | None:
+    """The optimizer's tail after a sync, per ns of that sync, and its inverse variance, where
+    nothing on the network marks a step's start (a data-parallel job whose only traffic is its
+    sync): from the job's pace. A
     step's jitter stretches the whole step, its compute, sync and optimizer alike, so the time
     between two syncs' ends holds the optimizer of the first step at the first sync's pace and
     the compute and sync of the second at the second's: regressed on the two syncs' lengths, the
@@ -216,7 +232,7 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     error = np.sqrt(gradient @ cov @ gradient)
     if error > params.pace_fit_error or abs(share - params.optimizer_share) < params.pace_fit_confidence * error:
         return None  # too loose to tell, or no clear departure from the prior
-    return float(slow_before)
+    return float(slow_before), float(1.0 / max(cov[0, 0], np.finfo(float).tiny))
 
 
 def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np.ndarray:
