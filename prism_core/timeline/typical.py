@@ -208,6 +208,8 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     # first from the steps at a usual pace (a warm-up stretches the compute, not the optimizer),
     # then from every step the fit explains
     usual = np.median(sync[complete])
+    if not usual > 0:  # syncs of instants (a packet sampler's records) have no pace
+        return None
     keep = (np.abs(before / usual - 1.0) <= params.long_gap_share) & (np.abs(after / usual - 1.0) <= params.long_gap_share)
     for _ in range(3):  # trimmed least squares: stalls add to a period without stretching its syncs
         if keep.sum() < params.pace_fit_steps:
