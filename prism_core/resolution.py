@@ -215,12 +215,14 @@ def merge_tallies(tallies: Sequence[ExporterTally]) -> ExporterTally:
     merged = ExporterTally(names, *(np.zeros((len(names), *getattr(tallies[0], f).shape[1:]), np.int64)
                                     for f in _COUNTS))
     positions = [np.searchsorted(names, tally.exporters).astype(np.int64) for tally in tallies]
+    # a tally names each exporter once: its positions are distinct, so indexed updates add up
+    # exactly (without `ufunc.at`, ~10x slower on the histograms' rows)
     for tally, at in zip(tallies, positions):
         for name in _COUNTS:
             if name == "max_rate":
-                np.maximum.at(merged.max_rate, at, tally.max_rate)
+                merged.max_rate[at] = np.maximum(merged.max_rate[at], tally.max_rate)
             else:
-                np.add.at(getattr(merged, name), at, getattr(tally, name))
+                getattr(merged, name)[at] += getattr(tally, name)
     for kind in ("slow", "plain"):
         keys, counts = [], []
         for tally, at in zip(tallies, positions):
