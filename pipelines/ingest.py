@@ -23,12 +23,12 @@ from apache_beam.metrics import Metrics
 
 from pipelines import storage
 from pipelines.local_workers import PooledDoFn
-from pipelines.shuffle_staging import StagingFile, TableRef, read_staged, stage_tables
+from pipelines.shuffle_staging import StagedObject, StagingFile, TableRef, read_staged, stage_object, stage_tables
 from pipelines.sink import HourTables
 from prism_core.arrays import CODES_SUFFIX, group_indices, with_codes
 from prism_core.ingest import deduplicated_order, parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
-from prism_core.resolution import ExporterTally, exporter_profiles, merge_tallies, tally_exporters
+from prism_core.resolution import exporter_profiles, merge_tallies, tally_exporters
 from prism_core.schema import QUARANTINE
 
 NAMESPACE = "prism.ingest"
@@ -74,7 +74,9 @@ class MinuteResult:
     flows: StagedFlows
     aggregates: TableRef  # FLOW_MINUTES rows of the minute, staged
     duplicates: int
-    exporters: ExporterTally  # what each exporter's kept records of the minute show
+    # the ExporterTally of the minute's kept records (what each exporter's records show), staged:
+    # its two histograms (~285 kB a minute for the fleet hour) were pickled ~7 times on the way
+    exporters: StagedObject
 
 
 def quarantine_hours(parsed_start_ns: np.ndarray, file_starts_ns: np.ndarray, modified_ns: int) -> np.ndarray:
@@ -203,9 +205,9 @@ def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> Mi
     """All of one minute's staged tables: find the duplicates across files, aggregate per NIC
     pair, and stage the order of the rows to keep and the aggregates for the hour's writer. The
     rows themselves are not copied: the writer takes them from the parsed files (staging them
-    again cost more than taking them twice). The aggregates (~7 k rows a minute) are staged rather
-    than carried: as an element they were pickled ~5 times on the way to the writer, ~1 s of CPU
-    for the fleet hour, most of it the launcher's while both workers waited."""
+    again cost more than taking them twice). The aggregates (~7 k rows a minute) and the exporters'
+    tally are staged rather than carried: as an element they were pickled ~5 times on the way to
+    the writer, ~1 s of CPU for the fleet hour, most of it the launcher's while both workers waited."""
     # the addresses hashed once, to codes that the duplicates' check and the exporters' tally share
     rows = with_codes(pa.concat_tables(read_staged(parsed)), ADDRESS_COLUMNS)
     kept = deduplicated_order(rows)
@@ -216,7 +218,7 @@ def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> Mi
         flows=StagedFlows(parsed, stage_tables(shuffle_dir, [(None, pa.table({"row": kept}))])[0][1]),
         aggregates=stage_tables(shuffle_dir, [(None, minute_aggregates(rows, counted))])[0][1],
         duplicates=rows.num_rows - len(kept),
-        exporters=tally_exporters(rows.select(TALLIED_COLUMNS).take(kept)),
+        exporters=stage_object(shuffle_dir, tally_exporters(rows.select(TALLIED_COLUMNS).take(kept))),
     )
 
 
@@ -292,7 +294,7 @@ def hour_tables(hour_ns: int, minutes: list[MinuteResult], quarantine: list[Tabl
         "quarantine": rejected.num_rows,
         "duplicates": sum(m.duplicates for m in minutes),
     }
-    tally = merge_tallies([minute.exporters for minute in minutes])
+    tally = merge_tallies([minute.exporters.get() for minute in minutes])
     return HourTables(
         hour,
         tables={"flows": [m.flows for m in minutes], "flow_minutes": [m.aggregates for m in minutes],
