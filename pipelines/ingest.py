@@ -23,12 +23,12 @@ from apache_beam.metrics import Metrics
 
 from pipelines import storage
 from pipelines.local_workers import PooledDoFn
-from pipelines.shuffle_staging import StagingFile, TableRef, read_staged, stage_tables
+from pipelines.shuffle_staging import StagedObject, StagingFile, TableRef, read_staged, stage_object, stage_tables
 from pipelines.sink import HourTables
 from prism_core.arrays import CODES_SUFFIX, group_indices, with_codes
 from prism_core.ingest import deduplicated_order, parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
-from prism_core.resolution import ExporterTally, exporter_profiles, merge_tallies, tally_exporters
+from prism_core.resolution import exporter_profiles, merge_tallies, tally_exporters
 from prism_core.schema import QUARANTINE
 
 NAMESPACE = "prism.ingest"
@@ -74,7 +74,9 @@ class MinuteResult:
     flows: StagedFlows
     aggregates: TableRef  # FLOW_MINUTES rows of the minute, staged
     duplicates: int
-    exporters: ExporterTally  # what each exporter's kept records of the minute show
+    # the ExporterTally of the minute's kept records (what each exporter's records show), staged:
+    # its two histograms (~285 kB a minute for the fleet hour) were pickled ~7 times on the way
+    exporters: StagedObject
 
 
 def quarantine_hours(parsed_start_ns: np.ndarray, file_starts_ns: np.ndarray, modified_ns: int) -> np.ndarray:
@@ -89,24 +91,28 @@ def quarantine_hours(parsed_start_ns: np.ndarray, file_starts_ns: np.ndarray, mo
 @dataclass
 class ParsedFiles:
     """What `parse_files` made of a batch of files: each minute's staged tables (in file order),
-    the quarantined rows per hour and the counters' increments."""
+    the batch's quarantined rows of each hour, staged, and the counters' increments."""
 
     minutes: dict[int, list[TableRef]]
-    quarantine: list[tuple[int, pa.Table]]
+    quarantine: list[tuple[int, TableRef]]
     counts: dict[str, int]
 
 
 def parse_files(paths: list[str], hours: HourRange, shuffle_dir: str) -> ParsedFiles:
     """Reads each file, validates every record, stages its in-range clean rows as one table per
-    event-time minute (all the batch's tables in one staging file) and sets its quarantined rows
-    apart by hour."""
+    event-time minute (all the batch's tables in one staging file) and its quarantined rows as one
+    table per hour. Staged, the quarantined rows (~6 MB of text for the fleet hour, one table per
+    file) are not pickled on each of their ~5 ways to the writer, nor are they ~500 elements."""
     parsed_files = ParsedFiles({}, [], dict.fromkeys(COUNTERS, 0))
+    quarantined: dict[int, list[pa.Table]] = {}
     staged = StagingFile(shuffle_dir)
     try:
         for path in paths:
-            parse_file(path, hours, staged, parsed_files)
+            parse_file(path, hours, staged, parsed_files, quarantined)
     finally:
         staged.close()  # its references are readable from here on
+    parsed_files.quarantine = stage_tables(
+        shuffle_dir, [(hour_ns, pa.concat_tables(tables)) for hour_ns, tables in sorted(quarantined.items())])
     return parsed_files
 
 
@@ -118,7 +124,10 @@ def written_before(path: str, hours: HourRange) -> bool:
     return storage.modified_ns(path) < hours.first_ns - EXPORTER_CLOCK_LEAD_NS
 
 
-def parse_file(path: str, hours: HourRange, staged: StagingFile, into: ParsedFiles) -> None:
+def parse_file(path: str, hours: HourRange, staged: StagingFile, into: ParsedFiles,
+               quarantined: dict[int, list[pa.Table]]) -> None:
+    """`parse_files` of one file: its minutes' tables staged into `staged`, its quarantined rows
+    added to `quarantined` by hour."""
     counts = into.counts
     if written_before(path, hours):
         counts["files_skipped"] += 1
@@ -148,7 +157,7 @@ def parse_file(path: str, hours: HourRange, staged: StagingFile, into: ParsedFil
         counts["quarantined"] += int(kept.sum())
         counts["out_of_range"] += int((~kept).sum())
         for hour_ns, rows in group_indices(quarantined_hours[kept]):
-            into.quarantine.append((hour_ns, parsed.quarantine.filter(pa.array(kept)).take(rows)))
+            quarantined.setdefault(hour_ns, []).append(parsed.quarantine.filter(pa.array(kept)).take(rows))
 
 
 EXPORTER_CLOCK_LEAD_NS = HOUR_NS  # how far ahead of the file system's clock an exporter's may run, at most
@@ -196,9 +205,9 @@ def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> Mi
     """All of one minute's staged tables: find the duplicates across files, aggregate per NIC
     pair, and stage the order of the rows to keep and the aggregates for the hour's writer. The
     rows themselves are not copied: the writer takes them from the parsed files (staging them
-    again cost more than taking them twice). The aggregates (~7 k rows a minute) are staged rather
-    than carried: as an element they were pickled ~5 times on the way to the writer, ~1 s of CPU
-    for the fleet hour, most of it the launcher's while both workers waited."""
+    again cost more than taking them twice). The aggregates (~7 k rows a minute) and the exporters'
+    tally are staged rather than carried: as an element they were pickled ~5 times on the way to
+    the writer, ~1 s of CPU for the fleet hour, most of it the launcher's while both workers waited."""
     # the addresses hashed once, to codes that the duplicates' check and the exporters' tally share
     rows = with_codes(pa.concat_tables(read_staged(parsed)), ADDRESS_COLUMNS)
     kept = deduplicated_order(rows)
@@ -209,7 +218,7 @@ def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> Mi
         flows=StagedFlows(parsed, stage_tables(shuffle_dir, [(None, pa.table({"row": kept}))])[0][1]),
         aggregates=stage_tables(shuffle_dir, [(None, minute_aggregates(rows, counted))])[0][1],
         duplicates=rows.num_rows - len(kept),
-        exporters=tally_exporters(rows.select(TALLIED_COLUMNS).take(kept)),
+        exporters=stage_object(shuffle_dir, tally_exporters(rows.select(TALLIED_COLUMNS).take(kept))),
     )
 
 
@@ -243,9 +252,10 @@ class MergeMinute(PooledDoFn):
 
 class IngestFlows(beam.PTransform):
     """Batches of flow files (`file_batches`) -> {"minutes": (hour_ns, MinuteResult), "quarantine":
-    (hour_ns, table)}, keyed by the hour they belong to. Flow rows are staged under `shuffle_dir`
-    (pipelines/shuffle_staging.py), which must outlive the pipeline's run. Files are parsed and
-    minutes merged on `workers` local worker processes (pipelines/local_workers.py).
+    (hour_ns, TableRef of quarantined rows)}, keyed by the hour they belong to. Flow rows and
+    quarantined rows are staged under `shuffle_dir` (pipelines/shuffle_staging.py), which must
+    outlive the pipeline's run. Files are parsed and minutes merged on `workers` local worker
+    processes (pipelines/local_workers.py).
 
     Only portable primitives, so that every runner executes it alike (Beam's Dask runner has no
     windows and no tagged outputs): a flow's event-time minute is the key its tables are grouped
@@ -267,14 +277,14 @@ class IngestFlows(beam.PTransform):
         return {"minutes": minutes, "quarantine": quarantine}
 
 
-def hour_tables(hour_ns: int, minutes: list[MinuteResult], quarantine: list[pa.Table]) -> HourTables:
+def hour_tables(hour_ns: int, minutes: list[MinuteResult], quarantine: list[TableRef]) -> HourTables:
     """The hour's `flows`, `flow_minutes` and `quarantine` partitions (in a deterministic row
     order), and its ingest state: their row counts and the duplicates dropped; and what each
     exporter's records of the hour show (`exporters`, prism_core.resolution)."""
     hour = datetime.fromtimestamp(hour_ns / 1e9, tz=timezone.utc)
     minutes = sorted(minutes, key=lambda result: result.minute_ns)
     rejected = (
-        pa.concat_tables(quarantine).sort_by([("source", "ascending"), ("row", "ascending")])
+        pa.concat_tables(read_staged(quarantine)).sort_by([("source", "ascending"), ("row", "ascending")])
         if quarantine
         else QUARANTINE.empty_table()
     )
@@ -284,7 +294,7 @@ def hour_tables(hour_ns: int, minutes: list[MinuteResult], quarantine: list[pa.T
         "quarantine": rejected.num_rows,
         "duplicates": sum(m.duplicates for m in minutes),
     }
-    tally = merge_tallies([minute.exporters for minute in minutes])
+    tally = merge_tallies([minute.exporters.get() for minute in minutes])
     return HourTables(
         hour,
         tables={"flows": [m.flows for m in minutes], "flow_minutes": [m.aggregates for m in minutes],

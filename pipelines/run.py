@@ -162,13 +162,14 @@ def build_ingest(pipeline: beam.Pipeline, batches: list[list[str]], root: str, s
                  shuffle_dir: str, workers: int) -> None:
     """Adds to `pipeline` the ingest of the batches of flow files (`ingest.file_batches`) for the
     hours of `span`, and the writes of their partitions and ingest state under `root`."""
+    # The local workers parse the batches whatever bundle they come in; any other runner spreads
+    # them by the Create's reshuffle. The hours only go to a grouping, which needs none.
     ingested = (
         pipeline
-        | "Files" >> beam.Create(batches)
-        | "Spread" >> beam.Reshuffle()
+        | "Files" >> beam.Create(batches, reshuffle=workers == 1)
         | "Ingest" >> IngestFlows(span, shuffle_dir, workers)
     )
-    every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()])
+    every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()], reshuffle=False)
     (
         {"hour": every_hour, "minutes": ingested["minutes"], "quarantine": ingested["quarantine"]}
         | "ByHour" >> beam.CoGroupByKey()

@@ -215,12 +215,14 @@ def merge_tallies(tallies: Sequence[ExporterTally]) -> ExporterTally:
     merged = ExporterTally(names, *(np.zeros((len(names), *getattr(tallies[0], f).shape[1:]), np.int64)
                                     for f in _COUNTS))
     positions = [np.searchsorted(names, tally.exporters).astype(np.int64) for tally in tallies]
+    # a tally names each exporter once: its positions are distinct, so indexed updates add up
+    # exactly (without `ufunc.at`, ~10x slower on the histograms' rows)
     for tally, at in zip(tallies, positions):
         for name in _COUNTS:
             if name == "max_rate":
-                np.maximum.at(merged.max_rate, at, tally.max_rate)
+                merged.max_rate[at] = np.maximum(merged.max_rate[at], tally.max_rate)
             else:
-                np.add.at(getattr(merged, name), at, getattr(tally, name))
+                getattr(merged, name)[at] += getattr(tally, name)
     for kind in ("slow", "plain"):
         keys, counts = [], []
         for tally, at in zip(tallies, positions):
@@ -266,22 +268,24 @@ def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
     # fewer than 2^16 of them (a minute has ~10 k)
     by_start = np.argsort(start, kind="stable")
     order = by_start[stable_order(unique_inverse(tuple_ids)[1][by_start])]
-    follows = tuple_ids[order][1:] == tuple_ids[order][:-1]
-    follows &= duration[order][:-1] < params.max_transfer_s * 1e9
-    gap = (start[order][1:] - end[order][:-1])[follows]
-    gap_exporter = exporter[order][1:][follows]
+    ordered_ids, ordered_start, ordered_end = tuple_ids[order], start[order], end[order]
+    follows = ordered_ids[1:] == ordered_ids[:-1]
+    follows &= (ordered_end - ordered_start)[:-1] < params.max_transfer_s * 1e9
+    gap = (ordered_start[1:] - ordered_end[:-1])[follows]
+    gap_exporter = exporter[order[1:][follows]]
     max_rate = np.zeros(n, np.int64)
     np.maximum.at(max_rate, exporter, rate)
+    positive = duration > 0
     return ExporterTally(
         exporters=[dictionary[i] for i in order_of_names],
-        records=count(np.ones(len(start), bool)),
+        records=np.bincount(exporter, minlength=n).astype(np.int64),
         on_us=count((start % US_NS == 0) & (end % US_NS == 0)),
         on_ms=count((start % MS_NS == 0) & (end % MS_NS == 0)),
         instants=count(duration == 0),
         sampled=count(rate > 1),
         max_rate=max_rate,
         gaps=_histogram(gap_exporter, gap, n),
-        durations=_histogram(exporter[duration > 0], duration[duration > 0], n),
+        durations=_histogram(exporter[positive], duration[positive], n),
         **_sizes_by_speed(exporter, duration, pc.fill_null(flows["bytes"], 0).to_numpy(), n, params),
     )
 
@@ -625,8 +629,13 @@ def _autocorrelation_period(onsets: np.ndarray, owner: np.ndarray, bin_s: float,
 
 
 def _bin_of(seconds: float | np.ndarray) -> np.ndarray:
-    position = np.floor(np.log10(np.maximum(seconds, LOWEST_S) / LOWEST_S) * BINS_PER_DECADE)
-    return np.clip(np.asarray(position).astype(np.int64), 0, N_BINS - 1)
+    # each step in one new array, not one each (a minute's ~200 k records, twice per tally)
+    position = np.maximum(seconds, LOWEST_S, out=np.empty(np.shape(seconds)))
+    position /= LOWEST_S
+    np.log10(position, out=position)
+    position *= BINS_PER_DECADE
+    np.floor(position, out=position)
+    return np.clip(position.astype(np.int64), 0, N_BINS - 1)
 
 
 def _histogram(exporter: np.ndarray, seconds_ns: np.ndarray, n: int) -> np.ndarray:

@@ -87,7 +87,7 @@ def test_ingest_transform_groups_minutes_and_dedupes(tmp_path):
             label="minutes",
         )
         reasons = out["quarantine"] | beam.FlatMap(
-            lambda kv: [(kv[0], r.split(":")[0]) for r in kv[1]["reason"].to_pylist()]
+            lambda kv: [(kv[0], r.split(":")[0]) for r in kv[1].read()["reason"].to_pylist()]
         )
         assert_that(
             reasons, equal_to([(T0, "nonpositive_bytes"), (T0 + HOUR_NS, "unparseable")]), label="quarantine"
