@@ -50,8 +50,9 @@ def diagnose_job(
     hosts were taken by another job after it fell silent, and how far the hour's data reaches;
     without it the hour is assumed complete and no host taken. `events` (prism_core.recognition.EVENTS)
     add host replacements to the restart evidence. `steps_resolved`: the job's records resolve its
-    steps (prism_core.resolution); where they do not, `steps` show no step cut short. Call this also for a job without flows whose
-    previous state has an open issue (`has_open_issue`), so an ongoing hang keeps counting.
+    steps (prism_core.resolution); where they do not, `steps` show no step cut short. Call this
+    also for a job without flows whose previous state has an open issue (`has_open_issue`), so an
+    ongoing hang keeps counting.
     """
     state = DiagnosisState.load(previous)
     job = JobHour.build(job_id, job_flows, job_gpus, comm_pairs, steps, events, hour_membership, hour_start_ns,
