@@ -24,7 +24,7 @@ from prism_core.arrays import CODES_SUFFIX, filter_rows, group_indices, lookup, 
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, NS_PER_S
 from prism_core.minutes import MINUTE_NS
-from prism_core.queue_pairs import resumed_on_same_connections
+from prism_core.queue_pairs import resumed_on_same_connections, source_ports
 from prism_core.recognition import Recognition, recognize_hour
 from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, JOBS, STEPS, TABLES
 from prism_core.topology import Topology
@@ -339,7 +339,7 @@ def paused_restarts(flows: pa.Table, members: pa.ChunkedArray, restarts_ns: list
     start = start[order]
     if len(start) < 2:
         return []
-    port = pc.fill_null(flows["src_port"], -1).to_numpy()[rows]
+    port = source_ports(flows, rows)
     gap = np.diff(start)
     silences = []
     for at in restarts_ns:

@@ -10,8 +10,18 @@ see, a stall) resumes on the connections it had. Records without ports tell noth
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from prism_core.arrays import combined_key
+
+
+def source_ports(flows: pa.Table, rows: np.ndarray) -> np.ndarray:
+    """The source port of each of `rows` of `flows` (-1 where the record has none, or no record
+    has ports)."""
+    if "src_port" not in flows.column_names:
+        return np.full(len(rows), -1, np.int32)
+    return pc.fill_null(flows["src_port"], -1).to_numpy().astype(np.int32)[rows]
 
 
 def resumed_on_same_connections(src: np.ndarray, dst: np.ndarray, port: np.ndarray, start: np.ndarray,

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from prism_core.arrays import lookup, searchsorted_many
 from prism_core.constants import KIND_CODES, UNCLASSIFIED
 from prism_core.constants import NS_PER_S as NS
+from prism_core.queue_pairs import source_ports
 from prism_core.schema import STEPS, conform
 
 from .params import DiagnosisParams
@@ -122,7 +123,7 @@ class JobHour:
         src = src[order]
         dst = dst[order]
         nbytes = nbytes[order]
-        port = _ports(flows, order)
+        port = source_ports(flows, order)
         return cls(
             job_id=job_id,
             origin_ns=origin_ns,
@@ -307,10 +308,3 @@ def _other_jobs(job_id: str, membership: pa.Table | None, origin_ns: int, hour_e
         "other_first": (others["first_ns"].to_numpy() - origin_ns) / NS,
         "other_last": (others["last_ns"].to_numpy() - origin_ns) / NS,
     }
-
-
-def _ports(flows: pa.Table, rows: np.ndarray) -> np.ndarray:
-    """The source port of each of `rows` (-1 where the record has none, or no record has ports)."""
-    if "src_port" not in flows.column_names:
-        return np.full(len(rows), -1, np.int32)
-    return pc.fill_null(flows["src_port"], -1).to_numpy().astype(np.int32)[rows]

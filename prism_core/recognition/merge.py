@@ -108,11 +108,17 @@ def one_job(label: np.ndarray, a: np.ndarray, b: np.ndarray, graph: Graph, param
     sized = exact_share >= params.sized_share
     # nor, where its records run on past their minute's end (a flow cache's merges, cut by the
     # active timeout at the phase of the rail's own leaf), when its traffic starts and ends
-    unended = last_ns > (first_ns // MINUTE_NS + 1) * MINUTE_NS + tolerance
+    unended = runs_past_minute(first_ns // MINUTE_NS * MINUTE_NS, last_ns, params)
     timed = np.bincount(life, weights=~unended, minlength=n_lives) / np.maximum(
         np.bincount(life, minlength=n_lives), 1) >= params.sized_share
     judged = sized & timed
     return in_step[meeting] | shared | (out_of_step & ~(judged[life_a] & judged[life_b]))
+
+
+def runs_past_minute(minute_ns: np.ndarray, last_ns: np.ndarray, params: RecognitionParams) -> np.ndarray:
+    """Whether traffic of the minute starting at `minute_ns` runs on past the minute's end by more
+    than `params.in_step_ns` (exporters' clock offsets): a flow cache holding a flow past it."""
+    return last_ns > minute_ns + MINUTE_NS + params.in_step_ns
 
 
 def _life_gaps(anchor: np.ndarray, first_ns: np.ndarray, last_ns: np.ndarray, params: RecognitionParams) -> np.ndarray:

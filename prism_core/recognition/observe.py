@@ -11,8 +11,7 @@ import pyarrow.compute as pc
 
 from prism_core.arrays import combination_ids, time_segments
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
-from prism_core.minutes import MINUTE_NS
-from prism_core.recognition.merge import Graph, csr_pointer, job_of_nodes
+from prism_core.recognition.merge import Graph, csr_pointer, job_of_nodes, runs_past_minute
 from prism_core.recognition.params import RecognitionParams
 from prism_core.recognition.vocabulary import NicVocabulary
 from prism_core.topology import Topology
@@ -214,8 +213,7 @@ def persistent_pairs(flow_minutes: pa.Table, repeated: np.ndarray, params: Recog
     minutes_of_pair = np.bincount(pair_code[first_of_pair_minute], minlength=n_pairs)
     rows_of_pair = np.bincount(pair_code, minlength=n_pairs)
     repeated_share = np.bincount(pair_code, weights=repeated, minlength=n_pairs) / rows_of_pair
-    minute_ns = flow_minutes["_minute_ns"].to_numpy()
-    ended = flow_minutes["last_end_ns"].to_numpy() <= minute_ns + MINUTE_NS + params.in_step_ns
+    ended = ~runs_past_minute(flow_minutes["_minute_ns"].to_numpy(), flow_minutes["last_end_ns"].to_numpy(), params)
     ended_share = np.bincount(pair_code, weights=ended, minlength=n_pairs) / rows_of_pair
     sized = (repeated_share >= params.sized_share) & (ended_share >= params.sized_share)
     return (minutes_of_pair[pair_code] >= params.persistent_minutes) & ~sized[pair_code]
