@@ -56,6 +56,13 @@ class TimelineParams:
     regime_points: int = 1000
     # share; a last burst with this much of its bytes on pairs the phase used repeats them
     repeat_share: float = 0.5
+    # share; a collective after another on its pairs, in other transfer sizes, moves at least this
+    # much of its bytes on them to be a collective of its own (a parameter gather moves the
+    # parameters once, half the fp32 gradients' bytes in bf16), not the last records of a transfer
+    trailing_collective_share: float = 0.25
+    # share of the pairs of the collective before it that such a collective runs on, and of them
+    # done when it starts (a slow rank's ring, a channel's stretched flow run on)
+    trailing_pairs_share: float = 0.5
     # share; an all-gather of the updated shards repeats the reduce-scatter's bytes and flows this closely
     same_shape: float = 0.1
     # share of a collective's records that lost export datagrams may take (24 records each, a few

@@ -15,6 +15,7 @@ from prism_core.constants import DP, OTHER, PP
 from prism_core.parallelism import reverse_in_flight, warm_up_votes
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.regimes import boundary_gap_threshold, irregularity
+from prism_core.timeline.rows import RowIndex
 from prism_core.timeline.traffic import Traffic
 
 
@@ -57,6 +58,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     signal_index = traffic.index(DP if has_dp else OTHER if by_exchange else PP if pipeline else None, params)
     signal = signal_index.rows
     burst, b_start, b_end = bursts(traffic.start[signal], traffic.end[signal], params)
+    if has_dp:
+        burst, b_start, b_end = _split_trailing_collectives(traffic, signal_index, burst, b_start, b_end, params)
     b_bytes = np.bincount(burst, traffic.nbytes[signal], minlength=len(b_start))
     if has_dp:
         # bytes and flows per pair: a sync of several stages at once weighs as one stage's sync
@@ -81,7 +84,8 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     candidate_of_burst = np.cumsum(heavy) - 1
     on_candidate = heavy[burst]
     by_turns = pipeline and not has_dp and not by_exchange
-    every_gap = np.ones(len(gaps), bool)
+    # a collective split off the one its stragglers overlap follows it without a quiet: one step
+    every_gap = gaps > 0
 
     def threshold(eligible: np.ndarray) -> float:
         return boundary_gap_threshold(gaps, b_end[candidates[:-1]], candidate_of_burst[burst[on_candidate]],
@@ -158,9 +162,69 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     return Phases(flows, start_ns, close, nbytes, nflows,
                   _whole_otherwise(traffic, flows, signal, start_ns, close, nbytes, nflows, params),
                   after_optimizer, gather_start_ns, before_gather, scatter_start_ns, opens_step,
-                  closed, *_what_follows(traffic, flows, close, has_dp, burst, params),
+                  closed, *_what_follows(traffic, flows, close, np.where(drop_last, b_start[candidates[last]], -1),
+                                         has_dp, burst, params),
                   int(np.max(gaps[~between_phases], initial=params.merge_ns)), has_dp,
                   float(gap_threshold_ns) if np.isfinite(gap_threshold_ns) else None)
+
+
+def _split_trailing_collectives(traffic: Traffic, signal_index: RowIndex, burst: np.ndarray, b_start: np.ndarray,
+                                b_end: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`bursts` of the DP rows (`signal_index`, in start order) with a burst split where another
+    collective follows the one before it once that one is over: a parameter gather after the
+    optimizer, overlapped by the reduce-scatter's stragglers (a channel's flow stretched, another
+    stage's ring) so that no quiet parts them. The later rows move none of the earlier rows' size
+    families (the parameters' dtype, not the gradients'), on a `trailing_pairs_share` of their
+    pairs or more, at least `trailing_collective_share` of the earlier rows' bytes on those pairs,
+    and start once the earlier collective ended on that share of its pairs (`Traffic.pair_finishes`,
+    within `cluster_ns`). Per burst the last row no size family straddles is the split looked at."""
+    signal = signal_index.rows
+    n = len(signal)
+    if n < 2:
+        return burst, b_start, b_end
+    # a split before row p is possible where no (burst, size family) has rows on both sides of it
+    _, code = unique_inverse(combined_key(burst, unique_inverse(traffic.family[signal])[1]))
+    order = np.argsort(code, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1], True])
+    first_row, last_row = order[bounds[:-1]], order[bounds[1:] - 1]
+    straddled = np.cumsum(np.bincount(first_row + 1, minlength=n + 1) - np.bincount(last_row + 1, minlength=n + 1))
+    splits = np.flatnonzero((straddled[1:n] == 0) & (burst[1:] == burst[:-1])) + 1
+    if not len(splits):
+        return burst, b_start, b_end
+    splits = splits[np.r_[burst[splits][1:] != burst[splits][:-1], True]]  # the last of each burst
+    n_candidates = len(splits)
+    candidate_of_burst = np.full(len(b_start), -1)
+    candidate_of_burst[burst[splits]] = np.arange(n_candidates)
+    rows = np.flatnonzero(candidate_of_burst[burst] >= 0)
+    candidate = candidate_of_burst[burst[rows]]
+    later = rows >= splits[candidate]
+    pair_key = combined_key(candidate, traffic.pair[signal[rows]])
+    shared = np.isin(pair_key, pair_key[later]) & np.isin(pair_key, pair_key[~later])
+
+    def pairs(of_rows: np.ndarray) -> np.ndarray:
+        first_of_pair = np.unique(pair_key[of_rows], return_index=True)[1]
+        return np.bincount(candidate[of_rows][first_of_pair], minlength=n_candidates)
+
+    nbytes = traffic.nbytes[signal[rows]].astype(float)
+    earlier_bytes = np.bincount(candidate[~later], (nbytes * shared)[~later], minlength=n_candidates)
+    later_bytes = np.bincount(candidate[later], nbytes[later], minlength=n_candidates)
+    covered = pairs(later & shared) >= params.trailing_pairs_share * pairs(~later)
+    moved = later_bytes >= params.trailing_collective_share * earlier_bytes
+    closes = np.searchsorted(burst, burst[splits], side="right")
+    # most pairs of the earlier collective are done when the later starts: a slow rank's ring
+    # and a channel's stretched flow still run
+    started = signal_index.cluster_starts(splits, closes)
+    set_of_end, ends = traffic.pair_finishes(signal[rows[~later]], candidate[~later], n_candidates, params)
+    done = np.bincount(set_of_end, ends <= started[set_of_end] + params.cluster_ns, minlength=n_candidates)
+    split = splits[covered & moved
+                   & (done >= params.trailing_pairs_share * np.bincount(set_of_end, minlength=n_candidates))]
+    if not len(split):
+        return burst, b_start, b_end
+    boundary = np.r_[True, burst[1:] != burst[:-1]]
+    boundary[split] = True
+    first = np.flatnonzero(boundary)
+    start, end = traffic.start[signal], traffic.end[signal]
+    return np.cumsum(boundary) - 1, start[first], np.maximum.reduceat(end, first)
 
 
 def _other_groups_syncs(traffic: Traffic, signal: np.ndarray, burst: np.ndarray, heavy: np.ndarray,
@@ -287,10 +351,11 @@ def _exchange_marks_steps(traffic: Traffic, params: TimelineParams) -> bool:
     return bool(np.median(between) >= params.marker_sends)
 
 
-def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, has_dp: bool,
+def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, dropped_ns: np.ndarray, has_dp: bool,
                   signal_burst: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, ...]:
-    """Per phase (its flows, its end; `signal_burst`: the burst of each row of the signal, the DP
-    rows where `has_dp`): the next traffic after it, before the
+    """Per phase (its flows, its end, where the burst it dropped as the next step's starts, -1
+    where none; `signal_burst`: the burst of each row of the signal, the DP rows where `has_dp`):
+    the next traffic after it, before the
     next phase ends (the next step's first traffic may open the next phase), as (its start, the
     next step's first pipeline send and forward pass, the start of DP traffic before the next phase
     (a parameter gather: the distributed optimizer's all-gather of the updated shards, ZeRO-3's
@@ -298,6 +363,8 @@ def _what_follows(traffic: Traffic, flows: list[np.ndarray], close: np.ndarray, 
     and where the writes before the next traffic ended), -1 where none."""
     max_ns = np.iinfo(np.int64).max
     after_phase = np.array([traffic.end[rows].max() + 1 for rows in flows], np.int64)
+    # the next step's collective may start while the phase's stragglers still run
+    after_phase = np.where(dropped_ns >= 0, np.minimum(after_phase, dropped_ns), after_phase)
     until = np.r_[close[1:], max_ns]
     # other traffic after a pipeline step's last send (a tied embedding) is its own
     following = traffic.index(None if has_dp else PP, params)

@@ -157,14 +157,11 @@ class Traffic:
             self._quiet_before = np.r_[np.iinfo(np.int64).min, self.start[1:] - reach[:-1]][: len(self.start)]
         return self._quiet_before
 
-    def cluster_ends(self, rows: np.ndarray, owner: np.ndarray, n_sets: int, params: TimelineParams) -> np.ndarray:
-        """When the collective of each set of `rows` (`owner`: the set of each, 0..n_sets-1, none
-        empty) finished: each pair's last transfer ends at its earliest channel's end (single flows
-        stretch), and the collective at the median of the pairs that end within `cluster_ns` of the
-        latest ones (the group that finished last; clock skew averages); the median as np.median
-        takes it, truncated to ns. Every set at once."""
-        if not n_sets:
-            return np.empty(0, np.int64)
+    def pair_finishes(self, rows: np.ndarray, owner: np.ndarray, n_sets: int,
+                      params: TimelineParams) -> tuple[np.ndarray, np.ndarray]:
+        """When each pair's part of the collective of each set of `rows` (`owner`: the set of each,
+        0..n_sets-1, none empty) finished: the pair's last transfer ends at its earliest
+        channel's end (single flows stretch). (set of each pair, its end), sorted by set, then end."""
         order = np.lexsort((self.start[rows], self.pair[rows], owner))
         rows, owner = rows[order], owner[order]
         pair, start = self.pair[rows], self.start[rows]
@@ -174,11 +171,19 @@ class Traffic:
         final = start >= last_start - params.transfer_ns
         ends = np.full(group[-1] + 1, np.iinfo(np.int64).max)
         np.minimum.at(ends, group[final], self.end[rows][final])
-        # each set's pair ends in order; the second latest (the latest of a lone pair) sets the
-        # cluster, which is a suffix of the set's ends
         set_of_end = owner[opens_pair]
         by_set = np.lexsort((ends, set_of_end))
-        ends, set_of_end = ends[by_set], set_of_end[by_set]
+        return set_of_end[by_set], ends[by_set]
+
+    def cluster_ends(self, rows: np.ndarray, owner: np.ndarray, n_sets: int, params: TimelineParams) -> np.ndarray:
+        """When the collective of each set of `rows` (`owner`: the set of each, 0..n_sets-1, none
+        empty) finished: at the median of its pairs' ends (`pair_finishes`) within `cluster_ns` of the
+        latest ones (the group that finished last; clock skew averages); the median as np.median
+        takes it, truncated to ns. Every set at once."""
+        if not n_sets:
+            return np.empty(0, np.int64)
+        # the second latest pair end (the latest of a lone pair) sets the cluster, a suffix of the set's ends
+        set_of_end, ends = self.pair_finishes(rows, owner, n_sets, params)
         count = np.bincount(set_of_end, minlength=n_sets)
         stop = np.cumsum(count)
         latest = ends[stop - 1 - (count > 1)]
