@@ -122,8 +122,9 @@ def sync_phases(traffic: Traffic, hour_end_ns: int, gap_threshold_ns: float | No
     # a different collective on the same pairs right after the optimizer: the next step's ZeRO-3
     # parameter gather, its first traffic, not part of this sync (one like the burst before it pair
     # for pair is the sync's next gradient bucket, of as many DP groups or more: the first and last
-    # stages sync theirs at once after holding them back for the tied embedding's all-reduce)
-    drop_last = repeats & ~(shapes.same_sizes & shapes.same_burst)
+    # stages sync theirs at once after holding them back for the tied embedding's all-reduce; one
+    # moving fewer of their bytes is the rest of the buckets the burst before it synced together)
+    drop_last = repeats & ~(shapes.same_sizes & (shapes.same_burst | shapes.rest_of_before))
     after_optimizer = (shapes.repeated >= params.repeat_share) & all_gather
     # every stage's updated shards gathered at once (of the last phase): the optimizer ran, the sync is over
     gathered_every_stage = bool(len(first)) and bool(all_gather[-1] & shapes.every_pair[-1])
@@ -552,13 +553,16 @@ class _Shapes:
     same_burst: np.ndarray  # bool: it moves the bytes of the burst before it in as many flows per pair
     # (within `same_shape`), on as many pairs or more: one gradient bucket after another, of as many
     # DP groups or more at once
+    rest_of_before: np.ndarray  # bool: it moves fewer bytes than the burst before it (by `same_shape` at
+    # least): buckets released as the last backward pass ends sync together or apart as the step's
+    # timing falls, so one sync's bursts weigh one bucket or several
     same_but_lost: np.ndarray  # bool: its flows' mean size is the earlier bursts' (on its pairs, within
     # `same_shape`), and either holds at least 1 - `lost_share` of the other's flows: the same
     # collective again, one side short of the records a lost export datagram took
 
     @classmethod
     def none(cls, n_phases: int) -> _Shapes:
-        return cls(np.zeros(n_phases), *(np.zeros(n_phases, bool) for _ in range(5)))
+        return cls(np.zeros(n_phases), *(np.zeros(n_phases, bool) for _ in range(6)))
 
 
 def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_phase: np.ndarray, in_last: np.ndarray,
@@ -609,7 +613,8 @@ def _phase_shapes(traffic: Traffic, signal: np.ndarray, phase: np.ndarray, in_ph
 
     pairs_ratio = b_pairs[final] / np.maximum(b_pairs[before], 1)
     same_burst = several & (like_before(np.ones(n_phases)) | ((pairs_ratio > 1.0) & like_before(pairs_ratio)))
-    return _Shapes(share, same_flows, every_pair, same_sizes, same_burst, same_but_lost)
+    rest_of_before = several & (b_bytes[final] <= (1.0 - params.same_shape) * b_bytes[before])
+    return _Shapes(share, same_flows, every_pair, same_sizes, same_burst, rest_of_before, same_but_lost)
 
 
 def bursts(start: np.ndarray, end: np.ndarray, params: TimelineParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
