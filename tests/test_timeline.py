@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -637,31 +638,38 @@ def test_gradient_buckets_synced_one_after_another_are_one_sync():
     assert np.abs(ends - bounds[nearest]).max() < 0.01 * 10 * SECOND
 
 
+def _ring_sync_steps(compute_s: float, buckets: Callable[[int], list[tuple[int, int]]], stagger_ns: int,
+                     step_end_ns: Callable[[int], int], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """60 steps of a 4-GPU ring whose only traffic is its gradient buckets, each a (begin, end) in
+    ns after the step's sync opens (`buckets(step)`; GPU k begins `stagger_ns` x k later), the step
+    ending `step_end_ns(step)` after it opens: (the truth's step bounds, the step ends found)."""
+    rng = np.random.default_rng(seed)
+    gpus = ["g0", "g1", "g2", "g3"]
+    rows, bounds, t = [], [10 * HOUR_NS], 10 * HOUR_NS
+    for step in range(60):
+        sync = t + int(compute_s * 1e9 * rng.uniform(0.99, 1.01))
+        rows += [(sync + begin + stagger_ns * k, sync + end, src, gpus[(k + 1) % 4], 64 << 20)
+                 for begin, end in buckets(step) for k, src in enumerate(gpus)]
+        t = sync + step_end_ns(step)
+        bounds.append(t)
+    start, end, src, dst, nbytes = map(list, zip(*rows))
+    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
+                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
+    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    return np.array(bounds, np.int64), _ns(found.steps["end"])
+
+
 def test_buckets_a_straggler_merges_into_one_burst_are_no_heavier_sync():
     """Twelve gradient buckets sync 60 ms apart at each 10 s step's end, each its own burst; for
     20 steps of 60 a straggler stretches them until they overlap into one burst, far heavier by
     bytes x flows per pair than any other. Those 20 are not the only syncs (sealed-3 and -5
     sim-job-004 lost two thirds of their steps so): the lighter bursts move the same sizes on the
     same pairs for the other steps, so every burst is a sync and every step ends."""
-    rng = np.random.default_rng(8)
-    gpus = ["g0", "g1", "g2", "g3"]
-    rows, bounds, t = [], [10 * HOUR_NS], 10 * HOUR_NS
-    for step in range(60):
-        sync = t + int(9.0e9 * rng.uniform(0.99, 1.01))
-        stretched = 20 <= step < 40
-        for bucket in range(12):
-            at = sync + bucket * 60_000_000
-            rows += [(at + 1_000_000 * k, at + (150_000_000 if stretched else 40_000_000), src, gpus[(k + 1) % 4],
-                      64 << 20) for k, src in enumerate(gpus)]
-        t = sync + 12 * 60_000_000 + 300_000_000
-        bounds.append(t)
-    bounds = np.array(bounds, np.int64)
-    start, end, src, dst, nbytes = map(list, zip(*rows))
-    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
-                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
-    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
-    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
-    ends = _ns(found.steps["end"])
+    bounds, ends = _ring_sync_steps(
+        9.0, lambda step: [(b * 60_000_000, b * 60_000_000 + (150_000_000 if 20 <= step < 40 else 40_000_000))
+                           for b in range(12)],
+        stagger_ns=1_000_000, step_end_ns=lambda step: 12 * 60_000_000 + 300_000_000, seed=8)
     assert len(ends) >= 58
     # every step's end after the first (whose start is out of view) is found (the optimizer's tail
     # after the sync is the prior's here, not learned)
@@ -674,24 +682,12 @@ def test_the_bucket_after_buckets_that_synced_together_is_the_rest_of_the_sync()
     burst is lighter than the one before it but moves its sizes on its pairs: the rest of the
     sync, not the next step's parameter gather, whose few ms after the sync would otherwise stand
     for every step's optimizer (held-out sealed-10 sim-job-036 so ended all 784 steps 4% early)."""
-    rng = np.random.default_rng(9)
-    gpus = ["g0", "g1", "g2", "g3"]
-    rows, bounds, t = [], [10 * HOUR_NS], 10 * HOUR_NS
-    for step in range(60):
-        sync = t + int(9.4e9 * rng.uniform(0.99, 1.01))
-        opens = [0, 40, 80, 123] if step % 5 == 4 else [0, 50, 100, 150]
-        for at_ms in opens:
-            at = sync + at_ms * 1_000_000
-            rows += [(at, at + 40_000_000, src, gpus[(k + 1) % 4], 64 << 20) for k, src in enumerate(gpus)]
-        t = sync + (opens[-1] + 40) * 1_000_000 + 400_000_000  # the optimizer
-        bounds.append(t)
-    bounds = np.array(bounds, np.int64)
-    start, end, src, dst, nbytes = map(list, zip(*rows))
-    flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
-                      "bytes": nbytes, "sampler_address": ["x"] * len(rows)}).sort_by("time_flow_start_ns")
-    pairs = pa.table({"src_addr": gpus, "dst_addr": gpus[1:] + gpus[:1], "kind": ["dp"] * 4})
-    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
-    ends = _ns(found.steps["end"])
+    def opens_ms(step: int) -> list[int]:
+        return [0, 40, 80, 123] if step % 5 == 4 else [0, 50, 100, 150]
+
+    bounds, ends = _ring_sync_steps(
+        9.4, lambda step: [(at * 1_000_000, (at + 40) * 1_000_000) for at in opens_ms(step)], stagger_ns=0,
+        step_end_ns=lambda step: (opens_ms(step)[-1] + 40) * 1_000_000 + 400_000_000, seed=9)  # + the optimizer
     assert len(ends) >= 58
     # every step's end after the first is found: the optimizer's tail is the prior's (4% of the
     # step) or learned from the pace, never the 3 ms between a sync's last two bursts
