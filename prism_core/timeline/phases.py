@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prism_core.arrays import combined_key, unique_inverse
+from prism_core.arrays import KeyGroups, combined_key, unique_inverse
 from prism_core.constants import DP, OTHER, PP
 from prism_core.parallelism import reverse_in_flight, warm_up_votes
 from prism_core.timeline.params import TimelineParams
@@ -184,10 +184,9 @@ def _split_trailing_collectives(traffic: Traffic, signal_index: RowIndex, burst:
     if n < 2:
         return burst, b_start, b_end
     # a split before row p is possible where no (burst, size family) has rows on both sides of it
-    _, code = unique_inverse(combined_key(burst, unique_inverse(traffic.family[signal])[1]))
-    order = np.argsort(code, kind="stable")
-    bounds = np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1], True])
-    first_row, last_row = order[bounds[:-1]], order[bounds[1:] - 1]
+    families = KeyGroups(combined_key(burst, unique_inverse(traffic.family[signal])[1]))
+    position = np.arange(n)
+    first_row, last_row = families.reduce(position, np.minimum), families.reduce(position, np.maximum)
     straddled = np.cumsum(np.bincount(first_row + 1, minlength=n + 1) - np.bincount(last_row + 1, minlength=n + 1))
     splits = np.flatnonzero((straddled[1:n] == 0) & (burst[1:] == burst[:-1])) + 1
     if not len(splits):
@@ -221,11 +220,9 @@ def _split_trailing_collectives(traffic: Traffic, signal_index: RowIndex, burst:
                    & (done >= params.trailing_pairs_share * np.bincount(set_of_end, minlength=n_candidates))]
     if not len(split):
         return burst, b_start, b_end
-    boundary = np.r_[True, burst[1:] != burst[:-1]]
-    boundary[split] = True
-    first = np.flatnonzero(boundary)
-    start, end = traffic.start[signal], traffic.end[signal]
-    return np.cumsum(boundary) - 1, start[first], np.maximum.reduceat(end, first)
+    opens = np.r_[True, burst[1:] != burst[:-1]]
+    opens[split] = True
+    return _opened_bursts(opens, traffic.start[signal], traffic.end[signal])
 
 
 def _other_groups_syncs(traffic: Traffic, signal: np.ndarray, burst: np.ndarray, heavy: np.ndarray,
@@ -623,10 +620,13 @@ def bursts(start: np.ndarray, end: np.ndarray, params: TimelineParams) -> tuple[
     if not len(start):
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
     reach = np.maximum.accumulate(end)
-    opens = np.r_[True, start[1:] > reach[:-1] + params.merge_ns]
-    burst = np.cumsum(opens) - 1
+    return _opened_bursts(np.r_[True, start[1:] > reach[:-1] + params.merge_ns], start, end)
+
+
+def _opened_bursts(opens: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flows (sorted by start) in bursts, each opened where `opens`: as `bursts` returns them."""
     first = np.flatnonzero(opens)
-    return burst, start[first], np.maximum.reduceat(end, first)
+    return np.cumsum(opens) - 1, start[first], np.maximum.reduceat(end, first)
 
 
 def upper_class(weight: np.ndarray, params: TimelineParams) -> np.ndarray:
