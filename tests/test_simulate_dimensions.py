@@ -150,6 +150,21 @@ def test_rank_order_decides_which_traffic_crosses_hosts():
     assert kinds == {"tp-dp-pp": {PP}, "tp-pp-dp": {DP}}
 
 
+
+def test_rings_per_nic_cross_hosts_over_every_nic_the_group_holds():
+    # tp 2 x dp 8 on 4 hosts of 4 GPUs: each DP group holds two GPUs a host. One ring crosses
+    # between hosts over one NIC a host (rails 0 and 1 carry it all); a ring per NIC over both,
+    # each lane with half the bytes, the collective twice as fast
+    rails, sync = {}, {}
+    for per_nic in (False, True):
+        _, step = template(Traits(ring_per_nic=per_nic), 4, tp=2, pp=1, gpus_per_host=4)
+        dp = step.kind == DP
+        rails[per_nic] = set((step.src[dp] % 8).tolist()) | set((step.dst[dp] % 8).tolist())
+        sync[per_nic] = (step.nbytes[dp].max(), (step.rel_end[dp] - step.rel_start[dp]).min())
+    assert rails == {False: {0, 1}, True: {0, 1, 2, 3}}
+    assert sync[True][0] == sync[False][0] // 2
+    assert sync[True][1] == pytest.approx(sync[False][1] / 2, rel=0.01)
+
 def test_distributed_optimizer_with_overlap_gathers_parameters_under_the_first_forward():
     spec = dict(n_hosts=4, tp=8, pp=2, collective="rs_ag")
     model, step = template(Traits(distributed_optimizer=True, overlap=True), **spec)

@@ -22,7 +22,10 @@ Rank layout is Megatron's by default: rank = tp_rank + tp * (dp_rank + dp * pp_s
 host r // 8 for a job of whole hosts). Sends between GPUs of one host ride NVLink and produce no
 record. Cross-host sends are rail-aligned (NCCL PXN): GPU i on host A sending to GPU j on host B
 goes through the NIC of A's GPU j to the NIC of B's GPU j, or through GPU i's own NIC where the job
-does not hold A's GPU j. One record per transfer per queue pair (NCCL channel).
+does not hold A's GPU j. One record per transfer per queue pair (NCCL channel). A ring whose group
+holds several GPUs on each host crosses between two hosts once per lap: over the NIC pair of one
+GPU, or (`Traits.ring_per_nic`, NCCL's rings one per NIC) over the NIC pairs of all of them, the
+i-th GPU of the one host to the i-th of the other, each lane with its share of the hop's bytes.
 """
 
 from __future__ import annotations
@@ -121,8 +124,10 @@ class Template:
 class Links:
     """Routes rank-to-rank sends of one job onto NIC pairs and collects the network transfers."""
 
-    def __init__(self, placement: Placement, gpu_nic: np.ndarray, slow_nic: int, slow_fraction: float):
+    def __init__(self, placement: Placement, gpu_nic: np.ndarray, slow_nic: int, slow_fraction: float,
+                 ring_per_nic: bool = False):
         self.gpus = placement.gpus
+        self.ring_per_nic = ring_per_nic
         self.gpu_nic = gpu_nic
         self.held = np.zeros(len(gpu_nic), bool)
         self.held[self.gpus] = True
@@ -200,7 +205,7 @@ def step_template(model: JobModel, placement: Placement, gpu_nic: np.ndarray, co
         _, d, s = model.coords(placement.slots_on(cond.straggler_host))
         fwd[d, s] *= cond.straggler_factor
         bwd[d, s] *= cond.straggler_factor
-    links = Links(placement, gpu_nic, cond.slow_nic, cond.slow_fraction)
+    links = Links(placement, gpu_nic, cond.slow_nic, cond.slow_fraction, model.traits.ring_per_nic)
     buckets = np.asarray(model.bucket_bytes)
     # DP groups: one per (tp rank, stage), members ordered by dp rank; axes (group, member)
     t, s, d = (x.reshape(tp * pp, dp) for x in np.meshgrid(np.arange(tp), np.arange(pp), np.arange(dp), indexing="ij"))
@@ -299,18 +304,53 @@ def _ring(links: Links, member, succ, hop_bytes, first_start, release) -> np.nda
     A member starts sending a bucket when it has it (`first_start`, (group, member, bucket) or
     (group, member, 1)), but the ring moves it only once every member has it (`release`, (group,
     bucket) or (group, 1)) and the bucket before is done: early members' flows stretch while they
-    wait, the latecomer's look normal. The ring runs at its slowest link's pace. Returns when each
-    group's buckets are done, (group, bucket).
+    wait, the latecomer's look normal. The ring runs at its slowest hop's pace, a hop over several
+    lanes (`_ring_lanes`) as fast as its slowest lane times their number. Returns when each group's
+    buckets are done, (group, bucket).
     """
-    ring_rate = links.rate(member, succ).min(axis=1)
+    senders, receivers = _ring_lanes(links, member, succ)
+    lanes = (senders != receivers).sum(axis=0)
+    lane_rate = links.rate(senders, receivers).min(axis=0)
+    ring_rate = (np.maximum(lanes, 1) * lane_rate).min(axis=1)
     took = hop_bytes[None, :] / ring_rate[:, None]  # (group, bucket)
     done = _bucket_done(release, took)
     start = np.where(np.arange(len(hop_bytes)) == 0, first_start,
                      np.maximum(first_start, (done - took)[:, None, :]))
-    slack = np.where(links.waiting_on_slow_link(member, succ, ring_rate)[:, :, None],
-                     SLOW_RING_SLACK * took[:, None, :], 0.0)
-    links.add(member[:, :, None], succ[:, :, None], start, hop_bytes, DP, end=done[:, None, :] - slack)
+    slowest_lane = lane_rate.min(axis=1)
+    lane_bytes = hop_bytes[None, None, :] // np.maximum(lanes, 1)[:, :, None]
+    for a, b in zip(senders, receivers):
+        slack = np.where(links.waiting_on_slow_link(a, b, slowest_lane)[:, :, None],
+                         SLOW_RING_SLACK * took[:, None, :], 0.0)
+        links.add(a[:, :, None], b[:, :, None], start, lane_bytes, DP, end=done[:, None, :] - slack)
     return done
+
+
+def _ring_lanes(links: Links, member, succ) -> tuple[np.ndarray, np.ndarray]:
+    """Senders and receivers of each ring hop's lanes, (lane, group, member): the hop itself, or
+    (`links.ring_per_nic`) for a hop between hosts, the i-th of the group's GPUs on the one host to
+    the i-th on the other, as many lanes as the fewer of them. An unused lane sends from a member to
+    itself (no record)."""
+    if not links.ring_per_nic:
+        return member[None], succ[None]
+    host = links.gpus[member] // GPUS_PER_HOST
+    n = member.shape[1]
+    # a group's members on one host are consecutive in ring order (dp rank): runs of one host
+    index = np.broadcast_to(np.arange(n), member.shape)
+    run_start = np.maximum.accumulate(np.where(np.c_[np.ones(len(member), bool), host[:, 1:] != host[:, :-1]],
+                                               index, 0), axis=1)
+    run_length = np.bincount((run_start + n * np.arange(len(member))[:, None]).ravel(),
+                             minlength=member.size).reshape(member.shape)
+    length = np.take_along_axis(run_length, run_start, axis=1)
+    nxt = (index + 1) % n
+    crossing = host != np.take_along_axis(host, nxt, axis=1)
+    width = np.where(crossing, np.minimum(length, np.take_along_axis(length, nxt, axis=1)), 1)
+    senders, receivers = [], []
+    for lane in range(int(width.max())):
+        spread = crossing & (width > 1) & (lane < width)
+        senders.append(np.where(spread, np.take_along_axis(member, (run_start + lane) % n, axis=1), member))
+        receivers.append(np.where(spread, np.take_along_axis(member, (nxt + lane) % n, axis=1),
+                                  succ if lane == 0 else member))
+    return np.stack(senders), np.stack(receivers)
 
 
 def _tree(links: Links, t, s, d, rank, buckets, child_ready, release) -> np.ndarray:

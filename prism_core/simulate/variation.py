@@ -19,8 +19,9 @@ import numpy as np
 
 STREAM = 0x5EA1ED
 RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")  # Megatron's default; the second keeps a replica's stages together
+RING_PER_NIC_SHARE = 0.8
 DIMENSIONS = (
-    "placement",  # GPU-granular jobs sharing hosts, 4-NIC hosts, other rank orders, shuffled host order
+    "placement",  # GPU-granular jobs sharing hosts, 4-NIC hosts, other rank orders, shuffled host order, rings per NIC
     "optimizer",  # optimizer share of the step 2-15%
     "backward",  # backward / forward 1.5-3.5
     "distributed_optimizer",  # all-gather at step start, reduce-scatter at the end; sync overlapped or not
@@ -46,6 +47,9 @@ class Traits:
     """One job's values of the varied assumptions; the defaults are the textbook job."""
 
     rank_order: str = "tp-dp-pp"
+    # a ring's hop between two hosts runs over every NIC pair its group holds there (NCCL builds one
+    # ring per NIC, each entering and leaving a host by another GPU); False: one ring, one NIC a host
+    ring_per_nic: bool = False
     optimizer_share: float = 0.04  # optimizer time / nominal step
     backward_ratio: float = 2.0  # backward / forward compute of one micro-batch
     distributed_optimizer: bool = False  # with overlap, rs_ag jobs gather parameters under the next step's first forward
@@ -145,7 +149,8 @@ class Variation:
 
 
 def _placement(rng, pp, m, dp, collective) -> dict:
-    return {"rank_order": str(rng.choice(RANK_ORDERS))}
+    # most jobs let NCCL spread their rings over their NICs; some pin one (NCCL_IB_HCA, few channels)
+    return {"rank_order": str(rng.choice(RANK_ORDERS)), "ring_per_nic": bool(rng.random() < RING_PER_NIC_SHARE)}
 
 
 def _optimizer(rng, pp, m, dp, collective) -> dict:
