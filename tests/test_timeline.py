@@ -347,6 +347,31 @@ def test_a_sync_only_jobs_optimizer_tail_is_learned_from_its_steps_pace(optimize
     assert state["baseline"]["tail_per_sync"] is not None
 
 
+def test_the_pace_fit_trims_about_the_bulk_of_the_steps_not_their_mean():
+    """A sync-only job whose compute waits 0.2 s on its data loader before one step in five: those
+    periods lengthen without their syncs, so the first least-squares fit's residuals of the other
+    steps sit 32 ms below zero, beyond four times their spread (7 ms). The outlier trim measures
+    from the residuals' median: it keeps the steps at the usual pace and sets aside the waits, and the fit finds the
+    optimizer's 10% tail after the sync (trimmed about zero it kept no step and learned nothing)."""
+    from types import SimpleNamespace
+
+    from prism_core.timeline.params import DEFAULT_PARAMS as TIMELINE
+    from prism_core.timeline.typical import _tail_per_sync
+
+    rng = np.random.default_rng(3)
+    n, step_ns = 150, 12.8e9
+    pace = rng.lognormal(0.0, 0.01, n)
+    wait = np.where(rng.random(n) < 0.2, 0.2e9, 0.0)
+    begin = np.cumsum(np.r_[0.0, (pace * step_ns)[:-1]] + wait)
+    noise = rng.normal(0.0, 0.1e6, (2, n))
+    # the sync runs from 42% to 90% of the step, the optimizer the last 10%
+    phases = SimpleNamespace(start_ns=(begin + pace * 0.42 * step_ns + noise[0]).astype(np.int64),
+                             close_ns=(begin + pace * 0.90 * step_ns + noise[1]).astype(np.int64))
+    every = np.ones(n, bool)
+    tail_per_sync, _ = _tail_per_sync(phases, every, every, 10, TIMELINE)
+    assert tail_per_sync * 0.48 == pytest.approx(0.10, abs=0.002)
+
+
 def test_the_optimizer_tail_learned_from_the_pace_pools_the_hours_it_is_learned_in():
     """Each hour's pace fit alone moves the job's boundaries at the hour's start by its noise;
     pooled (inverse-variance weighted) with the earlier hours' fits, it is their weighted mean."""

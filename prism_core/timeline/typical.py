@@ -216,8 +216,11 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
             return None
         coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
         residual = period - design @ coef
-        spread = MAD_TO_SIGMA * np.median(np.abs(residual[keep] - np.median(residual[keep])))
-        keep = np.abs(residual) <= params.pace_fit_outlier * max(spread, 1.0)
+        # about the kept steps' median residual: stalls lengthen a few periods a lot, pulling the
+        # fit's mean residual off the bulk of the steps
+        center = np.median(residual[keep])
+        spread = MAD_TO_SIGMA * np.median(np.abs(residual[keep] - center))
+        keep = np.abs(residual - center) <= params.pace_fit_outlier * max(spread, 1.0)
     coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
     residual = (period - design @ coef)[keep]
     _, slow_before, slow_after = coef
