@@ -634,7 +634,14 @@ def _is_all_to_all(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     position = run * width + (log_flows - log_flows.min())
     ordered = np.sort(position)
     family = np.searchsorted(ordered, position + spread, side="right") - np.searchsorted(ordered, position - spread)
-    return family >= params.moe_family
+    core = family >= params.moe_family
+    # and the family's rarer sizes: behind a flow cache a record may sum a few draws, spreading the
+    # sizes over a bell whose tails come up less often than its middle (they read as a pipeline's
+    # sizes, balanced both ways). A size of the run no rarer than the family's middle is a
+    # collective of its own that shares the pair (a DP bucket, an activation)
+    least = np.full(int(run.max()) + 1, np.inf)
+    np.minimum.at(least, run[core], groups.flows[core])
+    return core | (np.isfinite(least[run]) & (groups.flows < least[run]))
 
 
 @dataclass
