@@ -308,6 +308,23 @@ def test_weak_edges_and_storage_do_not_glue_jobs():
     assert not any("10.200.0.1" in addrs for addrs in found)
 
 
+def test_a_copy_between_two_running_jobs_takes_neither_ones_nics():
+    # two jobs side by side for 20 minutes: hosts 0-1 whole and rails 4-5 of hosts 2-3. In
+    # minute 6 a checkpoint copy (two 1.2 GB flows, a repeated size) goes from the first to the
+    # second, gluing their components for that minute. A NIC serves one job at a time: each job
+    # keeps its own NICs and its life, and the copy starts no third job
+    topology = inventory(4)
+    rows = ring([0, 1], range(20), 4 << 20) + ring([2, 3], range(20), 8 << 20, rails=[4, 5])
+    at = HOUR0 + 6 * MINUTE_NS
+    rows.append(pair_row(at, "10.0.1.1", "10.0.2.4", 1_200_000_000, 2, at + 8 * SECOND, at + 9 * SECOND))
+    (_, found), = recognize_hours(table(rows), topology)
+    spans = found.membership.group_by("job_id").aggregate(
+        [("addr", "count_distinct"), ("first_ns", "min"), ("last_ns", "max")]).sort_by("addr_count_distinct")
+    assert spans["addr_count_distinct"].to_pylist() == [4, 16]
+    assert [(f - HOUR0) // MINUTE_NS for f in spans["first_ns_min"].to_pylist()] == [0, 0]
+    assert [(last - HOUR0) // MINUTE_NS for last in spans["last_ns_max"].to_pylist()] == [19, 19]
+
+
 def test_jaccard_threshold_decides_the_rail_merge():
     # rail 0 over hosts 0-2 and rail 1 over hosts 2-4: one shared host of five, Jaccard 0.2
     topology = inventory(5)

@@ -343,18 +343,26 @@ class Tracker:
     def _claim(self, claimed: dict, index: int, obs: Observations, k: int) -> None:
         """Give observation `k`'s NICs to track `index`, except NICs of another running job,
         which stay with it whatever glued them to this component."""
+        self.owners.give(self._free_nics(obs, k, index), index)
+        claimed.setdefault(index, []).append(k)
+
+    def _free_nics(self, obs: Observations, k: int, index: int | None) -> np.ndarray:
+        """Observation `k`'s NICs but those of a running job other than track `index`: a NIC
+        serves one job at a time, and a job keeps its NICs while it runs, whatever glued them to
+        this component (a one-off copy between two jobs' hosts)."""
         nics = obs.nics(k)
         owners = self.owners.of(nics)
-        others = (owners >= 0) & (owners != index)
+        others = (owners >= 0) & (owners != (-1 if index is None else index))
         running = np.zeros(len(nics), bool)
         running[others] = obs.first_ns[k] - self.last_end[owners[others]] < self.params.restart_gap_ns
-        self.owners.give(nics[~running], index)
-        claimed.setdefault(index, []).append(k)
+        return nics[~running]
 
     def _start(self, obs: Observations, k: int, handover: Handover | None = None) -> int:
         """A new job from observation `k`; after a `handover`, it began on the NICs it took at
-        the time the hand-over says, in an earlier minute whose traffic went to the job it replaced."""
-        nics = obs.nics(k)
+        the time the hand-over says, in an earlier minute whose traffic went to the job it replaced.
+        Other running jobs' NICs glued to its component stay theirs (`_free_nics`)."""
+        nics = self._free_nics(obs, k, None)
+        nics = nics if len(nics) else obs.nics(k)
         first_ns = int(obs.first_ns[k]) if handover is None else handover.start_ns
         identity = job_id(int(obs.minute_ns[k]), self.vocabulary.addr_list(nics))
         track = Track(identity, nics, first_ns, int(obs.last_ns[k]), born_this_hour=True)
@@ -381,8 +389,9 @@ class Tracker:
         return handover
 
     def _continue(self, obs: Observations, k: int, best: int, shared: int) -> int | None:
-        """The running track observation `k` continues, or None for a new job on its NICs."""
-        track, nics = self.tracks[best], obs.nics(k)
+        """The running track observation `k` continues, or None for a new job on its NICs (other
+        running jobs' NICs left out: `_free_nics`)."""
+        track, nics = self.tracks[best], self._free_nics(obs, k, best)
         gap = int(obs.first_ns[k]) - int(self.last_end[best])
         # on NICs only the job holds, while it talks on others of its NICs: the job seen in parts
         alongside = shared == len(nics) and self.alongside[k]
