@@ -197,7 +197,7 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     the boundaries from hour to hour). A fault that stretches the compute or the sync alone for
     part of the hour (a degradation, a slow link, a straggler) breaks the premise across its
     edge: the fit is then of the most steps before or after an edge that it explains (one pace
-    on each side). Steps after a long gap (a save, a stall) and outliers of
+    on each side), on a side holding at least `pace_fit_side_share` of the hour's steps. Steps after a long gap (a save, a stall) and outliers of
     the fit (beyond `pace_fit_outlier` MADs; it starts from the steps whose syncs last about the
     usual) are left out."""
     pairs = np.flatnonzero(complete[:-1] & complete[1:] & normal[:-1])
@@ -208,9 +208,11 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     if not usual > 0:  # syncs of instants (a packet sampler's records) have no pace
         return None
     period = (phases.close_ns[pairs + 1] - phases.close_ns[pairs]).astype(float)
+    # a side holds most of the hour's steps: a few steps may happen to fit a pace of their own
     edges = np.unique(np.linspace(0, len(pairs), params.pace_fit_edges + 1).astype(int))
     sides = [slice(0, len(pairs))] + [side for edge in edges[1:-1].tolist()
-                                      for side in (slice(0, edge), slice(edge, len(pairs)))]
+                                      for side in (slice(0, edge), slice(edge, len(pairs)))
+                                      if side.stop - side.start >= params.pace_fit_side_share * len(pairs)]
     fits = [fit for side in sides if (fit := _pace_fit(sync[pairs[side]], sync[pairs[side] + 1], period[side],
                                                            usual, params)) is not None]
     if not fits:
