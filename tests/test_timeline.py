@@ -372,32 +372,6 @@ def test_the_pace_fit_trims_about_the_bulk_of_the_steps_not_their_mean():
     assert tail_per_sync * 0.48 == pytest.approx(0.10, abs=0.002)
 
 
-def test_the_pace_fit_keeps_to_one_side_of_a_degradation():
-    """A sync-only job whose compute slows by 12% from its 60th step on (a degradation: the
-    optimizer keeps its pace; the sync, whose buckets leave during the last backward pass, slows
-    with that pass only). Across that edge no one pace explains the periods and the hour's fit
-    fails; the fit takes the steps after it, which one pace explains, and finds the optimizer's
-    0.72 s after a sync of 2.1 s."""
-    from types import SimpleNamespace
-
-    from prism_core.timeline.params import DEFAULT_PARAMS as TIMELINE
-    from prism_core.timeline.typical import _tail_per_sync
-
-    rng = np.random.default_rng(4)
-    n, step_ns = 150, 8e9
-    pace = rng.lognormal(0.0, 0.02, n)
-    slower = np.where(np.arange(n) >= 60, 1.12, 1.0)
-    compute = 0.56 * step_ns * pace * slower
-    sync = (0.10 * slower + 0.15) * step_ns * pace
-    optimizer = 0.09 * step_ns * pace
-    begin = np.cumsum(np.r_[0.0, (compute + sync + optimizer)[:-1]])
-    phases = SimpleNamespace(start_ns=(begin + compute).astype(np.int64),
-                             close_ns=(begin + compute + sync).astype(np.int64))
-    every = np.ones(n, bool)
-    tail_per_sync, _ = _tail_per_sync(phases, every, every, 10, TIMELINE)
-    assert tail_per_sync == pytest.approx(0.09 / 0.262, rel=0.01)
-
-
 def test_the_optimizer_tail_learned_from_the_pace_pools_the_hours_it_is_learned_in():
     """Each hour's pace fit alone moves the job's boundaries at the hour's start by its noise;
     pooled (inverse-variance weighted) with the earlier hours' fits, it is their weighted mean."""

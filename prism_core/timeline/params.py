@@ -118,13 +118,6 @@ class TimelineParams:
     pace_fit_error: float = 0.01
     # standard errors; the learned share replaces the prior `optimizer_share` only this far from it
     pace_fit_confidence: float = 3.0
-    # count; where the hour's steps keep no one pace, the fit tries the steps before and after
-    # each of this many evenly spaced edges (a fault's start or end) and keeps the side it
-    # explains with the most steps
-    pace_fit_edges: int = 20
-    # share of the hour's steps; a side of an edge must hold this many (a few steps may happen to
-    # fit a pace of their own: a fleet job's third of an hour gave a 0.04% optimizer)
-    pace_fit_side_share: float = 0.5
 
     # ratio; a gather after the optimizer belongs to the step whose pace it keeps this much better
     # (spread of its length's ratio to the syncs around it; typical._gather_opens)

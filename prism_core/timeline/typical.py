@@ -191,49 +191,25 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     between two syncs' ends holds the optimizer of the first step at the first sync's pace and
     the compute and sync of the second at the second's: regressed on the two syncs' lengths, the
     period splits into the optimizer's share and the rest. The fit counts only when it explains
-    the period (the premise: each step scales as one) to within `pace_fit_misfit`, pins the share
+    the job's whole period (the premise: each step scales as one; a degradation or straggler
+    that stretches compute or sync alone breaks it) to within `pace_fit_misfit`, pins the share
     to within `pace_fit_error` (standard error) and departs from the prior `optimizer_share` by `pace_fit_confidence`
     standard errors; None otherwise (the prior stands: a fit no surer than it would only move
-    the boundaries from hour to hour). A fault that stretches the compute or the sync alone for
-    part of the hour (a degradation, a slow link, a straggler) breaks the premise across its
-    edge: the fit is then of the most steps before or after an edge that it explains (one pace
-    on each side), on a side holding at least `pace_fit_side_share` of the hour's steps. Steps after a long gap (a save, a stall) and outliers of
+    the boundaries from hour to hour). Steps after a long gap (a save, a stall) and outliers of
     the fit (beyond `pace_fit_outlier` MADs; it starts from the steps whose syncs last about the
     usual) are left out."""
     pairs = np.flatnonzero(complete[:-1] & complete[1:] & normal[:-1])
     if len(pairs) < max(learn_from, params.pace_fit_steps):
         return None
     sync = (phases.close_ns - phases.start_ns).astype(float)
+    before, after = sync[pairs], sync[pairs + 1]
+    period = (phases.close_ns[pairs + 1] - phases.close_ns[pairs]).astype(float)
+    design = np.c_[np.ones(len(pairs)), before - before.mean(), after - after.mean()]
+    # first from the steps at a usual pace (a warm-up stretches the compute, not the optimizer),
+    # then from every step the fit explains
     usual = np.median(sync[complete])
     if not usual > 0:  # syncs of instants (a packet sampler's records) have no pace
         return None
-    period = (phases.close_ns[pairs + 1] - phases.close_ns[pairs]).astype(float)
-    # a side holds most of the hour's steps: a few steps may happen to fit a pace of their own
-    edges = np.unique(np.linspace(0, len(pairs), params.pace_fit_edges + 1).astype(int))
-    sides = [slice(0, len(pairs))] + [side for edge in edges[1:-1].tolist()
-                                      for side in (slice(0, edge), slice(edge, len(pairs)))
-                                      if side.stop - side.start >= params.pace_fit_side_share * len(pairs)]
-    fits = [fit for side in sides if (fit := _pace_fit(sync[pairs[side]], sync[pairs[side] + 1], period[side],
-                                                           usual, params)) is not None]
-    if not fits:
-        return None
-    slow_before, weight, share, error, _ = max(fits, key=lambda fit: fit[-1])
-    if error > params.pace_fit_error or abs(share - params.optimizer_share) < params.pace_fit_confidence * error:
-        return None  # too loose to tell, or no clear departure from the prior
-    return slow_before, weight
-
-
-def _pace_fit(before: np.ndarray, after: np.ndarray, period: np.ndarray, usual: float,
-              params: TimelineParams) -> tuple[float, float, float, float, int] | None:
-    """The period regressed on the syncs before and after it (`_tail_per_sync`): the optimizer's
-    tail per ns of sync, its inverse variance, the optimizer's share of the period, the share's
-    standard error and the steps the fit kept; None where too few steps remain or the syncs'
-    pace does not explain the whole period."""
-    if len(period) < params.pace_fit_steps:
-        return None
-    design = np.c_[np.ones(len(period)), before - before.mean(), after - after.mean()]
-    # first from the steps at a usual pace (a warm-up stretches the compute, not the optimizer),
-    # then from every step the fit explains
     keep = (np.abs(before / usual - 1.0) <= params.long_gap_share) & (np.abs(after / usual - 1.0) <= params.long_gap_share)
     for _ in range(3):  # trimmed least squares: stalls add to a period without stretching its syncs
         if keep.sum() < params.pace_fit_steps:
@@ -245,8 +221,6 @@ def _pace_fit(before: np.ndarray, after: np.ndarray, period: np.ndarray, usual: 
         center = np.median(residual[keep])
         spread = MAD_TO_SIGMA * np.median(np.abs(residual[keep] - center))
         keep = np.abs(residual - center) <= params.pace_fit_outlier * max(spread, 1.0)
-    if keep.sum() < params.pace_fit_steps:
-        return None
     coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
     residual = (period - design @ coef)[keep]
     _, slow_before, slow_after = coef
@@ -256,11 +230,14 @@ def _pace_fit(before: np.ndarray, after: np.ndarray, period: np.ndarray, usual: 
     # the syncs' pace explains the whole period: no part of it runs at a pace of its own
     if abs(slow_before * x_before + slow_after * x_after - mean_period) > params.pace_fit_misfit * mean_period:
         return None
+    share = slow_before * x_before / mean_period
     # the share's standard error (delta method on the two slopes)
     cov = np.linalg.pinv(design[keep].T @ design[keep])[1:, 1:] * residual.var(ddof=3)
     gradient = np.array([x_before, 0.0]) / mean_period
-    return (float(slow_before), float(1.0 / max(cov[0, 0], np.finfo(float).tiny)),
-            float(slow_before * x_before / mean_period), float(np.sqrt(gradient @ cov @ gradient)), int(keep.sum()))
+    error = np.sqrt(gradient @ cov @ gradient)
+    if error > params.pace_fit_error or abs(share - params.optimizer_share) < params.pace_fit_confidence * error:
+        return None  # too loose to tell, or no clear departure from the prior
+    return float(slow_before), float(1.0 / max(cov[0, 0], np.finfo(float).tiny))
 
 
 def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np.ndarray:
