@@ -296,6 +296,32 @@ def test_a_gpu_block_stops_at_another_jobs_nics():
     assert gpus_by_host(found, jobs[2]["job_id"]) == {"host00": [5], "host04": [5]}
 
 
+def test_on_a_platform_that_hands_out_gpus_a_job_showing_some_nics_holds_their_gpus():
+    # a job on GPUs 0-1 of hosts 5-7, alone there, shows rails 0 and 1 (a ring per NIC). Where
+    # hosts are handed out whole, those are the first rails of a job of whole hosts; where the
+    # scheduler hands out GPUs (hosts 1-3 each hold two jobs at once for ten minutes, one job also
+    # on host 0, the other on host 4), they are the job's GPUs and the hosts' other GPUs are idle
+    topology = inventory(8)
+    minutes = range(10)
+    alone = ring([5, 6, 7], minutes, 4 << 20, rails=[0, 1])
+    assert recognize_hour(table(alone), topology, None, HOUR0).jobs["n_gpus"].to_pylist() == [24]
+
+    def side_by_side(hosts, others):
+        return (ring(hosts, minutes, 6 << 20, rails=range(4), first_s=3.4, last_s=57.2)
+                + ring(others, minutes, 9 << 20, rails=range(4, 8), first_s=7.1, last_s=50.3))
+
+    found = recognize_hour(table(alone + side_by_side([0, 1, 2, 3], [1, 2, 3, 4])), topology, None, HOUR0)
+    assert sorted(found.jobs["n_gpus"].to_pylist()) == [6, 16, 16]
+    (job,) = [row["job_id"] for row in found.jobs.to_pylist() if row["n_gpus"] == 6]
+    assert gpus_by_host(found, job) == {f"host{h:02d}": [0, 1] for h in (5, 6, 7)}
+    # two jobs side by side on the same hosts may be the pieces of one job that recognition split;
+    # on two hosts each, they may be the two ends of a link between such pieces: no evidence of
+    # how the platform hands out GPUs
+    for hosts, others in (([0, 1, 2], [0, 1, 2]), ([0, 1, 2], [1, 2, 3])):
+        found = recognize_hour(table(alone + side_by_side(hosts, others)), topology, None, HOUR0)
+        assert 24 in found.jobs["n_gpus"].to_pylist()
+
+
 def test_weak_edges_and_storage_do_not_glue_jobs():
     topology = inventory(4)
     rows = ring([0, 1], [0], 4 << 20) + ring([2, 3], [0], 8 << 20)

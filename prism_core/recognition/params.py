@@ -94,6 +94,11 @@ class RecognitionParams:
     # talk over NVLink), so it holds on every host the block as wide as it shows on its widest
     # (`Tracker.gpu_blocks`); False: each such job keeps the NICs it showed.
     same_gpus_per_host: bool = True
+    # threshold: a platform hands out GPUs, not hosts, in an hour when at least this many hosts
+    # each hold two jobs with different hosts at once for longer than `young_ns`
+    # (`Tracker.hands_out_gpus`); pieces of one job hold its hosts, and two hosts may be the ends
+    # of a link between pieces that recognition has not joined yet
+    shared_hosts: int = 3
     # prior, ns: how long a job may show its parts apart (pipelines before its first DP sync joins
     # them); tracks begun this recently may still be parts of one job not yet seen whole.
     young_ns: int = 3 * MINUTE_NS

@@ -490,8 +490,10 @@ class Tracker:
         smaller than the host, its DP ring crossing hosts on the first rails) never show their NIC.
         A job holds a host whole when it holds the host's first NIC (its lowest GPU), no other job
         is present on the host while it is, and its pipeline hops do not show it ending before the
-        host's last GPU (`hosts_held_in_part`); it holds its hosts whole when it does each of them.
-        A job on part of a host, beside others or idle GPUs, keeps the NICs it showed."""
+        host's last GPU (`hosts_held_in_part`) and, on a platform that hands out GPUs
+        (`hands_out_gpus`), it does not show several of the host's NICs but not all; it holds its
+        hosts whole when it does each of them. A job on part of a host, beside others or idle
+        GPUs, keeps the NICs it showed."""
         if not self.presence or not self.vocabulary.topology.from_inventory:
             return
         track_of = np.concatenate([np.full(len(n), t) for t, _, _, n in self.presence])
@@ -518,7 +520,17 @@ class Tracker:
         next_start = np.where(np.r_[new_host[1:], True], np.iinfo(np.int64).max, np.r_[start_at[1:], 0])
         alone = np.empty(len(keys), bool)
         alone[order] = (earlier_reach < start_at) & (next_start > end_at)
-        partial = np.bincount(keys[:, 1], weights=~(alone & holds_first), minlength=len(self.tracks)) > 0
+        # On a platform that hands out GPUs, not hosts, a job showing several of a host's NICs but
+        # not all holds the GPUs behind those it shows: NCCL crosses hosts over the NICs of the
+        # GPUs a ring holds there (a ring per NIC). Where hosts are handed out whole, the same
+        # NICs are a job of whole hosts whose rings cross on the first rails (PXN).
+        lanes_in_part = np.zeros(len(keys), bool)
+        if self.hands_out_gpus(keys, span_first, span_last, alone):
+            shown = np.bincount(np.unique(np.stack([at, nics], axis=1), axis=0)[:, 0], minlength=len(keys))
+            host_nics = np.bincount(self.vocabulary.hosts(np.unique(all_nics)), minlength=int(keys[:, 0].max()) + 1)
+            lanes_in_part = (shown >= 2) & (shown < host_nics[keys[:, 0]])
+        partial = np.bincount(keys[:, 1], weights=~(alone & holds_first) | lanes_in_part,
+                              minlength=len(self.tracks)) > 0
         partial |= np.array([len(track.held_in_part) > 0 for track in self.tracks], bool)
         whole = {t for t in np.unique(keys[:, 1]).tolist() if not partial[t]}
         by_host = np.argsort(self.vocabulary.hosts(all_nics), kind="stable")
@@ -554,6 +566,26 @@ class Tracker:
 
         self.presence = [(t, f, l, with_their_hosts(n) if t in whole else with_blocks(t, n) if t in blocks else n)
                          for t, f, l, n in self.presence]
+
+    def hands_out_gpus(self, keys: np.ndarray, span_first: np.ndarray, span_last: np.ndarray,
+                       alone: np.ndarray) -> bool:
+        """Whether this hour's platform hands out GPUs rather than whole hosts: at least
+        `RecognitionParams.shared_hosts` hosts each held at once, for longer than a job may show
+        its parts apart (`young_ns`), by two jobs whose hosts differ (the pieces of one job that
+        recognition split, or its tracks before and after a restart, hold the job's hosts). The
+        (host, track) `keys` are present over `span_first` to `span_last`, `alone` if no other
+        key of their host overlaps them."""
+        candidates = np.unique(keys[~alone, 0])
+        if len(candidates) < self.params.shared_hosts:
+            return False
+        hosts_of = {t: set(keys[keys[:, 1] == t, 0].tolist()) for t in np.unique(keys[~alone, 1]).tolist()}
+        shared = 0
+        for host in candidates.tolist():
+            on = np.flatnonzero((keys[:, 0] == host) & ~alone).tolist()
+            shared += any(min(span_last[a], span_last[b]) - max(span_first[a], span_first[b]) > self.params.young_ns
+                          and hosts_of[keys[a, 1]] != hosts_of[keys[b, 1]]
+                          for i, a in enumerate(on) for b in on[i + 1:])
+        return shared >= self.params.shared_hosts
 
     def gpu_blocks(self, keys: np.ndarray, at: np.ndarray, entries: tuple[np.ndarray, np.ndarray, np.ndarray],
                    key_span: tuple[np.ndarray, np.ndarray], partial: np.ndarray,
