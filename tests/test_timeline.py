@@ -372,6 +372,39 @@ def test_the_pace_fit_trims_about_the_bulk_of_the_steps_not_their_mean():
     assert tail_per_sync * 0.48 == pytest.approx(0.10, abs=0.002)
 
 
+def test_the_pace_fit_sets_aside_a_stretch_where_the_sync_ran_at_a_pace_of_its_own():
+    """A sync-only job (its sync from 46.4% to 92.4% of the step, then the optimizer) behind a
+    slow link for 40 of its 250 steps: its last bucket arrives 3.4% of a step later, so those
+    steps' syncs and periods grow by the network's time and not by the compute's pace. No one
+    fit of the hour explains both paces; its trim keeps nearly every step about a loose fit
+    that learns no tail. A fit begun from a stretch at the job's usual pace explains the other
+    210 steps closely and finds the optimizer's 7.6% tail after the sync."""
+    from types import SimpleNamespace
+
+    from prism_core.timeline.params import DEFAULT_PARAMS as TIMELINE
+    from prism_core.timeline.typical import _tail_per_sync
+
+    rng = np.random.default_rng(5)
+    n, step_ns = 250, 7.95e9
+    pace = rng.lognormal(0.0, 0.035, n)
+    noise = rng.normal(0.0, 0.5e6, (2, n))
+    every = np.ones(n, bool)
+
+    def phases_with_slow_link(slow: np.ndarray) -> SimpleNamespace:
+        late = np.where(slow, 0.034 * step_ns, 0.0)
+        begin = np.cumsum(np.r_[0.0, (pace * step_ns + late)[:-1]])
+        close = begin + pace * 0.924 * step_ns + late
+        return SimpleNamespace(start_ns=(begin + pace * 0.464 * step_ns + noise[0]).astype(np.int64),
+                               close_ns=(close + noise[1]).astype(np.int64))
+
+    steps = np.arange(n)
+    tail_per_sync, _ = _tail_per_sync(phases_with_slow_link((steps >= 130) & (steps < 170)), every, every, 10, TIMELINE)
+    assert tail_per_sync * 0.460 == pytest.approx(0.076, abs=0.002)
+    # a pace that only part of the steps keep is no pace of the job's: with the slow link on
+    # half the hour, no stretch's fit explains most steps and the hour's stands (learning nothing)
+    assert _tail_per_sync(phases_with_slow_link(steps >= n // 2), every, every, 10, TIMELINE) is None
+
+
 def test_the_optimizer_tail_learned_from_the_pace_pools_the_hours_it_is_learned_in():
     """Each hour's pace fit alone moves the job's boundaries at the hour's start by its noise;
     pooled (inverse-variance weighted) with the earlier hours' fits, it is their weighted mean."""

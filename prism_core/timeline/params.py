@@ -112,6 +112,11 @@ class TimelineParams:
     pace_fit_steps: int = 30
     # MADs; a period this far from the fit is a stall or a save, left out of it
     pace_fit_outlier: float = 4.0
+    # count; besides the whole hour, the fit is also begun from each of this many stretches of it
+    pace_fit_stretches: int = 6
+    # ratio; a stretch's fit replaces the hour's when its residuals spread this many times less
+    # (the MAD of a few hundred residuals varies by ~10% between fits of one pace)
+    pace_fit_tighter: float = 2.0
     # share of the period; the fit must explain the mean period this closely
     pace_fit_misfit: float = 0.03
     # share of the period; and pin the optimizer's share this closely (standard error)

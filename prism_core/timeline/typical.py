@@ -191,8 +191,9 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     between two syncs' ends holds the optimizer of the first step at the first sync's pace and
     the compute and sync of the second at the second's: regressed on the two syncs' lengths, the
     period splits into the optimizer's share and the rest. The fit counts only when it explains
-    the job's whole period (the premise: each step scales as one; a degradation or straggler
-    that stretches compute or sync alone breaks it) to within `pace_fit_misfit`, pins the share
+    the job's whole period (the premise: each step scales as one; a degradation, slow link or
+    straggler that stretches compute or sync alone breaks it, so a fit begun from a stretch of
+    the hour at one pace may stand for it) to within `pace_fit_misfit`, pins the share
     to within `pace_fit_error` (standard error) and departs from the prior `optimizer_share` by `pace_fit_confidence`
     standard errors; None otherwise (the prior stands: a fit no surer than it would only move
     the boundaries from hour to hour). Steps after a long gap (a save, a stall) and outliers of
@@ -210,17 +211,22 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     usual = np.median(sync[complete])
     if not usual > 0:  # syncs of instants (a packet sampler's records) have no pace
         return None
-    keep = (np.abs(before / usual - 1.0) <= params.long_gap_share) & (np.abs(after / usual - 1.0) <= params.long_gap_share)
-    for _ in range(3):  # trimmed least squares: stalls add to a period without stretching its syncs
-        if keep.sum() < params.pace_fit_steps:
-            return None
-        coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
-        residual = period - design @ coef
-        # about the kept steps' median residual: stalls lengthen a few periods a lot, pulling the
-        # fit's mean residual off the bulk of the steps
-        center = np.median(residual[keep])
-        spread = MAD_TO_SIGMA * np.median(np.abs(residual[keep] - center))
-        keep = np.abs(residual - center) <= params.pace_fit_outlier * max(spread, 1.0)
+    at_pace = (np.abs(before / usual - 1.0) <= params.long_gap_share) & (np.abs(after / usual - 1.0) <= params.long_gap_share)
+    # Seeded from the whole hour, then from each of a few stretches of it: a fault that changes
+    # the sync's pace alone (a slow link) for part of the hour pulls a fit of the whole hour off
+    # every step, so its trim keeps them all about a loose fit, while a fit seeded where the job
+    # ran at one pace explains the steps of that pace closely and sets the others aside. A
+    # stretch's fit counts if it explains most of the hour's steps (a pace that a part of them
+    # keep by chance is no pace of the job's) `pace_fit_tighter` times more closely.
+    keep, spread = _trimmed_fit(design, period, at_pace, params.pace_fit_steps, params)
+    stretch = np.arange(len(pairs)) * params.pace_fit_stretches // len(pairs)
+    for i in range(params.pace_fit_stretches):
+        kept, closer = _trimmed_fit(design, period, at_pace & (stretch == i), design.shape[1] + 2, params)
+        if (kept is not None and kept.sum() >= params.pace_fit_steps and 2 * kept.sum() > len(pairs)
+                and (keep is None or params.pace_fit_tighter * closer < spread)):
+            keep, spread = kept, closer
+    if keep is None:
+        return None
     coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
     residual = (period - design @ coef)[keep]
     _, slow_before, slow_after = coef
@@ -238,6 +244,24 @@ def _tail_per_sync(phases: Phases, complete: np.ndarray, normal: np.ndarray, lea
     if error > params.pace_fit_error or abs(share - params.optimizer_share) < params.pace_fit_confidence * error:
         return None  # too loose to tell, or no clear departure from the prior
     return float(slow_before), float(1.0 / max(cov[0, 0], np.finfo(float).tiny))
+
+
+def _trimmed_fit(design: np.ndarray, period: np.ndarray, keep: np.ndarray, least: int,
+                 params: TimelineParams) -> tuple[np.ndarray | None, float]:
+    """The periods a least-squares fit of `period` on `design`, begun from the rows `keep`,
+    explains after trimming its outliers three times, and the spread of their residuals (None
+    and inf when fewer than `least` rows remain to fit)."""
+    for _ in range(3):  # trimmed least squares: stalls add to a period without stretching its syncs
+        if keep.sum() < least:
+            return None, np.inf
+        coef, *_ = np.linalg.lstsq(design[keep], period[keep], rcond=None)
+        residual = period - design @ coef
+        # about the kept steps' median residual: stalls lengthen a few periods a lot, pulling the
+        # fit's mean residual off the bulk of the steps
+        center = np.median(residual[keep])
+        spread = MAD_TO_SIGMA * np.median(np.abs(residual[keep] - center))
+        keep = np.abs(residual - center) <= params.pace_fit_outlier * max(spread, 1.0)
+    return keep, spread
 
 
 def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np.ndarray:
