@@ -575,13 +575,17 @@ class Tracker:
         recognition split, or its tracks before and after a restart, hold the job's hosts). The
         (host, track) `keys` are present over `span_first` to `span_last`, `alone` if no other
         key of their host overlaps them."""
-        candidates = np.unique(keys[~alone, 0])
-        if len(candidates) < self.params.shared_hosts:
+        beside = np.flatnonzero(~alone)
+        if len(np.unique(keys[beside, 0])) < self.params.shared_hosts:
             return False
-        hosts_of = {t: set(keys[keys[:, 1] == t, 0].tolist()) for t in np.unique(keys[~alone, 1]).tolist()}
+        by_track = np.argsort(keys[:, 1], kind="stable")
+        tracks, track_first = np.unique(keys[by_track, 1], return_index=True)
+        hosts_of = dict(zip(tracks.tolist(),
+                            (frozenset(h.tolist()) for h in np.split(keys[by_track, 0], track_first[1:]))))
+        by_host = beside[np.argsort(keys[beside, 0], kind="stable")]
+        _, host_first = np.unique(keys[by_host, 0], return_index=True)
         shared = 0
-        for host in candidates.tolist():
-            on = np.flatnonzero((keys[:, 0] == host) & ~alone).tolist()
+        for on in (run.tolist() for run in np.split(by_host, host_first[1:])):
             shared += any(min(span_last[a], span_last[b]) - max(span_first[a], span_first[b]) > self.params.young_ns
                           and hosts_of[keys[a, 1]] != hosts_of[keys[b, 1]]
                           for i, a in enumerate(on) for b in on[i + 1:])
