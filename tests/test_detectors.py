@@ -661,10 +661,10 @@ def test_job_hour_build_assigns_flows_to_steps_and_tells_storage_from_other_jobs
 
 @pytest.mark.parametrize("seed", range(3))
 def test_pairs_of_long_steps_apart_are_counted_as_every_pair_would(seed):
-    from prism_core.diagnosis.checkpoints import _pairs_apart
+    from prism_core.rhythm import pairs_apart
 
     rng = np.random.default_rng(seed)
     numbers = np.sort(rng.choice(3_000, 800, replace=False)) + 10**6
     expected = np.bincount((numbers[None, :] - numbers[:, None])[np.triu_indices(len(numbers))],
                            minlength=numbers[-1] - numbers[0] + 1)
-    assert np.array_equal(_pairs_apart(numbers), expected)
+    assert np.array_equal(pairs_apart(numbers), expected)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from prism_core.arrays import rolling_median
+from prism_core.rhythm import on_rhythm, rhythm_of
 
 from .baseline import jitter_sigma
 from .job_hour import JobHour
@@ -69,8 +70,8 @@ def find_checkpoints(job: JobHour, warmup: np.ndarray, previous: CheckpointState
     checkpoint = written & long
     # the rhythm of the saves seen, else of the long steps (stalls spread evenly over time put a few
     # long steps equal gaps apart: without writes the rhythm must hold more often)
-    rhythm = (rhythm_of(job.number[checkpoint], params.rhythm_repeats, params)
-              or rhythm_of(job.number[long], params.rhythm_repeats_unwritten, params) or previous.checkpoint_rhythm)
+    rhythm = (save_rhythm(job.number[checkpoint], params.rhythm_repeats, params)
+              or save_rhythm(job.number[long], params.rhythm_repeats_unwritten, params) or previous.checkpoint_rhythm)
     state = previous
     if rhythm:
         period, phase = rhythm
@@ -110,54 +111,6 @@ def _long_steps(job: JobHour, warmup: np.ndarray, params: DiagnosisParams) -> np
     return (logs - rough > limit) & usual
 
 
-def on_rhythm(numbers: np.ndarray, long: np.ndarray, period: int, phase: int, slack: int) -> np.ndarray:
-    """Per step: long and on the rhythm, or within `slack` steps of it when the step on it is not
-    long (the timeline numbered the steps after a save one off; a step after a save is no save)."""
-    offset = (numbers - phase + slack) % period - slack
-    exact = long & (offset == 0)
-    near = long & (np.abs(offset) <= slack) & (offset != 0)
-    return exact | (near & ~np.isin(numbers - offset, numbers[exact]))
-
-
-def _pairs_apart(numbers: np.ndarray) -> np.ndarray:
-    """For sorted distinct integers: per difference d from 0 to their span, how many pairs of them
-    lie d apart. The autocorrelation of their indicator, by FFT (O(span log span), where every
-    pair is quadratic in them: thousands of long steps in a heavy tail); rounded, exact while its
-    error (~1e-16 x span x count) stays far below 1/2."""
-    indicator = np.zeros(int(numbers[-1] - numbers[0]) + 1)
-    indicator[numbers - numbers[0]] = 1.0
-    size = 1 << (2 * len(indicator) - 1).bit_length()  # no wrap-around
-    spectrum = np.fft.rfft(indicator, size)
-    return np.rint(np.fft.irfft(spectrum * np.conj(spectrum), size)[: len(indicator)]).astype(np.int64)
-
-
-def rhythm_of(numbers: np.ndarray, min_repeats: int, params: DiagnosisParams) -> tuple[int, int] | None:
-    """(period, phase) when long steps recur every `period` step numbers at least `min_repeats`
-    times, and most of the steps on that rhythm (`rhythm_coverage`) are long: a few stalls that
-    happen to be equal gaps apart are not a rhythm. A step within `rhythm_slack_steps` of a slot
-    counts: the timeline may split or merge a step near a save, and number the next ones one off.
-    The periods tried are the `rhythm_candidates` most common differences between any two long
-    steps, not only neighbours: a job whose steps stall by nature (a heavy tail) has long steps
-    between its saves. Of the periods whose rhythm holds, the one most long steps are on wins
-    (a multiple of the period has fewer slots; a fraction of it, empty ones)."""
-    numbers = np.unique(numbers[numbers >= 0])
-    numbers = numbers[np.diff(numbers, prepend=-2) > 1]  # a save's next step may hold its end
-    if len(numbers) <= min_repeats:
-        return None
-    slack = params.rhythm_slack_steps
-    pairs_apart = _pairs_apart(numbers)
-    pairs_apart[: 2 * slack + 2] = 0
-    candidates = np.flatnonzero(pairs_apart)
-    if not len(candidates):
-        return None
-    candidates = candidates[np.argsort(-pairs_apart[candidates], kind="stable")[:params.rhythm_candidates]]
-    best, best_hits = None, 0
-    for period in candidates.tolist():  # most common first: ties keep it
-        phase = int(np.argmax(np.bincount(numbers % period)))  # a long step off the rhythm does not set it
-        slots = np.arange(numbers[0] + (phase - numbers[0]) % period, numbers[-1] + 1, period)
-        at = np.searchsorted(numbers, slots)
-        hits = np.abs(numbers[np.clip(at, 0, len(numbers) - 1)] - slots) <= slack
-        hits |= np.abs(numbers[np.clip(at - 1, 0, len(numbers) - 1)] - slots) <= slack
-        if hits.sum() - 1 >= min_repeats and hits.mean() >= params.rhythm_coverage and hits.sum() > best_hits:
-            best, best_hits = (int(period), phase), int(hits.sum())
-    return best
+def save_rhythm(numbers: np.ndarray, min_repeats: int, params: DiagnosisParams) -> tuple[int, int] | None:
+    """The rhythm of saves among the long steps numbered `numbers` (prism_core.rhythm.rhythm_of)."""
+    return rhythm_of(numbers, min_repeats, params.rhythm_coverage, params.rhythm_slack_steps, params.rhythm_candidates)

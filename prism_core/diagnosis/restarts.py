@@ -17,9 +17,10 @@ import numpy as np
 from prism_core import waste
 from prism_core.constants import NS_PER_S as NS
 from prism_core.queue_pairs import resumed_on_same_connections
+from prism_core.rhythm import on_rhythm
 
 from . import hangs
-from .checkpoints import Checkpoints, on_rhythm, rhythm_of
+from .checkpoints import Checkpoints, save_rhythm
 from .issues import Issue
 from .job_hour import JobHour
 from .params import DiagnosisParams
@@ -71,7 +72,7 @@ def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhyt
     # such quiet gaps (or of the saves of earlier hours), in step numbers, are the job's saves,
     # not restarts (crashes recur on no rhythm)
     saved = job.number - 1  # the step before each quiet gap
-    rhythm = rhythm_of(saved[quiet | resumed], params.rhythm_repeats_unwritten, params) or saves_rhythm
+    rhythm = save_rhythm(saved[quiet | resumed], params.rhythm_repeats_unwritten, params) or saves_rhythm
     if rhythm:
         resumed &= ~on_rhythm(saved, resumed, *rhythm, params.rhythm_slack_steps)
     resumes = np.flatnonzero(resumed)
