@@ -580,6 +580,24 @@ def test_a_stragglers_stretched_sync_still_closes_its_steps():
     assert figures["steps_within_1pct"].value >= 0.98, figures["steps_within_1pct"]
 
 
+@pytest.mark.parametrize("storage_network", [True, False])
+def test_a_save_between_the_reduce_scatter_and_its_all_gather_ends_its_step_where_the_gather_begins(
+        storage_network):
+    """With the distributed optimizer's overlap, a step's parameter all-gather opens the next one;
+    a save comes between the reduce-scatter and that gather and parts the sync in two halves,
+    each short of a usual phase. Each save is its step's, which ends where the gather begins,
+    whether the save's writes show or not (then its gaps' rhythm tells it from a stall)."""
+    from prism_core.simulate.scenarios import JobSpec
+    from prism_core.simulate.variation import Traits
+
+    traits = Traits(optimizer_share=0.06, backward_ratio=2.5, distributed_optimizer=True, overlap=True,
+                    jitter_sigma=0.02, storage_network=storage_network, checkpoint_steps=(2.0, 4.0))
+    spec = JobSpec(2, tp=1, pp=1, start_s=0, end_s=1e9, step_s=1.7, micro_batches=8, collective="rs_ag", channels=1,
+                   checkpoint_s=30, hosts=(0, 1), gpus_per_host=2, first_gpu=(6, 4), traits=traits)
+    figures, _ = _divided_and_scored(spec, 500.0)
+    assert figures["steps_within_1pct"].value >= 0.98, figures["steps_within_1pct"]
+
+
 def test_the_sync_the_first_and_last_stages_hold_back_for_the_embedding_is_no_parameter_gather():
     """Gradient buckets sync under the last backward, but the first and the last stage hold theirs
     back until the tied embedding is all-reduced between them (sealed-5 job 037, whose every step
@@ -600,9 +618,9 @@ def test_the_sync_the_first_and_last_stages_hold_back_for_the_embedding_is_no_pa
     assert figures["steps_within_1pct"].value >= 0.95, figures["steps_within_1pct"]
 
 
-def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: list[float] | None = None,
-                       optimizer_s: float = 0.4, gather: bool = False,
-                       buckets: bool = False) -> tuple[pa.Table, pa.Table, np.ndarray]:
+def _data_parallel_job(steps: int, save_every: int, save_s: float | list[float] = 15.0, pace: list[float] | None = None,
+                       optimizer_s: float = 0.4, gather: bool = False, buckets: bool = False,
+                       saves_seen: bool = True) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Flows of a 4-GPU data-parallel job whose only traffic is the gradient sync at the end of
     each 10 s step (a tree all-reduce: nothing marks a step's start), its DP pairs and the steps'
     bounds. The optimizer runs `optimizer_s` after the sync; with `gather`, each step opens with a
@@ -611,7 +629,8 @@ def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: 
     one after another, 10 ms apart, except that in every twentieth step the second follows the
     first at once (the two make one burst of twice the bytes and flows). Every `save_every`-th step saves a checkpoint after
     its optimizer: each GPU writes 4 chunks to storage over the save, the last ending 7.5% of the
-    save before the next step. `pace` scales each step's compute."""
+    save before the next step (`save_s`: the saves' lengths, in turn; not `saves_seen`: over a
+    storage network, no record). `pace` scales each step's compute."""
     rng = np.random.default_rng(7)
     gpus = ["g0", "g1", "g2", "g3"]
     rows, bounds, t = [], [10 * HOUR_NS], 10 * HOUR_NS
@@ -629,10 +648,11 @@ def _data_parallel_job(steps: int, save_every: int, save_s: float = 15.0, pace: 
                 rows += [(sync + 1_000_000 * c, sync + 200_000_000, src, gpus[(k + 1) % 4], 256 << 20) for c in range(4)]
         t = sync + 200_000_000 + int(optimizer_s * 1e9)
         if step % save_every == save_every - 1:
-            for src in gpus:
-                rows += [(t + int(save_s * (0.05 + 0.225 * c) * 1e9), t + int(save_s * (0.25 + 0.225 * c) * 1e9),
+            save = save_s[step // save_every % len(save_s)] if isinstance(save_s, list) else save_s
+            for src in gpus if saves_seen else []:
+                rows += [(t + int(save * (0.05 + 0.225 * c) * 1e9), t + int(save * (0.25 + 0.225 * c) * 1e9),
                           src, "storage", 1 << 30) for c in range(4)]
-            t += int(save_s * 1e9)
+            t += int(save * 1e9)
         bounds.append(t)
     start, end, src, dst, nbytes = map(list, zip(*rows))
     flows = pa.table({"time_flow_start_ns": start, "time_flow_end_ns": end, "src_addr": src, "dst_addr": dst,
@@ -934,6 +954,44 @@ def test_a_save_ends_its_usual_tail_after_its_last_write_however_short_the_next_
     ends = _ns(found.steps["end"])
     closest = ends[np.argmin(np.abs(ends - bounds[20]))]
     assert abs(closest - bounds[20]) < 0.01 * 10 * SECOND
+
+
+@pytest.mark.parametrize(("gather", "tolerance"), [(True, 0.01), (False, 0.02)])
+def test_saves_the_flow_logs_do_not_see_are_the_steps_they_end_on_their_rhythm(gather, tolerance):
+    """Over a storage network a save leaves only a quiet gap after its step's sync, as a stall
+    before the next step would. Gaps every sixth step are saves: each is its step's, however
+    long (here up to five steps: no silence of a stopped job), and no step is left out."""
+    flows, pairs, bounds = _data_parallel_job(steps=60, save_every=6, save_s=[15.0, 48.0, 27.0, 9.0],
+                                              gather=gather, saves_seen=False)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    starts, ends = _ns(found.steps["start"]), _ns(found.steps["end"])
+    assert np.array_equal(starts[1:], ends[:-1])  # no gap
+    saves = bounds[np.arange(6, 60, 6)]  # where each save step ends
+    nearest = ends[np.argmin(np.abs(ends[:, None] - saves[None, :]), axis=0)]
+    assert np.all(np.abs(nearest - saves) < tolerance * 10 * SECOND), (nearest - saves) / SECOND
+
+
+def test_the_rhythm_of_saves_nothing_shows_is_found_across_hours():
+    """A job saving every sixth step shows three saves in each of two hours: too few in either
+    for a rhythm, which the quiet gaps remembered from the first hour complete in the second."""
+    from dataclasses import replace
+
+    flows, pairs, bounds = _data_parallel_job(steps=36, save_every=6, saves_seen=False, gather=True)
+    cut = int(bounds[18] + 5 * SECOND)  # after the third save's step
+    starts = flows["time_flow_start_ns"].to_numpy()
+    first_hour = flows.filter(pa.array(starts < cut))
+    second_hour = flows.filter(pa.array(starts >= cut))
+    saves = bounds[[24, 30]]  # the second hour's save steps end here (its last save ends the job)
+
+    def second_hour_save_ends(params) -> np.ndarray:
+        first = timeline.divide_steps("j", first_hour, pairs, None, cut - HOUR_NS, cut, params=params)
+        ends = _ns(timeline.divide_steps("j", second_hour, pairs, first.state, cut, cut + HOUR_NS,
+                                         params=params).steps["end"])
+        return ends[np.argmin(np.abs(ends[:, None] - saves[None, :]), axis=0)]
+
+    assert np.all(np.abs(second_hour_save_ends(DEFAULT_PARAMS) - saves) < 0.01 * 10 * SECOND)
+    forgetful = replace(DEFAULT_PARAMS, save_rhythm_memory_steps=0)
+    assert np.all(np.abs(second_hour_save_ends(forgetful) - saves) > 0.5 * SECOND)
 
 
 def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():

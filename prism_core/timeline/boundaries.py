@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from prism_core.rhythm import on_rhythm, rhythm_of
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.phases import Phases
 
@@ -31,6 +32,24 @@ def complete(phases: Phases, phase_bytes: float, phase_flows: float, params: Tim
 def checkpoints(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
     """Phases followed by a checkpoint save: a long gap with bulk writes out of the job."""
     return long_gap(phases, typical, params) & phases.bulk_write
+
+
+def quiet_gaps(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """Phases followed by a long gap before the next step's traffic without bulk writes: a stall
+    before the next step, or a save the flow logs do not see (over a storage network)."""
+    return long_gap(phases, typical, params) & ~phases.bulk_write & (phases.next_ns >= 0)
+
+
+def unwritten_saves(numbers: np.ndarray, quiet: np.ndarray, earlier: list[int], params: TimelineParams) -> np.ndarray:
+    """Per phase (numbered `numbers`, the steps they close): its quiet gap (`quiet`) is a save.
+    Saves recur every k steps (a training loop's save interval); stalls come at random, on no
+    rhythm. The rhythm is looked for among these gaps and the `earlier` hours' (their step
+    numbers): a job saving every 20 minutes shows three saves in no single hour."""
+    rhythm = rhythm_of(np.r_[np.asarray(earlier, np.int64), numbers[quiet]], params.save_rhythm_repeats,
+                       params.save_rhythm_coverage, params.save_rhythm_slack, params.save_rhythm_candidates)
+    if rhythm is None:
+        return np.zeros(len(quiet), bool)
+    return on_rhythm(numbers, quiet, *rhythm, params.save_rhythm_slack)
 
 
 def long_gap(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
@@ -97,7 +116,8 @@ def saved_until(phases: Phases, typical: Typical, params: TimelineParams) -> np.
     return np.where(marked(phases), next_start(phases, typical), by_traffic)
 
 
-def boundaries(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
+def boundaries(phases: Phases, typical: Typical, params: TimelineParams,
+               unwritten: np.ndarray | None = None) -> np.ndarray:
     """End of the step each phase closes. A normal gap: B where a gather or pipeline sends mark
     the next step's start, else the earlier of A and B (the next step's first traffic may come
     well after its start). A long gap with bulk writes: a checkpoint, B, except that B beyond A
@@ -106,7 +126,8 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams) -> np.n
     start) within that margin of the usual save is noisier than the save is (the lead varies with
     the step's compute); where nothing marks the start,
     once the job's saves show their usual tail and it is shorter than the lead, the boundary is
-    the save's last write plus that tail. A long gap without: a stall before the next step, A.
+    the save's last write plus that tail. A long gap without: a stall before the next step, A,
+    unless it is a save nothing shows (`unwritten`, per phase; `unwritten_saves`): B.
     Nothing after the phase: A."""
     after = after_sync(phases, typical, params)
     start = next_start(phases, typical)
@@ -131,6 +152,8 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams) -> np.n
         save = np.where(by_writes, phases.written_until_ns + typical.save_tail_ns - after, save)
     checkpoint = checkpoints(phases, typical, params)
     ends = np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
+    if unwritten is not None:  # a save nothing shows ends where the next step starts (a stall after it is its)
+        ends = np.where(unwritten, saved_until(phases, typical, params), ends)
     # a gather after the optimizer that keeps the next step's pace opens it; one that keeps its
     # own step's closes it, even after gradient buckets reduce-scattered under the backward
     if typical.gather_opens:

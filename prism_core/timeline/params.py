@@ -97,6 +97,20 @@ class TimelineParams:
     # steps without traffic before a new job's traffic: what came before was another job's tail
     tail_silence_steps: float = 2.0
 
+    # --- thresholds: saves the flow logs do not see (a storage network; boundaries.unwritten_saves) -
+    # A quiet gap after a sync is a save when such gaps recur every k phases: at least this many
+    # times after the first, on a rhythm that this share of its slots fill (stalls at random fill
+    # none), a gap within this many phases of a slot counting (a step near a save may be split),
+    # the periods tried being this many of the most common distances between gaps. The same
+    # policy as the diagnosis's rhythm of unwritten saves (DiagnosisParams.rhythm_*).
+    save_rhythm_repeats: int = 3
+    save_rhythm_coverage: float = 0.75
+    save_rhythm_slack: int = 1
+    save_rhythm_candidates: int = 8
+    # steps; quiet gaps are remembered this long between hours (three intervals of a save every
+    # 20 minutes at 1.5 s a step)
+    save_rhythm_memory_steps: int = 2400
+
     # --- thresholds: what is learned, and what is carried between hours ---------------------------
     # count; the job's usual timings are learned from this many steps in view, else the previous hours'
     steps_to_learn: int = 8

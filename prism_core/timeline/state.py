@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-STATE_VERSION = 1  # the layout of the dumped state; a change to it takes the next number
+# the layout of the dumped state: a field added with a default reads a state written before it as
+# the default (an empty memory); any other change takes the next number
+STATE_VERSION = 1
 
 
 @dataclass
@@ -18,6 +20,7 @@ class TimelineState:
     last_end_ns: int | None = None  # end of the last emitted step; None until a boundary is seen
     last_close_ns: int | None = None  # end of the sync phase that closed it
     checkpoint_steps: list[int] = field(default_factory=list)  # the last three saving, this attempt
+    quiet_gaps: list[int] = field(default_factory=list)  # steps a long quiet gap followed, lately (walk.py)
     baseline: dict = field(default_factory=dict)  # the job's usual timings (Typical.as_baseline)
     carry: dict | None = None  # flows after the last emitted boundary (Traffic.carry)
     paused_restarts: int = 0  # restarts recognition reported that were pauses (not attempts), so far

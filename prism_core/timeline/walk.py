@@ -28,9 +28,20 @@ def emit_steps(
     were pauses (the job resumed on its connections): divided alike, in the same attempt."""
     if not typical.known:
         return []
-    boundary = bounds.boundaries(phases, typical, params)
+    # the step each phase closes, as numbered if every phase closes one (a few do not: the rhythm
+    # of saves allows a step's slack)
+    numbers = state.next_step + np.arange(len(phases.close_ns))
+    quiet_gap = bounds.quiet_gaps(phases, typical, params)
+    unwritten = bounds.unwritten_saves(numbers, quiet_gap, state.quiet_gaps, params)
+    boundary = bounds.boundaries(phases, typical, params, unwritten)
     complete = bounds.complete(phases, typical.phase_bytes, typical.phase_flows, params)
-    saved = bounds.checkpoints(phases, typical, params)
+    saved = bounds.checkpoints(phases, typical, params) | unwritten
+    restarts, paused = _without_saves(restarts, paused, phases, unwritten)
+    # a save between the distributed optimizer's reduce-scatter and its all-gather parts the sync
+    # in two halves, each short of a usual phase: the first closes the step, the gather opens the next
+    halved = saved & _halves(phases, complete, typical, params)
+    complete = complete | halved
+    boundary[halved] = phases.start_ns[np.flatnonzero(halved) + 1]
     silence = params.silence_steps * typical.period_ns
     usual_gap = ~bounds.long_gap(phases, typical, params)
     stopped = silences(traffic, silence, state.last_close_ns)
@@ -44,8 +55,9 @@ def emit_steps(
     attempts_by_close = restarts_by_close - paused_by_close
     rows: list[dict] = []
     end, close = state.last_end_ns, state.last_close_ns
+    saving = False  # the last step emitted ends with a save: a silence after it is the save's
     for p in range(len(phases.close_ns)):
-        if close is not None and _silent_between(stopped, close, phases.start_ns[p]):
+        if close is not None and not saving and _silent_between(stopped, close, phases.start_ns[p]):
             # the job was silent for steps without a restart reported: what came before was
             # another job's tail or a stop; this phase opens the view again
             end = close = None
@@ -73,7 +85,8 @@ def emit_steps(
         if restarted > 0:
             start = attempt_start(phases, p, boundary, traffic, restart_list[restarts_by_close[p] - 1], typical, params)
             if restarted > paused_by_close[p] - bisect_right(paused_list, after):  # not only pauses
-                state.checkpoint_steps = []  # a restarted job may save on another cadence (a paused one not)
+                # a restarted job may save on another cadence (a paused one not)
+                state.checkpoint_steps, state.quiet_gaps = [], []
         elif end is None:
             start = opening_start(phases, p, boundary, complete, traffic, typical, hour_start_ns, params)
             if start is None:  # the view opened inside this step: its end is only a reference
@@ -87,9 +100,34 @@ def emit_steps(
                      "attempt": attempt})
         if saved[p]:
             state.checkpoint_steps = [*state.checkpoint_steps[-2:], state.next_step + len(rows) - 1]
+        saving = bool(saved[p])
+        if quiet_gap[p]:
+            state.quiet_gaps.append(int(numbers[p]))
         end, close = int(boundary[p]), int(phases.close_ns[p])
     state.last_end_ns, state.last_close_ns = end, close
+    # the quiet gaps of the last steps, to find a rhythm of saves that spans hours
+    state.quiet_gaps = [n for n in state.quiet_gaps if n > state.next_step + len(rows) - params.save_rhythm_memory_steps]
     return rows
+
+
+def _halves(phases: Phases, complete: np.ndarray, typical: Typical, params: TimelineParams) -> np.ndarray:
+    """Per phase: it and the next are both short of a usual phase's bytes and flows, and together
+    carry them."""
+    both = np.r_[~complete[:-1] & ~complete[1:], False]
+    nbytes = phases.nbytes + np.r_[phases.nbytes[1:], 0.0]
+    nflows = phases.nflows + np.r_[phases.nflows[1:], 0.0]
+    margin = 1 - params.complete_share
+    return (both & (np.abs(nbytes / typical.phase_bytes - 1) <= margin)
+            & (np.abs(nflows / typical.phase_flows - 1) <= margin))
+
+
+def _without_saves(restarts: np.ndarray, paused: np.ndarray, phases: Phases,
+                   unwritten: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The restart instants without the pauses that ended a save nothing showed (`unwritten`, per
+    phase): a long save leaves the job as quiet as a pause does, and it resumes on its connections."""
+    before = np.searchsorted(phases.close_ns, paused, side="left") - 1  # the phase the quiet followed
+    inside = (before >= 0) & unwritten[np.maximum(before, 0)] & (paused <= phases.next_ns[np.maximum(before, 0)])
+    return np.setdiff1d(restarts, paused[inside]), paused[~inside]
 
 
 def _silent_between(silences: np.ndarray, since_ns: int, until_ns: int) -> bool:
