@@ -620,7 +620,8 @@ def test_the_sync_the_first_and_last_stages_hold_back_for_the_embedding_is_no_pa
 
 def _data_parallel_job(steps: int, save_every: int, save_s: float | list[float] = 15.0, pace: list[float] | None = None,
                        optimizer_s: float = 0.4, gather: bool = False, buckets: bool = False,
-                       saves_seen: bool = True) -> tuple[pa.Table, pa.Table, np.ndarray]:
+                       saves_seen: bool = True, save_tail_s: float | None = None
+                       ) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Flows of a 4-GPU data-parallel job whose only traffic is the gradient sync at the end of
     each 10 s step (a tree all-reduce: nothing marks a step's start), its DP pairs and the steps'
     bounds. The optimizer runs `optimizer_s` after the sync; with `gather`, each step opens with a
@@ -629,8 +630,8 @@ def _data_parallel_job(steps: int, save_every: int, save_s: float | list[float] 
     one after another, 10 ms apart, except that in every twentieth step the second follows the
     first at once (the two make one burst of twice the bytes and flows). Every `save_every`-th step saves a checkpoint after
     its optimizer: each GPU writes 4 chunks to storage over the save, the last ending 7.5% of the
-    save before the next step (`save_s`: the saves' lengths, in turn; not `saves_seen`: over a
-    storage network, no record). `pace` scales each step's compute."""
+    save before the next step, or `save_tail_s` before it (`save_s`: the saves' lengths, in turn;
+    not `saves_seen`: over a storage network, no record). `pace` scales each step's compute."""
     rng = np.random.default_rng(7)
     gpus = ["g0", "g1", "g2", "g3"]
     rows, bounds, t = [], [10 * HOUR_NS], 10 * HOUR_NS
@@ -649,9 +650,12 @@ def _data_parallel_job(steps: int, save_every: int, save_s: float | list[float] 
         t = sync + 200_000_000 + int(optimizer_s * 1e9)
         if step % save_every == save_every - 1:
             save = save_s[step // save_every % len(save_s)] if isinstance(save_s, list) else save_s
+            # the writes span 5% to 92.5% of the save, or end the fixed tail before it
+            span = 0.875 * save if save_tail_s is None else 0.95 * save - save_tail_s
             for src in gpus if saves_seen else []:
-                rows += [(t + int(save * (0.05 + 0.225 * c) * 1e9), t + int(save * (0.25 + 0.225 * c) * 1e9),
-                          src, "storage", 1 << 30) for c in range(4)]
+                rows += [(t + int((0.05 * save + span * 0.225 * c / 0.875) * 1e9),
+                          t + int((0.05 * save + span * (0.225 * c + 0.2) / 0.875) * 1e9), src, "storage", 1 << 30)
+                         for c in range(4)]
             t += int(save * 1e9)
         bounds.append(t)
     start, end, src, dst, nbytes = map(list, zip(*rows))
@@ -994,10 +998,24 @@ def test_the_rhythm_of_saves_nothing_shows_is_found_across_hours():
     assert np.all(np.abs(second_hour_save_ends(forgetful) - saves) > 0.5 * SECOND)
 
 
+@pytest.mark.parametrize("save_tail_s", [None, 1.2])
+def test_a_save_ends_the_jobs_tail_for_its_span_after_its_last_write(save_tail_s):
+    """Saves of a sync-only job vary in length (what each holds, shared storage); the quiet after
+    their last write takes the longer the more they wrote, or a fixed time: the tail the job's
+    own saves show for their span ends each save step within 1%."""
+    flows, pairs, bounds = _data_parallel_job(steps=60, save_every=6, save_s=[15.0, 40.0, 22.0, 9.0, 30.0],
+                                              save_tail_s=save_tail_s)
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    ends = _ns(found.steps["end"])
+    saves = bounds[np.arange(6, 60, 6)]
+    nearest = ends[np.argmin(np.abs(ends[:, None] - saves[None, :]), axis=0)]
+    assert np.all(np.abs(nearest - saves) < 0.01 * 10 * SECOND), (nearest - saves) / SECOND
+
+
 def test_a_save_may_follow_a_step_on_the_cadence_of_saves_or_while_one_could_still_start():
     typical = Typical(period_ns=10e9, gap_ns=9e9, phase_bytes=1.0, phase_flows=1.0, fill=1,
                                 close_to_end_ns=None, lead_ns=None, lead_per_sync=None, sync_ns=None,
-                                forward_ns=None, write_delay_ns=None, save_ns=None, save_tail_ns=None)
+                                forward_ns=None, write_delay_ns=None, save_tail_ns=None, save_tail_per_span=None)
     # saves every 20 steps: only step 60 may save, however long the quiet
     assert save_may_follow(60, [0, 20, 40], typical, 9 * SECOND, DEFAULT_PARAMS)
     assert not save_may_follow(59, [0, 20, 40], typical, 1, DEFAULT_PARAMS)

@@ -116,17 +116,19 @@ def saved_until(phases: Phases, typical: Typical, params: TimelineParams) -> np.
     return np.where(marked(phases), next_start(phases, typical), by_traffic)
 
 
+def write_span(phases: Phases) -> np.ndarray:
+    """Per phase: from the first bulk write after it to the end of the last (negative: none)."""
+    return phases.written_until_ns - (phases.close_ns + phases.write_delay_ns)
+
+
 def boundaries(phases: Phases, typical: Typical, params: TimelineParams,
                unwritten: np.ndarray | None = None) -> np.ndarray:
     """End of the step each phase closes. A normal gap: B where a gather or pipeline sends mark
     the next step's start, else the earlier of A and B (the next step's first traffic may come
-    well after its start). A long gap with bulk writes: a checkpoint, B, except that B beyond A
-    plus the job's usual save holds a stall before the next step after the save (the boundary is
-    A plus the usual save), and that B from first traffic less a usual lead (nothing marks the
-    start) within that margin of the usual save is noisier than the save is (the lead varies with
-    the step's compute); where nothing marks the start,
-    once the job's saves show their usual tail and it is shorter than the lead, the boundary is
-    the save's last write plus that tail. A long gap without: a stall before the next step, A,
+    well after its start). A long gap with bulk writes: a checkpoint, B; once the job's saves
+    show their tail (`Typical.save_tail`), the save's last write plus the tail for its span where
+    B lies beyond that (a stall followed the save), or where nothing marks the start and the lead
+    is longer than the tail. A long gap without: a stall before the next step, A,
     unless it is a save nothing shows (`unwritten`, per phase; `unwritten_saves`): B.
     Nothing after the phase: A."""
     after = after_sync(phases, typical, params)
@@ -137,19 +139,17 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams,
     normal_end = np.where(marked(phases), start, earlier)
     stalled_or_saved = long_gap(phases, typical, params)
     save = np.maximum(saved_until(phases, typical, params) - after, 0)
-    if typical.save_ns is not None:
-        margin = params.long_gap_share * typical.period_ns
-        stalled = save > typical.save_ns + margin
-        noisy = ~marked(phases) & (save >= typical.save_ns - margin)
-        save = np.where(stalled | noisy, typical.save_ns, save)
     if typical.save_tail_ns is not None:
-        # where nothing marks it, the end of the save's writes plus the usual tail marks the next
-        # step's start more sharply than its first traffic less an estimated lead, when that lead
+        # the save's last write plus the job's tail for a save of its span: where nothing marks the
+        # next step's start, sharper than its first traffic less an estimated lead when that lead
         # is the longer (both vary in proportion: a sync-only job's first traffic comes at the
-        # step's end, ZeRO-3 gathers and MoE all-to-all at its start)
-        by_writes = ~marked(phases) & (phases.written_until_ns >= 0) & (
-            lead(phases, typical, params) > typical.save_tail_ns)
-        save = np.where(by_writes, phases.written_until_ns + typical.save_tail_ns - after, save)
+        # step's end, ZeRO-3 gathers and MoE all-to-all at its start); and where the next step
+        # began later than that by a margin, a stall came after the save
+        written = phases.written_until_ns >= 0
+        closed = phases.written_until_ns + typical.save_tail(write_span(phases))
+        stalled = after + save > closed + params.long_gap_share * typical.period_ns
+        by_writes = written & (stalled | (~marked(phases) & (lead(phases, typical, params) > typical.save_tail_ns)))
+        save = np.where(by_writes, closed - after, save)
     checkpoint = checkpoints(phases, typical, params)
     ends = np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
     if unwritten is not None:  # a save nothing shows ends where the next step starts (a stall after it is its)

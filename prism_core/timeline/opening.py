@@ -65,7 +65,8 @@ def opening_start(
     first_traffic = traffic.start[0] if n_before else step_traffic_until
     saved = slice(0, np.searchsorted(traffic.bulk_writes, first_traffic, side="left"))
     if typical.save_tail_ns is not None and saved.stop > 0:
-        start = int(traffic.bulk_write_ends[saved].max() + typical.save_tail_ns)
+        last_write = traffic.bulk_write_ends[saved].max()
+        start = int(last_write + typical.save_tail(last_write - traffic.bulk_writes[saved].min()))
         if start <= first_traffic and usual(start):
             return start
     if not n_before:

@@ -118,6 +118,9 @@ class TimelineParams:
     steps_to_learn_whole: int = 4
     # count; the usual save is a median over this many checkpoints (one may be a stall with bulk traffic)
     saves_to_learn: int = 3
+    # share of the usual save's writes' span; saves whose spans differ this much tell how a save's
+    # tail grows with its span (typical._save_tail)
+    save_span_spread: float = 0.2
     # ns; flows carried to the next hour reach back at most this far before the hour's end
     max_carry_ns: int = 600_000_000_000
 

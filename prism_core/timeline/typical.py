@@ -29,8 +29,8 @@ class Typical:
     sync_ns: float | None  # length of a sync phase
     forward_ns: float | None  # one forward pass between the first pipeline sends of a step
     write_delay_ns: float | None  # longest seen from a sync's end to its checkpoint's first write
-    save_ns: float | None  # a checkpoint's save: A -> the next step's start
-    save_tail_ns: float | None  # a save's last write ends -> the next step's start
+    save_tail_ns: float | None  # a save's last write ends -> the next step's start: this, plus
+    save_tail_per_span: float | None  # this per ns of its writes' span (a save of more data takes longer to close)
     tail_per_sync: float | None = None  # the optimizer's tail per ns of the closing sync, from the pace (see below)
     gather_opens: bool | None = None  # the gather after the optimizer keeps the next step's pace: it opens it
     tail_per_sync_weight: float | None = None  # inverse variance of `tail_per_sync`, summed over the hours it pools
@@ -63,12 +63,17 @@ class Typical:
             return self.tail_per_sync * np.where(alike, sync, self.sync_ns)
         return np.full(len(phases.close_ns), self.close_to_end(params))
 
+    def save_tail(self, span_ns: np.ndarray) -> np.ndarray:
+        """A save's last write ends -> the next step's start, for saves whose writes spanned `span_ns`."""
+        return (self.save_tail_ns or 0.0) + (self.save_tail_per_span or 0.0) * np.maximum(span_ns, 0)
+
     def as_baseline(self, gap_threshold_ns: float | None) -> dict:
         return {"period_ns": self.period_ns, "gap_ns": self.gap_ns, "phase_bytes": self.phase_bytes,
                 "phase_flows": self.phase_flows,
                 "fill": self.fill, "close_to_end_ns": self.close_to_end_ns, "lead_ns": self.lead_ns,
                 "lead_per_sync": self.lead_per_sync, "sync_ns": self.sync_ns, "forward_ns": self.forward_ns,
-                "write_delay_ns": self.write_delay_ns, "save_ns": self.save_ns, "save_tail_ns": self.save_tail_ns,
+                "write_delay_ns": self.write_delay_ns, "save_tail_ns": self.save_tail_ns,
+                "save_tail_per_span": self.save_tail_per_span,
                 "tail_per_sync": self.tail_per_sync, "gather_opens": self.gather_opens,
                 "tail_per_sync_weight": self.tail_per_sync_weight, "gap_threshold_ns": gap_threshold_ns}
 
@@ -99,7 +104,7 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
     usual = Typical(period or np.inf, gap or np.inf, phase_bytes, phase_flows, baseline.get("fill", 1),
                     baseline.get("close_to_end_ns"), baseline.get("lead_ns"), baseline.get("lead_per_sync"),
                     baseline.get("sync_ns"), baseline.get("forward_ns"), baseline.get("write_delay_ns"),
-                    baseline.get("save_ns"), baseline.get("save_tail_ns"), baseline.get("tail_per_sync"),
+                    baseline.get("save_tail_ns"), baseline.get("save_tail_per_span"), baseline.get("tail_per_sync"),
                     baseline.get("gather_opens"), baseline.get("tail_per_sync_weight"))
     if period is None or gap is None:
         return usual
@@ -132,10 +137,25 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
     if np.any(saving):
         usual.write_delay_ns = float(max(phases.write_delay_ns[saving].max(), usual.write_delay_ns or 0.0))
     if saving.sum() >= params.saves_to_learn:
-        saved_until = bounds.saved_until(phases, usual, params)
-        usual.save_ns = float(np.median((saved_until - bounds.after_sync(phases, usual, params))[saving]))
-        usual.save_tail_ns = float(np.median((saved_until - phases.written_until_ns)[saving]))
+        tails = (bounds.saved_until(phases, usual, params) - phases.written_until_ns)[saving]
+        usual.save_tail_ns, usual.save_tail_per_span = _save_tail(bounds.write_span(phases)[saving], tails, params)
     return usual
+
+
+def _save_tail(spans: np.ndarray, tails: np.ndarray, params: TimelineParams) -> tuple[float, float | None]:
+    """The saves' tails (last write -> next step) as a line over their writes' spans: closing a
+    save (flushing, syncing the ranks) may take the longer the more it wrote, or a fixed time.
+    The slope is the median of the slopes between saves whose spans differ by `save_span_spread`
+    of the usual span (Theil and Sen: a save followed by a stall is one outlier among them), where
+    at least `saves_to_learn` pairs do and it is positive; else the tail is a fixed median."""
+    spans, tails = spans.astype(float), tails.astype(float)
+    first, second = np.triu_indices(len(spans), 1)
+    apart = np.abs(spans[second] - spans[first]) >= params.save_span_spread * np.median(spans)
+    slope = None
+    if apart.sum() >= params.saves_to_learn:
+        fitted = float(np.median((tails[second] - tails[first])[apart] / (spans[second] - spans[first])[apart]))
+        slope = fitted if fitted > 0 else None
+    return float(np.median(tails - (slope or 0.0) * spans)), slope
 
 
 def _gather_opens(phases: Phases, normal: np.ndarray, learn_from: int, params: TimelineParams) -> bool | None:
