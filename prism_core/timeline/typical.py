@@ -113,7 +113,7 @@ def typical(phases: Phases, traffic: Traffic, baseline: dict, learn_from: int, p
     opens = _gather_opens(phases, complete & normal, learn_from, params)
     usual.gather_opens = opens if opens is not None else usual.gather_opens
     sends = normal & (phases.first_send_ns >= 0)
-    if not phases.has_dp and sends.sum() >= learn_from:
+    if sends.sum() >= learn_from:
         # stages sharing a host hide the first sends of a step
         passes = _fill_passes(phases, traffic, params)[sends]
         passes = passes[np.isfinite(passes)]
@@ -292,16 +292,18 @@ def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np
     more than the stages after the link before the first gradient comes back over it (its
     warm-up), one forward pass apart: so the sends up to that reply count the stages after the
     link, which fill the other hosts of the pipeline; with as many stages on every host, the
-    first host holds that many over the other hosts' count. NaN where the hosts form no chain."""
+    first host holds that many over the other hosts' count. Data-parallel replicas each run
+    their pipeline over hosts of their own: chains of as many hosts. NaN where the hosts form
+    no such chains."""
     pipeline = traffic.index(PP, params)
     link_of_pair, reverse = traffic.host_links()
     ends = traffic.pair_ends()
     links = {tuple(sorted(traffic.host_of.get(addr, addr) for addr in ends[p]))
              for p in np.unique(traffic.pair[pipeline.rows])}
-    hosts = {host for link in links for host in link}
     sent = phases.first_send_ns >= 0
-    if len(links) != len(hosts) - 1:
-        # not a chain of hosts (an interleaved pipeline's last stage sends on to the first): its
+    chain_hosts = _hosts_per_chain(links)
+    if chain_hosts is None:
+        # not chains of hosts (an interleaved pipeline's last stage sends on to the first): its
         # warm-up runs another way
         return np.full(len(sent), np.nan)
     # the step's first send: no earlier than the phase's end, no later than the leading pairs' sends
@@ -314,8 +316,37 @@ def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np
     own_first = pipeline.first_of_pair(lo[sent], last_forward)
     after_link = (pipeline.start[last_forward] - pipeline.start[np.minimum(own_first, len(pipeline) - 1)])
     passes = np.full(len(sent), np.nan)
-    passes[sent] = np.where(replied, after_link / phases.forward_ns[sent] / max(len(hosts) - 1, 1), np.nan)
+    passes[sent] = np.where(replied, after_link / phases.forward_ns[sent] / max(chain_hosts - 1, 1), np.nan)
     return passes
+
+
+def _hosts_per_chain(links: set[tuple]) -> int | None:
+    """How many hosts each chain holds, where the host links (pairs of hosts) form disjoint
+    chains of as many hosts each; None otherwise (a ring, a branch, chains of unequal length)."""
+    hosts = sorted({host for link in links for host in link})
+    if not hosts:
+        return None
+    index = {host: i for i, host in enumerate(hosts)}
+    parent = list(range(len(hosts)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    degree = np.zeros(len(hosts), int)
+    for a, b in links:
+        degree[index[a]] += 1
+        degree[index[b]] += 1
+        ra, rb = root(index[a]), root(index[b])
+        if ra == rb:
+            return None  # a cycle
+        parent[ra] = rb
+    _, sizes = np.unique([root(i) for i in range(len(hosts))], return_counts=True)
+    if degree.max() > 2 or len(set(sizes.tolist())) != 1:
+        return None
+    return int(sizes[0])
 
 
 def last_step_timings(phases: Phases, traffic: Traffic, params: TimelineParams) -> dict:
