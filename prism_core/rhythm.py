@@ -36,10 +36,10 @@ def rhythm_of(numbers: np.ndarray, min_repeats: int, coverage: float, slack: int
     times, and at least `coverage` of the steps on that rhythm are long: a few stalls that happen
     to be equal gaps apart are not a rhythm. A step within `slack` of a slot counts: a step near a
     save may be split or merged, and the next ones numbered one off. The periods tried are the
-    `candidates` most common differences between any two long
-    steps, not only neighbours: a job whose steps stall by nature (a heavy tail) has long steps
-    between its saves. Of the periods whose rhythm holds, the one most long steps are on wins
-    (a multiple of the period has fewer slots; a fraction of it, empty ones)."""
+    `candidates` most common differences between any two long steps, not only neighbours: a job
+    whose steps stall by nature (a heavy tail) has long steps between its saves. Of the periods
+    whose rhythm holds, the one most long steps are on wins (a multiple of the period has fewer
+    slots; a fraction of it, empty ones)."""
     numbers = np.unique(numbers[numbers >= 0])
     numbers = numbers[np.diff(numbers, prepend=-2) > 1]  # a save's next step may hold its end
     if len(numbers) <= min_repeats:

@@ -152,7 +152,7 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams,
         save = np.where(by_writes, closed - after, save)
     checkpoint = checkpoints(phases, typical, params)
     ends = np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
-    if unwritten is not None:  # a save nothing shows ends where the next step starts (a stall after it is its)
+    if unwritten is not None:  # a save nothing shows ends where the next step starts (no stall after it shows)
         ends = np.where(unwritten, saved_until(phases, typical, params), ends)
     # a gather after the optimizer that keeps the next step's pace opens it; one that keeps its
     # own step's closes it, even after gradient buckets reduce-scattered under the backward

@@ -121,6 +121,8 @@ class TimelineParams:
     # share of the usual save's writes' span; saves whose spans differ this much tell how a save's
     # tail grows with its span (typical._save_tail)
     save_span_spread: float = 0.2
+    # count; the tail's line is fitted over at most this many of the hour's saves (the last)
+    save_tail_saves: int = 64
     # ns; flows carried to the next hour reach back at most this far before the hour's end
     max_carry_ns: int = 600_000_000_000
 

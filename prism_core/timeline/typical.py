@@ -147,8 +147,9 @@ def _save_tail(spans: np.ndarray, tails: np.ndarray, params: TimelineParams) -> 
     save (flushing, syncing the ranks) may take the longer the more it wrote, or a fixed time.
     The slope is the median of the slopes between saves whose spans differ by `save_span_spread`
     of the usual span (Theil and Sen: a save followed by a stall is one outlier among them), where
-    at least `saves_to_learn` pairs do and it is positive; else the tail is a fixed median."""
-    spans, tails = spans.astype(float), tails.astype(float)
+    at least `saves_to_learn` pairs do and it is positive; else the tail is a fixed median. Over
+    the hour's last `save_tail_saves` saves: the pairs grow with the square of the saves."""
+    spans, tails = spans[-params.save_tail_saves:].astype(float), tails[-params.save_tail_saves:].astype(float)
     first, second = np.triu_indices(len(spans), 1)
     apart = np.abs(spans[second] - spans[first]) >= params.save_span_spread * np.median(spans)
     slope = None
