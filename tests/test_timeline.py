@@ -978,12 +978,17 @@ def test_a_save_ends_its_usual_tail_after_its_last_write_however_short_the_next_
 def test_saves_the_flow_logs_do_not_see_are_the_steps_they_end_on_their_rhythm(gather, tolerance):
     """Over a storage network a save leaves only a quiet gap after its step's sync, as a stall
     before the next step would. Gaps every sixth step are saves: each is its step's, however
-    long (here up to five steps: no silence of a stopped job), and no step is left out."""
+    long (here up to five steps: no silence of a stopped job, nor a pause where the tracker saw
+    the job resume on its connections after the longest), and no step is left out."""
     flows, pairs, bounds = _data_parallel_job(steps=60, save_every=6, save_s=[15.0, 48.0, 27.0, 9.0],
                                               gather=gather, saves_seen=False)
-    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS)
+    starts = flows["time_flow_start_ns"].to_numpy()
+    resumed = [int(starts[starts >= bounds[k]].min()) for k in range(12, 60, 24)]  # after each 48 s save
+    found = timeline.divide_steps("j", flows, pairs, None, 10 * HOUR_NS, 11 * HOUR_NS, restarts_ns=resumed,
+                                  paused_ns=resumed)
     starts, ends = _ns(found.steps["start"]), _ns(found.steps["end"])
     assert np.array_equal(starts[1:], ends[:-1])  # no gap
+    assert found.state["paused_restarts"] == 2
     saves = bounds[np.arange(6, 60, 6)]  # where each save step ends
     nearest = ends[np.argmin(np.abs(ends[:, None] - saves[None, :]), axis=0)]
     assert np.all(np.abs(nearest - saves) < tolerance * 10 * SECOND), (nearest - saves) / SECOND
