@@ -138,7 +138,8 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams,
     earlier = np.where(followed, np.minimum(after, start), after)
     normal_end = np.where(marked(phases), start, earlier)
     stalled_or_saved = long_gap(phases, typical, params)
-    save = np.maximum(saved_until(phases, typical, params) - after, 0)
+    until = saved_until(phases, typical, params)
+    save = np.maximum(until - after, 0)
     if typical.save_tail_ns is not None:
         # the save's last write plus the job's tail for a save of its span: where nothing marks the
         # next step's start, sharper than its first traffic less an estimated lead when that lead
@@ -153,7 +154,7 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams,
     checkpoint = checkpoints(phases, typical, params)
     ends = np.where(checkpoint, after + save.astype(np.int64), np.where(stalled_or_saved, after, normal_end))
     if unwritten is not None:  # a save nothing shows ends where the next step starts (no stall after it shows)
-        ends = np.where(unwritten, saved_until(phases, typical, params), ends)
+        ends = np.where(unwritten, until, ends)
     # a gather after the optimizer that keeps the next step's pace opens it; one that keeps its
     # own step's closes it, even after gradient buckets reduce-scattered under the backward
     if typical.gather_opens:

@@ -8,6 +8,7 @@ import numpy as np
 
 from prism_core.arrays import MAD_TO_SIGMA
 from prism_core.constants import PP
+from prism_core.recognition.merge import connected
 from prism_core.timeline import boundaries as bounds
 from prism_core.timeline.params import TimelineParams
 from prism_core.timeline.phases import Phases
@@ -324,28 +325,15 @@ def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np
 def _hosts_per_chain(links: set[tuple]) -> int | None:
     """How many hosts each chain holds, where the host links (pairs of hosts) form disjoint
     chains of as many hosts each; None otherwise (a ring, a branch, chains of unequal length)."""
-    hosts = sorted({host for link in links for host in link})
-    if not hosts:
+    if not links:
         return None
-    index = {host: i for i, host in enumerate(hosts)}
-    parent = list(range(len(hosts)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    degree = np.zeros(len(hosts), int)
-    for a, b in links:
-        degree[index[a]] += 1
-        degree[index[b]] += 1
-        ra, rb = root(index[a]), root(index[b])
-        if ra == rb:
-            return None  # a cycle
-        parent[ra] = rb
-    _, sizes = np.unique([root(i) for i in range(len(hosts))], return_counts=True)
-    if degree.max() > 2 or len(set(sizes.tolist())) != 1:
+    hosts, ends = np.unique([host for link in links for host in link], return_inverse=True)
+    ends = ends.reshape(-1, 2)
+    chain = connected(ends[:, 0], ends[:, 1], len(hosts))
+    sizes = np.bincount(chain)
+    # a chain holds one link fewer than its hosts (a ring as many), and no host more than two
+    links_of_chain = np.bincount(chain[ends[:, 0]], minlength=len(sizes))
+    if np.bincount(ends.ravel()).max() > 2 or np.any(links_of_chain != sizes - 1) or len(np.unique(sizes)) != 1:
         return None
     return int(sizes[0])
 

@@ -126,7 +126,8 @@ def _without_saves(restarts: np.ndarray, paused: np.ndarray, phases: Phases,
     """The restart instants without the pauses that ended a save nothing showed (`unwritten`, per
     phase): a long save leaves the job as quiet as a pause does, and it resumes on its connections."""
     before = np.searchsorted(phases.close_ns, paused, side="left") - 1  # the phase the quiet followed
-    inside = (before >= 0) & unwritten[np.maximum(before, 0)] & (paused <= phases.next_ns[np.maximum(before, 0)])
+    after_phase = np.maximum(before, 0)
+    inside = (before >= 0) & unwritten[after_phase] & (paused <= phases.next_ns[after_phase])
     return np.setdiff1d(restarts, paused[inside]), paused[~inside]
 
 
