@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 ANALYSIS_TABLES = ("jobs", "job_gpus", "comm_pairs", "steps", "issues")
 # The per-job states an hour hands to the next, by stage.
-JOB_STAGE_STATES = ("timeline", "diagnosis")
+JOB_STAGE_STATES = ("parallelism", "timeline", "diagnosis")
 # Reads from storage at least this large into a job's GPUs are kept for the job's diagnosis
 # (checkpoint shards are read back in chunks as large as the writes).
 BULK_READ_BYTES = CHECKPOINT_FLOW_BYTES
@@ -264,9 +264,11 @@ def analyze_job(
         stage = "parallelism"
         found = (
             parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism,
-                                             cached_exporters=cached_exporters(exporters))
+                                             cached_exporters=cached_exporters(exporters),
+                                             previous=previous.get("parallelism", {}).get(job_id))
             if members.num_rows
-            else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None)
+            else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None,
+                                         state=previous.get("parallelism", {}).get(job_id))
         )
         stage = "resolution"
         # a silent hour only closes the step the previous hour carried: nothing in it blurs that
@@ -314,7 +316,7 @@ def analyze_job(
         tables={"job_gpus": found.job_gpus, "comm_pairs": found.comm_pairs,
                 "steps": step_rows, "issues": issues},
         degrees={"dp": found.dp, "pp": found.pp, "tp": found.tp},
-        state={"timeline": steps.state, "diagnosis": diagnosed.state},
+        state={"parallelism": found.state, "timeline": steps.state, "diagnosis": diagnosed.state},
         resolution=resolved.resolution,
         step_period_s=float(np.median(durations)) if len(durations) else resolved.period_s,
         issue_kinds_judged=sorted(shown),

@@ -125,6 +125,9 @@ class Parallelism:
     # membership) and the smallest size of its size family (its own bytes where it has none)
     flow_kind: np.ndarray | None = None
     flow_family_bytes: np.ndarray | None = None
+    # what the next hour starts from (`_remembered_layout`): the checkpoint writers and the degrees
+    # read from the most flows between members, this hour or an earlier one
+    state: dict | None = None
 
     def labelled(self, job_flows: pa.Table) -> pa.Table:
         """The flows `identify_parallelism` was given, with each one's kind (FLOW_KIND) and size
@@ -139,13 +142,14 @@ class Parallelism:
 
 def identify_parallelism(
     job_id: str, job_flows: pa.Table, members: pa.Table, *, params: ParallelismParams = DEFAULT_PARAMS,
-    cached_exporters: Collection[str] = (),
+    cached_exporters: Collection[str] = (), previous: dict | None = None,
 ) -> Parallelism:
     """Pairs, stages and degrees of one job from the flows its members sent (an hour of them), and
     its GPUs with the span of their traffic for the job this hour (the membership's).
     Flows a member sent outside its membership interval belong to another job and are ignored.
     `cached_exporters`: the `sampler_address` of the exporters that keep a flow cache (their
-    resolution profile's kind is `flow_cache`): their records may merge several transfers."""
+    resolution profile's kind is `flow_cache`): their records may merge several transfers.
+    `previous`: the state the job's previous hour left (`Parallelism.state`, `_remembered_layout`)."""
     handed_bytes = job_flows["bytes"].to_numpy().astype(np.int64, copy=False)
     gpus = _member_gpus(members)
     # each flow's source among the member GPUs, its text looked up once for both uses
@@ -164,14 +168,16 @@ def identify_parallelism(
     )
     if not inside.any():  # nothing between members this hour: stages and degrees unknown
         pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
-        return Parallelism(job_gpus, pairs, None, None, None, *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
+        return Parallelism(job_gpus, pairs, None, None, None, *_per_flow_handed(handed_bytes, sent, kind, family_bytes),
+                           state=previous)
     flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus, cached_exporters)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
     pipeline_sends = pipeline[groups.of_flow] | _merged_pipeline_sends(flows, groups, pipeline, params)
     external = filter_rows(job_flows, ~inside)
-    layout = _Layout.infer(gpus, flows, external, groups, pipeline, pipeline_sends, all_to_all)
+    remembered = tuple((previous or {}).get("checkpoint_writers", (0, 0)))
+    layout = _Layout.infer(gpus, flows, external, groups, pipeline, pipeline_sends, all_to_all, remembered)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
     kind[inside] = np.where(pipeline_sends, PP, group_kind[groups.of_flow])
@@ -181,8 +187,29 @@ def identify_parallelism(
     job_gpus = job_gpus.set_column(4, "pp_stage", pa.array(layout.pp_stage, pa.int32()))
     job_gpus = job_gpus.set_column(5, "dp_rank", pa.array(layout.dp_rank, pa.int32()))
     pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
-    return Parallelism(job_gpus, pairs, layout.dp, layout.pp, layout.tp,
-                       *_per_flow_handed(handed_bytes, sent, kind, family_bytes))
+    (dp, pp, tp), state = _remembered_layout((layout.dp, layout.pp, layout.tp), layout.n_gpus, len(flows.start),
+                                            layout.writers, previous)
+    return Parallelism(job_gpus, pairs, dp, pp, tp, *_per_flow_handed(handed_bytes, sent, kind, family_bytes),
+                       state=state)
+
+
+def _remembered_layout(degrees: tuple[int, int, int], n_gpus: int, flows: int, writers: tuple[int, int],
+                      previous: dict | None) -> tuple[tuple[int, int, int], dict]:
+    """The degrees to report and the state for the next hour. A job's layout does not change while
+    it runs, but an hour shows it only as well as its traffic does: a job that starts or ends
+    minutes into the hour may show too little of its pipeline to find it. So the degrees read from
+    the most flows between members (this hour's `flows`, or an earlier hour's) stand while they
+    multiply to the job's GPUs this hour (a relaunch on another share of GPUs is a new layout). The
+    checkpoint writers tp was told by (`writers`; (0, 0): none this hour, or remembered) are
+    kept for the hours without a save. The hour's pairs and stages stay what its own traffic shows."""
+    previous = previous or {}
+    state = {"degrees": list(degrees), "flows": flows}
+    earlier = previous.get("degrees")
+    if earlier and previous.get("flows", 0) > flows and int(np.prod(earlier)) == n_gpus:
+        state = {"degrees": list(earlier), "flows": previous["flows"]}
+    if any(writers):
+        state["checkpoint_writers"] = list(writers)
+    return tuple(state["degrees"]), state
 
 
 def _per_flow_handed(handed_bytes: np.ndarray, sent: np.ndarray, kind: np.ndarray,
@@ -655,11 +682,13 @@ class _Layout:
     host_stage: np.ndarray  # per host code: the first stage it holds
     pp_stage: np.ndarray  # per member GPU
     dp_rank: np.ndarray
+    writers: tuple[int, int]  # checkpoint writers (fewest, most) tp was told by; (0, 0): none
+    n_gpus: int  # the job's GPUs on its hosts at their last sighting
 
     @classmethod
     def infer(
         cls, gpus: pa.Table, flows: _InternalFlows, external: pa.Table, groups: _Groups, pipeline: np.ndarray,
-        pipeline_sends: np.ndarray, all_to_all: np.ndarray,
+        pipeline_sends: np.ndarray, all_to_all: np.ndarray, remembered_writers: tuple[int, int] = (0, 0),
     ) -> _Layout:
         host_code = gpus["host_code"].to_numpy()
         gpu = gpus["local"].to_numpy()
@@ -693,6 +722,8 @@ class _Layout:
         stage_size = max(n_gpus // pp, 1)
         collective = ~pipeline & ~all_to_all & (level[groups.src_host] == level[groups.dst_host])
         writers = _checkpoint_writers(external, gpus, level, gpus_per_host)
+        if not any(writers):
+            writers = remembered_writers
         tp = _tensor_parallel(flows, groups, collective, stage_size, writers, pp, block)
         dp = max(stage_size // tp, 1)
         stages_per_host = stages_on_host
@@ -709,6 +740,8 @@ class _Layout:
             host_stage=level * stages_per_host,
             pp_stage=pp_stage,
             dp_rank=(rank_in_stage // tp) % dp,
+            writers=writers,
+            n_gpus=n_gpus,
         )
 
 
@@ -901,8 +934,9 @@ def _ring_order(
 
 def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, gpus_per_host: int) -> tuple[int, int]:
     """How many GPUs write the checkpoint, (fewest, most): the largest flow size (size family,
-    `family_sizes`) that several member NICs each send to a non-member more than once (shards go
-    out in equal chunks; log writes never repeat a size).
+    `family_sizes`) that the most member NICs each send to a non-member more than once (shards go
+    out in equal chunks; log writes never repeat a size). One NIC is one writer: a job with
+    tp = pp = 1 saves from DP rank 0 alone.
     Counted per (stage level, GPU index), so a host replaced in a restart counts once."""
     # shards are checkpoint-sized; a monitoring reply or a log write may repeat a small size by chance
     external = external.filter(pc.greater_equal(external["bytes"], CHECKPOINT_FLOW_BYTES))
@@ -923,8 +957,6 @@ def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, g
     writers = np.bincount(distinct[:, 0], weights=served[first], minlength=len(sizes)).astype(np.int64)
     writing_nics = np.bincount(distinct[:, 0], minlength=len(sizes))
     best = np.lexsort((sizes, writers))[-1]  # most writers, then the largest size
-    if writers[best] < 2:
-        return 0, 0
     # a NIC serving two GPUs may write one shard or both: the writers are between the NICs and their GPUs
     return int(writing_nics[best]), int(writers[best])
 

@@ -185,6 +185,43 @@ def test_a_checkpoint_writer_on_a_nic_of_two_gpus_leaves_tp_to_the_rails():
     assert pairs_of(found, "dp") == truth["dp"]
 
 
+def test_one_checkpoint_writer_says_tp_1_and_later_hours_remember_it():
+    # pure DP over four hosts, NCCL spreading each ring crossing over every rail of the host pair:
+    # the rails say nothing of tp, DP rank 0 writing the checkpoint alone says tp = pp = 1
+    spec = JobSpec(4, tp=1, pp=1, start_s=0, end_s=SECONDS, step_s=3.0, micro_batches=2, collective="ring",
+                   checkpoint_s=30, traits=Traits(ring_per_nic=True), hosts=(0, 1, 2, 3))
+    flows, members, truth = simulated_job(spec)
+    saving = parallelism.identify_parallelism("job", flows, members)
+    assert (saving.dp, saving.pp, saving.tp) == (32, 1, 1)
+    assert saving.state["checkpoint_writers"] == [1, 1]
+    # an hour without a save: the rails alone would give the host to TP
+    between_members = flows.filter(pc.is_in(flows["dst_addr"], value_set=members["addr"]))
+    unsaved = parallelism.identify_parallelism("job", between_members, members)
+    assert (unsaved.dp, unsaved.tp) == (4, 8) and "checkpoint_writers" not in unsaved.state
+    remembered = parallelism.identify_parallelism("job", between_members, members, previous=unsaved.state | {
+        "checkpoint_writers": [1, 1]})
+    assert (remembered.dp, remembered.pp, remembered.tp) == (32, 1, 1)
+    assert remembered.state["checkpoint_writers"] == [1, 1]
+    assert pairs_of(remembered, "dp") == truth["dp"]
+
+
+def test_an_hour_that_shows_a_job_for_seconds_keeps_the_degrees_an_earlier_hour_read():
+    spec = SHAPES["deep pipeline, 16 micro-batches"]
+    flows, members, _ = simulated_job(spec)
+    earlier = parallelism.identify_parallelism("job", flows, members)
+    assert (earlier.dp, earlier.pp, earlier.tp) == (1, 8, 8)
+    # the job ends four seconds into the next hour: too few of its pipeline's sends to find it
+    seconds = flows.filter(pc.less(flows["time_flow_start_ns"], HOUR0 + 4 * 10**9))
+    alone = parallelism.identify_parallelism("job", seconds, members)
+    assert (alone.dp, alone.pp, alone.tp) != (1, 8, 8)
+    last = parallelism.identify_parallelism("job", seconds, members, previous=earlier.state)
+    assert (last.dp, last.pp, last.tp) == (1, 8, 8) and last.state == earlier.state
+    # the earlier hour's degrees no longer hold once the job runs on another number of GPUs
+    fewer = members.slice(0, members.num_rows // 2)
+    relaunched = parallelism.identify_parallelism("job", flows, fewer, previous={"degrees": [1, 8, 8], "flows": 10**9})
+    assert relaunched.dp * relaunched.pp * relaunched.tp == 32
+
+
 def test_a_small_size_repeated_to_a_non_member_is_no_checkpoint_writer():
     # stages of four hosts (DP crosses hosts on tp rails), checkpoints over a storage network the
     # records do not see, the first host with a NIC for every two GPUs; its NIC answers two
