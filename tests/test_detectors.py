@@ -69,7 +69,7 @@ def make_hour(durations=(), hosts: int = 4, flows: dict | None = None, writes: d
         step_start=step_start, step_end=step_end, duration=durations, sync_s=np.full(len(durations), np.nan),
         number=np.arange(len(durations)), attempt=np.zeros(len(durations), np.int64),
         event_ns=np.zeros(0, np.int64), event_kind=np.zeros(0, str),
-        other_host=np.zeros(0, str), other_first=np.zeros(0), other_last=np.zeros(0),
+        other_addr=np.zeros(0, str), other_host=np.zeros(0, str), other_first=np.zeros(0), other_last=np.zeros(0),
     )
     return JobHour(**{**columns, **fields})
 
@@ -356,6 +356,19 @@ def test_a_resume_on_the_connections_of_before_is_a_pause_and_one_on_new_connect
     assert restarts.find_resumes(unported, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS).steps.tolist() == [20, 40]
 
 
+def test_a_crash_between_two_steps_traffic_is_a_restart_when_the_job_comes_back_on_new_connections():
+    # two 40 s quiet gaps after complete steps (nothing of an unfinished step before either): an
+    # unseen save, after which the job runs on its queue pairs (source ports), and a crash in the
+    # compute, after which it connects anew
+    durations = jittered(60)
+    attempt = (np.arange(60) >= 30).astype(np.int64) + (np.arange(60) >= 50)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + 40.0 * attempt
+    flows = ring_flows(step_start, 4, np.full((60, 4), 0.05))
+    port = 49152 + flows["src"] + np.where(flows["start"] > step_start[50] - 1.0, 100, 0)
+    job = make_hour(durations, step_start=step_start, attempt=attempt, flows={**flows, "port": port})
+    assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS).steps.tolist() == [50]
+
+
 def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host():
     # hosts 0-2 train until step 19 and fail 0.4 s into the next; 40 s later hosts 0, 1 and 3
     # resume as attempt 1
@@ -573,11 +586,38 @@ def test_a_hang_names_the_gpu_that_went_silent_first_and_lasts_until_the_watchdo
     assert hang.wasted_gpu_s == pytest.approx(4 * (20.95 + 600 - 1.0), rel=1e-6)
 
 
-def test_a_stop_whose_hosts_another_job_takes_is_no_hang():
-    job = _hung_job(other_host=np.array(["gpu3"]), other_first=np.array([40.0]), other_last=np.array([3000.0]))
+def test_a_job_whose_last_step_no_next_step_divided_ended_normally():
+    # 20 steps divided, then a whole step's transfers from every GPU, then silence for the rest of
+    # the hour: the job's last step (no next step's start divided it from the silence), no stop
+    # in the middle of a step; the same with one GPU silent in it is a hang, and with a transfer
+    # cut short, a stop in the middle of a step
+    step_start = 1.0 + np.arange(21.0)
+    parts = [ring_flows(step_start, 4, np.full((21, 4), 0.05), phase) for phase in (0.1, 0.5, 0.9)]
+    flows = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    ended = make_hour(np.ones(20), flows=flows)
+    found, state = find_checkpoints(ended)
+    assert not hangs.describe_stop(ended, found, None, PARAMS).mid_step
+    assert hangs.watch_stop(ended, Progress(), None, None, found, state, None, PARAMS)[0] == []
+    keep = (flows["start"] < 21.0) | ((flows["src"] != 3) & (flows["dst"] != 3))
+    hung = make_hour(np.ones(20), flows={name: column[keep] for name, column in flows.items()})
+    found, state = find_checkpoints(hung)
+    assert [i.kind for i in hangs.watch_stop(hung, Progress(), None, None, found, state, None, PARAMS)[0]] == ["hang"]
+    # every GPU took part, but the job stopped with a transfer in flight: it carried a third of its size
+    cut = dict(flows, nbytes=np.where(flows["start"] == flows["start"].max(), flows["nbytes"] // 3, flows["nbytes"]))
+    stopped = make_hour(np.ones(20), flows=cut)
+    found, state = find_checkpoints(stopped)
+    assert hangs.describe_stop(stopped, found, None, PARAMS).mid_step
+
+
+@pytest.mark.parametrize("nic, hang", [("10.0.3.1", False), ("10.0.3.5", True)])
+def test_a_stop_whose_gpus_another_job_takes_is_no_hang(nic, hang):
+    # another job starts on host gpu3 20 s after the stop: on the stopped job's NIC, it took the
+    # GPUs (no hang); on another NIC of the host, it took the host's other GPUs only
+    job = _hung_job(other_addr=np.array([nic]), other_host=np.array(["gpu3"]), other_first=np.array([40.0]),
+                    other_last=np.array([3000.0]))
     found, state = find_checkpoints(job)
     issues, stop, _, _ = hangs.watch_stop(job, Progress(), None, None, found, state, None, PARAMS)
-    assert issues == [] and stop.decided and not stop.hang
+    assert stop.decided and stop.hang == hang and [i.kind for i in issues] == ["hang"] * hang
 
 
 # --- an empty hour, issues and state ----------------------------------------------------------------
@@ -656,7 +696,8 @@ def test_job_hour_build_assigns_flows_to_steps_and_tells_storage_from_other_jobs
     assert job.write_dst.tolist() == ["10.9.0.1", "10.200.0.1"]
     assert job.write_to_storage.tolist() == [False, True]  # the first goes to another job's GPU
     assert job.data_end == pytest.approx(1800.0)  # the data ends half way through the hour
-    assert job.hosts_taken_after(["gpu9"], 10.0) == 10.0 and job.hosts_taken_after(["gpu0"], 0.0) == np.inf
+    # job-y used gpu9 from 5 s, but none of job-x's GPUs: nothing of job-x's was taken
+    assert job.hosts_taken_after(["gpu9"], 10.0) == np.inf and job.hosts_taken_after(["gpu0"], 0.0) == np.inf
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -574,6 +574,37 @@ def test_a_hang_names_the_gpu_that_never_started_the_next_step_not_the_stage_tha
     assert hang["start"] == pytest.approx(HOUR0_NS + last_seen * NS, abs=0.01 * NS)
 
 
+def test_a_hang_lasts_while_other_jobs_use_the_hosts_other_gpus_until_one_takes_its_own():
+    # The hang above, on hosts other jobs share (platforms allocate GPUs): a job on the hosts' other
+    # NICs, there before the hang and after it, takes none of the hung job's GPUs; a job that later
+    # starts on one of its NICs does.
+    model = _hang_model()
+    (start, end, src, dst, nbytes), gpus, pairs, steps, addr, unfinished = _pipeline_flows(
+        model, np.arange(4), n_steps=40, seed=5, job="job-h")
+    rail = (src % 8 == 1) | (dst % 8 == 1)
+    flows = _flow_table(start, end, src, dst, nbytes, addr, (start < unfinished) | ((start < unfinished + 2.5) & ~rail))
+    hour_end = HOUR0_NS + HOUR_NS
+    taken_at = HOUR0_NS + int((unfinished + 200) * NS)
+    rows = [("job-h", a, h, HOUR0_NS, HOUR0_NS + int((unfinished + 2.5) * NS))
+            for a, h in zip(gpus["addr"].to_pylist(), gpus["host"].to_pylist())]
+    rows += [("job-b", f"10.9.0.{h}", f"gpu{h}", HOUR0_NS, hour_end) for h in range(4)]
+    membership = pa.table({name: list(column) for name, column in zip(
+        ("job_id", "addr", "host", "first_ns", "last_ns"), zip(*rows))})
+    cases = {"killed_by_watchdog": membership,
+             "hosts_taken": pa.concat_tables([membership, pa.table({
+                 "job_id": ["job-c"], "addr": ["10.0.1.1"], "host": ["gpu0"], "first_ns": [taken_at],
+                 "last_ns": [hour_end]})])}
+    for ended_by, hour_membership in cases.items():
+        gpu = pa.array([0] * hour_membership.num_rows, pa.int32())
+        hour_membership = conform(hour_membership.append_column("gpu", gpu), MEMBERSHIP)
+        found = diagnosis.diagnose_job("job-h", flows, gpus, pairs, steps, EVENTS.empty_table(), None,
+                                       HOUR0_NS, hour_end, hour_membership).issues
+        (hang,) = _by_kind(found, "hang")
+        assert json.loads(hang["evidence"])["ended_by"] == ended_by
+        if ended_by == "hosts_taken":
+            assert hang["end"] == taken_at
+
+
 def test_a_stall_after_a_checkpoint_save_is_a_slow_step_before_the_usual_save_is_known():
     # The job's first two checkpoints (steps 1019 and 1049, 10 s of saving): no usual saving time
     # to compare with yet. A save ends with its last write to storage and training resumes right

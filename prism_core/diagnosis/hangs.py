@@ -19,6 +19,7 @@ import numpy as np
 from prism_core import waste
 from prism_core.arrays import combined_key
 from prism_core.constants import NS_PER_S as NS
+from prism_core.parallelism import family_codes
 
 from .checkpoints import Checkpoints
 from .issues import Issue
@@ -154,6 +155,13 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     if len(complete) and whole_step.any():
         expected |= whole_step & _active_at_phase(job, reference, quiet, np.full(len(quiet), -np.inf), np.inf)
     silenced = quiet[expected]
+    # no GPU fell silent before the others, and a whole step's transfers came after the last
+    # complete step, from every GPU of the steps before and each of a size they moved: the job's
+    # last step, which no next step's start divided from the silence after it (a normal end).
+    # Transfers in flight when a job stopped carry only what they moved by then.
+    if mid_step and not len(silenced) and _whole_step(job, seen & (job.start > unfinished_start),
+                                                      complete[-params.stop_reference_steps:], per_step, params):
+        mid_step = False
     # When each went silent: at its last flow, or, for a GPU that showed nothing of the
     # unfinished step, when it failed to send its first usual transfer of that step (its last
     # flow of the step before only shows that it finished that step, as every GPU did: the
@@ -183,6 +191,22 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
         n_gpus=job.gpus_active(stopped - params.active_window_s, stopped),
         decided=False,
     )
+
+
+def _whole_step(job: JobHour, flows: np.ndarray, reference: np.ndarray, per_step: np.ndarray,
+                params: DiagnosisParams) -> bool:
+    """Whether the `flows` (a mask) are one step's transfers: about as many as the `reference`
+    steps had each, between the same GPUs, of the sizes (families) they moved."""
+    usual = float(np.median(per_step[reference]))
+    if not params.complete_step_share <= flows.sum() / usual <= 2 - params.complete_step_share:
+        return False
+    in_reference = np.isin(job.step, reference)
+    gpus = np.union1d(job.src[in_reference], job.dst[in_reference])
+    if not np.isin(gpus, np.r_[job.src[flows], job.dst[flows]]).all():
+        return False
+    family = family_codes(np.r_[job.nbytes[in_reference], job.nbytes[flows]])
+    n_reference = int(in_reference.sum())
+    return bool(np.isin(family[n_reference:], family[:n_reference]).all())
 
 
 def _active_at_phase(job: JobHour, steps: np.ndarray, addrs: np.ndarray, since: np.ndarray, until: float) -> np.ndarray:

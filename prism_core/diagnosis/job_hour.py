@@ -67,7 +67,8 @@ class JobHour:
     # the job's recognition events
     event_ns: np.ndarray
     event_kind: np.ndarray  # str
-    # the other jobs' hosts this hour: when each first and last used one
+    # the other jobs' addresses and their hosts this hour: when each first and last used one
+    other_addr: np.ndarray  # str
     other_host: np.ndarray  # str
     other_first: np.ndarray
     other_last: np.ndarray
@@ -110,7 +111,7 @@ class JobHour:
             write_src=src[write_order],
             write_dst=write_dst,
             write_bytes=nbytes[write_order],
-            write_to_storage=~np.isin(write_dst, others.pop("other_addr")),
+            write_to_storage=~np.isin(write_dst, others["other_addr"]),
             read_start=start[read_order],
             read_end=end[read_order],
             read_dst=dst[read_order],
@@ -174,8 +175,12 @@ class JobHour:
         return int(self.gpus_of_host[hosts].sum() if len(hosts) else self.gpus_of_host.sum())
 
     def hosts_taken_after(self, hosts: list[str], after: float) -> float:
-        """When another job first used one of `hosts` after `after` (inf: never this hour)."""
+        """When another job first used one of this job's GPUs on `hosts` after `after` (inf: never
+        this hour). Platforms allocate GPUs: a job on the same hosts' other GPUs takes nothing. An
+        hour without the job's addresses (silent, its membership gone) judges by the hosts."""
         mine = np.isin(self.other_host, hosts) & (self.other_last > after)
+        if len(self.addrs):
+            mine &= np.isin(self.other_addr, self.addrs)
         return float(max(self.other_first[mine].min(), after)) if mine.any() else np.inf
 
     def event_kinds(self, lo_ns: int, hi_ns: int, window_s: float) -> list[str]:
