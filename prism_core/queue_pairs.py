@@ -33,14 +33,22 @@ def resumed_on_same_connections(src: np.ndarray, dst: np.ndarray, port: np.ndarr
     codes of the transfers' ends (>= 0), `port`: source port (< 0 where the record has none),
     `start`: their starts, sorted (the unit of the times and `window`). A silence with no port
     on either side is not resumed on the same connections."""
+    return kept_connections_share(src, dst, port, start, silent_from, resumed_at, window) >= min_share
+
+
+def kept_connections_share(src: np.ndarray, dst: np.ndarray, port: np.ndarray, start: np.ndarray,
+                           silent_from: np.ndarray, resumed_at: np.ndarray, window: float) -> np.ndarray:
+    """Per silence, as `resumed_on_same_connections`: the share of the connections of the
+    transfers within `window` after it that also carried transfers within `window` before it
+    (nan where either side has no port: the records tell nothing)."""
     known = port >= 0
     connection = combined_key(src, dst, port)
-    same = np.zeros(len(resumed_at), bool)
+    kept = np.full(len(resumed_at), np.nan)
     for i, (stop, resume) in enumerate(zip(np.asarray(silent_from).tolist(), np.asarray(resumed_at).tolist())):
         lo, mid = np.searchsorted(start, [stop - window, stop], side="left")
         on, hi = np.searchsorted(start, [resume, resume + window], side="left")
         before = np.unique(connection[lo:mid][known[lo:mid]])
         after = np.unique(connection[on:hi][known[on:hi]])
         if len(before) and len(after):
-            same[i] = np.isin(after, before, assume_unique=True).mean() >= min_share
-    return same
+            kept[i] = np.isin(after, before, assume_unique=True).mean()
+    return kept

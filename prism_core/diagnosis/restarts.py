@@ -16,7 +16,7 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.constants import NS_PER_S as NS
-from prism_core.queue_pairs import resumed_on_same_connections
+from prism_core.queue_pairs import kept_connections_share
 from prism_core.rhythm import on_rhythm
 
 from . import hangs
@@ -52,21 +52,25 @@ def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhyt
     # merged records, a sampler's instants) the timeline may find none while transfers go on
     quiet &= job.step_start - _last_end_before(job, job.step_start - params.boundary_slack_s) > params.restart_gap_s
     resumed = (job.attempt > previous_attempt) | (quiet & (silence > params.restart_gap_s))
-    # a job that resumed on the connections it had only paused (a save the flow logs do not see)
+    # a job that resumed on the connections it had only paused (a save the flow logs do not see);
+    # one on new connections restarted its processes, whatever the records show of how it stopped
     silent_from = np.r_[last_end, job.step_end[:-1]][resumed]
-    resumed[resumed] &= ~resumed_on_same_connections(job.src, job.dst, job.port, job.start, silent_from,
-                                                     job.step_start[resumed], params.connection_window_s,
-                                                     params.same_connection_share)
+    kept = kept_connections_share(job.src, job.dst, job.port, job.start, silent_from, job.step_start[resumed],
+                                  params.connection_window_s)
+    reconnected = np.zeros(job.n_steps, bool)
+    reconnected[resumed] = kept < params.same_connection_share
+    resumed[resumed] &= ~(kept >= params.same_connection_share)
     # A crash stops the job in the middle of a step: traffic of the unfinished step comes before
     # the silence. A job that finished its step and went quiet (a save over a network the flow logs
-    # do not see; recognition may still take its return for a restart) was not interrupted.
+    # do not see; recognition may still take its return for a restart) was not interrupted, unless
+    # it came back on new connections (a crash between two steps' traffic: in the compute).
     # Without the step before (a job new to Prism) nothing shows it; a stop in an earlier hour
     # says itself how it happened.
     interrupted = _interrupted(job, last_end, params) | np.isnan(np.r_[last_end, job.step_end[:-1]])
     interrupted[0] |= stop is None or stop.mid_step
     if not steps_resolved:
         interrupted |= job.attempt > previous_attempt
-    resumed &= ~quiet | interrupted
+    resumed &= ~quiet | interrupted | reconnected
     # A save over a network the flow logs do not see leaves the job quiet between two steps (and
     # recognition may take the job's return for a restart): resumes after steps on the rhythm of
     # such quiet gaps (or of the saves of earlier hours), in step numbers, are the job's saves,
