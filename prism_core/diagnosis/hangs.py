@@ -159,8 +159,8 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     # complete step, from every GPU of the steps before and each of a size they moved: the job's
     # last step, which no next step's start divided from the silence after it (a normal end).
     # Transfers in flight when a job stopped carry only what they moved by then.
-    if mid_step and not len(silenced) and _whole_step(job, seen & (job.start > unfinished_start),
-                                                      complete[-params.stop_reference_steps:], per_step, params):
+    if mid_step and len(complete) and not len(silenced) and _whole_step(
+            job, seen & (job.start > unfinished_start), complete[-params.stop_reference_steps:], per_step, params):
         mid_step = False
     # When each went silent: at its last flow, or, for a GPU that showed nothing of the
     # unfinished step, when it failed to send its first usual transfer of that step (its last
