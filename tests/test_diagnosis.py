@@ -578,11 +578,7 @@ def test_a_hang_lasts_while_other_jobs_use_the_hosts_other_gpus_until_one_takes_
     # The hang above, on hosts other jobs share (platforms allocate GPUs): a job on the hosts' other
     # NICs, there before the hang and after it, takes none of the hung job's GPUs; a job that later
     # starts on one of its NICs does.
-    model = _hang_model()
-    (start, end, src, dst, nbytes), gpus, pairs, steps, addr, unfinished = _pipeline_flows(
-        model, np.arange(4), n_steps=40, seed=5, job="job-h")
-    rail = (src % 8 == 1) | (dst % 8 == 1)
-    flows = _flow_table(start, end, src, dst, nbytes, addr, (start < unfinished) | ((start < unfinished + 2.5) & ~rail))
+    flows, gpus, pairs, steps, _, unfinished = _gpu_1_hung()
     hour_end = HOUR0_NS + HOUR_NS
     taken_at = HOUR0_NS + int((unfinished + 200) * NS)
     rows = [("job-h", a, h, HOUR0_NS, HOUR0_NS + int((unfinished + 2.5) * NS))
@@ -642,6 +638,16 @@ def _flow_table(start, end, src, dst, nbytes, addr, keep) -> pa.Table:
         "time_flow_start_ns": HOUR0_NS + np.round(start[keep] * NS).astype(np.int64),
         "time_flow_end_ns": HOUR0_NS + np.round(end[keep] * NS).astype(np.int64),
         "src_addr": addr[src[keep]], "dst_addr": addr[dst[keep]], "bytes": nbytes[keep]})
+
+
+def _gpu_1_hung() -> tuple[pa.Table, pa.Table, pa.Table, pa.Table, np.ndarray, float]:
+    """The hang of test_a_hang_names_the_gpu_...: flows, gpus, pairs, steps, the addresses and
+    when the unfinished step began (s)."""
+    (start, end, src, dst, nbytes), gpus, pairs, steps, addr, unfinished = _pipeline_flows(
+        _hang_model(), np.arange(4), n_steps=40, seed=5, job="job-h")
+    rail = (src % 8 == 1) | (dst % 8 == 1)
+    flows = _flow_table(start, end, src, dst, nbytes, addr, (start < unfinished) | ((start < unfinished + 2.5) & ~rail))
+    return flows, gpus, pairs, steps, addr, unfinished
 
 
 def test_a_hang_after_a_checkpoint_not_yet_divided_from_the_next_step_loses_only_the_work_since_the_save():
@@ -707,11 +713,7 @@ def test_a_resume_seen_only_from_its_checkpoint_load_is_a_restart_that_the_resum
     # save (dp rank 0) read 8 GiB shards back from storage, and the data ends before the first
     # step: a restart from the kill to the hour's end. Next hour the resumed steps continue the
     # same issue and charge only their own part. Data-loader reads (megabytes) are no load.
-    model = _hang_model()
-    (start, end, src, dst, nbytes), gpus, pairs, steps, addr, unfinished = _pipeline_flows(
-        model, np.arange(4), n_steps=40, seed=5, job="job-h")
-    rail = (src % 8 == 1) | (dst % 8 == 1)
-    flows = _flow_table(start, end, src, dst, nbytes, addr, (start < unfinished) | ((start < unfinished + 2.5) & ~rail))
+    flows, gpus, pairs, steps, addr, unfinished = _gpu_1_hung()
     savers = gpus.filter(pc.equal(gpus["dp_rank"], 0))["addr"].to_numpy(zero_copy_only=False)
     load = _load_reads(savers, 3000.0, 8 << 30)
     data_loader = _load_reads(gpus["addr"].to_numpy(zero_copy_only=False), 3000.0, 64 << 20)
@@ -735,7 +737,7 @@ def test_a_resume_seen_only_from_its_checkpoint_load_is_a_restart_that_the_resum
 
     # next hour: the resumed job's steps (from 20 s into the hour on)
     (start, end, src, dst, nbytes), _, _, resumed_steps, _, last_step = _pipeline_flows(
-        model, np.arange(4), n_steps=40, seed=6, job="job-h")
+        _hang_model(), np.arange(4), n_steps=40, seed=6, job="job-h")
     later = HOUR_NS + 20 * NS
     second_hour = diagnosis.diagnose_job(
         "job-h", _shifted(_flow_table(start, end, src, dst, nbytes, addr, start < last_step), later), gpus, pairs,
