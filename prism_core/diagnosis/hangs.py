@@ -198,7 +198,7 @@ def _whole_step(job: JobHour, flows: np.ndarray, reference: np.ndarray, per_step
     """Whether the `flows` (a mask) are one step's transfers: about as many as the `reference`
     steps had each, between the same GPUs, of the sizes (families) they moved."""
     usual = float(np.median(per_step[reference]))
-    if not params.complete_step_share <= flows.sum() / usual <= 2 - params.complete_step_share:
+    if usual <= 0 or not params.complete_step_share <= flows.sum() / usual <= 2 - params.complete_step_share:
         return False
     in_reference = np.isin(job.step, reference)
     gpus = np.union1d(job.src[in_reference], job.dst[in_reference])
