@@ -262,13 +262,13 @@ def analyze_job(
         sent = filter_rows(flows, lookup(flows, "src_addr", members["addr"]) >= 0) if members.num_rows else flows
         evict_flows()
         stage = "parallelism"
+        layout = previous.get("parallelism", {}).get(job_id)
         found = (
             parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism,
-                                             cached_exporters=cached_exporters(exporters),
-                                             previous=previous.get("parallelism", {}).get(job_id))
+                                             cached_exporters=cached_exporters(exporters), previous=layout)
             if members.num_rows
             else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None,
-                                         state=previous.get("parallelism", {}).get(job_id))
+                                         state=layout)
         )
         stage = "resolution"
         # a silent hour only closes the step the previous hour carried: nothing in it blurs that
