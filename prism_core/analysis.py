@@ -293,6 +293,8 @@ def analyze_job(
             job_id, flows, found.job_gpus, found.comm_pairs, steps.steps, events,
             previous.get("diagnosis", {}).get(job_id), hour_start_ns, hour_end_ns, recognition.membership,
             params=params.diagnosis, steps_resolved=resolved.resolution == "steps",
+            shortest_timed_s={name: resolution.shortest_timed_s(profile, params.resolution)
+                              for name, profile in (exporters or {}).items()},
         )
     except Exception as error:
         logger.warning("analysis of job %s failed in %s", job_id, stage, exc_info=True)

@@ -39,9 +39,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import (
-    CODES_SUFFIX, MAD_TO_SIGMA, combination_ids, encoded, filter_rows, kth_within_groups, lookup, row_hash,
-    sorted_within_groups, stable_order, unique_counts, unique_inverse, value_codes,
+    CODES_SUFFIX, MAD_TO_SIGMA, combination_ids, encoded, filter_rows, group_median, kth_within_groups, lookup,
+    row_hash, sorted_within_groups, stable_order, unique_counts, unique_inverse, value_codes,
 )
+from prism_core.parallelism import family_codes
 from prism_core.schema import ISSUE_KINDS
 
 EXPORTER_KINDS = ("per_transfer", "flow_cache", "sampled", "unknown")
@@ -119,9 +120,15 @@ class ResolutionParams:
     # share; ... at least this share of the job's records comes from exporters that report
     # transfers one by one (a cache's merged records or a sampler's instants time no transfer) ...
     min_transfer_share: float = 0.9
-    # share; ... whose clock is at most this share of the job's median transfer (a millisecond
-    # clock truncates a transfer of a few hundred microseconds to nothing or a whole tick)
-    max_transfer_clock_share: float = 0.1
+    # count; a record times its transfer when it lasts at least this many ticks of its exporter's
+    # clock (a clock truncating start and end puts the length up to a tick off: a millisecond
+    # clock makes a transfer of a few hundred microseconds nothing or a whole tick) ...
+    timed_min_ticks: int = 10
+    # share; ... and a job's transfers are timed where at least this share of its NICs exchange
+    # transfers of a size whose records usually are (a slow link shows in the throughput of the
+    # NIC's transfers: its gradient syncs, the job's longest, while its pipeline sends may all
+    # be too short)
+    min_timed_share: float = 0.9
 
     # --- the records' rhythm ----------------------------------------------------------------------
     # count; a pair's rhythm needs at least this many gaps between its records
@@ -410,7 +417,7 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     resolving_records = sum(one_by_one[name] for name in resolving)
     if (resolving_records >= params.min_resolving_records
             and resolving_records >= params.min_resolving_share * flows.num_rows):
-        timed = _transfers_timed(flows, exporter, names, one_by_one, profiles, params)
+        timed = _transfers_timed(flows, exporter, names, one_by_one, profiles, params, members)
         return JobResolution("steps", period, frozenset(resolving), timed)
     return JobResolution("period" if period is not None else "jobs_only", period, frozenset(), False)
 
@@ -425,18 +432,45 @@ def issue_kinds_shown(resolved: JobResolution, params: ResolutionParams = DEFAUL
 
 
 def _transfers_timed(flows: pa.Table, exporter: np.ndarray, names: pa.Array, one_by_one: dict[str, int],
-                     profiles: dict[str, ExporterProfile], params: ResolutionParams) -> bool:
+                     profiles: dict[str, ExporterProfile], params: ResolutionParams,
+                     members: pa.Array | None) -> bool:
     """Whether nearly all the job's records (`min_transfer_share`) come from exporters that report
-    transfers one by one on a clock well below the transfers' length (`max_transfer_clock_share`
-    of the median record of those exporters). `exporter`: each record's code among `names`."""
-    mine = np.array([name in one_by_one for name in names.to_pylist()], bool)[exporter]
-    duration_s = (flows["time_flow_end_ns"].to_numpy() - flows["time_flow_start_ns"].to_numpy())[mine] * 1e-9
-    if not len(duration_s):
+    transfers one by one, and most of the NICs its records show (`min_timed_share` of those of
+    `members`, or of any address without) exchange transfers whose length their clocks time
+    (`timed_sizes`).
+    `exporter`: each record's code among `names`."""
+    if sum(one_by_one.values()) < params.min_transfer_share * flows.num_rows:
         return False
-    transfer_s = float(np.median(duration_s))
-    timed = sum(n for name, n in one_by_one.items()
-                if _clock_ns(profiles.get(name)) * 1e-9 <= params.max_transfer_clock_share * transfer_s)
-    return timed >= params.min_transfer_share * flows.num_rows
+    shortest = np.array([shortest_timed_s(profiles.get(name), params) if name in one_by_one else np.inf
+                         for name in names.to_pylist()])[exporter]
+    duration_s = (flows["time_flow_end_ns"].to_numpy() - flows["time_flow_start_ns"].to_numpy()) * 1e-9
+    timed = timed_sizes(flows["bytes"].to_numpy(), duration_s, shortest)
+    nics = members if members is not None else pc.unique(pa.concat_arrays(
+        [flows[name].combine_chunks().cast(pa.string()) for name in ("src_addr", "dst_addr")]))
+    ends = np.stack([lookup(flows, name, nics) for name in ("src_addr", "dst_addr")])
+    # of the NICs the records show (one that sends and receives nothing shows nothing at any clock)
+    seen, covered = (np.unique(e[e >= 0]) for e in (ends, ends[:, timed]))
+    return len(covered) >= params.min_timed_share * len(seen)
+
+
+def shortest_timed_s(profile: ExporterProfile | None, params: ResolutionParams = DEFAULT_PARAMS) -> float:
+    """The shortest record (seconds) whose length the exporter's clock resolves well enough to
+    measure a transfer's throughput by (`timed_min_ticks`); none (inf) for an exporter whose
+    records are no single transfers (a cache's merges, a sampler's instants)."""
+    if not reports_one_by_one(profile):
+        return np.inf
+    return params.timed_min_ticks * _clock_ns(profile) * 1e-9
+
+
+def timed_sizes(nbytes: np.ndarray, duration_s: np.ndarray, shortest_s: np.ndarray) -> np.ndarray:
+    """Per record: whether the records of its size family usually (their median) last at least
+    `shortest_s`, the shortest its exporter's clock times. A size, not a record: the records of a
+    size that happen to last longer than the rest are its slowest, and measuring those alone
+    would read every link as slow."""
+    timed = duration_s >= shortest_s
+    if timed.all():  # a fine clock: no size to look at
+        return timed
+    return group_median(family_codes(nbytes), duration_s) >= shortest_s
 
 
 def steps_keep_time(durations_s: np.ndarray, synchronized: np.ndarray | None = None,

@@ -60,7 +60,7 @@ def make_hour(durations=(), hosts: int = 4, flows: dict | None = None, writes: d
         replica_of_addr=np.arange(hosts),
         start=start[order], end=flows.get("end", np.zeros(0))[order], src=flows.get("src", np.zeros(0, int))[order],
         dst=flows.get("dst", np.zeros(0, int))[order], nbytes=flows.get("nbytes", np.zeros(0, int))[order],
-        port=flows.get("port", np.full(len(start), -1, np.int32))[order],
+        port=flows.get("port", np.full(len(start), -1, np.int32))[order], shortest_timed=np.zeros(len(start)),
         kind=flows.get("kind", np.full(len(start), DP, np.int8))[order], step=step,
         write_start=writes.get("start", np.zeros(0)), write_end=writes.get("end", np.zeros(0)),
         write_src=writes.get("src", np.zeros(0, int)), write_dst=np.full(n_writes, "10.200.0.1"),

@@ -168,16 +168,18 @@ def test_tallies_add_up_over_minutes():
 
 
 def job_records(rng: np.random.Generator, step_s: float = 3.0, steps: int = 200) -> pa.Table:
-    """A job's records: 4 DP pairs synchronizing at each step's end (one record each) and 4 PP
-    pairs sending 8 micro-batches during the step, with 2% step jitter."""
+    """A job's records: 4 DP pairs synchronizing at each step's end (one 1 GiB record each) and 4
+    PP pairs sending 8 micro-batches (32 MiB) during the step, with 2% step jitter."""
     durations = step_s * (1 + 0.02 * rng.standard_normal(steps))
     ends = T0 + (np.cumsum(durations) * SECOND).astype(np.int64)
     parts = []
     for k in range(4):
         sync = ends - int(0.3 * SECOND) + rng.integers(0, 2 * MS, steps)
-        parts.append(records(sync, sync + 200 * MS, "10.255.0.1", src=f"10.0.0.{k}", dst=f"10.0.0.{k + 4}"))
+        parts.append(records(sync, sync + 200 * MS, "10.255.0.1", src=f"10.0.0.{k}", dst=f"10.0.0.{k + 4}",
+                             nbytes=np.full(steps, 1 << 30)))
         micro = (ends[:, None] - ((step_s - 0.4) * SECOND) + np.arange(8) * int(0.3 * SECOND)).ravel().astype(np.int64)
-        parts.append(records(micro, micro + 20 * MS, "10.255.0.2", src=f"10.0.1.{k}", dst=f"10.0.1.{k + 4}"))
+        parts.append(records(micro, micro + 20 * MS, "10.255.0.2", src=f"10.0.1.{k}", dst=f"10.0.1.{k + 4}",
+                             nbytes=np.full(len(micro), 32 << 20)))
     return pa.concat_tables(parts)
 
 
@@ -244,20 +246,28 @@ def test_a_silent_hour_closes_a_step_only_as_resolved_as_the_records_carried_for
     assert silent_resolution(None, None).resolution == "steps"
 
 
-def test_stragglers_and_slow_links_need_every_transfer_timed():
+def test_stragglers_and_slow_links_need_the_nics_transfers_timed():
+    # 8 NICs syncing gradients in 200 ms records, 8 others sending activations in 20 ms ones
     table = job_records(np.random.default_rng(7))
-    durations = pc.subtract(table["time_flow_end_ns"], table["time_flow_start_ns"]).to_numpy()
-    median_s = float(np.median(durations)) * 1e-9
 
-    def shown(clock_ns: int, cache_kind: str = "per_transfer") -> tuple[str, ...]:
+    def shown(clock_ns: int, cache_kind: str = "per_transfer", records: pa.Table = table) -> tuple[str, ...]:
         profiles = [ExporterProfile("10.255.0.1", 800, cache_kind, clock_ns, 0.0, 1, 1e-6, 0.02),
                     ExporterProfile("10.255.0.2", 6400, "per_transfer", clock_ns, 0.0, 1, 1e-6, 0.02)]
-        return issue_kinds_shown(job_resolution(table, {p.sampler_address: p for p in profiles}))
+        return issue_kinds_shown(job_resolution(records, {p.sampler_address: p for p in profiles}))
 
     assert set(shown(1)) >= {"slow_step", "straggler", "slow_link", "hang", "restart"}
-    # a clock over a tenth of the median transfer times none of them
-    coarse = int(median_s * 0.2 * 1e9)
-    assert "straggler" not in shown(coarse) and "slow_link" not in shown(coarse) and "slow_step" in shown(coarse)
+    # a millisecond clock times both sizes (10 ticks and more)
+    assert {"straggler", "slow_link"} <= set(shown(MS))
+    # a 5 ms clock times the syncs only: half the NICs show no throughput
+    assert "straggler" not in shown(5 * MS) and "slow_link" not in shown(5 * MS) and "slow_step" in shown(5 * MS)
+    # ... unless the same NICs send the activations too: their syncs time them
+    same_nics = table.set_column(table.schema.get_field_index("src_addr"), "src_addr",
+                                 pc.replace_substring(table["src_addr"], "10.0.1.", "10.0.0."))
+    same_nics = same_nics.set_column(table.schema.get_field_index("dst_addr"), "dst_addr",
+                                     pc.replace_substring(table["dst_addr"], "10.0.1.", "10.0.0."))
+    assert {"straggler", "slow_link"} <= set(shown(5 * MS, records=same_nics))
+    # a clock coarser than a tenth of every transfer times none
+    assert "slow_link" not in shown(25 * MS, records=same_nics)
     # a flow cache's records (a tenth of the job's here) time no transfer either
     assert "straggler" not in shown(1, "flow_cache") and "slow_step" in shown(1, "flow_cache")
     assert set(shown(1, "sampled")) - {"straggler", "slow_link"} == set(shown(1, "sampled"))

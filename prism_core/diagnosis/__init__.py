@@ -43,6 +43,7 @@ def diagnose_job(
     hour_membership: pa.Table | None = None,
     params: DiagnosisParams = DEFAULT_PARAMS,
     steps_resolved: bool = True,
+    shortest_timed_s: dict[str, float] | None = None,
 ) -> Diagnosis:
     """Issues of one job over [hour_start_ns, hour_end_ns).
 
@@ -50,13 +51,15 @@ def diagnose_job(
     hosts were taken by another job after it fell silent, and how far the hour's data reaches;
     without it the hour is assumed complete and no host taken. `events` (prism_core.recognition.EVENTS)
     add host replacements to the restart evidence. `steps_resolved`: the job's records resolve its
-    steps (prism_core.resolution); where they do not, `steps` show no step cut short. Call this
-    also for a job without flows whose previous state has an open issue (`has_open_issue`), so an
-    ongoing hang keeps counting.
+    steps (prism_core.resolution); where they do not, `steps` show no step cut short.
+    `shortest_timed_s`: by exporter address, the shortest record whose length its clock resolves
+    (prism_core.resolution.shortest_timed_s): a slow link is read from the throughput of those
+    records only (none given: of every record). Call this also for a job without flows whose
+    previous state has an open issue (`has_open_issue`), so an ongoing hang keeps counting.
     """
     state = DiagnosisState.load(previous)
     job = JobHour.build(job_id, job_flows, job_gpus, comm_pairs, steps, events, hour_membership, hour_start_ns,
-                        hour_end_ns, params)
+                        hour_end_ns, params, shortest_timed_s)
     issues, open_hang = hangs.continue_hang(job, state.hangs.open_hang, params)
     resumes = restarts.find_resumes(job, state.progress, state.hangs.stop, state.checkpoints.checkpoint_rhythm,
                                    params, steps_resolved)

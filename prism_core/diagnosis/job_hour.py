@@ -42,6 +42,7 @@ class JobHour:
     dst: np.ndarray
     nbytes: np.ndarray
     port: np.ndarray  # source port (its queue pair's; -1: the record has none)
+    shortest_timed: np.ndarray  # the shortest record its exporter's clock times (prism_core.resolution)
     kind: np.ndarray  # pair kind code (prism_core.constants)
     step: np.ndarray  # index of the step the flow starts in, -1 outside every step
     # large flows from members to outside the job, by start: checkpoint writes, or copies to
@@ -76,11 +77,13 @@ class JobHour:
     @classmethod
     def build(cls, job_id: str, flows: pa.Table, gpus: pa.Table, pairs: pa.Table, steps: pa.Table,
               events: pa.Table | None, membership: pa.Table | None, hour_start_ns: int, hour_end_ns: int,
-              params: DiagnosisParams) -> JobHour:
+              params: DiagnosisParams, shortest_timed_s: dict[str, float] | None = None) -> JobHour:
         """The hour of `job_id` from its tables. `membership` (prism_core.recognition.MEMBERSHIP, every job of
         the hour) tells which hosts other jobs took and how far the hour's data reaches: to the hour's
         end, unless the last flow of any job came more than `data_end_margin_s` before it (the data
-        ends within this hour) or there was none; without it, the hour is complete and no host taken."""
+        ends within this hour) or there was none; without it, the hour is complete and no host taken.
+        `shortest_timed_s`: by exporter address, the shortest record whose length it times (an
+        exporter not named, or none named: any record)."""
         origin_ns = hour_start_ns
         members = _members(gpus, _gpus_behind(job_id, membership))
         addrs = members["addrs"]
@@ -125,6 +128,11 @@ class JobHour:
         dst = dst[order]
         nbytes = nbytes[order]
         port = source_ports(flows, order)
+        shortest_timed = np.zeros(len(order))
+        if shortest_timed_s:
+            names = pa.array(list(shortest_timed_s), pa.string())
+            shortest = np.r_[list(shortest_timed_s.values()), 0.0]  # the last: an exporter not named
+            shortest_timed = shortest[lookup(flows, "sampler_address", names)[order]]
         return cls(
             job_id=job_id,
             origin_ns=origin_ns,
@@ -137,6 +145,7 @@ class JobHour:
             dst=dst,
             nbytes=nbytes,
             port=port,
+            shortest_timed=shortest_timed,
             kind=kind,
             step=step,
             **writes_and_reads,

@@ -17,6 +17,7 @@ from prism_core import waste
 from prism_core.arrays import KeyGroups, combined_key, group_median, group_mode, group_reduce, time_segments
 from prism_core.constants import DP, PP, UNCLASSIFIED
 from prism_core.parallelism import family_codes
+from prism_core.resolution import timed_sizes
 
 from .baseline import Baseline
 from .issues import Issue
@@ -50,6 +51,9 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     seconds = job.end - job.start
     sel = (job.step >= 0) & (job.kind != UNCLASSIFIED) & (job.nbytes >= params.throughput_min_bytes) & (seconds > 0)
     sel &= ~(excluded | job.split)[np.maximum(job.step, 0)]
+    # only the sizes whose records the exporters' clocks time (a millisecond clock rounds a
+    # short transfer's length to nothing or a tick)
+    sel[sel] = timed_sizes(job.nbytes[sel], seconds[sel], job.shortest_timed[sel])
     step, rate = job.step[sel], job.nbytes[sel] / np.maximum(seconds[sel], 1e-9)
     size = family_codes(job.nbytes[sel])  # header bytes make each record's count its own
     ratio = rate / _usual_rate(step, size, rate)
