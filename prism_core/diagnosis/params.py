@@ -96,7 +96,14 @@ class DiagnosisParams:
     late_min_share: float = 0.01  # ... or, alone in its stage, by this share of the step
     late_sigmas: float = 4.0  # ... and by this many robust sigmas of its own timing noise
     late_min_samples: int = 5  # steps a flow must be seen in before its timing noise is known
-    # share of steps: a transfer class is regular when its count per step is the usual one this often
+    # quantile of a host's counts of a transfer class over the steps: the count it sends when no
+    # record is lost (the usual count, the mode, is short of it where exporters lose 0.1-5% of
+    # their records over UDP; a flow across the step boundary now and then makes one more)
+    complete_count_quantile: float = 0.9
+    # share of that count a host may lack in a step and still be compared, one flow at least
+    short_flows_share: float = 0.1
+    # share of steps: a transfer class is regular when its count per step is the usual one (or a
+    # few short) this often
     regular_share: float = 0.8
     # sigmas of the mean step: a straggler whose window is not slower than this cost nobody time
     straggler_min_sigmas: float = 2.0

@@ -18,7 +18,7 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.arrays import (
-    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_median, group_mode, group_reduce, stable_order,
+    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_median, group_reduce, stable_order,
 )
 from prism_core.constants import PP
 from prism_core.parallelism import family_codes
@@ -55,18 +55,20 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
         a[order] for a in (step, kind, start, host, pipeline, sender_group))
     del order
     # The n-th flow of a host is compared with the n-th flow of its peers. So a host that sent
-    # an unusual number of flows in a step (a lost record, a flow across the step boundary)
-    # is left out of that step, and classes whose count varies from step to step (MoE
-    # all-to-all sizes) are left out altogether.
+    # more flows than usual in a step (a flow across the step boundary) is left out of that step,
+    # and classes whose count varies from step to step (MoE all-to-all sizes) are left out
+    # altogether. A host a few flows short (records lost on the way) is compared counting from
+    # its last flow (`short_flows_share`).
     sent = group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
     class_of_host = KeyGroups(combined_key(kind, host))
-    usual = sent == group_mode(class_of_host, sent)
+    short = _complete_count(class_of_host, sender_group, sent, params.complete_count_quantile) - sent
+    usual = (short >= 0) & (short <= np.maximum(1, params.short_flows_share * (sent + short)))
     regular = class_of_host.reduce(usual / sent, np.add) / class_of_host.reduce(1.0 / sent, np.add)
     kept = usual & (regular >= params.regular_share)[class_of_host.group]
     # each array is ~8 bytes per flow of a large job: dead ones are dropped at once
     del sent, class_of_host, usual, regular
-    step, kind, start, host, pipeline, sender_group = (
-        a[kept] for a in (step, kind, start, host, pipeline, sender_group))
+    step, kind, start, host, pipeline, sender_group, short = (
+        a[kept] for a in (step, kind, start, host, pipeline, sender_group, short))
     del kept
     if not len(step):
         return culprit, behind_s
@@ -76,34 +78,45 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # (step, kind) numbered in order (the rows are sorted by them): a denser key than both, ranked
     # without hashing more often
     step_kind = np.cumsum(np.r_[False, (step[1:] != step[:-1]) | (kind[1:] != kind[:-1])])
-    peers = KeyGroups(combined_key(step_kind, stage, ordinal))
+    # A host's peers' n-th flows set the reference of its n-th; a host short of flows is compared
+    # as if the lost ones came first, and sets references as if they came last. Either way what
+    # it sent reads at the same moment or earlier than it was, and the references later: a lost
+    # record never makes a flow late.
+    in_stage = combined_key(step_kind, stage) * (int(ordinal.max()) + int(short.max()) + 1)
     del step_kind
-    peer_first = group_reduce(peers, start, np.minimum)
-    peer_hosts = group_reduce(peers, np.ones(len(step), np.int64), np.add)
+    peers = KeyGroups(in_stage + ordinal)
+    ordinal += short  # from here on, the n-th flow it is compared as
+    whole = short == 0
+    del short
+    at = np.minimum(np.searchsorted(peers.distinct, in_stage + ordinal), len(peers.distinct) - 1)
+    seen_at = peers.distinct[at] == in_stage + ordinal
+    del in_stage
+    peer_first = peers.reduce(start, np.minimum)[at]
+    peer_hosts = np.where(seen_at, peers.counts[at], 0)  # no peer sent as many: nothing to compare with
+    del peers, at, seen_at
     # against its stage peers in the same step (seconds), or alone against its own rhythm. A
     # flow whose stage peers' flows were left out has no reference in that step: as a share of
     # the step, its own rhythm moves with any change of the job's pace (a degradation), which
     # only a host alone in its stage has to live with.
     alone = np.bincount(job.stage_of_host + 1)[stage + 1] < 2  # hosts in the stage
     compared = alone | (peer_hosts >= 2)
-    del peers, peer_hosts, stage
-    step, kind, start, host, pipeline, ordinal, peer_first, alone = (
-        a[compared] for a in (step, kind, start, host, pipeline, ordinal, peer_first, alone))
+    del peer_hosts, stage
+    step, kind, start, host, pipeline, ordinal, peer_first, alone, whole = (
+        a[compared] for a in (step, kind, start, host, pipeline, ordinal, peer_first, alone, whole))
     del compared
     # hosts alone in their stage are few: their shares are computed for them alone
     position_in_step = start - peer_first
     del peer_first
     position_in_step[alone] = (start[alone] - job.step_start[step[alone]]) / job.duration[step[alone]]
-    structure = KeyGroups(combined_key(kind, host, ordinal))
-    del kind, ordinal
-    # median and MAD: robust while a straggler makes up to half of the steps late
-    usual = group_median(structure, position_in_step)
-    noise = MAD_TO_SIGMA * group_median(structure, np.abs(position_in_step - usual))
+    # median and MAD of each flow's position over the steps where its host sent every flow
+    # (robust while a straggler makes up to half of the steps late): a short host's positions
+    # read early, and would make a usual one's read late
+    usual, noise, seen = _usual_positions(combined_key(kind, host, ordinal), position_in_step, whole)
+    del kind, ordinal, whole
     # Stage peers' pipeline sends keep in step: trailing them is late, even in every step (a replica
     # slow since before the hour). But a trail within exporter clock skew is how its exporter's
     # clock sets it, the same in every step: lateness counts from that.
     usual[pipeline & ~alone & (usual > params.clock_trail_max_s)] = 0.0
-    seen = group_reduce(structure, np.ones(len(step), np.int64), np.add)
     excess_s = position_in_step - usual
     late = (excess_s > np.where(alone, params.late_min_share, params.late_min_s))
     late &= (excess_s > params.late_sigmas * noise) & (seen >= params.late_min_samples)
@@ -118,6 +131,36 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     culprits_flows = late & (host == culprit[step])
     np.maximum.at(behind_s, step[culprits_flows], late_s[culprits_flows])
     return culprit, behind_s
+
+
+def _complete_count(class_of_host: KeyGroups, sender_group: np.ndarray, sent: np.ndarray, quantile: float
+                    ) -> np.ndarray:
+    """Per flow: the count of its class a host sends in a step when no record is lost, the
+    `quantile` of its counts over the steps (`sender_group` sorted; `sent`: each flow's group's
+    count). Lost records make the usual count (the mode) short of it; a flow across the step
+    boundary, now and then, one more."""
+    first = np.flatnonzero(np.r_[True, sender_group[1:] != sender_group[:-1]])
+    of_class, count = class_of_host.group[first], sent[first]
+    order = np.lexsort((count, of_class))
+    n = np.bincount(of_class, minlength=len(class_of_host.distinct))
+    kth = np.cumsum(n) - n + np.floor(quantile * (n - 1)).astype(np.int64)
+    return count[order][kth][class_of_host.group]
+
+
+def _usual_positions(structure: np.ndarray, position: np.ndarray, whole: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per flow: the median and robust sigma (MAD) of the positions of its `structure` (the same
+    flow of a host over the steps) where `whole`, and how many steps those are (0: none)."""
+    n = len(structure)
+    if not whole.any():
+        return np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
+    of_whole = KeyGroups(structure[whole])
+    median = group_median(of_whole, position[whole])
+    noise = MAD_TO_SIGMA * group_median(of_whole, np.abs(position[whole] - median))
+    first = of_whole.first_rows()
+    at = np.minimum(np.searchsorted(of_whole.distinct, structure), len(of_whole.distinct) - 1)
+    seen = np.where(of_whole.distinct[at] == structure, of_whole.counts[at], 0)
+    return median[first][at], noise[first][at], seen
 
 
 def straggler_windows(job: JobHour, excluded: np.ndarray, previous: OpenWindow | None,
