@@ -713,6 +713,24 @@ def test_dedupe_drops_every_copy_of_alike_transfers_from_an_exporter_with_anothe
     assert table.num_rows == 6
 
 
+def test_dedupe_drops_every_copy_of_an_all_to_alls_transfers_of_several_sizes_in_one_millisecond():
+    # an all-to-all sends four sizes on one queue pair within a millisecond, every 0.5 s; a second
+    # exporter's millisecond clock runs 2.3 ms behind, so its copies start 2 or 3 ms later: sorted
+    # by time alone, each exporter's four sit together and only the two in the middle meet
+    sizes = (3_932_160, 5_242_880, 6_553_600, 7_864_320)
+    records = []
+    for k in range(6):
+        start = T0 + k * 500_000_000 + 400_000 * k
+        for exporter, offset in (("10.255.0.1", 0), ("10.255.0.2", 2_300_000)):
+            for size in sizes:
+                at = (start + offset) // 1_000_000 * 1_000_000
+                records.append(record(time_flow_start_ns=at, time_flow_end_ns=at + 1_000_000, bytes=size,
+                                      packets=size // 4096, sampler_address=exporter))
+    table, dropped = dedupe(flows_table(records))
+    assert dropped == 24
+    assert table["sampler_address"].to_pylist() == ["10.255.0.1"] * 24
+
+
 def test_dedupe_of_empty_and_single_tables():
     assert dedupe(FLOWS.empty_table()) == (FLOWS.empty_table(), 0)
     one = flows_table([record()])

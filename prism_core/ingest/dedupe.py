@@ -27,8 +27,11 @@ FULL_SORT_ORDER = (*SORT_KEYS, *(name for name in FLOWS.names if name not in (*S
 COPY_TIME_NS = 3_000_000
 COPY_BYTES_SHARE = 0.02
 MAX_CLOCK_OFFSET_NS = 1_000_000_000
-# A second round pairs rows the first left unpaired (a row between a copy and its original).
-MAX_PAIRING_ROUNDS = 2
+# Rounds of pairing, each over the rows the rounds before left unpaired: the rows sorted within
+# windows of COPY_TIME_NS by size (transfers of several sizes started within a tick, an
+# all-to-all's), the windows shifted by half in the second round; then in time order (a row
+# between a copy and its original in a window).
+PAIRING_WINDOW_SHIFTS_NS = (0, COPY_TIME_NS // 2, None)
 FIVE_TUPLE = ("src_addr", "dst_addr", "src_port", "dst_port", "proto")
 
 
@@ -115,9 +118,9 @@ def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
 
     The offset of each pair of exporters is the median, over the 5-tuples both report, of the
     difference of their first starts (pairs more than MAX_CLOCK_OFFSET_NS apart are not
-    corrected). Rows are then sorted by (5-tuple, corrected start) and neighbours compared
-    (`_nearest_pairs`, in rounds over the rows still unpaired); a row pairs once. A record whose copy was
-    lost can still pair with a neighbouring transfer's copy when transfers on one 5-tuple are
+    corrected). Rows are then sorted by 5-tuple and corrected time and neighbours compared
+    (`_nearest_pairs`, in rounds over the rows still unpaired: PAIRING_WINDOW_SHIFTS_NS); a row
+    pairs once. A record whose copy was lost can still pair with a neighbouring transfer's copy when transfers on one 5-tuple are
     closer than COPY_TIME_NS. Rows without an exporter are never copies. Asked only where some
     5-tuple has two exporters (`deduplicated_order` checks first: most minutes have none)."""
     reported = _mask(pc.is_valid(flows["sampler_address"]))
@@ -158,10 +161,12 @@ def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
     occurrence[alike] = np.arange(len(rows)) - first[np.cumsum(opens) - 1]
     paired = np.zeros(len(rows), bool)
     copies = []
-    for _ in range(MAX_PAIRING_ROUNDS):
+    for shift in PAIRING_WINDOW_SHIFTS_NS:
         candidates = np.flatnonzero(~paired)
-        order = candidates[np.lexsort(tuple(key[candidates] for key in
-                                            (exporter, occurrence, size, corrected_start, five_tuple)))]
+        window = np.zeros(len(rows), np.int64) if shift is None else (corrected_start + shift) // COPY_TIME_NS
+        keys = (exporter, occurrence, size, corrected_start) if shift is None else (
+            exporter, occurrence, corrected_start, size)
+        order = candidates[np.lexsort(tuple(key[candidates] for key in (*keys, window, five_tuple)))]
         a, b = _nearest_pairs(order, five_tuple, exporter, corrected_start, corrected_end, size)
         if not len(a):
             break
