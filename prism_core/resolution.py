@@ -437,8 +437,7 @@ def _transfers_timed(flows: pa.Table, exporter: np.ndarray, names: pa.Array, one
     """Whether nearly all the job's records (`min_transfer_share`) come from exporters that report
     transfers one by one, and most of the NICs its records show (`min_timed_share` of those of
     `members`, or of any address without) exchange transfers whose length their clocks time
-    (`timed_sizes`).
-    `exporter`: each record's code among `names`."""
+    (`timed_sizes`). `exporter`: each record's code among `names`."""
     if sum(one_by_one.values()) < params.min_transfer_share * flows.num_rows:
         return False
     shortest = np.array([shortest_timed_s(profiles.get(name), params) if name in one_by_one else np.inf
