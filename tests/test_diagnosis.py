@@ -487,8 +487,8 @@ def test_a_slow_nic_in_a_ring_slows_the_whole_ring_and_is_still_named(header_byt
     if clock == "ms":
         sends = sync[:, None] - 0.5 + np.arange(4)[None, :] * 0.1 + 0.01 * (1 + np.arange(4))  # step x link
         lasting = np.random.default_rng(5).uniform(5e-4, 2.5e-3, sends.size)
-        small = _flow_table(sends.ravel(), sends.ravel() + lasting, np.tile(ring_src, n_steps), np.tile(ring_dst, n_steps),
-                            np.full(sends.size, 1 << 20), addr, np.ones(sends.size, bool))
+        small = _flow_table(sends.ravel(), sends.ravel() + lasting, np.tile(ring_src, n_steps),
+                            np.tile(ring_dst, n_steps), np.full(sends.size, 1 << 20), addr, np.ones(sends.size, bool))
         flows = pa.concat_tables([flows, small])
         for name in ("time_flow_start_ns", "time_flow_end_ns"):  # truncated to the millisecond
             flows = flows.set_column(flows.schema.get_field_index(name), name,

@@ -122,7 +122,8 @@ def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
     (`_nearest_pairs`, in rounds over the rows still unpaired: PAIRING_WINDOW_SHIFTS_NS); a row
     pairs once. A record whose copy was lost can still pair with a neighbouring transfer's copy
     when transfers on one 5-tuple are closer than COPY_TIME_NS. Rows without an exporter are
-    never copies. Asked only where some 5-tuple has two exporters (`deduplicated_order` checks first: most minutes have none)."""
+    never copies. Asked only where some 5-tuple has two exporters (`deduplicated_order` checks
+    first: most minutes have none)."""
     reported = _mask(pc.is_valid(flows["sampler_address"]))
     rows = np.flatnonzero(reported)
     exporters = flows["sampler_address"].take(rows).combine_chunks().dictionary_encode()
