@@ -289,9 +289,11 @@ def test_a_stall_joined_to_a_checkpoint_is_a_slow_step():
 
 def test_three_evenly_spaced_stalls_without_a_write_are_slow_steps_not_a_checkpoint_rhythm():
     # a job that never checkpoints, stalled three times 24 steps apart (a recurring fault spreads
-    # its stalls evenly over time): two equal gaps between write-less long steps are no rhythm
+    # its stalls evenly over time): two equal gaps between write-less long steps are no rhythm. Over
+    # 400 steps: in 150, four long steps (the 1.6x step 1050 and the stalls) would be a tail the
+    # job's own Pareto fit explains up to 1.6x (baseline.tail_limit)
     stalls = {1060: 9.0, 1084: 9.0, 1108: 9.0}
-    issues = _diagnose_steps(_synthetic_steps(n=150, stalls=stalls, checkpoint_every=None), None, 0).issues
+    issues = _diagnose_steps(_synthetic_steps(n=400, stalls=stalls, checkpoint_every=None), None, 0).issues
     slow = {json.loads(r["evidence"])["step"]: r for r in _by_kind(issues, "slow_step")}
     assert sorted(slow) == [1050, *stalls]
     assert all(not json.loads(slow[step]["evidence"])["checkpoint"] for step in stalls)

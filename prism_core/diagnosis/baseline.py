@@ -126,17 +126,28 @@ def jitter_sigma(logs: np.ndarray, clean: np.ndarray, params: DiagnosisParams) -
 
 def tail_limit(residual: np.ndarray, clean: np.ndarray, log_limit: float, sigma: float,
                params: DiagnosisParams) -> float:
-    """The slow-step limit (log units over the baseline) for the job's own tail. A job whose
-    clean steps' `1 - tail_share` quantile lies beyond `tail_sigmas` of its jitter (a normal
-    distribution's 2% quantile is 2.05 sigmas) has a heavy tail: stalls, data-dependent steps.
-    Its normal tail steps are not issues: its limit is `tail_multiple` x that quantile (a Pareto
-    tail's rarest steps lie a few times further out). A slow-step fault slows a few steps, so the
-    `tail_trim_steps` longest are set aside first: they are what the limit must still find."""
-    kept = np.sort(residual[clean])[:max(int(clean.sum()) - params.tail_trim_steps, 0)]
-    if not len(kept):
+    """The slow-step limit (log units over the baseline) for the job's own tail: the excess over
+    the baseline that the job's clean steps pass `natural_slow_steps_per_hour` times in an
+    analysis, by a Pareto fit (Hill's estimator) of the excesses beyond `tail_sigmas` of its
+    jitter, or of its longest `tail_share` of steps if more (at least `tail_min_steps`); never
+    under `log_limit`, the jitter's. Stalls of a heavy tail (data loading, garbage collection, a
+    shared file system) come in every length a slow-step fault has: a job's limit is where its
+    own tail stops explaining a step. A light tail (jitter alone) fits a steep Pareto beyond a
+    few sigmas and keeps about the jitter's limit. A slow-step fault slows a few steps: the
+    `tail_trim_steps` longest are set aside first, as they are what the limit must still find."""
+    kept = np.sort(np.expm1(residual[clean]))[:max(int(clean.sum()) - params.tail_trim_steps, 0)]
+    if len(kept) <= params.tail_min_steps:
         return log_limit
-    tail = float(np.quantile(kept, 1 - params.tail_share))
-    return max(log_limit, params.tail_multiple * tail) if tail > params.tail_sigmas * sigma else log_limit
+    threshold = max(kept[-max(int(params.tail_share * len(kept)), params.tail_min_steps) - 1],
+                    np.expm1(params.tail_sigmas * sigma))
+    fitted = max(int(np.sum(kept > threshold)), params.tail_min_steps)
+    threshold, longest = kept[-fitted - 1], kept[-fitted:]
+    spread = float(np.sum(np.log(longest / threshold))) if threshold > 0 else 0.0
+    if spread <= 0:
+        return log_limit
+    exceeding = fitted + int(clean.sum()) - len(kept)  # the longest steps set aside exceed it too
+    excess = threshold * (exceeding / params.natural_slow_steps_per_hour) ** (spread / fitted)
+    return max(log_limit, float(np.log1p(excess)))
 
 
 def _segments(logs: np.ndarray, clean: np.ndarray, outlier: np.ndarray, limit: float, sigma: float,

@@ -32,14 +32,16 @@ class DiagnosisParams:
     jitter_min_diffs: int = 5
     jitter_sigma_floor: float = 1e-3  # log-duration units: jitter is never taken as smaller
     baseline_steps: int = 10  # rolling median over this many steps on each side
-    # Heavy tails (baseline.tail_limit): a job whose clean steps' 1 - tail_share quantile (log
-    # residual over the baseline) is beyond tail_sigmas of its jitter (a normal distribution's 2%
-    # quantile: 2.05 sigmas) stalls by nature, and tail_multiple x that quantile is its slow-step
-    # limit (a Pareto tail's rarest steps of a day lie 2-4x beyond its 2% quantile). A slow-step
-    # fault slows a few steps: the tail_trim_steps longest steps are set aside before.
-    tail_share: float = 0.02
+    # Heavy tails (baseline.tail_limit): a job's clean steps pass its slow-step limit
+    # natural_slow_steps_per_hour times an hour by its own Pareto tail, fitted to the excesses
+    # beyond tail_sigmas of its jitter (where jitter alone seldom reaches: a normal distribution's
+    # 2.5 sigmas is its 0.6% quantile) or its longest tail_share of steps if more (at least
+    # tail_min_steps), after the tail_trim_steps longest are set aside (a slow-step fault slows
+    # a few steps). The rate is the issues' budget of false alarms: one per 50 clean job-hours.
+    natural_slow_steps_per_hour: float = 0.02
+    tail_share: float = 0.1
     tail_sigmas: float = 2.5
-    tail_multiple: float = 5.0
+    tail_min_steps: int = 10
     tail_trim_steps: int = 3
     # share of a step: how much longer than usual a checkpoint step must be to be slow (saving
     # times vary more than compute: storage is shared)
