@@ -408,10 +408,11 @@ def test_a_restart_costs_the_downtime_and_the_warmup_and_names_the_replaced_host
 
 
 def _ring_job(slow_address: int | None, slow_steps_range: range, hosts: int = 8, n: int = 40,
-              late_host: int | None = None, late_slows_steps: bool = True) -> JobHour:
+              late_host: int | tuple[int, ...] | None = None, late_slows_steps: bool = True) -> JobHour:
     """A ring of `hosts` one-GPU hosts, one 64 MiB transfer per host and step (0.1 s); the
-    transfers to and from `slow_address` take 0.25 s in `slow_steps_range`; `late_host` sends
-    0.2 s late in those steps, and the steps then take 0.2 s longer (with `late_slows_steps`)."""
+    transfers to and from `slow_address` take 0.25 s in `slow_steps_range`; `late_host` (or hosts
+    taking turns, step by step) sends 0.2 s late in those steps, and the steps then take 0.2 s
+    longer (with `late_slows_steps`)."""
     durations = jittered(n)
     in_window = np.isin(np.arange(n), slow_steps_range)
     if late_host is not None and late_slows_steps:
@@ -423,7 +424,8 @@ def _ring_job(slow_address: int | None, slow_steps_range: range, hosts: int = 8,
         seconds[np.ix_(in_window, touching)] = 0.25
     flows = ring_flows(step_start, hosts, seconds)
     if late_host is not None:
-        late = in_window[np.repeat(np.arange(n), hosts)] & (flows["src"] == late_host)
+        step, taking_turns = np.repeat(np.arange(n), hosts), np.atleast_1d(late_host)
+        late = in_window[step] & (flows["src"] == taking_turns[step % len(taking_turns)])
         flows["start"] = np.where(late, flows["start"] + 0.2, flows["start"])
         flows["end"] = np.where(late, flows["end"] + 0.2, flows["end"])
     flows["start"] = flows["start"] + np.random.default_rng(3).uniform(0, 0.001, len(flows["start"]))
@@ -468,6 +470,15 @@ def test_a_straggler_window_names_the_late_host_and_costs_the_steps_it_slowed():
     assert issue.subject == "gpu2" and issue.kind == "straggler"
     assert issue.wasted_gpu_s == pytest.approx(0.2 * 15 * 8, rel=0.1)  # 0.2 s a step, 15 steps, 8 GPUs
     assert json.loads(issue.evidence)["late_steps"] == 15
+
+
+def test_hosts_taking_turns_being_the_latest_over_the_same_steps_are_no_straggler():
+    # hosts 2 and 5 alternate as the latest (as a slow link of their ring makes each late in
+    # turn): each is the culprit of enough steps for a window, neither the one host the others wait for
+    job = _ring_job(slow_address=None, slow_steps_range=range(20, 35), n=60, late_host=(2, 5))
+    culprit, _ = stragglers.straggler_steps(job, np.zeros(job.n_steps, bool), PARAMS)
+    assert set(culprit[20:35].tolist()) == {2, 5} and (culprit[:20] == -1).all()
+    assert stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS) == []
 
 
 def test_a_straggler_window_that_slowed_no_step_is_not_one_that_slows():

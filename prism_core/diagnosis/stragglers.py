@@ -166,10 +166,16 @@ def _usual_positions(structure: np.ndarray, position: np.ndarray, whole: np.ndar
 def straggler_windows(job: JobHour, excluded: np.ndarray, previous: OpenWindow | None,
                       params: DiagnosisParams) -> list[Window]:
     """The stragglers' windows, from the steps not `excluded` (slow links make their receivers
-    late too)."""
+    late too). A window that shares steps with another host's is no straggler's: a straggler is
+    the one host the others wait for, and where hosts take turns being the latest over the same
+    steps, something they share makes them late (a slow link of their ring, a slow stage
+    upstream)."""
     culprit, behind_s = straggler_steps(job, excluded, params)
     carried = position(job.hosts, previous.name) if previous else -1
-    return find_windows(job, culprit, behind_s, carried, params)
+    windows = find_windows(job, culprit, behind_s, carried, params)
+    return [window for window in windows if not any(
+        other.code != window.code and other.run[0] <= window.run[-1] and window.run[0] <= other.run[-1]
+        for other in windows)]
 
 
 def slowing_windows(job: JobHour, windows: list[Window], previous: OpenWindow | None, masks: StepMasks,
@@ -198,8 +204,7 @@ def straggler_issues(job: JobHour, windows: list[Window], previous: OpenWindow |
             continue
         evidence = {"late_steps": len(window.run), "window_steps": len(window.steps),
                     "median_behind_s": float(np.median(window.scores)),
-                    "alone_in_stage": bool(np.sum(job.stage_of_host == job.stage_of_host[window.code]) < 2),
-                    "runner_up": _runner_up(job, windows, window)}
+                    "alone_in_stage": bool(np.sum(job.stage_of_host == job.stage_of_host[window.code]) < 2)}
         issues.append(window_issue(job, "straggler", name, window, span, share=share,
                                    margin=len(window.run) / params.window_min_steps, cost=cost, evidence=evidence,
                                    params=params))
@@ -226,8 +231,3 @@ def _slowed(span: Span, share: float, fit: Baseline, params: DiagnosisParams) ->
     noticeable = params.straggler_min_sigmas * fit.sigma / np.sqrt(max(len(span.measured), 1))
     return span.continued or share > noticeable
 
-
-def _runner_up(job: JobHour, windows: list[Window], window: Window) -> str | None:
-    """The host of the first other straggler window that shares steps with `window`."""
-    others = [w.code for w in windows if w.code != window.code and np.isin(w.run, window.steps).any()]
-    return str(job.hosts[others[0]]) if others else None
