@@ -295,6 +295,8 @@ def analyze_job(
             params=params.diagnosis, steps_resolved=resolved.resolution == "steps",
             shortest_timed_s={name: resolution.shortest_timed_s(profile, params.resolution)
                               for name, profile in (exporters or {}).items()},
+            samplers=frozenset(name for name, profile in (exporters or {}).items()
+                               if resolution.samples_packets(profile)),
         )
     except Exception as error:
         logger.warning("analysis of job %s failed in %s", job_id, stage, exc_info=True)

@@ -117,18 +117,18 @@ class ResolutionParams:
     # slow link's throughput; a slow link makes its receivers late, so a straggler is told from
     # one only where the link's throughput shows): reported where the steps are resolved and...
     transfer_issue_kinds: tuple[str, ...] = ("straggler", "slow_link")
-    # share; ... at least this share of the job's records comes from exporters that report
-    # transfers one by one (a cache's merged records or a sampler's instants time no transfer) ...
-    min_transfer_share: float = 0.9
     # count; a record times its transfer when it lasts at least this many ticks of its exporter's
     # clock (a clock truncating start and end puts the length up to a tick off: a millisecond
-    # clock makes a transfer of a few hundred microseconds nothing or a whole tick) ...
+    # clock makes a transfer of a few hundred microseconds nothing or a whole tick; a cache's
+    # merged records or a sampler's instants time no transfer) ...
     timed_min_ticks: int = 10
-    # share; ... and a job's transfers are timed where at least this share of its NICs exchange
+    # share; ... and a job's transfers are timed where more than this share of its NICs exchange
     # transfers of a size whose records usually are (a slow link shows in the throughput of the
     # NIC's transfers: its gradient syncs, the job's longest, while its pipeline sends may all
-    # be too short)
-    min_timed_share: float = 0.9
+    # be too short). A NIC is judged against its peers (a link against the same sizes elsewhere,
+    # a host against its stage peers): most of them must show. The NICs behind a sampling switch
+    # are not judged, and a slow link there may read as its receivers' straggling
+    min_timed_share: float = 0.5
 
     # --- the records' rhythm ----------------------------------------------------------------------
     # count; a pair's rhythm needs at least this many gaps between its records
@@ -434,12 +434,10 @@ def issue_kinds_shown(resolved: JobResolution, params: ResolutionParams = DEFAUL
 def _transfers_timed(flows: pa.Table, exporter: np.ndarray, names: pa.Array, one_by_one: dict[str, int],
                      profiles: dict[str, ExporterProfile], params: ResolutionParams,
                      members: pa.Array | None) -> bool:
-    """Whether nearly all the job's records (`min_transfer_share`) come from exporters that report
-    transfers one by one, and most of the NICs its records show (`min_timed_share` of those of
+    """Whether most of the NICs the job's records show (more than `min_timed_share` of those of
     `members`, or of any address without) exchange transfers whose length their clocks time
-    (`timed_sizes`). `exporter`: each record's code among `names`."""
-    if sum(one_by_one.values()) < params.min_transfer_share * flows.num_rows:
-        return False
+    (`timed_sizes`), on exporters that report transfers one by one. `exporter`: each record's
+    code among `names`."""
     shortest = np.array([shortest_timed_s(profiles.get(name), params) if name in one_by_one else np.inf
                          for name in names.to_pylist()])[exporter]
     duration_s = (flows["time_flow_end_ns"].to_numpy() - flows["time_flow_start_ns"].to_numpy()) * 1e-9
@@ -449,7 +447,7 @@ def _transfers_timed(flows: pa.Table, exporter: np.ndarray, names: pa.Array, one
     ends = np.stack([lookup(flows, name, nics) for name in ("src_addr", "dst_addr")])
     # of the NICs the records show (one that sends and receives nothing shows nothing at any clock)
     seen, covered = (np.unique(e[e >= 0]) for e in (ends, ends[:, timed]))
-    return len(covered) >= params.min_timed_share * len(seen)
+    return len(covered) > params.min_timed_share * len(seen)
 
 
 def shortest_timed_s(profile: ExporterProfile | None, params: ResolutionParams = DEFAULT_PARAMS) -> float:
@@ -506,6 +504,12 @@ def reports_one_by_one(profile: ExporterProfile | None) -> bool:
     """Whether the exporter reports transfers one by one (one without a profile: nothing says
     otherwise)."""
     return profile is None or profile.kind in ("per_transfer", "unknown")
+
+
+def samples_packets(profile: ExporterProfile | None) -> bool:
+    """Whether the exporter samples packets (sFlow): its records are instants inside transfers,
+    whose start is no transfer's."""
+    return profile is not None and profile.kind == "sampled"
 
 
 def keeps_flow_cache(profile: ExporterProfile | None) -> bool:

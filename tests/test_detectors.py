@@ -60,7 +60,8 @@ def make_hour(durations=(), hosts: int = 4, flows: dict | None = None, writes: d
         replica_of_addr=np.arange(hosts),
         start=start[order], end=flows.get("end", np.zeros(0))[order], src=flows.get("src", np.zeros(0, int))[order],
         dst=flows.get("dst", np.zeros(0, int))[order], nbytes=flows.get("nbytes", np.zeros(0, int))[order],
-        port=flows.get("port", np.full(len(start), -1, np.int32))[order], shortest_timed=np.zeros(len(start)),
+        port=flows.get("port", np.full(len(start), -1, np.int32))[order],
+        shortest_timed=np.zeros(len(start)), sampled=flows.get("sampled", np.zeros(len(start), bool))[order],
         kind=flows.get("kind", np.full(len(start), DP, np.int8))[order], step=step,
         write_start=writes.get("start", np.zeros(0)), write_end=writes.get("end", np.zeros(0)),
         write_src=writes.get("src", np.zeros(0, int)), write_dst=np.full(n_writes, "10.200.0.1"),
@@ -287,7 +288,8 @@ def test_a_heavy_tailed_jobs_own_stalls_are_not_slow_steps_and_a_light_tailed_jo
         heavy = make_hour(rng.lognormal(0.0, jitter, n) * stalls)
         fit = fit_without_writes(heavy, no_masks(n))
         false_hours += slow_steps.find_slow_steps(heavy, fit, no_masks(n), PARAMS).any()
-        by_jitter += (heavy.duration / fit.baseline > max(PARAMS.slow_step_delta, 1 + PARAMS.jitter_sigmas * fit.sigma)).any()
+        jitter_limit = max(PARAMS.slow_step_delta, 1 + PARAMS.jitter_sigmas * fit.sigma)
+        by_jitter += (heavy.duration / fit.baseline > jitter_limit).any()
         light = rng.lognormal(0.0, jitter, n)
         light[n // 2] *= 1.5
         job = make_hour(light)
@@ -478,7 +480,27 @@ def test_hosts_taking_turns_being_the_latest_over_the_same_steps_are_no_straggle
     job = _ring_job(slow_address=None, slow_steps_range=range(20, 35), n=60, late_host=(2, 5))
     culprit, _ = stragglers.straggler_steps(job, np.zeros(job.n_steps, bool), PARAMS)
     assert set(culprit[20:35].tolist()) == {2, 5} and (culprit[:20] == -1).all()
-    assert stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS) == []
+    windows = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
+    assert sorted(w.code for w in windows) == [2, 5] and all(w.contested for w in windows)
+    masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask(windows, job.n_steps),
+                      np.zeros(job.n_steps, bool))
+    fit = fit_without_writes(job, masks)
+    slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
+    assert stragglers.straggler_issues(job, windows, None, masks, slow, fit, PARAMS) == ([], None)
+    assert not slow.any()  # someone was late in those steps: they are not judged slow either
+
+
+def test_a_host_seen_through_a_samplers_instants_only_is_not_judged():
+    # host 2 sends 0.2 s late in steps 20-34, but its leaf samples packets: its records are
+    # instants, which time no send (prism_core.resolution)
+    job = _ring_job(slow_address=None, slow_steps_range=range(20, 35), n=60, late_host=2)
+    timed = make_hour(job.duration, hosts=8, flows={"start": job.start, "end": job.end, "src": job.src,
+                                                     "dst": job.dst, "nbytes": job.nbytes})
+    assert set(stragglers.straggler_steps(timed, np.zeros(60, bool), PARAMS)[0][20:35].tolist()) == {2}
+    sampled = make_hour(job.duration, hosts=8, flows={"start": job.start, "end": job.end, "src": job.src,
+                                                       "dst": job.dst, "nbytes": job.nbytes,
+                                                       "sampled": job.src == 2})
+    assert (stragglers.straggler_steps(sampled, np.zeros(60, bool), PARAMS)[0] == -1).all()
 
 
 def test_a_straggler_window_that_slowed_no_step_is_not_one_that_slows():

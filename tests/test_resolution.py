@@ -252,7 +252,8 @@ def test_stragglers_and_slow_links_need_the_nics_transfers_timed():
 
     def shown(clock_ns: int, cache_kind: str = "per_transfer", records: pa.Table = table) -> tuple[str, ...]:
         profiles = [ExporterProfile("10.255.0.1", 800, cache_kind, clock_ns, 0.0, 1, 1e-6, 0.02),
-                    ExporterProfile("10.255.0.2", 6400, "per_transfer", clock_ns, 0.0, 1, 1e-6, 0.02)]
+                    ExporterProfile("10.255.0.2", 6400, "per_transfer", clock_ns, 0.0, 1, 1e-6, 0.02),
+                    ExporterProfile("10.255.0.3", 1600, "sampled", clock_ns, 1.0, 1024, None, None)]
         return issue_kinds_shown(job_resolution(records, {p.sampler_address: p for p in profiles}))
 
     assert set(shown(1)) >= {"slow_step", "straggler", "slow_link", "hang", "restart"}
@@ -268,9 +269,14 @@ def test_stragglers_and_slow_links_need_the_nics_transfers_timed():
     assert {"straggler", "slow_link"} <= set(shown(5 * MS, records=same_nics))
     # a clock coarser than a tenth of every transfer times none
     assert "slow_link" not in shown(25 * MS, records=same_nics)
-    # a flow cache's records (a tenth of the job's here) time no transfer either
+    # a flow cache's records (a tenth of the job's here, half its NICs) time no transfer either
     assert "straggler" not in shown(1, "flow_cache") and "slow_step" in shown(1, "flow_cache")
     assert set(shown(1, "sampled")) - {"straggler", "slow_link"} == set(shown(1, "sampled"))
+    # a sampling switch behind two NICs (a fifth of the records) leaves the others judged
+    sampled = pc.is_in(table["src_addr"], pa.array(["10.0.1.0"]))
+    behind_sampler = table.set_column(table.schema.get_field_index("sampler_address"), "sampler_address",
+                                      pc.if_else(sampled, "10.255.0.3", table["sampler_address"]))
+    assert {"straggler", "slow_link"} <= set(shown(1, records=behind_sampler))
 
 
 def test_a_flow_cache_hour_reports_no_steps_but_the_step_period(tmp_path):

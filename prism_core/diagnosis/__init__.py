@@ -44,6 +44,7 @@ def diagnose_job(
     params: DiagnosisParams = DEFAULT_PARAMS,
     steps_resolved: bool = True,
     shortest_timed_s: dict[str, float] | None = None,
+    samplers: frozenset[str] = frozenset(),
 ) -> Diagnosis:
     """Issues of one job over [hour_start_ns, hour_end_ns).
 
@@ -54,12 +55,13 @@ def diagnose_job(
     steps (prism_core.resolution); where they do not, `steps` show no step cut short.
     `shortest_timed_s`: by exporter address, the shortest record whose length its clock resolves
     (prism_core.resolution.shortest_timed_s): a slow link is read from the throughput of those
-    records only (none given: of every record). Call this also for a job without flows whose
+    records only (none given: of every record). `samplers`: the exporters that sample packets,
+    whose records time no send (stragglers are read without them). Call this also for a job without flows whose
     previous state has an open issue (`has_open_issue`), so an ongoing hang keeps counting.
     """
     state = DiagnosisState.load(previous)
     job = JobHour.build(job_id, job_flows, job_gpus, comm_pairs, steps, events, hour_membership, hour_start_ns,
-                        hour_end_ns, params, shortest_timed_s)
+                        hour_end_ns, params, shortest_timed_s, samplers)
     issues, open_hang = hangs.continue_hang(job, state.hangs.open_hang, params)
     resumes = restarts.find_resumes(job, state.progress, state.hangs.stop, state.checkpoints.checkpoint_rhythm,
                                    params, steps_resolved)

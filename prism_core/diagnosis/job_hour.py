@@ -43,6 +43,7 @@ class JobHour:
     nbytes: np.ndarray
     port: np.ndarray  # source port (its queue pair's; -1: the record has none)
     shortest_timed: np.ndarray  # the shortest record its exporter's clock times (prism_core.resolution)
+    sampled: np.ndarray  # bool: its exporter samples packets (an instant inside a transfer)
     kind: np.ndarray  # pair kind code (prism_core.constants)
     step: np.ndarray  # index of the step the flow starts in, -1 outside every step
     # large flows from members to outside the job, by start: checkpoint writes, or copies to
@@ -77,13 +78,15 @@ class JobHour:
     @classmethod
     def build(cls, job_id: str, flows: pa.Table, gpus: pa.Table, pairs: pa.Table, steps: pa.Table,
               events: pa.Table | None, membership: pa.Table | None, hour_start_ns: int, hour_end_ns: int,
-              params: DiagnosisParams, shortest_timed_s: dict[str, float] | None = None) -> JobHour:
+              params: DiagnosisParams, shortest_timed_s: dict[str, float] | None = None,
+              samplers: frozenset[str] = frozenset()) -> JobHour:
         """The hour of `job_id` from its tables. `membership` (prism_core.recognition.MEMBERSHIP, every job of
         the hour) tells which hosts other jobs took and how far the hour's data reaches: to the hour's
         end, unless the last flow of any job came more than `data_end_margin_s` before it (the data
         ends within this hour) or there was none; without it, the hour is complete and no host taken.
         `shortest_timed_s`: by exporter address, the shortest record whose length it times (an
-        exporter not named, or none named: any record)."""
+        exporter not named, or none named: any record). `samplers`: the exporters that sample
+        packets."""
         origin_ns = hour_start_ns
         members = _members(gpus, _gpus_behind(job_id, membership))
         addrs = members["addrs"]
@@ -133,6 +136,9 @@ class JobHour:
             names = pa.array(list(shortest_timed_s), pa.string())
             shortest = np.r_[list(shortest_timed_s.values()), 0.0]  # the last: an exporter not named
             shortest_timed = shortest[lookup(flows, "sampler_address", names)[order]]
+        sampled = np.zeros(len(order), bool)
+        if samplers:
+            sampled = lookup(flows, "sampler_address", pa.array(sorted(samplers), pa.string()))[order] >= 0
         return cls(
             job_id=job_id,
             origin_ns=origin_ns,
@@ -146,6 +152,7 @@ class JobHour:
             nbytes=nbytes,
             port=port,
             shortest_timed=shortest_timed,
+            sampled=sampled,
             kind=kind,
             step=step,
             **writes_and_reads,

@@ -14,6 +14,8 @@ culprit; a host that is the culprit of enough nearby steps is a straggler.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from prism_core import waste
@@ -37,7 +39,8 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     its latest flow's lateness)."""
     culprit = np.full(job.n_steps, -1)
     behind_s = np.zeros(job.n_steps)
-    sel = (job.step >= 0) & (job.kind <= PP)
+    # a sampler's instants fall anywhere inside a transfer: no send's start
+    sel = (job.step >= 0) & (job.kind <= PP) & ~job.sampled
     sel &= ~(excluded | job.split)[np.maximum(job.step, 0)]
     if not sel.any():
         return culprit, behind_s
@@ -166,16 +169,13 @@ def _usual_positions(structure: np.ndarray, position: np.ndarray, whole: np.ndar
 def straggler_windows(job: JobHour, excluded: np.ndarray, previous: OpenWindow | None,
                       params: DiagnosisParams) -> list[Window]:
     """The stragglers' windows, from the steps not `excluded` (slow links make their receivers
-    late too). A window that shares steps with another host's is no straggler's: a straggler is
-    the one host the others wait for, and where hosts take turns being the latest over the same
-    steps, something they share makes them late (a slow link of their ring, a slow stage
-    upstream)."""
+    late too), each `contested` where another host's shares steps with it."""
     culprit, behind_s = straggler_steps(job, excluded, params)
     carried = position(job.hosts, previous.name) if previous else -1
     windows = find_windows(job, culprit, behind_s, carried, params)
-    return [window for window in windows if not any(
+    return [replace(window, contested=any(
         other.code != window.code and other.run[0] <= window.run[-1] and window.run[0] <= other.run[-1]
-        for other in windows)]
+        for other in windows)) for window in windows]
 
 
 def slowing_windows(job: JobHour, windows: list[Window], previous: OpenWindow | None, masks: StepMasks,
@@ -193,10 +193,15 @@ def slowing_windows(job: JobHour, windows: list[Window], previous: OpenWindow | 
 def straggler_issues(job: JobHour, windows: list[Window], previous: OpenWindow | None, masks: StepMasks,
                      slow: np.ndarray, fit: Baseline, params: DiagnosisParams
                      ) -> tuple[list[Issue], OpenWindow | None]:
-    """An issue per straggler window that slowed the steps, and the window still open at the
-    hour's end."""
+    """An issue per straggler window that slowed the steps and is not `contested`, and the window
+    still open at the hour's end. A straggler is the one host the others wait for: where hosts
+    take turns being the latest over the same steps, something they share makes them late (a slow
+    link of their ring, a slow stage upstream). Their steps stay out of the baseline and the slow
+    steps all the same: someone was late in them."""
     issues, open_window = [], None
     for window in windows:
+        if window.contested:
+            continue
         name = str(job.hosts[window.code])
         span = measure(job, window, name, previous, masks, slow, fit)
         cost, share = _cost(job, window, span, fit)

@@ -25,6 +25,7 @@ class Window:
     code: int  # the culprit: a host (stragglers), an address or a link (slow links)
     run: np.ndarray  # the steps it was the culprit of
     scores: np.ndarray  # how late or slow it was in each
+    contested: bool = False  # another culprit's window shares steps with it
 
     @property
     def steps(self) -> np.ndarray:
