@@ -441,6 +441,7 @@ def test_a_slow_link_window_names_the_slow_address():
     assert found.score[15] == pytest.approx(0.1 / 0.25, rel=0.05)  # its fastest transfer, over the usual
     (window,) = slow_links.link_windows(job, found, None, PARAMS)
     assert window.run.tolist() == list(range(10, 30))
+    assert slow_links.link_hosts(job, [window]) == {5}
     masks = StepMasks(np.zeros(job.n_steps, bool), np.zeros(job.n_steps, bool), span_mask([window], job.n_steps),
                       np.zeros(job.n_steps, bool))
     fit = fit_without_writes(job, masks)
@@ -501,6 +502,15 @@ def test_a_host_seen_through_a_samplers_instants_only_is_not_judged():
                                                        "dst": job.dst, "nbytes": job.nbytes,
                                                        "sampled": job.src == 2})
     assert (stragglers.straggler_steps(sampled, np.zeros(60, bool), PARAMS)[0] == -1).all()
+
+
+def test_a_late_host_holding_an_end_of_a_slow_link_is_the_links_not_a_straggler():
+    # host 2 sends late in steps 20-34; where a slow link of the hour has an end on host 2, its NIC
+    # makes its own sends late in the steps the link's windows leave out
+    job = _ring_job(slow_address=None, slow_steps_range=range(20, 35), n=60, late_host=2)
+    (alone,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS)
+    (linked,) = stragglers.straggler_windows(job, np.zeros(job.n_steps, bool), None, PARAMS, link_hosts={2})
+    assert not alone.contested and linked.contested
 
 
 def test_a_straggler_window_that_slowed_no_step_is_not_one_that_slows():

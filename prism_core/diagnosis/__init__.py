@@ -76,7 +76,7 @@ def diagnose_job(
         link_windowed = span_mask(link_windows, job.n_steps)
         # slow links make their receivers late too
         straggler_windows = stragglers.straggler_windows(job, resumes.warmup | link_windowed, previous_straggler,
-                                                         params)
+                                                         params, slow_links.link_hosts(job, link_windows))
         masks = StepMasks(warmup=resumes.warmup, checkpoint=checkpoints_found.step,
                           windowed=link_windowed | span_mask(straggler_windows, job.n_steps),
                           merged=slow_steps.merged_steps(job, params))

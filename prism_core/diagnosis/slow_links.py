@@ -181,6 +181,11 @@ def link_code(job: JobHour, name: str) -> int:
     return n + a * n + b if min(a, b) >= 0 else -1
 
 
+def link_hosts(job: JobHour, windows: list[Window]) -> set[int]:
+    """The hosts holding an end of the windows' slow addresses or links."""
+    return {int(job.host_of_addr[end]) for window in windows for end in _ends(job, window.code)}
+
+
 def _ends(job: JobHour, code: int) -> list[int]:
     """The addresses of a slow-link subject: itself, or a link's two ends."""
     n = len(job.addrs)

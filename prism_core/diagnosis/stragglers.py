@@ -167,13 +167,15 @@ def _usual_positions(structure: np.ndarray, position: np.ndarray, whole: np.ndar
 
 
 def straggler_windows(job: JobHour, excluded: np.ndarray, previous: OpenWindow | None,
-                      params: DiagnosisParams) -> list[Window]:
+                      params: DiagnosisParams, link_hosts: set[int] = frozenset()) -> list[Window]:
     """The stragglers' windows, from the steps not `excluded` (slow links make their receivers
-    late too), each `contested` where another host's shares steps with it."""
+    late too), each `contested` where another host's shares steps with it or its host holds an
+    end of a slow link of the hour (`link_hosts`: a slow NIC makes its own host's sends late, in
+    the steps its link's windows leave out)."""
     culprit, behind_s = straggler_steps(job, excluded, params)
     carried = position(job.hosts, previous.name) if previous else -1
     windows = find_windows(job, culprit, behind_s, carried, params)
-    return [replace(window, contested=any(
+    return [replace(window, contested=window.code in link_hosts or any(
         other.code != window.code and other.run[0] <= window.run[-1] and window.run[0] <= other.run[-1]
         for other in windows)) for window in windows]
 
