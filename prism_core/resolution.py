@@ -417,7 +417,7 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     resolving_records = sum(one_by_one[name] for name in resolving)
     if (resolving_records >= params.min_resolving_records
             and resolving_records >= params.min_resolving_share * flows.num_rows):
-        timed = _transfers_timed(flows, exporter, names, one_by_one, profiles, params, members)
+        timed = _transfers_timed(flows, exporter, names, profiles, params, members)
         return JobResolution("steps", period, frozenset(resolving), timed)
     return JobResolution("period" if period is not None else "jobs_only", period, frozenset(), False)
 
@@ -431,15 +431,13 @@ def issue_kinds_shown(resolved: JobResolution, params: ResolutionParams = DEFAUL
     return tuple(kind for kind in ISSUE_KINDS if resolved.transfers_timed or kind not in params.transfer_issue_kinds)
 
 
-def _transfers_timed(flows: pa.Table, exporter: np.ndarray, names: pa.Array, one_by_one: dict[str, int],
-                     profiles: dict[str, ExporterProfile], params: ResolutionParams,
-                     members: pa.Array | None) -> bool:
+def _transfers_timed(flows: pa.Table, exporter: np.ndarray, names: pa.Array, profiles: dict[str, ExporterProfile],
+                     params: ResolutionParams, members: pa.Array | None) -> bool:
     """Whether most of the NICs the job's records show (more than `min_timed_share` of those of
     `members`, or of any address without) exchange transfers whose length their clocks time
     (`timed_sizes`), on exporters that report transfers one by one. `exporter`: each record's
     code among `names`."""
-    shortest = np.array([shortest_timed_s(profiles.get(name), params) if name in one_by_one else np.inf
-                         for name in names.to_pylist()])[exporter]
+    shortest = np.array([shortest_timed_s(profiles.get(name), params) for name in names.to_pylist()])[exporter]
     duration_s = (flows["time_flow_end_ns"].to_numpy() - flows["time_flow_start_ns"].to_numpy()) * 1e-9
     timed = timed_sizes(flows["bytes"].to_numpy(), duration_s, shortest)
     nics = members if members is not None else pc.unique(pa.concat_arrays(

@@ -131,14 +131,12 @@ class JobHour:
         dst = dst[order]
         nbytes = nbytes[order]
         port = source_ports(flows, order)
-        shortest_timed = np.zeros(len(order))
-        if shortest_timed_s:
-            names = pa.array(list(shortest_timed_s), pa.string())
-            shortest = np.r_[list(shortest_timed_s.values()), 0.0]  # the last: an exporter not named
-            shortest_timed = shortest[lookup(flows, "sampler_address", names)[order]]
-        sampled = np.zeros(len(order), bool)
-        if samplers:
-            sampled = lookup(flows, "sampler_address", pa.array(sorted(samplers), pa.string()))[order] >= 0
+        shortest_timed, sampled = np.zeros(len(order)), np.zeros(len(order), bool)
+        named = sorted({*(shortest_timed_s or {}), *samplers})
+        if named:
+            exporter = lookup(flows, "sampler_address", pa.array(named, pa.string()))[order]  # -1: not named
+            shortest_timed = np.r_[[(shortest_timed_s or {}).get(name, 0.0) for name in named], 0.0][exporter]
+            sampled = np.r_[[name in samplers for name in named], False][exporter]
         return cls(
             job_id=job_id,
             origin_ns=origin_ns,

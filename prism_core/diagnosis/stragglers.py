@@ -20,7 +20,8 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.arrays import (
-    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_median, group_reduce, stable_order,
+    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_median, group_reduce, kth_within_groups,
+    stable_order,
 )
 from prism_core.constants import PP
 from prism_core.parallelism import family_codes
@@ -91,8 +92,7 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     ordinal += short  # from here on, the n-th flow it is compared as
     whole = short == 0
     del short
-    at = np.minimum(np.searchsorted(peers.distinct, in_stage + ordinal), len(peers.distinct) - 1)
-    seen_at = peers.distinct[at] == in_stage + ordinal
+    at, seen_at = _group_of(peers, in_stage + ordinal)
     del in_stage
     peer_first = peers.reduce(start, np.minimum)[at]
     peer_hosts = np.where(seen_at, peers.counts[at], 0)  # no peer sent as many: nothing to compare with
@@ -144,10 +144,10 @@ def _complete_count(class_of_host: KeyGroups, sender_group: np.ndarray, sent: np
     boundary, now and then, one more."""
     first = np.flatnonzero(np.r_[True, sender_group[1:] != sender_group[:-1]])
     of_class, count = class_of_host.group[first], sent[first]
-    order = np.lexsort((count, of_class))
-    n = np.bincount(of_class, minlength=len(class_of_host.distinct))
-    kth = np.cumsum(n) - n + np.floor(quantile * (n - 1)).astype(np.int64)
-    return count[order][kth][class_of_host.group]
+    by_class = np.argsort(of_class, kind="stable")
+    n = np.bincount(of_class, minlength=len(class_of_host.distinct))  # every class sends in some step
+    kth = np.floor(quantile * (n - 1)).astype(np.int64)
+    return kth_within_groups(of_class[by_class], count[by_class], kth)[class_of_host.group]
 
 
 def _usual_positions(structure: np.ndarray, position: np.ndarray, whole: np.ndarray
@@ -161,9 +161,15 @@ def _usual_positions(structure: np.ndarray, position: np.ndarray, whole: np.ndar
     median = group_median(of_whole, position[whole])
     noise = MAD_TO_SIGMA * group_median(of_whole, np.abs(position[whole] - median))
     first = of_whole.first_rows()
-    at = np.minimum(np.searchsorted(of_whole.distinct, structure), len(of_whole.distinct) - 1)
-    seen = np.where(of_whole.distinct[at] == structure, of_whole.counts[at], 0)
-    return median[first][at], noise[first][at], seen
+    at, seen_at = _group_of(of_whole, structure)
+    return median[first][at], noise[first][at], np.where(seen_at, of_whole.counts[at], 0)
+
+
+def _group_of(groups: KeyGroups, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per key: the index of its group among `groups` (any index where it has none) and whether
+    it has one."""
+    at = np.minimum(np.searchsorted(groups.distinct, keys), len(groups.distinct) - 1)
+    return at, groups.distinct[at] == keys
 
 
 def straggler_windows(job: JobHour, excluded: np.ndarray, previous: OpenWindow | None,

@@ -164,10 +164,9 @@ def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
     copies = []
     for shift in PAIRING_WINDOW_SHIFTS_NS:
         candidates = np.flatnonzero(~paired)
-        window = np.zeros(len(rows), np.int64) if shift is None else (corrected_start + shift) // COPY_TIME_NS
-        keys = (exporter, occurrence, size, corrected_start) if shift is None else (
-            exporter, occurrence, corrected_start, size)
-        order = candidates[np.lexsort(tuple(key[candidates] for key in (*keys, window, five_tuple)))]
+        keys = (exporter, occurrence, size, corrected_start, five_tuple) if shift is None else (
+            exporter, occurrence, corrected_start, size, (corrected_start + shift) // COPY_TIME_NS, five_tuple)
+        order = candidates[np.lexsort(tuple(key[candidates] for key in keys))]
         a, b = _nearest_pairs(order, five_tuple, exporter, corrected_start, corrected_end, size)
         if not len(a):
             break
