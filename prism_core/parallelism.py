@@ -342,6 +342,7 @@ class _Groups:
     answered: np.ndarray  # per internal flow: a flow of the reverse group in flight with it
     continuous: np.ndarray  # per internal flow: a flow cache's record of continuous sends (`_continuous`)
     lumped: np.ndarray  # per group: continuous records, whose size is none of a transfer
+    sampled: np.ndarray  # per group: sampled records (one packet's instant each, no transfer's size)
 
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
@@ -395,6 +396,7 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         answered=answered,
         continuous=continuous,
         lumped=(size_of_group == n_sizes - 1),
+        sampled=(size_of_group == n_sizes - 2) & any_sampled,
     )
 
 
@@ -564,19 +566,22 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     unmatched = np.where(joint, groups.unmatched + groups.unmatched[other], groups.unmatched)
     flows = np.where(joint, groups.flows + groups.flows[other], groups.flows)
     pipeline = balanced & repeated & (unmatched >= params.pipeline_asymmetry * flows)
-    if not groups.lumped.any():
+    unsized = groups.lumped | groups.sampled
+    if not unsized.any():
         return pipeline
     # Where most of a host pair's records are transfer-sized (other exporters report its
-    # transfers one by one), their groups decide, and its continuous records follow: a cache
-    # whose idle timeout outlasts the steps merges a DP sync from step to step too, and a tree's
-    # broadcast that ends after its reduce reads like a cool-down
+    # transfers one by one), their groups decide, and its continuous and sampled records follow:
+    # a cache whose idle timeout outlasts the steps merges a DP sync from step to step too, and a
+    # tree's broadcast that ends after its reduce reads like a cool-down; a sampled packet finds a
+    # reverse one in flight only by the luck of the draw, so a collective's samples read as a
+    # few unanswered sends
     n = int(max(groups.src_host.max(), groups.dst_host.max())) + 1
     pair = np.minimum(groups.src_host, groups.dst_host) * n + np.maximum(groups.src_host, groups.dst_host)
-    sized = ~groups.lumped
+    sized = ~unsized
     sized_flows = np.bincount(pair[sized], weights=groups.flows[sized], minlength=n * n)
-    lumped_flows = np.bincount(pair[~sized], weights=groups.flows[~sized], minlength=n * n)
+    unsized_flows = np.bincount(pair[unsized], weights=groups.flows[unsized], minlength=n * n)
     sized_pipeline = np.bincount(pair[sized & pipeline], minlength=n * n) > 0
-    decided = ~sized & (sized_flows[pair] > lumped_flows[pair])
+    decided = unsized & (sized_flows[pair] > unsized_flows[pair])
     pipeline[decided] = sized_pipeline[pair[decided]]
     return pipeline
 

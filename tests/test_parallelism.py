@@ -383,6 +383,25 @@ def test_sampled_records_keep_dp_and_pp_pairs(shape):
     assert pairs_of(found, "dp") == truth["dp"]
 
 
+def test_transfers_reported_one_by_one_decide_beside_sampled_rails():
+    """Groups of three host pairs as `_group_flows` makes them: (0, 1) a tree's DP sync, reported
+    one by one on most rails, whose sampled rails' packets (one record per transfer, at its first
+    sampled packet: a reduce's opens before its broadcast comes back) go 5% unanswered one way;
+    (0, 2) a pipeline, reported and sampled; (0, 3) a pipeline on sampled rails alone. Where
+    transfer-sized records are most of a pair's, they decide it, its samples follow."""
+    src = np.array([0, 1, 0, 1, 0, 2, 0, 2, 0, 3])
+    dst = np.array([1, 0, 1, 0, 2, 0, 2, 0, 3, 0])
+    flows = np.array([4000, 4000, 1400, 1400, 8000, 8000, 2800, 2800, 2800, 2800])
+    unmatched = np.array([0, 0, 0, 70, 2000, 2000, 700, 700, 700, 700])
+    sampled = np.array([False, False, True, True] * 2 + [True, True])
+    groups = parallelism._Groups(
+        src_host=src, dst_host=dst, size=np.where(sampled, 25e6, np.r_[[8e8] * 4, [1.6e7] * 4, [0] * 2]),
+        flows=flows, unmatched=unmatched, reverse=np.arange(10) ^ 1, of_flow=np.empty(0, np.int64),
+        answered=np.empty(0, bool), continuous=np.empty(0, bool), lumped=np.zeros(10, bool), sampled=sampled)
+    pipeline = parallelism._is_pipeline(groups, parallelism.DEFAULT_PARAMS)
+    assert pipeline.tolist() == [False] * 4 + [True] * 6
+
+
 def test_size_families_cut_where_neighbouring_sizes_part():
     sizes = np.array([1000, 1004, 1009, 1013, 2000, 2010, 1_000_000, 1_009_000, 1_030_000])
     smallest, family = parallelism.size_families(sizes, 0.01, min_flows=1)
