@@ -265,7 +265,8 @@ def analyze_job(
         layout = previous.get("parallelism", {}).get(job_id)
         found = (
             parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism,
-                                             cached_exporters=cached_exporters(exporters), previous=layout)
+                                             cached_exporters=cached_exporters(exporters),
+                                             samplers=sampling_exporters(exporters), previous=layout)
             if members.num_rows
             else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None,
                                          state=layout)
@@ -295,8 +296,7 @@ def analyze_job(
             params=params.diagnosis, steps_resolved=resolved.resolution == "steps",
             shortest_timed_s={name: resolution.shortest_timed_s(profile, params.resolution)
                               for name, profile in (exporters or {}).items()},
-            samplers=frozenset(name for name, profile in (exporters or {}).items()
-                               if resolution.samples_packets(profile)),
+            samplers=sampling_exporters(exporters) or frozenset(),
         )
     except Exception as error:
         logger.warning("analysis of job %s failed in %s", job_id, stage, exc_info=True)
@@ -379,6 +379,14 @@ def silent_resolution(timeline_state: dict | None,
 def cached_exporters(exporters: dict[str, resolution.ExporterProfile] | None) -> frozenset[str]:
     """The exporters whose profile says they keep a flow cache (records may merge transfers)."""
     return frozenset(name for name, profile in (exporters or {}).items() if resolution.keeps_flow_cache(profile))
+
+
+def sampling_exporters(exporters: dict[str, resolution.ExporterProfile] | None) -> frozenset[str] | None:
+    """The exporters whose profile says they sample packets (their records are instants); None
+    without profiles."""
+    if not exporters:
+        return None
+    return frozenset(name for name, profile in exporters.items() if resolution.samples_packets(profile))
 
 
 def profiles_by_address(profiles: list[resolution.ExporterProfile]) -> dict[str, resolution.ExporterProfile]:

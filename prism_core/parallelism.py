@@ -142,13 +142,15 @@ class Parallelism:
 
 def identify_parallelism(
     job_id: str, job_flows: pa.Table, members: pa.Table, *, params: ParallelismParams = DEFAULT_PARAMS,
-    cached_exporters: Collection[str] = (), previous: dict | None = None,
+    cached_exporters: Collection[str] = (), samplers: Collection[str] | None = None, previous: dict | None = None,
 ) -> Parallelism:
     """Pairs, stages and degrees of one job from the flows its members sent (an hour of them), and
     its GPUs with the span of their traffic for the job this hour (the membership's).
     Flows a member sent outside its membership interval belong to another job and are ignored.
     `cached_exporters`: the `sampler_address` of the exporters that keep a flow cache (their
     resolution profile's kind is `flow_cache`): their records may merge several transfers.
+    `samplers`: those that sample packets (profile kind `sampled`): their records are instants;
+    None without profiles: a record is then an instant when it is sampled and has no span.
     `previous`: the state the job's previous hour left (`Parallelism.state`, `_remembered_layout`)."""
     handed_bytes = job_flows["bytes"].to_numpy().astype(np.int64, copy=False)
     gpus = _member_gpus(members)
@@ -170,7 +172,7 @@ def identify_parallelism(
         pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
         return Parallelism(job_gpus, pairs, None, None, None, *_per_flow_handed(handed_bytes, sent, kind, family_bytes),
                            state=previous)
-    flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus, cached_exporters)
+    flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus, cached_exporters, samplers)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
@@ -293,15 +295,19 @@ class _InternalFlows:
 
     @classmethod
     def of(cls, job_flows: pa.Table, inside: np.ndarray, src: np.ndarray, dst: np.ndarray,
-           gpus: pa.Table, cached_exporters: Collection[str] = ()) -> _InternalFlows:
+           gpus: pa.Table, cached_exporters: Collection[str] = (),
+           samplers: Collection[str] | None = None) -> _InternalFlows:
         """The flows of `job_flows` where `inside` (`src`, `dst`: their sources' and destinations'
         rows of `gpus`); read as arrays, the table is not copied."""
         host_code = gpus["host_code"].to_numpy()
         start, end = (job_flows[c].to_numpy()[inside] for c in ("time_flow_start_ns", "time_flow_end_ns"))
         # packet sampling (sFlow) has no flow start or end; a sampled NetFlow exporter's records
-        # keep their span and their bytes scaled back are the transfer's
+        # keep their span and their bytes scaled back are the transfer's (on a millisecond clock
+        # a short transfer's start and end are one tick too: the exporter's profile tells them apart)
         sampled = np.zeros(len(start), bool)
-        if "sampling_rate" in job_flows.column_names:
+        if samplers is not None and "sampler_address" in job_flows.column_names:
+            sampled = lookup(job_flows, "sampler_address", pa.array(sorted(samplers), pa.string()))[inside] >= 0
+        elif "sampling_rate" in job_flows.column_names:
             rate = pc.fill_null(job_flows["sampling_rate"], 1).to_numpy()[inside]
             sampled = (rate > 1) & (end == start)
         cached = np.zeros(len(start), bool)

@@ -62,7 +62,8 @@ class ResolutionParams:
     min_records: int = 30
     # share; timestamps on a lattice (us, ms) at least this often mean the clock counts in it
     lattice_share: float = 0.98
-    # share; records with start == end at least this often mean the exporter has no start and end
+    # share; records with start == end at least this often mean the exporter (one that reports no
+    # sampling rate) has no start and end
     instant_share: float = 0.9
     # 1-in-N; sampled exporters above this rate miss most transfers (below it, e.g. 1 in 4, a
     # collective's transfers are all seen)
@@ -370,7 +371,10 @@ def exporter_profiles(tally: ExporterTally, params: ResolutionParams = DEFAULT_P
                   and merged_records[i] >= params.min_merged_share * records)
         if records < params.min_records:
             kind = "unknown"
-        elif instant_share >= params.instant_share or rate > params.max_sampling_rate:
+        # an exporter that says it samples 1 in a few is NetFlow's sampling, whose records keep
+        # their transfers' spans: on a millisecond clock, its transfers shorter than a tick (an
+        # all-to-all's chunks) are instants without being samples
+        elif rate > params.max_sampling_rate or (rate == 1 and instant_share >= params.instant_share):
             kind = "sampled"
         elif merges or long_records > params.long_share * records:
             kind = "flow_cache"

@@ -12,6 +12,7 @@ from prism_core.analysis import split_flows_by_job
 from prism_core.constants import FLOW_FAMILY_BYTES, FLOW_KIND, KIND_CODES, OTHER
 from prism_core.evaluate import jobs as job_scores
 from prism_core.minutes import HOUR_NS
+from prism_core.resolution import MS_NS
 from prism_core.simulate.cluster import GPUS_PER_HOST, Cluster, Placement
 from prism_core.simulate.exporters import FlowCache, Records
 from prism_core.simulate.scenarios import FaultSpec, JobSpec
@@ -400,6 +401,23 @@ def test_transfers_reported_one_by_one_decide_beside_sampled_rails():
         answered=np.empty(0, bool), continuous=np.empty(0, bool), lumped=np.zeros(10, bool), sampled=sampled)
     pipeline = parallelism._is_pipeline(groups, parallelism.DEFAULT_PARAMS)
     assert pipeline.tolist() == [False] * 4 + [True] * 6
+
+
+def test_a_netflow_exporter_sampling_one_in_four_on_a_millisecond_clock_reports_transfers():
+    # its records carry their transfers' spans, but on a millisecond clock an all-to-all's chunks
+    # (shorter than a tick) start and end on one tick: the exporter's profile (per transfer, no
+    # sampler) says they are transfers, not an sFlow agent's instants
+    spec = SHAPES["moe"]
+    flows, members, truth = simulated_job(spec)
+    on_ms = {c: pa.array(flows[c].to_numpy() // MS_NS * MS_NS) for c in ("time_flow_start_ns", "time_flow_end_ns")}
+    for column, ticks in on_ms.items():
+        flows = flows.set_column(flows.schema.get_field_index(column), column, ticks)
+    flows = flows.append_column("sampling_rate", pa.array(np.full(flows.num_rows, 4)))
+    flows = flows.append_column("sampler_address", pa.array([UNCACHED] * flows.num_rows))
+    assert pc.mean(pc.equal(flows["time_flow_start_ns"], flows["time_flow_end_ns"])).as_py() > 0.5
+    found = parallelism.identify_parallelism("job", flows, members, samplers=frozenset())
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "pp") == truth["pp"]
 
 
 def test_size_families_cut_where_neighbouring_sizes_part():

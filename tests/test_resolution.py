@@ -87,8 +87,10 @@ def test_sampled_records_are_instants_or_carry_their_rate():
     assert (instants.kind, instants.instant_share) == ("sampled", 1.0)
     rated = profile_of(records(start, start + 1000, "10.255.0.1", rate=2048))
     assert (rated.kind, rated.sampling_rate) == ("sampled", 2048)
-    # 1 in 4 still sees every transfer of a collective: its records are per transfer
+    # 1 in 4 still sees every transfer of a collective: its records are per transfer, also where
+    # a millisecond clock shows most of them (shorter than a tick) as instants
     assert profile_of(records(*transfers(400, np.random.default_rng(2)), "10.255.0.1", rate=4)).kind == "per_transfer"
+    assert profile_of(records(start // MS * MS, start // MS * MS, "10.255.0.1", rate=4)).kind == "per_transfer"
 
 
 def cached(start, end, nbytes, idle_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
