@@ -349,6 +349,8 @@ class _Groups:
     continuous: np.ndarray  # per internal flow: a flow cache's record of continuous sends (`_continuous`)
     lumped: np.ndarray  # per group: continuous records, whose size is none of a transfer
     sampled: np.ndarray  # per group: sampled records (one packet's instant each, no transfer's size)
+    sampled_bytes: np.ndarray  # per group: the bytes its direction's sampled records estimate
+    reverse_sampled_bytes: np.ndarray  # per group: those of the reverse direction
 
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
@@ -391,6 +393,9 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         slack = np.maximum(params.in_flight_slack_ns, _sampling_interval(direction, flows)[reverse_direction])
         on_pair = reverse_in_flight(direction, reverse_direction, flows.start, flows.end, slack.astype(np.int64))
         answered = np.where(flows.sampled, on_pair, answered)
+    sampled_bytes = np.zeros(n_hosts * n_hosts)
+    if any_sampled:
+        sampled_bytes = np.bincount(direction[flows.sampled], weights=flows.size[flows.sampled], minlength=len(sampled_bytes))
     return _Groups(
         src_host=src_of_group,
         dst_host=dst_of_group,
@@ -403,6 +408,8 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         continuous=continuous,
         lumped=(size_of_group == n_sizes - 1),
         sampled=(size_of_group == n_sizes - 2) & any_sampled,
+        sampled_bytes=sampled_bytes[pair],
+        reverse_sampled_bytes=sampled_bytes[dst_of_group * n_hosts + src_of_group],
     )
 
 
@@ -562,7 +569,15 @@ def reverse_in_flight(
 def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
     reverse_flows = reverse_flows + _merged_reverse_flows(groups, params)
-    balanced = (reverse_flows * params.balance >= groups.flows) & (groups.flows * params.balance >= reverse_flows)
+    # a direction's sampled records estimate its bytes on the sampled rails; in transfers of a
+    # group's size they count on both sides of its balance (with PXN a pipeline's forward sends
+    # may cross on timed rails and its backward ones half on a sampled rail)
+    unsized = groups.lumped | groups.sampled
+    sized = ~unsized & (groups.size > 0)
+    own_flows = groups.flows + np.divide(groups.sampled_bytes, groups.size, out=np.zeros(len(sized)), where=sized)
+    reverse_flows = reverse_flows + np.divide(groups.reverse_sampled_bytes, groups.size, out=np.zeros(len(sized)),
+                                              where=sized)
+    balanced = (reverse_flows * params.balance >= own_flows) & (own_flows * params.balance >= reverse_flows)
     repeated = groups.flows >= params.pipeline_min_flows
     # continuous records are judged with their reverse ones: the warm-up opens the forward
     # direction's records alone, the cool-down closes the backward direction's, and traffic at the
@@ -572,7 +587,6 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     unmatched = np.where(joint, groups.unmatched + groups.unmatched[other], groups.unmatched)
     flows = np.where(joint, groups.flows + groups.flows[other], groups.flows)
     pipeline = balanced & repeated & (unmatched >= params.pipeline_asymmetry * flows)
-    unsized = groups.lumped | groups.sampled
     if not unsized.any():
         return pipeline
     # Where most of a host pair's records are transfer-sized (other exporters report its

@@ -398,9 +398,28 @@ def test_transfers_reported_one_by_one_decide_beside_sampled_rails():
     groups = parallelism._Groups(
         src_host=src, dst_host=dst, size=np.where(sampled, 25e6, np.r_[[8e8] * 4, [1.6e7] * 4, [0] * 2]),
         flows=flows, unmatched=unmatched, reverse=np.arange(10) ^ 1, of_flow=np.empty(0, np.int64),
-        answered=np.empty(0, bool), continuous=np.empty(0, bool), lumped=np.zeros(10, bool), sampled=sampled)
+        answered=np.empty(0, bool), continuous=np.empty(0, bool), lumped=np.zeros(10, bool), sampled=sampled,
+        sampled_bytes=np.zeros(10), reverse_sampled_bytes=np.zeros(10))
     pipeline = parallelism._is_pipeline(groups, parallelism.DEFAULT_PARAMS)
     assert pipeline.tolist() == [False] * 4 + [True] * 6
+
+
+def test_a_pipeline_whose_backward_sends_cross_on_sampled_rails_keeps_its_balance():
+    # eight stages on two hosts cross between them once: with PXN the forward sends leave on the
+    # rails of the receiving GPUs (0, 1), the backward ones on rails 6 and 7, whose leaves sample
+    # packets. No backward record is a transfer: the sampled ones' estimated bytes balance the
+    # forward transfers
+    spec = SHAPES["stages inside a host"]
+    flows, members, truth = simulated_job(spec)
+    rail = members["gpu"].to_numpy()[pc.index_in(flows["dst_addr"], value_set=members["addr"]).to_numpy()]
+    on_sampled_rail = np.isin(rail, (6, 7))
+    timed = flows.filter(pa.array(~on_sampled_rail))
+    timed = timed.append_column("sampling_rate", pa.array(np.ones(timed.num_rows, np.int64)))
+    mixed = pa.concat_tables([timed, through_sflow(flows.filter(pa.array(on_sampled_rail)), 1024)]).sort_by(
+        "time_flow_start_ns")
+    found = parallelism.identify_parallelism("job", mixed, members)
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+    assert pairs_of(found, "pp") == truth["pp"]
 
 
 def test_a_netflow_exporter_sampling_one_in_four_on_a_millisecond_clock_reports_transfers():
