@@ -570,10 +570,12 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
     reverse_flows = reverse_flows + _merged_reverse_flows(groups, params)
     # a direction's sampled records estimate its bytes on the sampled rails; in transfers of a
-    # group's size they count on both sides of its balance (with PXN a pipeline's forward sends
-    # may cross on timed rails and its backward ones half on a sampled rail)
+    # group's size they count on both sides of its balance where both directions show the size
+    # on timed rails too (with PXN a pipeline's forward sends may cross on timed rails and its
+    # backward ones half on a sampled rail; a size one direction alone carries stays unbalanced,
+    # whatever other traffic the samples hold)
     unsized = groups.lumped | groups.sampled
-    sized = ~unsized & (groups.size > 0)
+    sized = ~unsized & (groups.size > 0) & (groups.reverse >= 0)
     own_flows = groups.flows + np.divide(groups.sampled_bytes, groups.size, out=np.zeros(len(sized)), where=sized)
     reverse_flows = reverse_flows + np.divide(groups.reverse_sampled_bytes, groups.size, out=np.zeros(len(sized)),
                                               where=sized)
