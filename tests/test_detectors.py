@@ -452,6 +452,26 @@ def test_a_slow_link_window_names_the_slow_address():
     assert json.loads(issue.evidence)["slow_pairs"] == 2 and open_window is None  # closed well before the end
 
 
+def test_a_collective_throttled_alike_on_every_link_names_no_link():
+    # every transfer of the ring as slow as the others in steps 10-19 (one slow NIC's pace, its
+    # links' lead finer than the exporter's clock shows): three or more addresses tie, and no
+    # link or address is the culprit
+    n, hosts = 40, 8
+    durations = jittered(n)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
+    seconds = np.full((n, hosts), 0.1)
+    seconds[10:20] = 0.25
+    job = make_hour(durations, hosts=hosts, flows=ring_flows(step_start, hosts, seconds))
+    found = slow_links.slow_link_steps(job, np.zeros(n, bool), PARAMS)
+    assert (found.culprit == -1).all()
+    assert found.score[15] == pytest.approx(0.4, rel=0.01)  # the steps are still scored slow
+    # one address ahead of the others' pace by more than the tie: it is named again
+    seconds[10:20, 5] = 0.3
+    seconds[10:20, 4] = 0.3  # the ring's link into host 5
+    job = make_hour(durations, hosts=hosts, flows=ring_flows(step_start, hosts, seconds))
+    assert set(slow_links.slow_link_steps(job, np.zeros(n, bool), PARAMS).culprit[10:20].tolist()) == {5}
+
+
 def test_warmup_steps_show_no_slow_link():
     job = _ring_job(slow_address=5, slow_steps_range=range(10, 30))
     warmup = np.isin(np.arange(job.n_steps), range(10, 30))

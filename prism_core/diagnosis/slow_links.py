@@ -75,18 +75,21 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     order = np.lexsort((addr, capacity, step))
     first = np.r_[True, step[order][1:] != step[order][:-1]]
     lowest = order[first]
-    second = np.full(len(lowest), -1)
-    has_second = np.r_[~first[1:], False][first]
-    second[has_second] = order[np.flatnonzero(first)[has_second] + 1]
+    pace = capacity[lowest] * (1 + params.link_tie)
+    second, third = (_next_in_step(order, first, k) for k in (1, 2))
     score[step[lowest]] = capacity[lowest]
     runner_up = np.maximum(second, 0)
-    tied = (second >= 0) & (capacity[runner_up] < capacity[lowest] * (1 + params.link_tie))
+    tied = (second >= 0) & (capacity[runner_up] < pace)
+    # a third address as slow: the whole collective moves at one pace and the records cannot
+    # tell which of its links sets it (a tree or ring throttled by one slow NIC drains its other
+    # links a little sooner, finer than a millisecond clock shows)
+    crowded = tied & (third >= 0) & (capacity[np.maximum(third, 0)] < pace)
     a, b = np.sort(np.stack([addr[lowest], addr[runner_up]]), axis=0)
     code = np.where(tied, n + a * n + b, addr[lowest])
     # An address that exchanged all its transfers with one peer was slow through that link
     # only; when the peer was as slow with another address too, the peer is the slow NIC (a
     # tree collective's leaf talks to its parent alone).
-    peer, pace = sole_peer[lowest], capacity[lowest] * (1 + params.link_tie)
+    peer = sole_peer[lowest]
     of_step = np.full(job.n_steps, -1)
     of_step[step[lowest]] = np.arange(len(lowest))
     of = of_step[flow_step]  # each flow's step's lowest address
@@ -95,9 +98,17 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     slow_elsewhere &= ratio <= pace[of]
     through_peer = np.bincount(of[slow_elsewhere], minlength=len(lowest)) > 0
     code = np.where(through_peer, peer, code)
-    slow = capacity[lowest] < params.slow_link_ratio
+    slow = (capacity[lowest] < params.slow_link_ratio) & ~crowded
     culprit[step[lowest][slow]] = code[slow]
     return LinkSteps(culprit, score, *flows)
+
+
+def _next_in_step(order: np.ndarray, first: np.ndarray, k: int) -> np.ndarray:
+    """Per step (its rows of `order` begin where `first`): the row `k` places after its first,
+    -1 where the step has fewer."""
+    starts = np.flatnonzero(first)
+    at = starts + k
+    return np.where(at < np.r_[starts[1:], len(order)], order[np.minimum(at, len(order) - 1)], -1)
 
 
 def _usual_rate(step: np.ndarray, size: np.ndarray, rate: np.ndarray) -> np.ndarray:
