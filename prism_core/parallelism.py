@@ -172,12 +172,14 @@ def identify_parallelism(
         pairs = _comm_pairs(job_id, job_flows, src, gpus["addr"], kind)
         return Parallelism(job_gpus, pairs, None, None, None, *_per_flow_handed(handed_bytes, sent, kind, family_bytes),
                            state=previous)
-    flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus, cached_exporters, samplers)
+    sampled = _sampled_records(job_flows, samplers)
+    flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus, sampled[inside], cached_exporters)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params) & ~all_to_all
     pipeline_sends = pipeline[groups.of_flow] | _merged_pipeline_sends(flows, groups, pipeline, params)
     external = filter_rows(job_flows, ~inside)
+    external = external.append_column("sampled", pa.array(sampled[~inside]))
     remembered = tuple((previous or {}).get("checkpoint_writers", (0, 0)))
     layout = _Layout.infer(gpus, flows, external, groups, pipeline, pipeline_sends, all_to_all, remembered)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
@@ -239,6 +241,20 @@ def _sent_while_member(job_flows: pa.Table, members: pa.Table, gpus: pa.Table, s
     return within
 
 
+def _sampled_records(job_flows: pa.Table, samplers: Collection[str] | None) -> np.ndarray:
+    """Per record: a packet sampler's instant (sFlow: no flow start or end, bytes estimated). By
+    the exporter's profile (`samplers`); without profiles, a record sampled and without a span.
+    A sampled NetFlow exporter's records keep their spans, and their bytes scaled back are the
+    transfer's; on a millisecond clock a short transfer's start and end are one tick too, which
+    is why the profile decides where there is one."""
+    if samplers is not None and "sampler_address" in job_flows.column_names:
+        return lookup(job_flows, "sampler_address", pa.array(sorted(samplers), pa.string())) >= 0
+    if "sampling_rate" not in job_flows.column_names:
+        return np.zeros(job_flows.num_rows, bool)
+    start, end = (job_flows[c].to_numpy() for c in ("time_flow_start_ns", "time_flow_end_ns"))
+    return (pc.fill_null(job_flows["sampling_rate"], 1).to_numpy() > 1) & (end == start)
+
+
 def _member_gpus(members: pa.Table) -> pa.Table:
     """One row per member address (addr, host, gpu, first_seen, last_seen, host_code, active,
     gpus, local), sorted by host then gpu. `active`: the host is still in the job at its last
@@ -295,21 +311,12 @@ class _InternalFlows:
 
     @classmethod
     def of(cls, job_flows: pa.Table, inside: np.ndarray, src: np.ndarray, dst: np.ndarray,
-           gpus: pa.Table, cached_exporters: Collection[str] = (),
-           samplers: Collection[str] | None = None) -> _InternalFlows:
+           gpus: pa.Table, sampled: np.ndarray, cached_exporters: Collection[str] = ()) -> _InternalFlows:
         """The flows of `job_flows` where `inside` (`src`, `dst`: their sources' and destinations'
-        rows of `gpus`); read as arrays, the table is not copied."""
+        rows of `gpus`; `sampled`: theirs that are a sampler's instants); read as arrays, the
+        table is not copied."""
         host_code = gpus["host_code"].to_numpy()
         start, end = (job_flows[c].to_numpy()[inside] for c in ("time_flow_start_ns", "time_flow_end_ns"))
-        # packet sampling (sFlow) has no flow start or end; a sampled NetFlow exporter's records
-        # keep their span and their bytes scaled back are the transfer's (on a millisecond clock
-        # a short transfer's start and end are one tick too: the exporter's profile tells them apart)
-        sampled = np.zeros(len(start), bool)
-        if samplers is not None and "sampler_address" in job_flows.column_names:
-            sampled = lookup(job_flows, "sampler_address", pa.array(sorted(samplers), pa.string()))[inside] >= 0
-        elif "sampling_rate" in job_flows.column_names:
-            rate = pc.fill_null(job_flows["sampling_rate"], 1).to_numpy()[inside]
-            sampled = (rate > 1) & (end == start)
         cached = np.zeros(len(start), bool)
         exporter = np.zeros(len(start), np.int64)
         if len(cached_exporters) and "sampler_address" in job_flows.column_names:
@@ -962,15 +969,18 @@ def _ring_order(
 def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, gpus_per_host: int) -> tuple[int, int]:
     """How many GPUs write the checkpoint, (fewest, most): the largest flow size (size family,
     `family_sizes`) that the most member NICs each send to a non-member more than once (shards go
-    out in equal chunks; log writes never repeat a size). One NIC is one writer: a job with
-    tp = pp = 1 saves from DP rank 0 alone.
+    out in equal chunks; log writes never repeat a size), and the NICs whose sampled records
+    (`sampled`: a sampler's estimates, of no size to repeat) hold two checkpoint-sized sends or
+    more. One NIC is one writer: a job with tp = pp = 1 saves from DP rank 0 alone.
     Counted per (stage level, GPU index), so a host replaced in a restart counts once."""
     # shards are checkpoint-sized; a monitoring reply or a log write may repeat a small size by chance
     external = external.filter(pc.greater_equal(external["bytes"], CHECKPOINT_FLOW_BYTES))
     if external.num_rows == 0:
         return 0, 0
-    # one chunk size as exporters count it: header bytes put each record a few bytes apart
-    family = family_sizes(external["bytes"].to_numpy())
+    # one chunk size as exporters count it: header bytes put each record a few bytes apart; a
+    # sampler's records are one family of their own
+    family = np.where(external["sampled"].to_numpy(zero_copy_only=False), -1,
+                      family_sizes(external["bytes"].to_numpy()))
     per_nic = pa.table({"bytes": family, "src_addr": external["src_addr"]}).group_by(
         ["bytes", "src_addr"], use_threads=False).aggregate([("bytes", "count")])
     per_nic = per_nic.filter(pc.greater_equal(per_nic["bytes_count"], 2))
@@ -981,11 +991,15 @@ def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, g
     slot = level[gpus["host_code"].to_numpy()[row]] * gpus_per_host + gpus["local"].to_numpy()[row]
     served = gpus["gpus"].to_numpy()[row]  # a NIC serving two GPUs writes both shards
     distinct, first = np.unique(np.stack([writers_of.ravel(), slot], axis=1), axis=0, return_index=True)
-    writers = np.bincount(distinct[:, 0], weights=served[first], minlength=len(sizes)).astype(np.int64)
-    writing_nics = np.bincount(distinct[:, 0], minlength=len(sizes))
-    best = np.lexsort((sizes, writers))[-1]  # most writers, then the largest size
+    writers = np.bincount(distinct[:, 0], weights=served[first], minlength=len(sizes))
+    # the size with the most writers, then the largest (the sampled family only without one);
+    # a NIC whose samples show checkpoint-sized sends wrote that size too
+    sized = sizes >= 0
+    best = np.lexsort((sizes, np.where(sized, writers, -1)))[-1]
+    chosen = (writers_of.ravel() == best) | ~sized[writers_of.ravel()]
+    _, first = np.unique(slot[chosen], return_index=True)
     # a NIC serving two GPUs may write one shard or both: the writers are between the NICs and their GPUs
-    return int(writing_nics[best]), int(writers[best])
+    return len(first), int(served[chosen][first].sum())
 
 
 def _tensor_parallel(

@@ -384,6 +384,18 @@ def test_sampled_records_keep_dp_and_pp_pairs(shape):
     assert pairs_of(found, "dp") == truth["dp"]
 
 
+@pytest.mark.parametrize("shape", ["deep pipeline, 16 micro-batches", "dp inside a host, checkpoint"])
+def test_a_samplers_estimates_of_checkpoint_shards_count_their_writers(shape):
+    # every record sampled, the checkpoint's shards too: their bytes are estimates that a shard
+    # size repeats only by chance, so a writer is a NIC whose samples hold two checkpoint-sized
+    # sends or more (tp * pp of them: DP rank 0 of every stage and TP rank)
+    spec = replace(SHAPES[shape], checkpoint_s=30)
+    flows, members, _ = simulated_job(spec)
+    found = parallelism.identify_parallelism("job", through_sflow(flows, 1024), members)
+    assert found.state["checkpoint_writers"] == [spec.tp * spec.pp] * 2
+    assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
+
+
 def test_transfers_reported_one_by_one_decide_beside_sampled_rails():
     """Groups of three host pairs as `_group_flows` makes them: (0, 1) a tree's DP sync, reported
     one by one on most rails, whose sampled rails' packets (one record per transfer, at its first
