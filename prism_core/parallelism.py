@@ -402,7 +402,8 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         answered = np.where(flows.sampled, on_pair, answered)
     sampled_bytes = np.zeros(n_hosts * n_hosts)
     if any_sampled:
-        sampled_bytes = np.bincount(direction[flows.sampled], weights=flows.size[flows.sampled], minlength=len(sampled_bytes))
+        sampled_bytes = np.bincount(direction[flows.sampled], weights=flows.size[flows.sampled],
+                                    minlength=len(sampled_bytes))
     return _Groups(
         src_host=src_of_group,
         dst_host=dst_of_group,

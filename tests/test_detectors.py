@@ -455,7 +455,8 @@ def test_a_slow_link_window_names_the_slow_address():
 def test_a_collective_throttled_alike_on_every_link_names_no_link():
     # every transfer of the ring as slow as the others in steps 10-19 (one slow NIC's pace, its
     # links' lead finer than the exporter's clock shows): three or more addresses tie, and no
-    # link or address is the culprit
+    # link or address is the culprit; the collective is, in a window no issue names, whose steps
+    # are kept from the job's pace
     n, hosts = 40, 8
     durations = jittered(n)
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
@@ -463,8 +464,16 @@ def test_a_collective_throttled_alike_on_every_link_names_no_link():
     seconds[10:20] = 0.25
     job = make_hour(durations, hosts=hosts, flows=ring_flows(step_start, hosts, seconds))
     found = slow_links.slow_link_steps(job, np.zeros(n, bool), PARAMS)
-    assert (found.culprit == -1).all()
-    assert found.score[15] == pytest.approx(0.4, rel=0.01)  # the steps are still scored slow
+    collective = slow_links.collective_code(len(job.addrs))
+    assert set(found.culprit[10:20].tolist()) == {collective} and (found.culprit[20:] == -1).all()
+    assert found.score[15] == pytest.approx(0.4, rel=0.01)
+    (window,) = slow_links.link_windows(job, found, None, PARAMS)
+    assert window.contested and window.run.tolist() == list(range(10, 20))
+    assert slow_links.link_hosts(job, [window]) == set()
+    masks = StepMasks(np.zeros(n, bool), np.zeros(n, bool), span_mask([window], n), np.zeros(n, bool))
+    fit = fit_without_writes(job, masks)
+    slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
+    assert slow_links.link_issues(job, [window], None, masks, slow, fit, found, PARAMS) == ([], None)
     # one address ahead of the others' pace by more than the tie: it is named again
     seconds[10:20, 5] = 0.3
     seconds[10:20, 4] = 0.3  # the ring's link into host 5

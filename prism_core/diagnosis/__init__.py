@@ -74,8 +74,10 @@ def diagnose_job(
         link_steps = slow_links.slow_link_steps(job, resumes.warmup, params)
         link_windows = slow_links.link_windows(job, link_steps, previous_link, params)
         link_windowed = span_mask(link_windows, job.n_steps)
-        # slow links make their receivers late too
-        straggler_windows = stragglers.straggler_windows(job, resumes.warmup | link_windowed, previous_straggler,
+        # slow links make their receivers late too; a collective slow on links it does not tell
+        # apart may be waiting for a straggler
+        named_links = span_mask([window for window in link_windows if not window.contested], job.n_steps)
+        straggler_windows = stragglers.straggler_windows(job, resumes.warmup | named_links, previous_straggler,
                                                          params, slow_links.link_hosts(job, link_windows))
         masks = StepMasks(warmup=resumes.warmup, checkpoint=checkpoints_found.step,
                           windowed=link_windowed | span_mask(straggler_windows, job.n_steps),

@@ -9,7 +9,7 @@ when it carries pipeline activations, else in the whole step.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -82,7 +82,7 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     tied = (second >= 0) & (capacity[runner_up] < pace)
     # a third address as slow: the whole collective moves at one pace and the records cannot
     # tell which of its links sets it (a tree or ring throttled by one slow NIC drains its other
-    # links a little sooner, finer than a millisecond clock shows)
+    # links a little sooner, finer than a millisecond clock shows): its culprit is the collective
     crowded = tied & (third >= 0) & (capacity[np.maximum(third, 0)] < pace)
     a, b = np.sort(np.stack([addr[lowest], addr[runner_up]]), axis=0)
     code = np.where(tied, n + a * n + b, addr[lowest])
@@ -97,8 +97,8 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     slow_elsewhere = (((src == peer_of) & (dst != lowest_of)) | ((dst == peer_of) & (src != lowest_of)))
     slow_elsewhere &= ratio <= pace[of]
     through_peer = np.bincount(of[slow_elsewhere], minlength=len(lowest)) > 0
-    code = np.where(through_peer, peer, code)
-    slow = (capacity[lowest] < params.slow_link_ratio) & ~crowded
+    code = np.where(crowded, collective_code(n), np.where(through_peer, peer, code))
+    slow = capacity[lowest] < params.slow_link_ratio
     culprit[step[lowest][slow]] = code[slow]
     return LinkSteps(culprit, score, *flows)
 
@@ -127,23 +127,34 @@ def _usual_rate(step: np.ndarray, size: np.ndarray, rate: np.ndarray) -> np.ndar
     return np.maximum(in_step, over_steps[size])
 
 
+def collective_code(n_addrs: int) -> int:
+    """The culprit code of steps whose collective is slow on links it cannot tell apart (one past
+    every address and link code)."""
+    return n_addrs + n_addrs * n_addrs
+
+
 def link_windows(job: JobHour, link_steps: LinkSteps, previous: OpenWindow | None,
                  params: DiagnosisParams) -> list[Window]:
+    """Windows of steps sharing a slow address or link; those of a slow collective whose link is
+    not told are `contested`: no issue names a link for them, but their steps are the slow
+    link's, not the job's pace (no degradation, no slow step, no straggler)."""
     carried = link_code(job, previous.name) if previous else -1
-    return find_windows(job, link_steps.culprit, link_steps.score, carried, params)
+    collective = collective_code(len(job.addrs))
+    return [replace(window, contested=window.code == collective)
+            for window in find_windows(job, link_steps.culprit, link_steps.score, carried, params)]
 
 
 def link_issues(job: JobHour, windows: list[Window], previous: OpenWindow | None, masks: StepMasks,
                 slow: np.ndarray, fit: Baseline, link_steps: LinkSteps, params: DiagnosisParams
                 ) -> tuple[list[Issue], OpenWindow | None]:
-    """An issue per slow-link window, and the window still open at the hour's end. A slow link in
-    the gradient collective stretches the DP synchronization, not the compute: its cost is
-    measured there, clear of the compute's jitter, which is ten times larger. A link carrying
-    pipeline activations only delays transfers by milliseconds, far below the step's jitter: its
-    cost is the delay those transfers add to the 1F1B schedule (`pipeline_delay`). Otherwise the
-    whole step is measured."""
+    """An issue per slow-link window (but `contested` ones), and the window still open at the
+    hour's end. A slow link in the gradient collective stretches the DP synchronization, not the
+    compute: its cost is measured there, clear of the compute's jitter, which is ten times
+    larger. A link carrying pipeline activations only delays transfers by milliseconds, far below
+    the step's jitter: its cost is the delay those transfers add to the 1F1B schedule
+    (`pipeline_delay`). Otherwise the whole step is measured."""
     issues, open_window = [], None
-    for window in windows:
+    for window in (window for window in windows if not window.contested):
         name = link_name(job, window.code)
         span = measure(job, window, name, previous, masks, slow, fit)
         usual_sync = previous.sync_baseline_s if span.continued else fit.usual_sync
@@ -194,7 +205,8 @@ def link_code(job: JobHour, name: str) -> int:
 
 def link_hosts(job: JobHour, windows: list[Window]) -> set[int]:
     """The hosts holding an end of the windows' slow addresses or links."""
-    return {int(job.host_of_addr[end]) for window in windows for end in _ends(job, window.code)}
+    return {int(job.host_of_addr[end]) for window in windows if not window.contested
+            for end in _ends(job, window.code)}
 
 
 def _ends(job: JobHour, code: int) -> list[int]:

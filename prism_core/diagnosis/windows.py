@@ -25,7 +25,7 @@ class Window:
     code: int  # the culprit: a host (stragglers), an address or a link (slow links)
     run: np.ndarray  # the steps it was the culprit of
     scores: np.ndarray  # how late or slow it was in each
-    contested: bool = False  # another culprit's window shares steps with it
+    contested: bool = False  # another culprit's window shares steps with it, or its culprit is not told
 
     @property
     def steps(self) -> np.ndarray:
