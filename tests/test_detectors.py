@@ -481,6 +481,22 @@ def test_a_collective_throttled_alike_on_every_link_names_no_link():
     assert set(slow_links.slow_link_steps(job, np.zeros(n, bool), PARAMS).culprit[10:20].tolist()) == {5}
 
 
+def test_a_hub_as_slow_with_each_of_its_peers_is_named_though_all_three_tie():
+    # hosts 0 and 2 each talk only to host 1 (a tree's leaves and their parent); host 1's NIC is
+    # slow in steps 10-19: every address ties, but each leaf was slow through the hub alone and
+    # the hub as slow with the other leaf too, so the hub is the culprit, not the collective
+    n = 40
+    durations = jittered(n)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
+    seconds = np.where(np.isin(np.arange(n), range(10, 20)), 0.25, 0.1)
+    start = np.repeat(step_start + 0.1, 2)
+    flows = {"start": start, "end": start + np.repeat(seconds, 2), "src": np.tile([0, 1], n),
+             "dst": np.tile([1, 2], n), "nbytes": np.full(2 * n, BULK)}
+    job = make_hour(durations, hosts=3, flows=flows)
+    found = slow_links.slow_link_steps(job, np.zeros(n, bool), PARAMS)
+    assert set(found.culprit[10:20].tolist()) == {1} and (found.culprit[20:] == -1).all()
+
+
 def test_warmup_steps_show_no_slow_link():
     job = _ring_job(slow_address=5, slow_steps_range=range(10, 30))
     warmup = np.isin(np.arange(job.n_steps), range(10, 30))

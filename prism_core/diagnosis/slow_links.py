@@ -82,7 +82,8 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     tied = (second >= 0) & (capacity[runner_up] < pace)
     # a third address as slow: the whole collective moves at one pace and the records cannot
     # tell which of its links sets it (a tree or ring throttled by one slow NIC drains its other
-    # links a little sooner, finer than a millisecond clock shows): its culprit is the collective
+    # links a little sooner, finer than a millisecond clock shows): its culprit is the collective,
+    # unless one address is the common end of the slow links (below)
     crowded = tied & (third >= 0) & (capacity[np.maximum(third, 0)] < pace)
     a, b = np.sort(np.stack([addr[lowest], addr[runner_up]]), axis=0)
     code = np.where(tied, n + a * n + b, addr[lowest])
@@ -97,7 +98,7 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     slow_elsewhere = (((src == peer_of) & (dst != lowest_of)) | ((dst == peer_of) & (src != lowest_of)))
     slow_elsewhere &= ratio <= pace[of]
     through_peer = np.bincount(of[slow_elsewhere], minlength=len(lowest)) > 0
-    code = np.where(crowded, collective_code(n), np.where(through_peer, peer, code))
+    code = np.where(through_peer, peer, np.where(crowded, collective_code(n), code))
     slow = capacity[lowest] < params.slow_link_ratio
     culprit[step[lowest][slow]] = code[slow]
     return LinkSteps(culprit, score, *flows)
