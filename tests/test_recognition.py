@@ -679,6 +679,25 @@ def test_same_hosts_after_a_pause_with_other_sizes_is_a_new_job():
     assert all(r["restarts"] == 0 for r in job_rows(found).values())
 
 
+def test_a_new_job_after_a_pause_is_told_by_its_timed_sizes_not_by_a_samplers_estimates():
+    # rails 4-7 behind packet samplers: their sizes are estimates, whole multiples of a packet
+    # times the rate, and two jobs' estimates recur alike; rails 0-3 show each job's own sizes,
+    # which are its signature. Job B begins on the same hosts 41 s after job A's last traffic
+    topology = inventory(2)
+
+    def job(minutes, sizes, **span):
+        timed = [dict(row, sampling_rate=1) for size, flows in zip(sizes, SIZE_FLOWS)
+                 for row in ring([0, 1], minutes, size, rails=range(4), flows=flows, **span)]
+        estimates = [dict(row, sampling_rate=1024) for size in (64 << 20, 512 << 20)
+                     for row in ring([0, 1], minutes, size, rails=range(4, 8), **span)]
+        return timed + estimates
+
+    rows = job(range(9), OLD_SIZES) + job([9], OLD_SIZES, last_s=19) + job(range(10, 20), NEW_SIZES, first_s=0)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    assert len(job_rows(found)) == 2
+    assert all(r["restarts"] == 0 for r in job_rows(found).values())
+
+
 def test_a_ring_whose_flows_differ_by_a_few_header_bytes_is_a_job():
     topology = inventory(4)
     # 12 transfers of one size per pair and minute, each told a few bytes apart: no exact repeat

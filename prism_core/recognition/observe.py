@@ -146,11 +146,14 @@ def observe(
     np.minimum.at(first_ns, loose_job, loose_first_ns)
     np.maximum.at(last_ns, loose_job, loose_last_ns)
 
-    # Signature: flows per repeated size, per job (a flow cache's sums and a sampler's estimates
-    # recur nowhere else).
-    size_keys = np.stack([edge_job[repeated], edges["top_size"].to_numpy()[repeated]], axis=1)
+    # Signature: flows per repeated size, per job (a flow cache's sums recur nowhere else). A
+    # sampler's estimates only where the job shows no exact size: they are whole multiples of its
+    # packet size times its rate, and two jobs' recur alike where their sizes are near
+    has_exact = np.bincount(edge_job[repeated & ~estimated], minlength=n_jobs) > 0
+    signed = repeated & (~estimated | ~has_exact[edge_job])
+    size_keys = np.stack([edge_job[signed], edges["top_size"].to_numpy()[signed]], axis=1)
     size_pairs, size_of_edge = np.unique(size_keys, axis=0, return_inverse=True)
-    size_flows = np.bincount(size_of_edge.ravel(), weights=edges["top_size_flows"].to_numpy()[repeated],
+    size_flows = np.bincount(size_of_edge.ravel(), weights=edges["top_size_flows"].to_numpy()[signed],
                              minlength=len(size_pairs))
 
     by_job = np.argsort(edge_job, kind="stable")
