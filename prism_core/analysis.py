@@ -261,12 +261,13 @@ def analyze_job(
         # the stages before diagnosis read what members sent, not the reads into them
         sent = filter_rows(flows, lookup(flows, "src_addr", members["addr"]) >= 0) if members.num_rows else flows
         evict_flows()
+        samplers = sampling_exporters(exporters)
         stage = "parallelism"
         layout = previous.get("parallelism", {}).get(job_id)
         found = (
             parallelism.identify_parallelism(job_id, sent, members, params=params.parallelism,
                                              cached_exporters=cached_exporters(exporters),
-                                             samplers=sampling_exporters(exporters), previous=layout)
+                                             samplers=samplers, previous=layout)
             if members.num_rows
             else parallelism.Parallelism(JOB_GPUS.empty_table(), COMM_PAIRS.empty_table(), None, None, None,
                                          state=layout)
@@ -296,7 +297,7 @@ def analyze_job(
             params=params.diagnosis, steps_resolved=resolved.resolution == "steps",
             shortest_timed_s={name: resolution.shortest_timed_s(profile, params.resolution)
                               for name, profile in (exporters or {}).items()},
-            samplers=sampling_exporters(exporters) or frozenset(),
+            samplers=samplers or frozenset(),
         )
     except Exception as error:
         logger.warning("analysis of job %s failed in %s", job_id, stage, exc_info=True)

@@ -583,10 +583,13 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     # backward ones half on a sampled rail; a size one direction alone carries stays unbalanced,
     # whatever other traffic the samples hold)
     unsized = groups.lumped | groups.sampled
-    sized = ~unsized & (groups.size > 0) & (groups.reverse >= 0)
-    own_flows = groups.flows + np.divide(groups.sampled_bytes, groups.size, out=np.zeros(len(sized)), where=sized)
-    reverse_flows = reverse_flows + np.divide(groups.reverse_sampled_bytes, groups.size, out=np.zeros(len(sized)),
-                                              where=sized)
+    counts_samples = ~unsized & (groups.size > 0) & (groups.reverse >= 0)
+
+    def in_transfers(sampled_bytes: np.ndarray) -> np.ndarray:
+        return np.divide(sampled_bytes, groups.size, out=np.zeros(len(groups.size)), where=counts_samples)
+
+    own_flows = groups.flows + in_transfers(groups.sampled_bytes)
+    reverse_flows = reverse_flows + in_transfers(groups.reverse_sampled_bytes)
     balanced = (reverse_flows * params.balance >= own_flows) & (own_flows * params.balance >= reverse_flows)
     repeated = groups.flows >= params.pipeline_min_flows
     # continuous records are judged with their reverse ones: the warm-up opens the forward
