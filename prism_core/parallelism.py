@@ -51,6 +51,7 @@ import pyarrow.compute as pc
 
 from prism_core.arrays import (
     combined_key, encoded, filter_rows, group_median, lookup, stable_order, unique_counts, unique_inverse,
+    unique_rows,
 )
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
 from prism_core.recognition.merge import connected
@@ -994,7 +995,7 @@ def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, g
     row = pc.index_in(per_nic["src_addr"], value_set=gpus["addr"]).to_numpy()
     slot = level[gpus["host_code"].to_numpy()[row]] * gpus_per_host + gpus["local"].to_numpy()[row]
     served = gpus["gpus"].to_numpy()[row]  # a NIC serving two GPUs writes both shards
-    distinct, first = np.unique(np.stack([writers_of.ravel(), slot], axis=1), axis=0, return_index=True)
+    distinct, first = unique_rows(writers_of.ravel(), slot, return_index=True)
     writers = np.bincount(distinct[:, 0], weights=served[first], minlength=len(sizes))
     # the size with the most writers, then the largest (the sampled family only without one);
     # a NIC whose samples show checkpoint-sized sends wrote that size too

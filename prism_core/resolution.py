@@ -448,8 +448,8 @@ def _transfers_timed(flows: pa.Table, exporter: np.ndarray, names: pa.Array, pro
         [flows[name].combine_chunks().cast(pa.string()) for name in ("src_addr", "dst_addr")]))
     ends = np.stack([lookup(flows, name, nics) for name in ("src_addr", "dst_addr")])
     # of the NICs the records show (one that sends and receives nothing shows nothing at any clock)
-    seen, covered = (np.unique(e[e >= 0]) for e in (ends, ends[:, timed]))
-    return len(covered) > params.min_timed_share * len(seen)
+    seen, covered = (np.bincount(e[e >= 0], minlength=len(nics)) > 0 for e in (ends, ends[:, timed]))
+    return covered.sum() > params.min_timed_share * seen.sum()
 
 
 def shortest_timed_s(profile: ExporterProfile | None, params: ResolutionParams = DEFAULT_PARAMS) -> float:

@@ -26,6 +26,7 @@ from prism_core.arrays import (
     stable_order,
     unique_counts,
     unique_inverse,
+    unique_rows,
     with_codes,
 )
 
@@ -80,6 +81,21 @@ def test_unique_counts_is_numpys_unique(distinct):
     got_values, got_counts = unique_counts(values)
     assert np.array_equal(got_values, expected_values) and got_values.dtype == expected_values.dtype
     assert np.array_equal(got_counts, expected_counts)
+
+
+@pytest.mark.parametrize("dtypes", [(np.int64, np.int64), (np.int32, np.int16, np.int64), (np.uint32, np.int64)])
+@pytest.mark.parametrize("rows", [0, 1, 2_000])
+def test_unique_rows_is_numpys_unique_over_rows(dtypes, rows):
+    """Signed columns take the packed path (negative values included); unsigned ones numpy's own."""
+    rng = np.random.default_rng(rows + len(dtypes))
+    columns = [rng.integers(0 if np.dtype(t).kind == "u" else -50, 50, rows).astype(t) for t in dtypes]
+    stacked = np.stack(columns, axis=1)
+    expected_rows, expected_first, expected_inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+    got_rows, got_first, got_inverse = unique_rows(*columns, return_index=True, return_inverse=True)
+    assert np.array_equal(got_rows, expected_rows) and got_rows.dtype == expected_rows.dtype
+    assert np.array_equal(got_first, expected_first)
+    assert np.array_equal(got_inverse, expected_inverse.ravel())
+    assert np.array_equal(unique_rows(*columns), expected_rows)
 
 
 def test_group_indices_keeps_row_order_within_a_key():

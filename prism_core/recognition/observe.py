@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combination_ids, time_segments
+from prism_core.arrays import combination_ids, time_segments, unique_rows
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.recognition.merge import Graph, csr_pointer, job_of_nodes, runs_past_minute
 from prism_core.recognition.params import RecognitionParams
@@ -151,8 +151,7 @@ def observe(
     # packet size times its rate, and two jobs' recur alike where their sizes are near
     has_exact = np.bincount(edge_job[repeated & ~estimated], minlength=n_jobs) > 0
     signed = repeated & (~estimated | ~has_exact[edge_job])
-    size_keys = np.stack([edge_job[signed], edges["top_size"].to_numpy()[signed]], axis=1)
-    size_pairs, size_of_edge = np.unique(size_keys, axis=0, return_inverse=True)
+    size_pairs, size_of_edge = unique_rows(edge_job[signed], edges["top_size"].to_numpy()[signed], return_inverse=True)
     size_flows = np.bincount(size_of_edge.ravel(), weights=edges["top_size_flows"].to_numpy()[signed],
                              minlength=len(size_pairs))
 
@@ -244,7 +243,7 @@ def _in_tracking_order(
     each job's minute (as a position among the minutes)."""
     job_minute = np.zeros(job.max() + 1, np.int64)
     job_minute[job] = node_minute_pos
-    job_nic_pairs = np.unique(np.stack([job, node_nic], axis=1), axis=0)
+    job_nic_pairs = unique_rows(job, node_nic)
     nic_rank = np.argsort(np.argsort(np.array(vocabulary.addrs, dtype=object)))
     smallest_nic = np.full(len(job_minute), np.iinfo(np.int64).max)
     np.minimum.at(smallest_nic, job_nic_pairs[:, 0], nic_rank[job_nic_pairs[:, 1]])

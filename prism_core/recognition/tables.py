@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from prism_core.arrays import group_spans
+from prism_core.arrays import group_spans, unique_rows
 from prism_core.recognition.vocabulary import NicVocabulary
 from prism_core.schema import JOBS, TS, conform
 
@@ -81,7 +81,7 @@ def membership_table(presence: list[Presence], job_ids: list[str], vocabulary: N
     nics = np.concatenate([n for _, _, _, n in presence])
     first = np.concatenate([np.full(len(n), f) for _, f, _, n in presence])
     last = np.concatenate([np.full(len(n), l) for _, _, l, n in presence])
-    keys, position = np.unique(np.stack([track_of, nics], axis=1), axis=0, return_inverse=True)
+    keys, position = unique_rows(track_of, nics, return_inverse=True)
     position = position.ravel()
     first_ns, last_ns = group_spans(position, len(keys), first, last)
     per_nic = pa.table(

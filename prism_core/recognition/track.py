@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prism_core.arrays import combination_ids, group_spans, nearest_within
+from prism_core.arrays import combination_ids, group_spans, nearest_within, unique_rows
 from prism_core.minutes import MINUTE_NS
 from prism_core.recognition.decisions import Handover, hand_over, resumes, same_job, size_share
 from prism_core.recognition.merge import ranges
@@ -502,7 +502,7 @@ class Tracker:
         last = np.concatenate([np.full(len(n), l) for _, _, l, n in self.presence])
         host = self.vocabulary.hosts(nics)
         all_nics, is_first = self.vocabulary.nics_of_hosts(np.unique(host))
-        keys, at = np.unique(np.stack([host, track_of], axis=1), axis=0, return_inverse=True)
+        keys, at = unique_rows(host, track_of, return_inverse=True)
         at = at.ravel()
         span_first, span_last = group_spans(at, len(keys), first, last)
         holds_first = np.bincount(at, weights=np.isin(nics, all_nics[is_first]), minlength=len(keys)) > 0
@@ -526,7 +526,7 @@ class Tracker:
         # NICs are a job of whole hosts whose rings cross on the first rails (PXN).
         lanes_in_part = np.zeros(len(keys), bool)
         if self.hands_out_gpus(keys, span_first, span_last, alone):
-            shown = np.bincount(np.unique(np.stack([at, nics], axis=1), axis=0)[:, 0], minlength=len(keys))
+            shown = np.bincount(unique_rows(at, nics)[:, 0], minlength=len(keys))
             host_nics = np.bincount(self.vocabulary.hosts(np.unique(all_nics)), minlength=int(keys[:, 0].max()) + 1)
             lanes_in_part = (shown >= 2) & (shown < host_nics[keys[:, 0]])
         partial = np.bincount(keys[:, 1], weights=~(alone & holds_first) | lanes_in_part,
@@ -634,7 +634,7 @@ class Tracker:
         inside = (pair_rail >= block_first[pair_key]) & (pair_rail < block_first[pair_key] + width[pair_key])
         pair_key, pair_nic = pair_key[inside], pair_nic[inside]
         # another job on the block's NICs while this one is on the host: not its block
-        spans_of, span_at = np.unique(np.stack([nics, keys[at, 1]], axis=1), axis=0, return_inverse=True)
+        spans_of, span_at = unique_rows(nics, keys[at, 1], return_inverse=True)
         nic_first, nic_last = group_spans(span_at.ravel(), len(spans_of), entry_first, entry_last)
         by_nic = np.argsort(spans_of[:, 0], kind="stable")
         span_nic = spans_of[by_nic, 0]
