@@ -905,6 +905,22 @@ def test_a_job_behind_flow_caches_is_one_job_with_one_id_across_hours():
     assert sorted(r["n_hosts"] for r in first.jobs.to_pylist()) == [2, 4]
 
 
+def test_a_job_behind_flow_caches_restarting_on_a_replaced_host_keeps_its_id():
+    # A steady job's cache merges each queue pair's transfers into records that run on past their
+    # minute; their sums recur minute after minute (two records of one sum). Four silent minutes
+    # later the job warms up on its hosts but one: its first minute's records are single transfers
+    # (the pairs idle between them), then sums again, other ones. Its sizes tell nothing across the
+    # restart: the hosts decide.
+    rows = [dict(row, bytes=row["top_size"] * 2) for row in
+            ring([0, 1, 2], range(20), 61_068_093_440, flows=2, first_s=0.5, last_s=65)]
+    rows += ring([0, 1, 3], [24], 750_000_128, flows=12)
+    rows += [dict(row, bytes=row["top_size"] * 2) for row in
+             ring([0, 1, 3], range(25, 50), 57_318_093_312, flows=2, first_s=0.5, last_s=65)]
+    found = recognize_hour(table(rows), inventory(4), None, HOUR0)
+    (job,) = job_rows(found).values()
+    assert job["restarts"] == 1 and job["hosts"] == ["host00", "host01", "host03"]
+
+
 def test_a_rail_whose_cache_sums_look_alike_by_chance_is_job_traffic_from_its_first_minute():
     # Rails 0-6 of a job over two hosts report transfers one by one; rail 7's leaf keeps a cache
     # whose records run on past their minute. Two sums of as many transfers look alike (a

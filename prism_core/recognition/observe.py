@@ -146,11 +146,14 @@ def observe(
     np.minimum.at(first_ns, loose_job, loose_first_ns)
     np.maximum.at(last_ns, loose_job, loose_last_ns)
 
-    # Signature: flows per repeated size, per job (a flow cache's sums recur nowhere else). A
-    # sampler's estimates only where the job shows no exact size: they are whole multiples of its
-    # packet size times its rate, and two jobs' recur alike where their sizes are near
-    has_exact = np.bincount(edge_job[repeated & ~estimated], minlength=n_jobs) > 0
-    signed = repeated & (~estimated | ~has_exact[edge_job])
+    # Signature: flows per repeated size, per job, on the pairs whose sizes tell (`pair_traits`):
+    # a flow cache's sums recur from minute to minute of a steady job but not across its restart,
+    # whose warm-up shows single transfers and then other sums. A sampler's estimates only where
+    # the job shows no exact size: they are whole multiples of its packet size times its rate, and
+    # two jobs' recur alike where their sizes are near
+    telling = repeated & edges["_sized"].to_numpy(zero_copy_only=False)
+    has_exact = np.bincount(edge_job[telling & ~estimated], minlength=n_jobs) > 0
+    signed = telling & (~estimated | ~has_exact[edge_job])
     size_pairs, size_of_edge = unique_rows(edge_job[signed], edges["top_size"].to_numpy()[signed], return_inverse=True)
     size_flows = np.bincount(size_of_edge.ravel(), weights=edges["top_size_flows"].to_numpy()[signed],
                              minlength=len(size_pairs))
@@ -188,24 +191,27 @@ def _job_edges(flow_minutes: pa.Table, topology: Topology, params: RecognitionPa
         topology.is_gpu_nic(src) & topology.is_gpu_nic(dst) & pc.not_equal(src, dst).to_numpy(zero_copy_only=False)
     )
     repeated = repeated_sizes(flow_minutes, params)
-    job_traffic = repeated | persistent_pairs(flow_minutes, repeated, params)
-    edges = flow_minutes.append_column("_repeated", pa.array(repeated)).filter(pa.array(between_gpus & job_traffic))
+    persistent, sized = pair_traits(flow_minutes, repeated, params)
+    job_traffic = repeated | (persistent & ~sized)
+    edges = (flow_minutes.append_column("_repeated", pa.array(repeated)).append_column("_sized", pa.array(sized))
+             .filter(pa.array(between_gpus & job_traffic)))
     return edges, flow_minutes.filter(pa.array(between_gpus & ~job_traffic))
 
 
-def persistent_pairs(flow_minutes: pa.Table, repeated: np.ndarray, params: RecognitionParams) -> np.ndarray:
-    """Per row: is its NIC pair one whose sizes tell nothing that carries traffic in
-    `params.persistent_minutes` minutes or more of the rows given? A flow cache merges a queue
-    pair's transfers into records whose sizes are sums that never repeat, and a packet sampler
-    estimates every record's bytes, so behind them a job's pairs show no repeated size; they still
-    talk minute after minute, where a one-off copy between two jobs' NICs lasts seconds. Sizes tell
-    nothing on a pair with under `params.sized_share` of its rows `repeated`, or of its rows ending
-    within their minute (`in_step_ns`): a cache whose records run on past the minute sums a few
-    transfers each, and two sums of as many equal transfers look alike by chance. On a pair whose
-    sizes do tell, a row without a repeated size is not the job's for that (a copy seconds after the
-    job's traffic)."""
+def pair_traits(flow_minutes: pa.Table, repeated: np.ndarray, params: RecognitionParams
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: does its NIC pair carry traffic in `params.persistent_minutes` minutes or more of
+    the rows given, and do its sizes tell? A flow cache merges a queue pair's transfers into
+    records whose sizes are sums that never repeat, and a packet sampler estimates every record's
+    bytes, so behind them a job's pairs show no repeated size; they still talk minute after
+    minute, where a one-off copy between two jobs' NICs lasts seconds: such a persistent pair is
+    job traffic. Sizes tell nothing on a pair with under `params.sized_share` of its rows
+    `repeated`, or of its rows ending within their minute (`in_step_ns`): a cache whose records
+    run on past the minute sums a few transfers each, and two sums of as many equal transfers
+    look alike by chance. On a pair whose sizes do tell, a row without a repeated size is not the
+    job's for that (a copy seconds after the job's traffic)."""
     if flow_minutes.num_rows == 0:
-        return np.zeros(0, bool)
+        return np.zeros(0, bool), np.zeros(0, bool)
     both = pa.concat_arrays([flow_minutes["src_addr"].combine_chunks(), flow_minutes["dst_addr"].combine_chunks()])
     src_code, dst_code = np.split(pc.dictionary_encode(both).indices.to_numpy().astype(np.int64), 2)
     pair_code = combination_ids(src_code, dst_code)
@@ -218,7 +224,7 @@ def persistent_pairs(flow_minutes: pa.Table, repeated: np.ndarray, params: Recog
     ended = ~runs_past_minute(flow_minutes["_minute_ns"].to_numpy(), flow_minutes["last_end_ns"].to_numpy(), params)
     ended_share = np.bincount(pair_code, weights=ended, minlength=n_pairs) / rows_of_pair
     sized = (repeated_share >= params.sized_share) & (ended_share >= params.sized_share)
-    return (minutes_of_pair[pair_code] >= params.persistent_minutes) & ~sized[pair_code]
+    return minutes_of_pair[pair_code] >= params.persistent_minutes, sized[pair_code]
 
 
 def repeated_sizes(flow_minutes: pa.Table, params: RecognitionParams) -> np.ndarray:
