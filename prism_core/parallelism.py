@@ -50,8 +50,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import (
-    combined_key, encoded, filter_rows, group_median, lookup, stable_order, unique_counts, unique_inverse,
-    unique_rows,
+    combination_ids, combined_key, encoded, filter_rows, group_median, lookup, stable_order, unique_counts,
+    unique_inverse, unique_rows,
 )
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
 from prism_core.recognition.merge import connected
@@ -92,6 +92,11 @@ class ParallelismParams:
     family_spread: float = 1.5
     # threshold, sizes: a family of this many sizes or more on one directed host pair is an all-to-all
     moe_family: int = 4
+    # prior, share of bytes: a collective moves about as many bytes over each link it crosses (a
+    # ring's hops each carry the buffer's share, a tree's levels within 2x of each other); behind a
+    # flow cache, a NIC pair of a DP host pair that carried under this share of the bytes of the
+    # pair's busiest NIC pair carried another collective (`_beside_the_sync`)
+    sync_link_share: float = 0.125
     # threshold, share of the job's span in the hour: a flow cache's records of a directed host
     # pair that cover this much of it (their union) are continuous sends. A cache merges a queue
     # pair's transfers until it idles for its idle timeout: a pipeline sends through the step's
@@ -186,6 +191,7 @@ def identify_parallelism(
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
     group_kind = np.where(pipeline, PP, np.where(all_to_all | between_stages, OTHER, DP)).astype(np.int8)
     kind[inside] = np.where(pipeline_sends, PP, group_kind[groups.of_flow])
+    kind[inside] = np.where(_beside_the_sync(flows, groups, kind[inside], params), OTHER, kind[inside])
     # a sampled record's bytes are no transfer's size, nor a continuous record's (a sum of many):
     # each is a family of its own
     family_bytes[inside] = np.where(flows.sampled | groups.continuous, flows.size, groups.size[groups.of_flow])
@@ -196,6 +202,29 @@ def identify_parallelism(
                                             layout.writers, previous)
     return Parallelism(job_gpus, pairs, dp, pp, tp, *_per_flow_handed(handed_bytes, sent, kind, family_bytes),
                        state=state)
+
+
+def _beside_the_sync(flows: _InternalFlows, groups: _Groups, kind: np.ndarray, params: ParallelismParams
+                     ) -> np.ndarray:
+    """Per flow between members: a flow cache's continuous record read as the DP sync on a NIC
+    pair that carried under `sync_link_share` of the bytes of the busiest NIC pair of its group.
+    Behind a cache a host pair's collectives merge into sums of one family: an MoE all-to-all over
+    every rail joins the DP sync of the rails its ring crosses, and only their bytes tell them
+    apart (on `small`, 41 GB an hour on each all-to-all rail beside 1.1 TB on the sync's)."""
+    merged = groups.continuous & (kind == DP)
+    if not merged.any():
+        return merged
+    group = groups.of_flow[merged]
+    link = combination_ids(group, flows.src[merged], flows.dst[merged])
+    carried = np.bincount(link, weights=flows.size[merged])
+    group_of_link = np.zeros(len(carried), np.int64)
+    group_of_link[link] = group
+    busiest = np.zeros(len(groups.flows))
+    np.maximum.at(busiest, group_of_link, carried)
+    light = carried < params.sync_link_share * busiest[group_of_link]
+    beside = np.zeros(len(merged), bool)
+    beside[merged] = light[link]
+    return beside
 
 
 def _remembered_layout(degrees: tuple[int, int, int], n_gpus: int, flows: int, writers: tuple[int, int],

@@ -345,6 +345,18 @@ def test_a_flow_cache_longer_than_the_quiet_in_a_step_keeps_pp_and_dp_pairs(shap
     assert pairs_of(found, "dp") == truth["dp"]
 
 
+def test_an_all_to_all_behind_a_flow_cache_stays_out_of_the_dp_pairs():
+    # behind a 1 s / 60 s cache an MoE job's all-to-all over every rail of a stage's two hosts
+    # merges with the DP sync of the rails its ring crosses into sums of one family; the sync's
+    # NIC pairs carry many times the bytes of the all-to-all's alone. (Its degrees are not asserted:
+    # dp and tp inside a host are told by checkpoint writers, which this job has none of.)
+    flows, members, truth = simulated_job(SHAPES["moe"], flow_cache=(1.0, 60.0))
+    found = parallelism.identify_parallelism("job", flows, members, cached_exporters={CACHE})
+    assert pairs_of(found, "pp") == truth["pp"]
+    assert pairs_of(found, "dp") == truth["dp"]
+    assert pairs_of(found, "other") >= truth["other"] - truth["dp"]
+
+
 @pytest.mark.parametrize("shape", ["tree", "tree over two-host stages, checkpoint"])
 def test_transfers_reported_one_by_one_decide_beside_one_rails_merged_records(shape):
     # one rail's cache idles out after 15 s, longer than the 3 s steps: its records run from
