@@ -73,6 +73,14 @@ class ParallelismParams:
     # real jobs run 32 and more; a collective's groups have next to none, as every round of it
     # overlaps the reverse direction on some rail of the host pair)
     pipeline_asymmetry: float = 1 / 128
+    # threshold, share of a group's span: a pipeline's unanswered sends (each step's warm-up and
+    # cool-down) recur over all of its traffic, so the middle 80% of them span at least this share
+    # of the group's span; sends left unanswered in one stretch of the hour were delayed by a
+    # fault there (a slow NIC holding back one direction of a tree's reduce). Asked of the groups
+    # a sampler's estimates balance (`_is_pipeline`), with `recurrence_min_flows` unanswered
+    # sends or more (a job's last seconds in an hour leave their last step's sends unanswered)
+    pipeline_recurrence: float = 0.4
+    recurrence_min_flows: int = 8
     # threshold, flows: a PP group repeats its activation size on every micro-batch of every step;
     # a few records whose garbled sizes happen to fall together are not one, and a size family
     # (size_tolerance) recurs at least this often
@@ -388,6 +396,7 @@ class _Groups:
     sampled: np.ndarray  # per group: sampled records (one packet's instant each, no transfer's size)
     sampled_bytes: np.ndarray  # per group: the bytes its direction's sampled records estimate
     reverse_sampled_bytes: np.ndarray  # per group: those of the reverse direction
+    unanswered_spread: np.ndarray  # per group: the middle 80% of its unmatched flows' starts over its span
 
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
@@ -448,7 +457,31 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         sampled=(size_of_group == n_sizes - 2) & any_sampled,
         sampled_bytes=sampled_bytes[pair],
         reverse_sampled_bytes=sampled_bytes[dst_of_group * n_hosts + src_of_group],
+        unanswered_spread=_unanswered_spread(of_flow, len(group_keys), flows.start, answered),
     )
+
+
+def _unanswered_spread(of_flow: np.ndarray, n_groups: int, start: np.ndarray, answered: np.ndarray) -> np.ndarray:
+    """Per group: how much of its span (first to last start) the middle 80% of its unanswered
+    flows' starts cover (0 without any). Only the unanswered flows are sorted: a collective's
+    groups have next to none, a pipeline's one per micro-batch at most."""
+    first = np.full(n_groups, np.iinfo(np.int64).max)
+    last = np.full(n_groups, np.iinfo(np.int64).min)
+    np.minimum.at(first, of_flow, start)
+    np.maximum.at(last, of_flow, start)
+    idle = np.flatnonzero(~answered)
+    spread = np.zeros(n_groups)
+    if not len(idle):
+        return spread
+    order = np.lexsort((start[idle], of_flow[idle]))
+    group, at = of_flow[idle][order], start[idle][order]
+    count = np.bincount(group, minlength=n_groups)
+    shown = np.flatnonzero(count)
+    opens = (np.cumsum(count) - count)[shown]
+    low = at[opens + (0.1 * (count[shown] - 1)).astype(np.int64)]
+    high = at[opens + (0.9 * (count[shown] - 1)).astype(np.int64)]
+    spread[shown] = (high - low) / np.maximum(last[shown] - first[shown], 1)
+    return spread
 
 
 def _continuous(flows: _InternalFlows, direction: np.ndarray, params: ParallelismParams) -> np.ndarray:
@@ -618,9 +651,12 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     def in_transfers(sampled_bytes: np.ndarray) -> np.ndarray:
         return np.divide(sampled_bytes, groups.size, out=np.zeros(len(groups.size)), where=counts_samples)
 
-    own_flows = groups.flows + in_transfers(groups.sampled_bytes)
-    reverse_flows = reverse_flows + in_transfers(groups.reverse_sampled_bytes)
-    balanced = (reverse_flows * params.balance >= own_flows) & (own_flows * params.balance >= reverse_flows)
+    def balanced_flows(own_flows: np.ndarray, reverse_flows: np.ndarray) -> np.ndarray:
+        return (reverse_flows * params.balance >= own_flows) & (own_flows * params.balance >= reverse_flows)
+
+    timed_balance = balanced_flows(groups.flows, reverse_flows)
+    balanced = balanced_flows(groups.flows + in_transfers(groups.sampled_bytes),
+                              reverse_flows + in_transfers(groups.reverse_sampled_bytes))
     repeated = groups.flows >= params.pipeline_min_flows
     # continuous records are judged with their reverse ones: the warm-up opens the forward
     # direction's records alone, the cool-down closes the backward direction's, and traffic at the
@@ -629,7 +665,12 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     other = np.maximum(groups.reverse, 0)
     unmatched = np.where(joint, groups.unmatched + groups.unmatched[other], groups.unmatched)
     flows = np.where(joint, groups.flows + groups.flows[other], groups.flows)
-    pipeline = balanced & repeated & (unmatched >= params.pipeline_asymmetry * flows)
+    # a balance the samples make (they cannot tell which transfers they hold: with PXN a tree's
+    # one direction may cross mostly on the sampled rails) asks for a pipeline's recurring
+    # unanswered sends too
+    recurs = unsized | timed_balance | (groups.unmatched < params.recurrence_min_flows)
+    recurs |= groups.unanswered_spread >= params.pipeline_recurrence
+    pipeline = balanced & repeated & (unmatched >= params.pipeline_asymmetry * flows) & recurs
     if not unsized.any():
         return pipeline
     # Where most of a host pair's records are transfer-sized (other exporters report its
