@@ -396,7 +396,9 @@ class _Groups:
     sampled: np.ndarray  # per group: sampled records (one packet's instant each, no transfer's size)
     sampled_bytes: np.ndarray  # per group: the bytes its direction's sampled records estimate
     reverse_sampled_bytes: np.ndarray  # per group: those of the reverse direction
-    unanswered_spread: np.ndarray  # per group: the middle 80% of its unmatched flows' starts over its span
+    # per group: the middle 80% of its unmatched flows' starts over its span; 0 without sampled
+    # records (asked only of a group their estimates balance: `_is_pipeline`)
+    unanswered_spread: np.ndarray
 
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
@@ -457,7 +459,8 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         sampled=(size_of_group == n_sizes - 2) & any_sampled,
         sampled_bytes=sampled_bytes[pair],
         reverse_sampled_bytes=sampled_bytes[dst_of_group * n_hosts + src_of_group],
-        unanswered_spread=_unanswered_spread(of_flow, len(group_keys), flows.start, answered),
+        unanswered_spread=(_unanswered_spread(of_flow, len(group_keys), flows.start, answered) if any_sampled
+                           else np.zeros(len(group_keys))),
     )
 
 

@@ -155,7 +155,7 @@ def observe(
     has_exact = np.bincount(edge_job[telling & ~estimated], minlength=n_jobs) > 0
     signed = telling & (~estimated | ~has_exact[edge_job])
     size_pairs, size_of_edge = unique_rows(edge_job[signed], edges["top_size"].to_numpy()[signed], return_inverse=True)
-    size_flows = np.bincount(size_of_edge.ravel(), weights=edges["top_size_flows"].to_numpy()[signed],
+    size_flows = np.bincount(size_of_edge, weights=edges["top_size_flows"].to_numpy()[signed],
                              minlength=len(size_pairs))
 
     by_job = np.argsort(edge_job, kind="stable")

@@ -82,7 +82,6 @@ def membership_table(presence: list[Presence], job_ids: list[str], vocabulary: N
     first = np.concatenate([np.full(len(n), f) for _, f, _, n in presence])
     last = np.concatenate([np.full(len(n), l) for _, _, l, n in presence])
     keys, position = unique_rows(track_of, nics, return_inverse=True)
-    position = position.ravel()
     first_ns, last_ns = group_spans(position, len(keys), first, last)
     per_nic = pa.table(
         {

@@ -503,7 +503,6 @@ class Tracker:
         host = self.vocabulary.hosts(nics)
         all_nics, is_first = self.vocabulary.nics_of_hosts(np.unique(host))
         keys, at = unique_rows(host, track_of, return_inverse=True)
-        at = at.ravel()
         span_first, span_last = group_spans(at, len(keys), first, last)
         holds_first = np.bincount(at, weights=np.isin(nics, all_nics[is_first]), minlength=len(keys)) > 0
         # (host, track) spans by host then first: alone when no other span on the host overlaps
@@ -635,7 +634,7 @@ class Tracker:
         pair_key, pair_nic = pair_key[inside], pair_nic[inside]
         # another job on the block's NICs while this one is on the host: not its block
         spans_of, span_at = unique_rows(nics, keys[at, 1], return_inverse=True)
-        nic_first, nic_last = group_spans(span_at.ravel(), len(spans_of), entry_first, entry_last)
+        nic_first, nic_last = group_spans(span_at, len(spans_of), entry_first, entry_last)
         by_nic = np.argsort(spans_of[:, 0], kind="stable")
         span_nic = spans_of[by_nic, 0]
         lo_at = np.searchsorted(span_nic, pair_nic, side="left")
