@@ -60,6 +60,7 @@ COLUMNS = (
     ("exact counts", "steps", "job_hours_exact_count"),
     ("steps P", "steps", "prism_steps_within_1pct"),
     ("periods 5%", "steps", "periods_within_5pct"),
+    ("periods 1%", "steps", "periods_within_1pct"),
     ("issues P", "issues", "precision"),
     ("issues R", "issues", "recall"),
     ("records kept", "ingest", "records_kept"),

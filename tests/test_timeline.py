@@ -1487,3 +1487,26 @@ def test_pair_of_flows_table_lookup_is_the_hashed_one(monkeypatch):
     assert on_pair.any() and not on_pair.all()
     assert np.array_equal(on_pair, hashed_on_pair) and np.array_equal(pair, hashed_pair)
     assert pair.dtype == hashed_pair.dtype == np.int64
+
+
+def test_a_reported_period_is_scored_within_five_and_one_percent_of_the_median_step():
+    """Hours that report a step period instead of steps: 3.02 s and 3.09 s for a job of 3 s steps
+    (both within 5%, the first within 1%), and a period of a job holding none of the truth job's
+    addresses (not right)."""
+    hour = 1_795_334_400 * 10**9
+    starts = hour + np.arange(100) * 3 * 10**9
+    ts = pa.timestamp("ns", tz="UTC")
+    truth = {"steps": pa.table({"job_id": ["t"] * 100, "start": pa.array(starts, ts),
+                                "end": pa.array(starts + 3 * 10**9, ts)}),
+             "job_gpus": pa.table({"job_id": ["t", "t"], "addr": ["10.0.0.1", "10.0.1.1"]})}
+    warehouse = {
+        "steps": STEPS.empty_table(),
+        "job_gpus": pa.table({"job_id": ["close", "close", "near", "near", "other"],
+                              "addr": ["10.0.0.1", "10.0.1.1", "10.0.0.1", "10.0.1.1", "10.0.9.9"]}),
+        "jobs": pa.table({"job_id": ["close", "near", "other"], "resolution": ["period"] * 3,
+                          "step_period_s": [3.02, 3.09, 3.0], "first_seen": pa.array([hour] * 3, ts),
+                          "last_seen": pa.array([hour + 300 * 10**9] * 3, ts)}),
+    }
+    figures = score(truth, warehouse, {})
+    assert (figures["periods_within_5pct"].count, figures["periods_within_5pct"].of) == (2, 3)
+    assert (figures["periods_within_1pct"].count, figures["periods_within_1pct"].of) == (1, 3)
