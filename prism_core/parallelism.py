@@ -50,8 +50,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import (
-    combination_ids, combined_key, encoded, filter_rows, group_median, lookup, stable_order, unique_counts,
-    unique_inverse, unique_rows,
+    combination_ids, combined_key, encoded, filter_rows, group_median, group_reduce, group_spans, lookup,
+    stable_order, unique_counts, unique_inverse, unique_rows,
 )
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
 from prism_core.recognition.merge import connected
@@ -227,9 +227,7 @@ def _beside_the_sync(flows: _InternalFlows, groups: _Groups, kind: np.ndarray, p
     carried = np.bincount(link, weights=flows.size[merged])
     group_of_link = np.zeros(len(carried), np.int64)
     group_of_link[link] = group
-    busiest = np.zeros(len(groups.flows))
-    np.maximum.at(busiest, group_of_link, carried)
-    light = carried < params.sync_link_share * busiest[group_of_link]
+    light = carried < params.sync_link_share * group_reduce(group_of_link, carried, np.maximum)
     beside = np.zeros(len(merged), bool)
     beside[merged] = light[link]
     return beside
@@ -468,10 +466,7 @@ def _unanswered_spread(of_flow: np.ndarray, n_groups: int, start: np.ndarray, an
     """Per group: how much of its span (first to last start) the middle 80% of its unanswered
     flows' starts cover (0 without any). Only the unanswered flows are sorted: a collective's
     groups have next to none, a pipeline's one per micro-batch at most."""
-    first = np.full(n_groups, np.iinfo(np.int64).max)
-    last = np.full(n_groups, np.iinfo(np.int64).min)
-    np.minimum.at(first, of_flow, start)
-    np.maximum.at(last, of_flow, start)
+    first, last = group_spans(of_flow, n_groups, start, start)
     idle = np.flatnonzero(~answered)
     spread = np.zeros(n_groups)
     if not len(idle):
