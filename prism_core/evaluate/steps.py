@@ -13,7 +13,8 @@ above count those truth steps as missed; `prism_steps_within_1pct` says how many
 Prism did report are right (a step of an unmatched Prism job is not), and the job-hours that
 report only a period (`resolution` = period) are scored on it: `periods_within_5pct` and
 `periods_within_1pct`, the shares whose `step_period_s` is within 5% and 1% of the truth job's
-median step (issue #18 asks 1% of a flow cache's hours where the steps outlast its idle timeout).
+median step in that hour (issue #18 asks 1% of a flow cache's hours where the steps outlast its
+idle timeout).
 """
 
 from __future__ import annotations
@@ -134,10 +135,20 @@ def _periods_scored(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table],
         best = max(held, key=held.get, default=None)
         if best is None or held[best] < MIN_JACCARD * max(len(addrs), 1):
             continue
-        t_start, t_end = truth_steps[best]
-        median = float(np.median(t_end - t_start)) * 1e-9
+        median = _median_step_in_hour(*truth_steps[best], hi) * 1e-9
         right += abs(period - median) <= np.array(PERIOD_TOLERANCE_SHARES) * median
     return tuple(right.tolist()), estimated.num_rows
+
+
+def _median_step_in_hour(start: np.ndarray, end: np.ndarray, last_seen_ns: int) -> float:
+    """The median length (ns) of a truth job's steps that end in the hour of a jobs row (the hour
+    its `last_seen` falls in): a job's pace changes from hour to hour (warm-up, a degradation, a
+    straggler), and the row reports its hour's. The job's median over every hour where none ends
+    in that one."""
+    hour = (last_seen_ns - 1) // HOUR_NS
+    in_hour = (end - 1) // HOUR_NS == hour
+    lengths = (end - start)[in_hour] if in_hour.any() else end - start
+    return float(np.median(lengths))
 
 
 def _inside_window(steps: pa.Table, noise: dict) -> pa.Table:
