@@ -158,6 +158,15 @@ def write_topology(root: str | Path, inventory: pa.Table) -> None:
     storage.publish(topology_path(root), lambda path: pq.write_table(inventory, path))
 
 
+HOUR_START = pa.timestamp("ns", tz="UTC")
+
+
+def _partition_hour(path: str) -> datetime:
+    """The hour a partition's path names (`.../date=YYYY-MM-DD/hour=HH/data.parquet`)."""
+    day, hour = path.split("/")[-3:-1]
+    return datetime.strptime(f"{day} {hour}", "date=%Y-%m-%d hour=%H").replace(tzinfo=timezone.utc)
+
+
 def partition_files(root: str | Path, table: str) -> list[str]:
     """The `data.parquet` of every partition of `table`, in hour order."""
     return storage.files_matching(storage.join(root, table), f"*/*/{DATA_FILE}")
@@ -236,11 +245,17 @@ def connect(root: str | Path, read_only: bool = True) -> duckdb.DuckDBPyConnecti
 
 def load_tables(root: str | Path) -> dict[str, pa.Table]:
     """Every table of the warehouse over all hours (for scoring and small reports), plus
-    `ingest_stats`: the per-hour ingest counts."""
+    `ingest_stats`: the per-hour ingest counts. A job's row per hour holds its life so far
+    (`first_seen` from its first hour, `last_seen` may be the end of a record that ran into the
+    next hour): `jobs` rows also carry `hour_start`, the hour they describe."""
     tables = {}
     for name, schema in TABLES.items():
         files = partition_files(root, name)
-        tables[name] = pa.concat_tables([read_parquet(f, schema=schema) for f in files]) if files else schema.empty_table()
+        parts = [read_parquet(f, schema=schema) for f in files]
+        if name == "jobs":
+            parts = [part.append_column("hour_start", pa.array([_partition_hour(f)] * part.num_rows, HOUR_START))
+                     for part, f in zip(parts, files)]
+        tables[name] = pa.concat_tables(parts) if parts else schema.empty_table()
     state_files = storage.files_matching(storage.join(root, "_state"), "*/*/ingest.json")
     stats = [json.loads(storage.read_bytes(path)) for path in state_files]
     tables["ingest_stats"] = pa.Table.from_pylist(stats) if stats else pa.table({"duplicates": pa.array([], pa.int64())})

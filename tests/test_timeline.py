@@ -1505,7 +1505,7 @@ def test_a_reported_period_is_scored_within_five_and_one_percent_of_the_median_s
                               "addr": ["10.0.0.1", "10.0.1.1", "10.0.0.1", "10.0.1.1", "10.0.9.9"]}),
         "jobs": pa.table({"job_id": ["close", "near", "other"], "resolution": ["period"] * 3,
                           "step_period_s": [3.02, 3.09, 3.0], "first_seen": pa.array([hour] * 3, ts),
-                          "last_seen": pa.array([hour + 300 * 10**9] * 3, ts)}),
+                          "last_seen": pa.array([hour + 300 * 10**9] * 3, ts), "hour_start": pa.array([hour] * 3, ts)}),
     }
     figures = score(truth, warehouse, {})
     assert (figures["periods_within_5pct"].count, figures["periods_within_5pct"].of) == (2, 3)
@@ -1515,7 +1515,8 @@ def test_a_reported_period_is_scored_within_five_and_one_percent_of_the_median_s
 def test_a_reported_period_is_scored_against_the_steps_of_its_own_hour():
     """A job of 3 s steps for an hour, then 3.3 s steps: the second hour's row reporting 3.3 s is
     right within 1% (the job's median over both hours is neither hour's), its first hour's 3.0 s
-    too, and 3.3 s for the first hour is not."""
+    too (its `last_seen` in the second hour: a record that ran past the hour), and 3.3 s for the
+    first hour is not."""
     hour = 1_795_334_400 * 10**9
     lengths = np.r_[np.full(1200, 3 * 10**9), np.full(300, 33 * 10**8)]
     starts = hour + np.r_[0, np.cumsum(lengths)[:-1]]
@@ -1528,7 +1529,8 @@ def test_a_reported_period_is_scored_against_the_steps_of_its_own_hour():
         "job_gpus": pa.table({"job_id": ["p"], "addr": ["10.0.0.1"]}),
         "jobs": pa.table({"job_id": ["p"] * 3, "resolution": ["period"] * 3, "step_period_s": [3.0, 3.3, 3.3],
                           "first_seen": pa.array([hour] * 3, ts),
-                          "last_seen": pa.array([hour + 3599 * 10**9, hour + 4000 * 10**9, hour + 3599 * 10**9], ts)}),
+                          "last_seen": pa.array([hour + 3604 * 10**9, hour + 4000 * 10**9, hour + 3599 * 10**9], ts),
+                          "hour_start": pa.array([hour, hour + 3600 * 10**9, hour], ts)}),
     }
     figures = score(truth, warehouse, {})
     assert (figures["periods_within_1pct"].count, figures["periods_within_1pct"].of) == (2, 3)

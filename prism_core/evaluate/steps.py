@@ -126,27 +126,26 @@ def _periods_scored(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table],
         return tuple(right.tolist()), 0
     truth_sets, prism_sets = _addr_sets(truth["job_gpus"]), _addr_sets(warehouse["job_gpus"])
     truth_spans = _spans(truth_steps)
-    first, last = (pc.cast(estimated[c], pa.int64()).to_numpy() for c in ("first_seen", "last_seen"))
-    for job_id, period, lo, hi in zip(estimated["job_id"].to_pylist(), estimated["step_period_s"].to_pylist(),
-                                      first.tolist(), last.tolist()):
+    first, last, hours = (pc.cast(estimated[c], pa.int64()).to_numpy().tolist()
+                          for c in ("first_seen", "last_seen", "hour_start"))
+    for job_id, period, lo, hi, hour_start in zip(estimated["job_id"].to_pylist(),
+                                                  estimated["step_period_s"].to_pylist(), first, last, hours):
         addrs = prism_sets.get(job_id, set())
         held = {t: len(addrs & a) for t, a in truth_sets.items()
                 if t in truth_spans and truth_spans[t][0] < hi and truth_spans[t][1] > lo}
         best = max(held, key=held.get, default=None)
         if best is None or held[best] < MIN_JACCARD * max(len(addrs), 1):
             continue
-        median = _median_step_in_hour(*truth_steps[best], hi) * 1e-9
+        median = _median_step_in_hour(*truth_steps[best], hour_start) * 1e-9
         right += abs(period - median) <= np.array(PERIOD_TOLERANCE_SHARES) * median
     return tuple(right.tolist()), estimated.num_rows
 
 
-def _median_step_in_hour(start: np.ndarray, end: np.ndarray, last_seen_ns: int) -> float:
-    """The median length (ns) of a truth job's steps that end in the hour of a jobs row (the hour
-    its `last_seen` falls in): a job's pace changes from hour to hour (warm-up, a degradation, a
-    straggler), and the row reports its hour's. The job's median over every hour where none ends
-    in that one."""
-    hour = (last_seen_ns - 1) // HOUR_NS
-    in_hour = (end - 1) // HOUR_NS == hour
+def _median_step_in_hour(start: np.ndarray, end: np.ndarray, hour_start_ns: int) -> float:
+    """The median length (ns) of a truth job's steps that end in the hour of a jobs row: a job's
+    pace changes from hour to hour (warm-up, a degradation, a straggler), and the row reports its
+    hour's. The job's median over every hour where none ends in that one."""
+    in_hour = (end >= hour_start_ns) & (end < hour_start_ns + HOUR_NS)
     lengths = (end - start)[in_hour] if in_hour.any() else end - start
     return float(np.median(lengths))
 
