@@ -161,6 +161,10 @@ class ResolutionParams:
     multiple_tolerance: float = 0.04
     # count; a rhythm needs at least this many periods in the records' span
     min_periods: int = 6
+    # a pair's intervals repeat after at most this many (`_step_intervals`: a ZeRO job's per-layer
+    # gathers behind a short idle timeout), this share of them within period_tolerance
+    max_pattern: int = 64
+    pattern_share: float = 0.8
     # share; an interval this close to a pair's median one keeps its time, and the
     # autocorrelation's period agrees with the pairs' within this much
     period_tolerance: float = 0.1
@@ -556,7 +560,7 @@ def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS,
         return None
     onsets, owner = major
     same = owner[1:] == owner[:-1]
-    interval, of_pair = np.diff(onsets)[same], owner[1:][same]
+    interval, of_pair = _step_intervals(np.diff(onsets)[same], owner[1:][same], params)
     interval = sorted_within_groups(of_pair, interval)  # the onsets come sorted by pair
     opens = np.flatnonzero(np.r_[True, of_pair[1:] != of_pair[:-1]]) if len(of_pair) else np.zeros(0, np.int64)
     counts = np.diff(np.r_[opens, len(of_pair)])
@@ -581,6 +585,42 @@ def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS,
     if correlated is not None and abs(correlated - pairs_period) <= params.period_tolerance * pairs_period:
         return correlated
     return None
+
+
+def _step_intervals(interval: np.ndarray, of_pair: np.ndarray,
+                    params: ResolutionParams) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair's intervals between major onsets (in time order, sorted by pair) summed over its
+    pattern: the fewest consecutive intervals after which its intervals repeat, `pattern_share` of
+    them within `period_tolerance` of the pair's median interval (`max_pattern` at most; 1 where
+    none repeats). A step shows on most pairs once, but behind a short idle timeout a ZeRO job's
+    per-layer gathers are records of their own: a cadence, with the step's end (the optimizer's
+    quiet) one interval unlike the others, every step."""
+    opens = np.flatnonzero(np.r_[True, of_pair[1:] != of_pair[:-1]]) if len(of_pair) else np.zeros(0, np.int64)
+    if not len(opens):
+        return interval, of_pair
+    counts = np.diff(np.r_[opens, len(of_pair)])
+    group = np.repeat(np.arange(len(opens)), counts)
+    median = sorted_within_groups(of_pair, interval)[opens + counts // 2].astype(np.float64)
+    pattern = np.zeros(len(opens), np.int64)
+    for k in range(1, params.max_pattern + 1):
+        later = np.flatnonzero(of_pair[k:] == of_pair[:-k])  # an interval and the one k later, of one pair
+        if not len(later):
+            break
+        alike = np.abs(interval[later + k] - interval[later]) <= params.period_tolerance * median[group[later]]
+        compared = np.bincount(group[later], minlength=len(opens))
+        repeats = np.bincount(group[later], weights=alike, minlength=len(opens)) >= params.pattern_share * compared
+        pattern[(pattern == 0) & repeats & (compared >= params.min_pair_records)] = k
+        if np.all((pattern > 0) | (counts - k <= params.min_pair_records)):  # each pair found or out of intervals
+            break
+    if not np.any(pattern > 1):
+        return interval, of_pair
+    pattern = np.maximum(pattern, 1)[group]
+    last = np.arange(len(interval)) + pattern - 1  # the window's last interval
+    whole = last < len(interval)
+    whole[whole] = of_pair[last[whole]] == of_pair[whole]
+    summed = np.cumsum(interval)
+    first = np.flatnonzero(whole)
+    return summed[last[first]] - summed[first] + interval[first], of_pair[first]
 
 
 def _major_onsets(flows: pa.Table, params: ResolutionParams,

@@ -190,6 +190,20 @@ def test_the_step_period_shows_in_the_rhythm_of_the_records_not_in_the_micro_bat
     assert period == pytest.approx(3.0, rel=0.02)
 
 
+def test_a_cadence_within_the_step_sums_to_the_step_period():
+    """A ZeRO job of 3.7 s steps behind a short idle timeout: each pair's records are its
+    per-layer gathers, four a step 0.88 s apart, the fourth interval (the step's end) longer. The
+    pattern repeats every four records: the period is the step's, not the cadence."""
+    rng = np.random.default_rng(9)
+    step_starts = T0 + np.cumsum(rng.normal(3.7, 0.05, 300) * SECOND).astype(np.int64)
+    parts = []
+    for k in range(4):
+        gathers = (step_starts[:, None] + (np.arange(4) * 0.88 * SECOND).astype(np.int64)).ravel()
+        gathers += rng.integers(0, 20 * MS, len(gathers))
+        parts.append(records(gathers, gathers + 300 * MS, "10.255.0.1", src=f"10.0.0.{k}", dst=f"10.0.1.{k}"))
+    assert rhythm_period_s(pa.concat_tables(parts)) == pytest.approx(3.7, rel=0.01)
+
+
 def test_records_without_a_rhythm_show_no_period():
     rng = np.random.default_rng(6)
     start = T0 + np.sort(rng.integers(0, 600 * SECOND, 4000))
