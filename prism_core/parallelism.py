@@ -53,7 +53,7 @@ from prism_core.arrays import (
     combination_ids, combined_key, encoded, filter_rows, group_median, group_reduce, group_spans, lookup,
     stable_order, unique_counts, unique_inverse, unique_rows,
 )
-from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, OTHER, PP
+from prism_core.constants import CHECKPOINT_FLOW_BYTES, DP, FLOW_FAMILY_BYTES, FLOW_KIND, NS_PER_S, OTHER, PP
 from prism_core.recognition.merge import connected
 from prism_core.schema import COMM_KINDS, COMM_PAIRS, JOB_GPUS, TS, conform
 
@@ -77,10 +77,11 @@ class ParallelismParams:
     # cool-down) recur over all of its traffic, so the middle 80% of them span at least this share
     # of the group's span; sends left unanswered in one stretch of the hour were delayed by a
     # fault there (a slow NIC holding back one direction of a tree's reduce). Asked of the groups
-    # a sampler's estimates balance (`_is_pipeline`), with `recurrence_min_flows` unanswered
-    # sends or more (a job's last seconds in an hour leave their last step's sends unanswered)
+    # with `recurrence_min_flows` unanswered sends or more that send for `recurrence_min_span_ns`
+    # or longer (a job's last seconds in an hour leave its last step's sends unanswered)
     pipeline_recurrence: float = 0.4
     recurrence_min_flows: int = 8
+    recurrence_min_span_ns: int = 120 * NS_PER_S
     # threshold, flows: a PP group repeats its activation size on every micro-batch of every step;
     # a few records whose garbled sizes happen to fall together are not one, and a size family
     # (size_tolerance) recurs at least this often
@@ -394,9 +395,10 @@ class _Groups:
     sampled: np.ndarray  # per group: sampled records (one packet's instant each, no transfer's size)
     sampled_bytes: np.ndarray  # per group: the bytes its direction's sampled records estimate
     reverse_sampled_bytes: np.ndarray  # per group: those of the reverse direction
-    # per group: the middle 80% of its unmatched flows' starts over its span; 0 without sampled
-    # records (asked only of a group their estimates balance: `_is_pipeline`)
+    # per group: the middle 80% of its unmatched flows' starts over its span (first to last
+    # start), and that span
     unanswered_spread: np.ndarray
+    span_ns: np.ndarray
 
 
 def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
@@ -457,20 +459,21 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         sampled=(size_of_group == n_sizes - 2) & any_sampled,
         sampled_bytes=sampled_bytes[pair],
         reverse_sampled_bytes=sampled_bytes[dst_of_group * n_hosts + src_of_group],
-        unanswered_spread=(_unanswered_spread(of_flow, len(group_keys), flows.start, answered) if any_sampled
-                           else np.zeros(len(group_keys))),
+        **_unanswered_spread(of_flow, len(group_keys), flows.start, answered),
     )
 
 
-def _unanswered_spread(of_flow: np.ndarray, n_groups: int, start: np.ndarray, answered: np.ndarray) -> np.ndarray:
-    """Per group: how much of its span (first to last start) the middle 80% of its unanswered
-    flows' starts cover (0 without any). Only the unanswered flows are sorted: a collective's
-    groups have next to none, a pipeline's one per micro-batch at most."""
+def _unanswered_spread(of_flow: np.ndarray, n_groups: int, start: np.ndarray,
+                       answered: np.ndarray) -> dict[str, np.ndarray]:
+    """Per group: `span_ns`, from its first start to its last, and `unanswered_spread`, how much
+    of it the middle 80% of its unanswered flows' starts cover (0 without any). Only the
+    unanswered flows are sorted: a collective's groups have next to none, a pipeline's one per
+    micro-batch at most."""
     first, last = group_spans(of_flow, n_groups, start, start)
+    span, spread = last - first, np.zeros(n_groups)
     idle = np.flatnonzero(~answered)
-    spread = np.zeros(n_groups)
     if not len(idle):
-        return spread
+        return {"unanswered_spread": spread, "span_ns": span}
     order = np.lexsort((start[idle], of_flow[idle]))
     group, at = of_flow[idle][order], start[idle][order]
     count = np.bincount(group, minlength=n_groups)
@@ -478,8 +481,8 @@ def _unanswered_spread(of_flow: np.ndarray, n_groups: int, start: np.ndarray, an
     opens = (np.cumsum(count) - count)[shown]
     low = at[opens + (0.1 * (count[shown] - 1)).astype(np.int64)]
     high = at[opens + (0.9 * (count[shown] - 1)).astype(np.int64)]
-    spread[shown] = (high - low) / np.maximum(last[shown] - first[shown], 1)
-    return spread
+    spread[shown] = (high - low) / np.maximum(span[shown], 1)
+    return {"unanswered_spread": spread, "span_ns": span}
 
 
 def _continuous(flows: _InternalFlows, direction: np.ndarray, params: ParallelismParams) -> np.ndarray:
@@ -652,7 +655,6 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     def balanced_flows(own_flows: np.ndarray, reverse_flows: np.ndarray) -> np.ndarray:
         return (reverse_flows * params.balance >= own_flows) & (own_flows * params.balance >= reverse_flows)
 
-    timed_balance = balanced_flows(groups.flows, reverse_flows)
     balanced = balanced_flows(groups.flows + in_transfers(groups.sampled_bytes),
                               reverse_flows + in_transfers(groups.reverse_sampled_bytes))
     repeated = groups.flows >= params.pipeline_min_flows
@@ -663,10 +665,11 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     other = np.maximum(groups.reverse, 0)
     unmatched = np.where(joint, groups.unmatched + groups.unmatched[other], groups.unmatched)
     flows = np.where(joint, groups.flows + groups.flows[other], groups.flows)
-    # a balance the samples make (they cannot tell which transfers they hold: with PXN a tree's
-    # one direction may cross mostly on the sampled rails) asks for a pipeline's recurring
-    # unanswered sends too
-    recurs = unsized | timed_balance | (groups.unmatched < params.recurrence_min_flows)
+    # a pipeline's unanswered sends recur; a collective's left unanswered for a while by a fault
+    # do not (with PXN a tree's one direction may cross mostly on sampled rails, and a slow NIC
+    # holds back its other one: both directions' counts then balance)
+    short = groups.span_ns < params.recurrence_min_span_ns
+    recurs = unsized | short | (groups.unmatched < params.recurrence_min_flows)
     recurs |= groups.unanswered_spread >= params.pipeline_recurrence
     pipeline = balanced & repeated & (unmatched >= params.pipeline_asymmetry * flows) & recurs
     if not unsized.any():

@@ -423,23 +423,27 @@ def test_transfers_reported_one_by_one_decide_beside_sampled_rails():
         src_host=src, dst_host=dst, size=np.where(sampled, 25e6, np.r_[[8e8] * 4, [1.6e7] * 4, [0] * 2]),
         flows=flows, unmatched=unmatched, reverse=np.arange(10) ^ 1, of_flow=np.empty(0, np.int64),
         answered=np.empty(0, bool), continuous=np.empty(0, bool), lumped=np.zeros(10, bool), sampled=sampled,
-        sampled_bytes=np.zeros(10), reverse_sampled_bytes=np.zeros(10), unanswered_spread=np.full(10, 0.8))
+        sampled_bytes=np.zeros(10), reverse_sampled_bytes=np.zeros(10), unanswered_spread=np.full(10, 0.8),
+        span_ns=np.full(10, 600 * 10**9))
     pipeline = parallelism._is_pipeline(groups, parallelism.DEFAULT_PARAMS)
     assert pipeline.tolist() == [False] * 4 + [True] * 6
 
 
-@pytest.mark.parametrize(("spread", "pipeline"), [(0.8, True), (0.25, False)])
-def test_sends_unanswered_in_one_stretch_of_the_hour_make_no_pipeline(spread, pipeline):
+@pytest.mark.parametrize(("flows", "sampled_bytes"), [((2742, 688), 6.4e11), ((2056, 1358), 0.0)])
+@pytest.mark.parametrize(("spread", "span_s", "pipeline"), [(0.8, 600, True), (0.25, 600, False), (0.25, 20, True)])
+def test_sends_unanswered_in_one_stretch_of_the_hour_make_no_pipeline(flows, sampled_bytes, spread, span_s, pipeline):
     """A tree's host pair, one way 2742 transfers and 688 back, balanced by the reverse
-    direction's sampled bytes: a slow NIC held back one direction for three of its ten minutes,
-    and 124 sends went unanswered then. A pipeline leaves its warm-up sends unanswered in every
-    step, over the whole span of its traffic."""
+    direction's sampled bytes (or 2056 and 1358, balanced without them): a slow NIC held back one
+    direction for three of its ten minutes, and 124 sends went unanswered then. A pipeline leaves
+    its warm-up sends unanswered in every step, over the whole span of its traffic; a job's last
+    20 s in an hour cannot show it."""
     groups = parallelism._Groups(
         src_host=np.array([0, 2]), dst_host=np.array([2, 0]), size=np.array([3.1e8, 3.1e8]),
-        flows=np.array([2742, 688]), unmatched=np.array([124, 0]), reverse=np.array([1, 0]),
+        flows=np.array(flows), unmatched=np.array([124, 0]), reverse=np.array([1, 0]),
         of_flow=np.empty(0, np.int64), answered=np.empty(0, bool), continuous=np.empty(0, bool),
-        lumped=np.zeros(2, bool), sampled=np.zeros(2, bool), sampled_bytes=np.array([0.0, 6.4e11]),
-        reverse_sampled_bytes=np.array([6.4e11, 0.0]), unanswered_spread=np.array([spread, 0.0]))
+        lumped=np.zeros(2, bool), sampled=np.zeros(2, bool), sampled_bytes=np.array([0.0, sampled_bytes]),
+        reverse_sampled_bytes=np.array([sampled_bytes, 0.0]), unanswered_spread=np.array([spread, 0.0]),
+        span_ns=np.array([span_s, span_s]) * 10**9)
     assert parallelism._is_pipeline(groups, parallelism.DEFAULT_PARAMS).tolist() == [pipeline, False]
 
 
@@ -448,8 +452,10 @@ def test_unanswered_spread_is_the_middle_of_the_unanswered_starts_over_the_span(
     of_flow = np.array([0] * 11 + [1] * 11)
     start = np.r_[np.arange(11) * 10, np.arange(11) * 10] * 10**9
     answered = np.r_[[True, False, False] + [True] * 8, [False] * 11]
-    spread = parallelism._unanswered_spread(of_flow, 3, start, answered)
+    found = parallelism._unanswered_spread(of_flow, 3, start, answered)
+    spread = found["unanswered_spread"]
     assert spread[0] == pytest.approx(0.0) and spread[1] == pytest.approx(0.8) and spread[2] == 0.0
+    assert found["span_ns"][:2].tolist() == [100 * 10**9] * 2
 
 
 def test_a_pipeline_whose_backward_sends_cross_half_on_a_sampled_rail_keeps_its_balance():
