@@ -824,3 +824,20 @@ def test_pairs_of_long_steps_apart_are_counted_as_every_pair_would(seed):
     expected = np.bincount((numbers[None, :] - numbers[:, None])[np.triu_indices(len(numbers))],
                            minlength=numbers[-1] - numbers[0] + 1)
     assert np.array_equal(pairs_apart(numbers), expected)
+
+
+def test_a_flow_the_clock_carried_over_the_step_boundary_shows_nothing_of_the_next_step():
+    # 8 one-GPU hosts in a ring, a transfer from each 0.3, 0.6 and 0.9 s into every step: host 3's
+    # GPU never starts step 20, and host 6 stops too, after its last transfer of step 19, which
+    # began 0.1 s before step 20 and ended 0.04 s into it (a millisecond clock or the step
+    # division's slack put it across); the others run on for 2 s. Host 6 did not begin step 20
+    # either, nor went silent before the stuck GPU (named alone until this round)
+    step_start = 1.0 + np.arange(22.0)
+    parts = [ring_flows(step_start, 8, np.full((22, 8), 0.05), phase) for phase in (0.3, 0.6, 0.9)]
+    flows = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    stopped = np.isin(flows["src"], (3, 6)) | np.isin(flows["dst"], (3, 6))
+    flows = {name: column[(flows["start"] < 21.0) | ~stopped] for name, column in flows.items()}
+    flows["end"] = np.where((flows["src"] == 6) & (flows["start"] == 20.9), 21.04, flows["end"])
+    job = make_hour(np.ones(20), hosts=8, flows=flows)
+    found, _ = find_checkpoints(job)
+    assert "10.0.3.1" in hangs.describe_stop(job, found, None, PARAMS).silent_first

@@ -137,8 +137,9 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     since = min(unfinished_start - typical_step, job.step_start[complete[-1]] if len(complete) else -np.inf)
     recent = seen & (job.end >= since)
     addr = np.concatenate([job.src[recent], job.dst[recent]])
-    last_seen = np.full(len(job.addrs), -np.inf)
+    last_seen, last_begun = np.full(len(job.addrs), -np.inf), np.full(len(job.addrs), -np.inf)
     np.maximum.at(last_seen, addr, np.concatenate([job.end[recent], job.end[recent]]))
+    np.maximum.at(last_begun, addr, np.concatenate([job.start[recent], job.start[recent]]))
     active = np.unique(addr)
     # silent for a while before the others stopped, though normally busy then (the phase
     # tolerance covers step-to-step jitter)
@@ -162,13 +163,15 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     if mid_step and len(complete) and not len(silenced) and _whole_step(
             job, seen & (job.start > unfinished_start), complete[-params.stop_reference_steps:], per_step, params):
         mid_step = False
-    # When each went silent: at its last flow, or, for a GPU that showed nothing of the
+    # When each went silent: at its last flow, or, for a GPU that began no flow in the
     # unfinished step, when it failed to send its first usual transfer of that step (its last
     # flow of the step before only shows that it finished that step, as every GPU did: the
     # stage that finishes its step earliest is no more silent than the others, and a GPU
-    # downstream of the stuck one waits for it before it first sends).
+    # downstream of the stuck one waits for it before it first sends). A flow that ends past the
+    # step's start but began before it is the step before's: a sync the clock's tick or the
+    # step division's slack carried over the boundary.
     silent_since = last_seen.copy()
-    unseen = silenced[last_seen[silenced] < unfinished_start]
+    unseen = silenced[last_begun[silenced] < unfinished_start]
     missed = unfinished_start + _usual_first_send(job, reference, unseen)
     silent_since[unseen] = np.where(np.isnan(missed), last_seen[unseen], missed)
     # the GPUs that went silent first; the whole job when none stopped before the others
