@@ -335,6 +335,22 @@ def test_quiet_gaps_on_the_rhythm_of_unseen_saves_are_saves_and_an_unrhythmic_on
     assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, (50, 49), PARAMS).steps.tolist() == [230]
 
 
+def test_a_return_on_a_replaced_host_is_a_restart_even_on_the_rhythm_of_unseen_saves():
+    # the quiet gaps of the test above: recognition saw a host replace one of the job's during the
+    # one after step 149 (a save replaces no host): that return is a restart
+    durations = jittered(260)
+    quiet = np.zeros(260)
+    quiet[[50, 150, 200]], quiet[100], quiet[230] = 30.0, 15.0, 40.0
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.cumsum(quiet)
+    attempt = (np.arange(260) >= 150).astype(np.int64) + (np.arange(260) >= 230)
+    replaced_at = ORIGIN_NS + int(step_start[150] * NS)
+    job = make_hour(durations, step_start=step_start, attempt=attempt,
+                    flows=cut_steps(step_start[[229]] + durations[[229]]),
+                    event_ns=np.array([replaced_at, replaced_at]), event_kind=np.array(["restart", "host_replaced"]))
+    found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, (50, 49), PARAMS)
+    assert found.steps.tolist() == [150, 230]
+
+
 def test_a_quiet_gap_after_a_complete_step_is_a_save_not_a_restart():
     # an unseen save: the job finishes step 29 and is quiet 40 s before step 30 (recognition takes
     # its return for a restart: attempt 1); a crash 0.2 s into the step after 49 is quiet as long

@@ -53,12 +53,15 @@ def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhyt
     quiet &= job.step_start - _last_end_before(job, job.step_start - params.boundary_slack_s) > params.restart_gap_s
     resumed = (job.attempt > previous_attempt) | (quiet & (silence > params.restart_gap_s))
     # a job that resumed on the connections it had only paused (a save the flow logs do not see);
-    # one on new connections restarted its processes, whatever the records show of how it stopped
+    # one on new connections, or on a host recognition saw replace one of its own, restarted its
+    # processes, whatever the records show of how it stopped
     silent_from = np.r_[last_end, job.step_end[:-1]][resumed]
     kept = kept_connections_share(job.src, job.dst, job.port, job.start, silent_from, job.step_start[resumed],
                                   params.connection_window_s)
+    replaced = np.zeros(job.n_steps, bool)
+    replaced[resumed] = _host_replaced(job, silent_from, job.step_start[resumed], params)
     reconnected = np.zeros(job.n_steps, bool)
-    reconnected[resumed] = kept < params.same_connection_share
+    reconnected[resumed] = (kept < params.same_connection_share) | replaced[resumed]
     resumed[resumed] &= ~(kept >= params.same_connection_share)
     # A crash stops the job in the middle of a step: traffic of the unfinished step comes before
     # the silence. A job that finished its step and went quiet (a save over a network the flow logs
@@ -74,11 +77,11 @@ def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhyt
     # A save over a network the flow logs do not see leaves the job quiet between two steps (and
     # recognition may take the job's return for a restart): resumes after steps on the rhythm of
     # such quiet gaps (or of the saves of earlier hours), in step numbers, are the job's saves,
-    # not restarts (crashes recur on no rhythm)
+    # not restarts (crashes recur on no rhythm), unless a host was replaced (a save replaces none)
     saved = job.number - 1  # the step before each quiet gap
     rhythm = save_rhythm(saved[quiet | resumed], params.rhythm_repeats_unwritten, params) or saves_rhythm
     if rhythm:
-        resumed &= ~on_rhythm(saved, resumed, *rhythm, params.rhythm_slack_steps)
+        resumed &= ~on_rhythm(saved, resumed, *rhythm, params.rhythm_slack_steps) | replaced
     resumes = np.flatnonzero(resumed)
     warmup = np.zeros(job.n_steps, bool)
     first_step_ns = progress.first_step_ns
@@ -216,6 +219,18 @@ def _evidence(job: JobHour, failed: float, resumed: float, after_hang: bool, che
         "hosts_added": sorted(set(hosts_after) - set(hosts_before)),
         "recognized_events": job.event_kinds(job.ns(failed), until_ns, params.event_window_s),
     }
+
+
+def _host_replaced(job: JobHour, silent_from: np.ndarray, resumed_at: np.ndarray,
+                   params: DiagnosisParams) -> np.ndarray:
+    """Per resume: recognition saw a host replace one of the job's after its silence began and
+    by `event_window_s` after its resumed step began (the event is the job's first traffic back)."""
+    replaced = job.event_ns[job.event_kind == "host_replaced"]
+    if not len(replaced) or not len(resumed_at):
+        return np.zeros(len(resumed_at), bool)
+    lo = job.origin_ns + np.nan_to_num(silent_from, nan=-np.inf) * NS
+    hi = job.origin_ns + resumed_at * NS + params.event_window_s * NS
+    return ((replaced[None, :] >= lo[:, None]) & (replaced[None, :] <= hi[:, None])).any(axis=1)
 
 
 def next_progress(job: JobHour, progress: Progress, first_step_ns: int | None) -> Progress:
