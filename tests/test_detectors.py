@@ -318,17 +318,22 @@ def test_resumes_are_attempt_changes_and_long_silences_each_followed_by_warmup()
     assert first_seen.first_step_ns == job.ns(1.0)
 
 
-def test_quiet_gaps_on_the_rhythm_of_unseen_saves_are_saves_and_an_unrhythmic_one_a_restart():
-    # a save every 50 steps over a storage network: the job is quiet 30 s after steps 49, 99, 149,
-    # 199 (recognition took the return after step 149 for a restart: attempt 1) but the save after
-    # step 99 was short (15 s, under the restart's floor); a crash leaves it quiet 40 s before step 230
+def _unseen_saves_job(**fields) -> JobHour:
+    """A save every 50 steps over a storage network: the job is quiet 30 s after steps 49, 99,
+    149, 199 (recognition took the return after step 149 for a restart: attempt 1) but the save
+    after step 99 was short (15 s, under the restart's floor); a crash leaves it quiet 40 s before
+    step 230."""
     durations = jittered(260)
     quiet = np.zeros(260)
     quiet[[50, 150, 200]], quiet[100], quiet[230] = 30.0, 15.0, 40.0
     step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.cumsum(quiet)
     attempt = (np.arange(260) >= 150).astype(np.int64) + (np.arange(260) >= 230)
-    job = make_hour(durations, step_start=step_start, attempt=attempt,
-                    flows=cut_steps(step_start[[229]] + durations[[229]]))
+    return make_hour(durations, step_start=step_start, attempt=attempt,
+                     flows=cut_steps(step_start[[229]] + durations[[229]]), **fields)
+
+
+def test_quiet_gaps_on_the_rhythm_of_unseen_saves_are_saves_and_an_unrhythmic_one_a_restart():
+    job = _unseen_saves_job()
     found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS)
     assert found.steps.tolist() == [230]
     # with fewer gaps in view, the rhythm of the saves of earlier hours tells
@@ -336,17 +341,12 @@ def test_quiet_gaps_on_the_rhythm_of_unseen_saves_are_saves_and_an_unrhythmic_on
 
 
 def test_a_return_on_a_replaced_host_is_a_restart_even_on_the_rhythm_of_unseen_saves():
-    # the quiet gaps of the test above: recognition saw a host replace one of the job's during the
-    # one after step 149 (a save replaces no host): that return is a restart
-    durations = jittered(260)
-    quiet = np.zeros(260)
-    quiet[[50, 150, 200]], quiet[100], quiet[230] = 30.0, 15.0, 40.0
-    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.cumsum(quiet)
-    attempt = (np.arange(260) >= 150).astype(np.int64) + (np.arange(260) >= 230)
-    replaced_at = ORIGIN_NS + int(step_start[150] * NS)
-    job = make_hour(durations, step_start=step_start, attempt=attempt,
-                    flows=cut_steps(step_start[[229]] + durations[[229]]),
-                    event_ns=np.array([replaced_at, replaced_at]), event_kind=np.array(["restart", "host_replaced"]))
+    # recognition saw a host replace one of the job's during the quiet gap after step 149 (a save
+    # replaces no host): that return is a restart
+    step_150 = _unseen_saves_job().step_start[150]
+    replaced_at = ORIGIN_NS + int(step_150 * NS)
+    job = _unseen_saves_job(event_ns=np.array([replaced_at, replaced_at]),
+                            event_kind=np.array(["restart", "host_replaced"]))
     found = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, (50, 49), PARAMS)
     assert found.steps.tolist() == [150, 230]
 
