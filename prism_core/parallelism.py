@@ -73,10 +73,10 @@ class ParallelismParams:
     # real jobs run 32 and more; a collective's groups have next to none, as every round of it
     # overlaps the reverse direction on some rail of the host pair)
     pipeline_asymmetry: float = 1 / 128
-    # threshold, share of a group's span: a pipeline's unanswered sends (each step's warm-up and
-    # cool-down) recur over all of its traffic, so the middle 80% of them span at least this share
-    # of the group's span; sends left unanswered in one stretch of the hour were delayed by a
-    # fault there (a slow NIC holding back one direction of a tree's reduce). Asked of the groups
+    # threshold, share: a pipeline's unanswered sends (each step's warm-up and cool-down) recur
+    # over all of its traffic, so the middle 80% of them span at least this share of the time the
+    # middle 80% of its sends span; sends left unanswered in one stretch of the hour were delayed
+    # by a fault there (a slow NIC holding back one direction of a tree's reduce). Asked of the groups
     # with `recurrence_min_flows` unanswered sends or more that send for `recurrence_min_span_ns`
     # or longer (a job's last seconds in an hour leave its last step's sends unanswered)
     pipeline_recurrence: float = 0.4
@@ -127,6 +127,8 @@ class ParallelismParams:
 
 
 DEFAULT_PARAMS = ParallelismParams()
+# bins of a group's span in which its sends' and its unanswered sends' spreads are read
+SPREAD_BINS = 256
 
 
 @dataclass
@@ -459,30 +461,42 @@ def _group_flows(flows: _InternalFlows, params: ParallelismParams) -> _Groups:
         sampled=(size_of_group == n_sizes - 2) & any_sampled,
         sampled_bytes=sampled_bytes[pair],
         reverse_sampled_bytes=sampled_bytes[dst_of_group * n_hosts + src_of_group],
-        **_unanswered_spread(of_flow, len(group_keys), flows.start, answered),
+        **_unanswered_spread(of_flow, len(group_keys), flows.start, answered, params.recurrence_min_flows),
     )
 
 
-def _unanswered_spread(of_flow: np.ndarray, n_groups: int, start: np.ndarray,
-                       answered: np.ndarray) -> dict[str, np.ndarray]:
+def _unanswered_spread(of_flow: np.ndarray, n_groups: int, start: np.ndarray, answered: np.ndarray,
+                       min_flows: int) -> dict[str, np.ndarray]:
     """Per group: `span_ns`, from its first start to its last, and `unanswered_spread`, how much
-    of it the middle 80% of its unanswered flows' starts cover (0 without any). Only the
-    unanswered flows are sorted: a collective's groups have next to none, a pipeline's one per
-    micro-batch at most."""
+    of the time the middle 80% of its flows' starts cover the middle 80% of its unanswered ones'
+    cover (0 for a group with fewer than `min_flows` unanswered). Both from a histogram of the
+    starts over the group's span (`SPREAD_BINS`): a group's traffic may stop for a while (a hang,
+    a restart), so its span alone is no measure of how its sends spread."""
     first, last = group_spans(of_flow, n_groups, start, start)
     span, spread = last - first, np.zeros(n_groups)
-    idle = np.flatnonzero(~answered)
-    if not len(idle):
+    judged = np.flatnonzero(np.bincount(of_flow[~answered], minlength=n_groups) >= min_flows)
+    if not len(judged):
         return {"unanswered_spread": spread, "span_ns": span}
-    order = np.lexsort((start[idle], of_flow[idle]))
-    group, at = of_flow[idle][order], start[idle][order]
-    count = np.bincount(group, minlength=n_groups)
-    shown = np.flatnonzero(count)
-    opens = (np.cumsum(count) - count)[shown]
-    low = at[opens + (0.1 * (count[shown] - 1)).astype(np.int64)]
-    high = at[opens + (0.9 * (count[shown] - 1)).astype(np.int64)]
-    spread[shown] = (high - low) / np.maximum(span[shown], 1)
+    slot = np.full(n_groups, -1)
+    slot[judged] = np.arange(len(judged))
+    rows = np.flatnonzero(slot[of_flow] >= 0)
+    group, flow_group = slot[of_flow[rows]], of_flow[rows]
+    position = (start[rows] - first[flow_group]) * SPREAD_BINS // (span[flow_group] + 1)
+    idle = ~answered[rows]
+    spread[judged] = (_middle_bins(group[idle], len(judged), position[idle])
+                      / _middle_bins(group, len(judged), position))
     return {"unanswered_spread": spread, "span_ns": span}
+
+
+def _middle_bins(group: np.ndarray, n_groups: int, position: np.ndarray) -> np.ndarray:
+    """Per group: how many of the `SPREAD_BINS` bins the middle 80% of its rows' `position`s
+    (bin indices) span, at least one."""
+    counts = np.bincount(group * SPREAD_BINS + position, minlength=n_groups * SPREAD_BINS)
+    cumulative = np.cumsum(counts.reshape(n_groups, SPREAD_BINS), axis=1)
+    total = cumulative[:, -1:]
+    low = (cumulative < 0.1 * total).sum(axis=1)  # the first bin reaching 10% of the rows
+    high = (cumulative < 0.9 * total).sum(axis=1)
+    return high - low + 1
 
 
 def _continuous(flows: _InternalFlows, direction: np.ndarray, params: ParallelismParams) -> np.ndarray:

@@ -430,7 +430,7 @@ def test_transfers_reported_one_by_one_decide_beside_sampled_rails():
 
 
 @pytest.mark.parametrize(("flows", "sampled_bytes"), [((2742, 688), 6.4e11), ((2056, 1358), 0.0)])
-@pytest.mark.parametrize(("spread", "span_s", "pipeline"), [(0.8, 600, True), (0.25, 600, False), (0.25, 20, True)])
+@pytest.mark.parametrize(("spread", "span_s", "pipeline"), [(0.6, 600, True), (0.3, 600, False), (0.3, 20, True)])
 def test_sends_unanswered_in_one_stretch_of_the_hour_make_no_pipeline(flows, sampled_bytes, spread, span_s, pipeline):
     """A tree's host pair, one way 2742 transfers and 688 back, balanced by the reverse
     direction's sampled bytes (or 2056 and 1358, balanced without them): a slow NIC held back one
@@ -447,15 +447,17 @@ def test_sends_unanswered_in_one_stretch_of_the_hour_make_no_pipeline(flows, sam
     assert parallelism._is_pipeline(groups, parallelism.DEFAULT_PARAMS).tolist() == [pipeline, False]
 
 
-def test_unanswered_spread_is_the_middle_of_the_unanswered_starts_over_the_span():
-    # group 0: 11 flows over 0-100 s, unanswered at 10-20 s; group 1: unanswered at every tenth
-    of_flow = np.array([0] * 11 + [1] * 11)
-    start = np.r_[np.arange(11) * 10, np.arange(11) * 10] * 10**9
-    answered = np.r_[[True, False, False] + [True] * 8, [False] * 11]
-    found = parallelism._unanswered_spread(of_flow, 3, start, answered)
+def test_unanswered_spread_is_the_middle_of_the_unanswered_starts_over_that_of_all_starts():
+    # group 0: 11 flows over 0-100 s, unanswered at 10-20 s; group 1: unanswered every tenth, and
+    # idle from 100 to 1000 s but for one last flow (a hang): its flows' own spread is the measure;
+    # group 2: one unanswered flow, under the 2 asked
+    of_flow = np.array([0] * 11 + [1] * 12 + [2] * 3)
+    start = np.r_[np.arange(11) * 10, np.arange(11) * 10, 1000, 0, 10, 20] * 10**9
+    answered = np.r_[[True, False, False] + [True] * 8, [False] * 12, [False, True, True]]
+    found = parallelism._unanswered_spread(of_flow, 3, start, answered, 2)
     spread = found["unanswered_spread"]
-    assert spread[0] == pytest.approx(0.0) and spread[1] == pytest.approx(0.8) and spread[2] == 0.0
-    assert found["span_ns"][:2].tolist() == [100 * 10**9] * 2
+    assert spread[0] < 0.2 and spread[1] == pytest.approx(1.0) and spread[2] == 0.0
+    assert found["span_ns"].tolist() == [100 * 10**9, 1000 * 10**9, 20 * 10**9]
 
 
 def test_a_pipeline_whose_backward_sends_cross_half_on_a_sampled_rail_keeps_its_balance():
