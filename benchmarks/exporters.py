@@ -13,7 +13,7 @@ printed: the baseline that work on the inference is measured against.
 
 The `realistic` seeds 0-2 are the held-out ones: develop on others (`--runs realistic
 --realistic-seeds 3-5 --out /tmp/exporters.json`) and measure 0-2 once, at the end. The same
-holds for small's seed 0 (`--alone-seeds 1-4` to develop on).
+holds for small's seed 0 (`--alone-seeds 1-10` to develop on: seeds 5-10 joined in round 21).
 """
 
 from __future__ import annotations
