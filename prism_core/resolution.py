@@ -602,16 +602,22 @@ def _step_intervals(interval: np.ndarray, of_pair: np.ndarray,
     group = np.repeat(np.arange(len(opens)), counts)
     median = sorted_within_groups(of_pair, interval)[opens + counts // 2].astype(np.float64)
     pattern = np.zeros(len(opens), np.int64)
+    rows = np.arange(len(interval))  # the intervals of the pairs still looked at: whole runs, in order
     for k in range(1, params.max_pattern + 1):
-        later = np.flatnonzero(of_pair[k:] == of_pair[:-k])  # an interval and the one k later, of one pair
+        pair = of_pair[rows]
+        later = np.flatnonzero(pair[k:] == pair[:-k])  # an interval and the one k later, of one pair
         if not len(later):
             break
-        alike = np.abs(interval[later + k] - interval[later]) <= params.period_tolerance * median[group[later]]
-        compared = np.bincount(group[later], minlength=len(opens))
-        repeats = np.bincount(group[later], weights=alike, minlength=len(opens)) >= params.pattern_share * compared
+        first, then = rows[later], rows[later + k]
+        of_group = group[first]
+        alike = np.abs(interval[then] - interval[first]) <= params.period_tolerance * median[of_group]
+        compared = np.bincount(of_group, minlength=len(opens))
+        repeats = np.bincount(of_group, weights=alike, minlength=len(opens)) >= params.pattern_share * compared
         pattern[(pattern == 0) & repeats & (compared >= params.min_pair_records)] = k
-        if np.all((pattern > 0) | (counts - k <= params.min_pair_records)):  # each pair found or out of intervals
+        looking = (pattern == 0) & (counts - k > params.min_pair_records)  # not found, intervals left
+        if not looking.any():
             break
+        rows = rows[looking[group[rows]]]
     if not np.any(pattern > 1):
         return interval, of_pair
     pattern = np.maximum(pattern, 1)[group]
