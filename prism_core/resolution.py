@@ -608,9 +608,9 @@ def _step_intervals(interval: np.ndarray, of_pair: np.ndarray,
         later = np.flatnonzero(pair[k:] == pair[:-k])  # an interval and the one k later, of one pair
         if not len(later):
             break
-        first, then = rows[later], rows[later + k]
-        of_group = group[first]
-        alike = np.abs(interval[then] - interval[first]) <= params.period_tolerance * median[of_group]
+        earlier, then = rows[later], rows[later + k]
+        of_group = group[earlier]
+        alike = np.abs(interval[then] - interval[earlier]) <= params.period_tolerance * median[of_group]
         compared = np.bincount(of_group, minlength=len(opens))
         repeats = np.bincount(of_group, weights=alike, minlength=len(opens)) >= params.pattern_share * compared
         pattern[(pattern == 0) & repeats & (compared >= params.min_pair_records)] = k
