@@ -61,6 +61,7 @@ COLUMNS = (
     ("steps P", "steps", "prism_steps_within_1pct"),
     ("periods 5%", "steps", "periods_within_5pct"),
     ("periods 1%", "steps", "periods_within_1pct"),
+    ("no period", "steps", "job_hours_without_period"),  # job-hours with steps reporting neither
     ("issues P", "issues", "precision"),
     ("issues R", "issues", "recall"),
     ("records kept", "ingest", "records_kept"),
@@ -104,8 +105,9 @@ def table(results: dict[str, dict]) -> str:
             lines.append(" | ".join(cells + ["failed: " + "; ".join(errors)]))
             continue
         for _, stage, metric in COLUMNS:
-            value = pooled[stage][metric].get("value")
-            cells.append("n/a" if value is None else f"{value:.3f}")
+            figure = pooled[stage][metric]
+            value = figure.get("value")
+            cells.append(str(int(figure["total"])) if "total" in figure else "n/a" if value is None else f"{value:.3f}")
         failed = sum("error" in r for r in runs.values())
         lines.append(" | ".join(cells) + (f" ({failed} failed)" if failed else ""))
     return "\n".join(lines)

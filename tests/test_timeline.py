@@ -1534,3 +1534,24 @@ def test_a_reported_period_is_scored_against_the_steps_of_its_own_hour():
     }
     figures = score(truth, warehouse, {})
     assert (figures["periods_within_1pct"].count, figures["periods_within_1pct"].of) == (2, 3)
+
+
+def test_a_job_hour_with_steps_but_neither_steps_nor_a_period_reported_is_counted():
+    """A job of 3 s steps over one hour, its row `jobs_only` (its records showed no rhythm), and
+    a `jobs_only` row of a job nobody ran (no truth job holds its address): one job-hour."""
+    hour = 1_795_334_400 * 10**9
+    starts = hour + np.arange(1000) * 3 * 10**9
+    ts = pa.timestamp("ns", tz="UTC")
+    truth = {"steps": pa.table({"job_id": ["t"] * 1000, "start": pa.array(starts, ts),
+                                "end": pa.array(starts + 3 * 10**9, ts)}),
+             "job_gpus": pa.table({"job_id": ["t"], "addr": ["10.0.0.1"]})}
+    warehouse = {
+        "steps": STEPS.empty_table(),
+        "job_gpus": pa.table({"job_id": ["p", "q"], "addr": ["10.0.0.1", "10.0.9.9"]}),
+        "jobs": pa.table({"job_id": ["p", "q"], "resolution": ["jobs_only"] * 2,
+                          "step_period_s": pa.array([None, None], pa.float64()),
+                          "first_seen": pa.array([hour] * 2, ts), "last_seen": pa.array([hour + 3000 * 10**9] * 2, ts),
+                          "hour_start": pa.array([hour] * 2, ts)}),
+    }
+    figures = score(truth, warehouse, {})
+    assert figures["job_hours_without_period"].value == 1 and figures["periods_within_1pct"].of == 0

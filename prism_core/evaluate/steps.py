@@ -14,7 +14,8 @@ Prism did report are right (a step of an unmatched Prism job is not), and the jo
 report only a period (`resolution` = period) are scored on it: `periods_within_5pct` and
 `periods_within_1pct`, the shares whose `step_period_s` is within 5% and 1% of the truth job's
 median step in that hour (issue #18 asks 1% of a flow cache's hours where the steps outlast its
-idle timeout).
+idle timeout); `job_hours_without_period` counts the job-hours of a job that took steps in them
+where Prism reported neither steps nor a period.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
         (t_start, t_end), (p_start, p_end) = truth_steps[truth_id], prism_steps[prism_id]
         start_error, end_error = _boundary_errors(p_start, p_end, t_start, t_end, float(np.median(t_end - t_start)))
         reported_right += int(np.sum((start_error <= TOLERANCE_SHARE) & (end_error <= TOLERANCE_SHARE)))
-    (within_5pct, within_1pct), periods = _periods_scored(truth, warehouse, truth_steps)
+    (within_5pct, within_1pct), periods, without_period = _periods_scored(truth, warehouse, truth_steps)
     return {
         "jobs_matched": Figure(len(matches)),
         "truth_steps": Figure(truth_total),
@@ -107,38 +108,43 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
         "prism_steps_within_1pct": Figure.share(reported_right, sum(len(e) for _, e in prism_steps.values())),
         "periods_within_5pct": Figure.share(within_5pct, periods),
         "periods_within_1pct": Figure.share(within_1pct, periods),
+        "job_hours_without_period": Figure(without_period),
     }
 
 
 def _periods_scored(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table],
-                    truth_steps: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[tuple[int, ...], int]:
+                    truth_steps: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[tuple[int, ...], int, int]:
     """(right within each of PERIOD_TOLERANCE_SHARES, all) of the job-hours that report a step
-    period instead of steps. The period is the rhythm of the job the Prism job's GPUs run, so a
-    row is matched to the truth job holding most of its addresses (at least MIN_JACCARD of them)
-    while both run: a fragment of a job (recognition's error, scored there) still has that job's
-    period. An unmatched row is not right."""
+    period instead of steps, and how many job-hours of a truth job that took steps in that hour
+    report neither (`jobs_only`: its records showed no rhythm). The period is the rhythm of the
+    job the Prism job's GPUs run, so a row is matched to the truth job holding most of its
+    addresses (at least MIN_JACCARD of them) while both run: a fragment of a job (recognition's
+    error, scored there) still has that job's period. An unmatched row is not right."""
     right = np.zeros(len(PERIOD_TOLERANCE_SHARES), np.int64)
     jobs = warehouse.get("jobs")
-    if jobs is None or "resolution" not in jobs.column_names:
-        return tuple(right.tolist()), 0
-    estimated = jobs.filter(pc.and_(pc.equal(jobs["resolution"], "period"), pc.is_valid(jobs["step_period_s"])))
-    if estimated.num_rows == 0:
-        return tuple(right.tolist()), 0
+    if jobs is None or "resolution" not in jobs.column_names or jobs.num_rows == 0:
+        return tuple(right.tolist()), 0, 0
+    estimated = pc.and_(pc.equal(jobs["resolution"], "period"), pc.is_valid(jobs["step_period_s"]))
+    unresolved = pc.equal(jobs["resolution"], "jobs_only")
     truth_sets, prism_sets = _addr_sets(truth["job_gpus"]), _addr_sets(warehouse["job_gpus"])
     truth_spans = _spans(truth_steps)
-    first, last, hours = (pc.cast(estimated[c], pa.int64()).to_numpy().tolist()
+    first, last, hours = (pc.cast(jobs[c], pa.int64()).to_numpy().tolist()
                           for c in ("first_seen", "last_seen", "hour_start"))
-    for job_id, period, lo, hi, hour_start in zip(estimated["job_id"].to_pylist(),
-                                                  estimated["step_period_s"].to_pylist(), first, last, hours):
-        addrs = prism_sets.get(job_id, set())
+    without_period = 0
+    for row in np.flatnonzero(pc.or_(estimated, unresolved).to_numpy(zero_copy_only=False)).tolist():
+        addrs = prism_sets.get(jobs["job_id"][row].as_py(), set())
         held = {t: len(addrs & a) for t, a in truth_sets.items()
-                if t in truth_spans and truth_spans[t][0] < hi and truth_spans[t][1] > lo}
+                if t in truth_spans and truth_spans[t][0] < last[row] and truth_spans[t][1] > first[row]}
         best = max(held, key=held.get, default=None)
         if best is None or held[best] < MIN_JACCARD * max(len(addrs), 1):
             continue
-        median = _median_step_in_hour(*truth_steps[best], hour_start) * 1e-9
-        right += abs(period - median) <= np.array(PERIOD_TOLERANCE_SHARES) * median
-    return tuple(right.tolist()), estimated.num_rows
+        t_start, t_end = truth_steps[best]
+        if not estimated[row].as_py():
+            without_period += bool(np.any((t_end >= hours[row]) & (t_end < hours[row] + HOUR_NS)))
+            continue
+        median = _median_step_in_hour(t_start, t_end, hours[row]) * 1e-9
+        right += abs(jobs["step_period_s"][row].as_py() - median) <= np.array(PERIOD_TOLERANCE_SHARES) * median
+    return tuple(right.tolist()), int(pc.sum(estimated).as_py() or 0), without_period
 
 
 def _median_step_in_hour(start: np.ndarray, end: np.ndarray, hour_start_ns: int) -> float:
