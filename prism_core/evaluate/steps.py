@@ -128,8 +128,12 @@ def _periods_scored(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table],
     unresolved = pc.equal(jobs["resolution"], "jobs_only")
     truth_sets, prism_sets = _addr_sets(truth["job_gpus"]), _addr_sets(warehouse["job_gpus"])
     truth_spans = _spans(truth_steps)
-    first, last, hours = (pc.cast(jobs[c], pa.int64()).to_numpy().tolist()
-                          for c in ("first_seen", "last_seen", "hour_start"))
+    first, last = (pc.cast(jobs[c], pa.int64()).to_numpy() for c in ("first_seen", "last_seen"))
+    # rows loaded from a warehouse carry their partition's hour; an analysis' own rows are the
+    # hour their last record ended in
+    hours = (pc.cast(jobs["hour_start"], pa.int64()).to_numpy() if "hour_start" in jobs.column_names
+             else (last - 1) // HOUR_NS * HOUR_NS).tolist()
+    first, last = first.tolist(), last.tolist()
     without_period = 0
     for row in np.flatnonzero(pc.or_(estimated, unresolved).to_numpy(zero_copy_only=False)).tolist():
         addrs = prism_sets.get(jobs["job_id"][row].as_py(), set())
