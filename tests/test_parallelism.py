@@ -694,23 +694,3 @@ def test_each_flow_keeps_the_kind_of_its_own_size_family_on_a_shared_pair(shape,
     assert (family <= size).all() and (family[own] >= size[own].min()).all()
     if shared == "pp":  # one activation size per micro-batch
         assert len(np.unique(family[own])) == 1
-
-
-def test_a_host_pairs_samples_do_not_follow_its_all_to_all_into_a_pipeline():
-    # an MoE job slowed by a degradation: its all-to-all's five chunk sizes between hosts 0 and 1
-    # leave 7% of their transfers unanswered, as a pipeline would, and a sampled rail beside them
-    # holds 17,000 samples; the all-to-all is no pipeline, and the samples that follow the pair's
-    # transfer-sized groups follow no pipeline either
-    sizes = np.array([0.52, 0.79, 1.05, 1.31, 1.57]) * 1e6
-    sampled = np.r_[np.zeros(10, bool), [True, True]]
-    groups = parallelism._Groups(
-        src_host=np.r_[[0] * 5, [1] * 5, 0, 1], dst_host=np.r_[[1] * 5, [0] * 5, 1, 0],
-        size=np.r_[sizes, sizes, 1.31e6, 1.31e6], flows=np.r_[[7600] * 10, 17196, 17184],
-        unmatched=np.r_[[520] * 10, 0, 0], reverse=np.r_[np.arange(5, 10), np.arange(5), 11, 10],
-        of_flow=np.empty(0, np.int64), answered=np.empty(0, bool), continuous=np.empty(0, bool),
-        lumped=np.zeros(12, bool), sampled=sampled, sampled_bytes=np.zeros(12), reverse_sampled_bytes=np.zeros(12),
-        unanswered_spread=np.r_[[0.9] * 10, 0, 0], span_ns=np.full(12, 600 * 10**9))
-    all_to_all = parallelism._is_all_to_all(groups, parallelism.DEFAULT_PARAMS)
-    assert all_to_all.tolist() == [True] * 10 + [False] * 2
-    assert not parallelism._is_pipeline(groups, parallelism.DEFAULT_PARAMS, all_to_all).any()
-    assert parallelism._is_pipeline(groups, parallelism.DEFAULT_PARAMS)[sampled].all()  # unless told
