@@ -39,10 +39,8 @@ def hours_to_check(context: AssetCheckExecutionContext, root: str, table: str) -
 
 def stored_hours(root: str, table: str) -> list[datetime]:
     """Every hour that has a partition of `table` in the warehouse."""
-    return sorted(
-        datetime.strptime(" ".join(path.split("/")[-3:-1]), "date=%Y-%m-%d hour=%H").replace(tzinfo=timezone.utc)
-        for path in storage.files_matching(storage.join(root, table), f"date=*/hour=*/{tables.DATA_FILE}")
-    )
+    return sorted(tables.partition_hour(path)
+                  for path in storage.files_matching(storage.join(root, table), f"date=*/hour=*/{tables.DATA_FILE}"))
 
 
 def footer(location: str) -> pq.FileMetaData:

@@ -161,7 +161,7 @@ def write_topology(root: str | Path, inventory: pa.Table) -> None:
 HOUR_START = pa.timestamp("ns", tz="UTC")
 
 
-def _partition_hour(path: str) -> datetime:
+def partition_hour(path: str) -> datetime:
     """The hour a partition's path names (`.../date=YYYY-MM-DD/hour=HH/data.parquet`)."""
     day, hour = path.split("/")[-3:-1]
     return datetime.strptime(f"{day} {hour}", "date=%Y-%m-%d hour=%H").replace(tzinfo=timezone.utc)
@@ -253,7 +253,7 @@ def load_tables(root: str | Path) -> dict[str, pa.Table]:
         files = partition_files(root, name)
         parts = [read_parquet(f, schema=schema) for f in files]
         if name == "jobs":
-            parts = [part.append_column("hour_start", pa.array([_partition_hour(f)] * part.num_rows, HOUR_START))
+            parts = [part.append_column("hour_start", pa.array([partition_hour(f)] * part.num_rows, HOUR_START))
                      for part, f in zip(parts, files)]
         tables[name] = pa.concat_tables(parts) if parts else schema.empty_table()
     state_files = storage.files_matching(storage.join(root, "_state"), "*/*/ingest.json")
