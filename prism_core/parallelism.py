@@ -397,8 +397,8 @@ class _Groups:
     sampled: np.ndarray  # per group: sampled records (one packet's instant each, no transfer's size)
     sampled_bytes: np.ndarray  # per group: the bytes its direction's sampled records estimate
     reverse_sampled_bytes: np.ndarray  # per group: those of the reverse direction
-    # per group: the middle 80% of its unmatched flows' starts over its span (first to last
-    # start), and that span
+    # per group: the time the middle 80% of its unmatched flows' starts span, over the time the
+    # middle 80% of all its flows' starts span (`_unanswered_spread`); its first to last start
     unanswered_spread: np.ndarray
     span_ns: np.ndarray
 
@@ -666,11 +666,9 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     def in_transfers(sampled_bytes: np.ndarray) -> np.ndarray:
         return np.divide(sampled_bytes, groups.size, out=np.zeros(len(groups.size)), where=counts_samples)
 
-    def balanced_flows(own_flows: np.ndarray, reverse_flows: np.ndarray) -> np.ndarray:
-        return (reverse_flows * params.balance >= own_flows) & (own_flows * params.balance >= reverse_flows)
-
-    balanced = balanced_flows(groups.flows + in_transfers(groups.sampled_bytes),
-                              reverse_flows + in_transfers(groups.reverse_sampled_bytes))
+    own_flows = groups.flows + in_transfers(groups.sampled_bytes)
+    reverse_flows = reverse_flows + in_transfers(groups.reverse_sampled_bytes)
+    balanced = (reverse_flows * params.balance >= own_flows) & (own_flows * params.balance >= reverse_flows)
     repeated = groups.flows >= params.pipeline_min_flows
     # continuous records are judged with their reverse ones: the warm-up opens the forward
     # direction's records alone, the cool-down closes the backward direction's, and traffic at the

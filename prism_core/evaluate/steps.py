@@ -124,8 +124,9 @@ def _periods_scored(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table],
     jobs = warehouse.get("jobs")
     if jobs is None or "resolution" not in jobs.column_names or jobs.num_rows == 0:
         return tuple(right.tolist()), 0, 0
-    estimated = pc.and_(pc.equal(jobs["resolution"], "period"), pc.is_valid(jobs["step_period_s"]))
-    unresolved = pc.equal(jobs["resolution"], "jobs_only")
+    resolution = jobs["resolution"].to_numpy(zero_copy_only=False)
+    is_period = (resolution == "period") & pc.is_valid(jobs["step_period_s"]).to_numpy(zero_copy_only=False)
+    unresolved = resolution == "jobs_only"
     truth_sets, prism_sets = _addr_sets(truth["job_gpus"]), _addr_sets(warehouse["job_gpus"])
     truth_spans = _spans(truth_steps)
     first, last = (pc.cast(jobs[c], pa.int64()).to_numpy() for c in ("first_seen", "last_seen"))
@@ -134,21 +135,22 @@ def _periods_scored(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table],
     hours = (pc.cast(jobs["hour_start"], pa.int64()).to_numpy() if "hour_start" in jobs.column_names
              else (last - 1) // HOUR_NS * HOUR_NS).tolist()
     first, last = first.tolist(), last.tolist()
+    job_ids, periods = jobs["job_id"].to_pylist(), jobs["step_period_s"].to_pylist()
     without_period = 0
-    for row in np.flatnonzero(pc.or_(estimated, unresolved).to_numpy(zero_copy_only=False)).tolist():
-        addrs = prism_sets.get(jobs["job_id"][row].as_py(), set())
+    for row in np.flatnonzero(is_period | unresolved).tolist():
+        addrs = prism_sets.get(job_ids[row], set())
         held = {t: len(addrs & a) for t, a in truth_sets.items()
                 if t in truth_spans and truth_spans[t][0] < last[row] and truth_spans[t][1] > first[row]}
         best = max(held, key=held.get, default=None)
         if best is None or held[best] < MIN_JACCARD * max(len(addrs), 1):
             continue
         t_start, t_end = truth_steps[best]
-        if not estimated[row].as_py():
+        if not is_period[row]:
             without_period += bool(np.any((t_end >= hours[row]) & (t_end < hours[row] + HOUR_NS)))
             continue
         median = _median_step_in_hour(t_start, t_end, hours[row]) * 1e-9
-        right += abs(jobs["step_period_s"][row].as_py() - median) <= np.array(PERIOD_TOLERANCE_SHARES) * median
-    return tuple(right.tolist()), int(pc.sum(estimated).as_py() or 0), without_period
+        right += abs(periods[row] - median) <= np.array(PERIOD_TOLERANCE_SHARES) * median
+    return tuple(right.tolist()), int(is_period.sum()), without_period
 
 
 def _median_step_in_hour(start: np.ndarray, end: np.ndarray, hour_start_ns: int) -> float:
