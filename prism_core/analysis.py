@@ -24,7 +24,7 @@ from prism_core.arrays import CODES_SUFFIX, filter_rows, group_indices, lookup, 
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, NS_PER_S
 from prism_core.minutes import MINUTE_NS
-from prism_core.queue_pairs import resumed_on_same_connections, source_ports
+from prism_core.queue_pairs import coalesced_channels, resumed_on_same_connections, source_ports
 from prism_core.recognition import Recognition, recognize_hour
 from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, JOBS, STEPS, TABLES
 from prism_core.topology import Topology
@@ -249,8 +249,13 @@ def analyze_job(
     stage = "input"
     try:
         flows = pa.concat_tables(batches) if batches else FLOWS.empty_table().select(JOB_FLOW_COLUMNS)
-        flows = with_codes(flows, ADDRESS_COLUMNS)
         members = recognition.membership.filter(pc.equal(recognition.membership["job_id"], job_id))
+        # one transfer split over several queue pairs is one record for every stage after this
+        # (not where a NIC serves two GPUs, whose transfers at once are two)
+        nics = members["addr"] if pc.max(members["gpus"]).as_py() == 1 else pa.array([], pa.string())
+        channels = params.resolution
+        flows = coalesced_channels(with_codes(flows, ADDRESS_COLUMNS), nics, channels.channel_start_s,
+                                   channels.channel_size_spread, channels.channel_even_share)
         events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
         restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
         paused_ns = paused_restarts(flows, members["addr"], restarts_ns, params.diagnosis)

@@ -9,11 +9,14 @@ see, a stall) resumes on the connections it had. Records without ports tell noth
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combined_key
+from prism_core.arrays import combined_key, stable_order, unique_inverse, value_codes
+from prism_core.constants import NS_PER_S
 
 
 def source_ports(flows: pa.Table, rows: np.ndarray) -> np.ndarray:
@@ -52,3 +55,191 @@ def kept_connections_share(src: np.ndarray, dst: np.ndarray, port: np.ndarray, s
         if len(before) and len(after):
             kept[i] = np.isin(after, before, assume_unique=True).mean()
     return kept
+
+
+def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, size_spread: float,
+                       min_even_share: float, chunk_rows: int = 1 << 20) -> pa.Table:
+    """`flows` with each transfer that a pair of `nics` split over several queue pairs (NCCL
+    channels, several queue pairs per channel) read as one record, the transfer's: the per-job
+    stages then read one record per transfer whatever the exporter's queue pairs, at a fraction of
+    the rows. `nics`: a job's NICs, each serving one GPU (a NIC serving two GPUs carries two GPUs'
+    transfers at once: two transfers, not one's queue pairs); records to or from any other address
+    (storage, monitoring, another job) are kept as they are.
+
+    A NIC pair's records whose starts follow one another within `start_within_s` form a run (NCCL
+    posts a transfer's channels together). A run on several source ports, its records all of
+    about one size (the largest at most `size_spread` above the smallest), splits its transfers
+    evenly: the k-th record of each port is the k-th transfer's (a lost record leaves its transfer
+    short of that queue pair's share, as it leaves it short where records are read one by one).
+    Where a transfer is shorter than the spread of its queue pairs' starts, their records neither
+    overlap nor keep one order: each queue pair's own sequence still tells the transfers apart. Other runs are several
+    transfers (sends of several sizes) or one queue pair's. The records are read so only if every
+    NIC pair, both ways, splits at least `min_even_share` of its runs on several queue pairs evenly
+    (a record with no queue pair to tell counts as one that does not: a packet sampled at an
+    instant, `sampling_rate` above 1 and no span, or a record without a source port); otherwise
+    `flows` is returned as it is, since the stages weigh a job's pairs against each other, and an
+    all-to-all's queue pairs carry sends of their own sizes. A transfer's record is its first to start, lasting as long
+    as its longest, with its bytes summed and its lowest source port (a pause keeps a job's
+    connections, a restart makes new ones: the lowest of one set is the same port). Rows keep
+    their order; the pairs are read `chunk_rows` records at a time, whole NIC pairs each, to bound
+    the memory it takes."""
+    if flows.num_rows < 2 or "src_port" not in flows.column_names or not len(nics):
+        return flows
+    # both ends numbered as `nics` are, so that both ways of a NIC pair make one link
+    src, dst = (_codes_in(flows, name, nics) for name in ("src_addr", "dst_addr"))
+    between = np.flatnonzero((src >= 0) & (dst >= 0))
+    src, dst = src[between], dst[between]
+    pair = combined_key(np.minimum(src, dst), np.maximum(src, dst)) * 2 + (src > dst)  # by link, then way
+    del src, dst
+    port = pc.fill_null(flows["src_port"], -1).to_numpy().astype(np.int32)
+    if _one_port_each(pair, port[between]):  # most jobs: one queue pair per NIC pair
+        return flows
+    start, end = flows["time_flow_start_ns"].to_numpy(), flows["time_flow_end_ns"].to_numpy()
+    eligible = port[between] >= 0
+    if "sampling_rate" in flows.column_names:  # a packet sampled at an instant: no transfer's record
+        instant = (pc.fill_null(flows["sampling_rate"], 1).to_numpy() > 1) & (end <= start)
+        eligible &= ~instant[between]
+    considered = between[eligible]
+    if len(considered) < 2 or _one_queue_pair_at_a_time(pair[eligible], port[considered], start[considered],
+                                                         end[considered]):
+        return flows
+    by_start = between[np.argsort(start[between], kind="stable")]
+    full_pair = np.full(flows.num_rows, -1, np.int64)
+    full_pair[between] = pair
+    full_eligible = np.zeros(flows.num_rows, bool)
+    full_eligible[between] = eligible
+    pair, eligible = full_pair, full_eligible
+    order = by_start[stable_order(pair[by_start], scattered=True)]
+    del by_start
+    # whole links at a time, about chunk_rows records each: what a link's runs need stays bounded
+    link = pair[order] // 2
+    link_starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
+    del link
+    cuts = np.unique(link_starts[np.minimum(np.searchsorted(link_starts, np.arange(0, len(order), chunk_rows)),
+                                            len(link_starts) - 1)])
+    nbytes = flows["bytes"].to_numpy()
+    merged = []
+    for lo, hi in zip(cuts, np.r_[cuts[1:], len(order)]):
+        part = _merged_transfers(order[lo:hi], pair, start, end, nbytes, port, eligible, start_within_s * NS_PER_S,
+                                 size_spread, min_even_share)
+        if part is None:
+            return flows
+        merged.append(part)
+    dropped = np.concatenate([part.dropped for part in merged])
+    if not len(dropped):
+        return flows
+    keep = np.ones(flows.num_rows, bool)
+    keep[dropped] = False
+    kept = np.flatnonzero(keep)
+    heads = np.searchsorted(kept, np.concatenate([part.head for part in merged]))
+    table = flows.take(kept)
+    for name, values, transfers in (("time_flow_end_ns", end, [part.end for part in merged]),
+                                    ("bytes", nbytes, [part.nbytes for part in merged]),
+                                    ("src_port", port, [part.port for part in merged])):
+        values = values[kept]
+        values[heads] = np.concatenate(transfers)
+        index = table.schema.get_field_index(name)
+        field = table.schema.field(index)
+        column = pa.array(values, field.type, mask=values < 0) if name == "src_port" else pa.array(values, field.type)
+        table = table.set_column(index, field, column)
+    return table
+
+
+def _codes_in(flows: pa.Table, name: str, values: pa.Array) -> np.ndarray:
+    """Each row's `name` as its index in `values` (-1: not among them), through the column's codes."""
+    codes, dictionary = value_codes(flows, name)
+    index = pc.fill_null(pc.index_in(dictionary, value_set=values), -1).to_numpy().astype(np.int64)
+    return np.where(codes >= 0, index[np.maximum(codes, 0)], -1)
+
+
+def _one_port_each(pair: np.ndarray, port: np.ndarray) -> bool:
+    """Whether each pair's records all come from one source port (counted by hashing)."""
+    def distinct(values: np.ndarray) -> int:
+        return pc.count_distinct(pa.array(values)).as_py()
+
+    return distinct(pair * (1 << 17) + port + 1) == distinct(pair)  # ports 0-65535, -1: none
+
+
+def _one_queue_pair_at_a_time(pair: np.ndarray, port: np.ndarray, start: np.ndarray, end: np.ndarray) -> bool:
+    """Whether no pair's records from two source ports overlap in time (a restarted job moves to new
+    queue pairs): from each (pair, port)'s first start and last end, by hashing."""
+    spans = pa.table({"key": pair * (1 << 17) + port + 1, "start": start, "end": end}).group_by(
+        "key", use_threads=False).aggregate([("start", "min"), ("end", "max")])
+    key, first, last = (spans[name].to_numpy() for name in ("key", "start_min", "end_max"))
+    order = np.lexsort((first, key >> 17))
+    same_pair = (key[order] >> 17)[1:] == (key[order] >> 17)[:-1]
+    # the latest end among the pair's queue pairs so far: one running maximum, each pair's times
+    # lifted above every earlier pair's
+    lift = np.cumsum(np.r_[0, ~same_pair]) * (int(last.max()) - int(first.min()) + 1)
+    first, last = first[order] - first.min() + lift, last[order] - first.min() + lift
+    return not np.any(same_pair & (first[1:] < np.maximum.accumulate(last)[:-1]))
+
+
+@dataclass(frozen=True)
+class _Merged:
+    dropped: np.ndarray  # rows read into another row's transfer
+    head: np.ndarray  # the first row of each transfer of several records ...
+    end: np.ndarray  # ... and its transfer's end, bytes and lowest source port
+    nbytes: np.ndarray
+    port: np.ndarray
+
+
+def _merged_transfers(rows: np.ndarray, pair: np.ndarray, start: np.ndarray, end: np.ndarray, nbytes: np.ndarray,
+                      port: np.ndarray, eligible: np.ndarray, start_within_ns: float, size_spread: float,
+                      min_even_share: float) -> _Merged | None:
+    """`coalesced_channels` over `rows`: whole links, in (pair, start) order; None where a link does
+    not split its transfers evenly."""
+    pair, start, port, eligible = pair[rows], start[rows], port[rows], eligible[rows]
+    # a run: a pair's eligible records whose starts follow within start_within_ns; an ineligible
+    # record is a run of its own
+    follows = (pair[1:] == pair[:-1]) & (start[1:] - start[:-1] <= start_within_ns)
+    follows &= eligible[1:] & eligible[:-1]
+    run_starts = np.flatnonzero(np.r_[True, ~follows])
+    run = np.cumsum(np.r_[0, ~follows])
+    del follows
+    sizes = nbytes[rows]
+    even = np.maximum.reduceat(sizes, run_starts) <= np.minimum.reduceat(sizes, run_starts) * (1 + size_spread)
+    # each run's queue pairs (run, port) and each record's place among its queue pair's records
+    # (in start order: a stable sort keeps it)
+    queue_pair = combined_key(run, port)
+    by_queue_pair = stable_order(queue_pair, scattered=True)
+    queue_pair_starts = np.flatnonzero(np.r_[True, np.diff(queue_pair[by_queue_pair]) != 0])
+    del queue_pair
+    records = np.diff(np.r_[queue_pair_starts, len(rows)])
+    place = np.empty(len(rows), np.int64)
+    place[by_queue_pair] = np.arange(len(rows)) - np.repeat(queue_pair_starts, records)
+    first_of_run = np.searchsorted(run[by_queue_pair[queue_pair_starts]], np.arange(len(run_starts)))
+    del by_queue_pair
+    several_ports = np.diff(np.r_[first_of_run, len(records)]) >= 2
+    split = even & several_ports
+    # a NIC pair splits its transfers evenly when nearly all of its runs on several queue pairs,
+    # both ways, split so: not one whose queue pairs carry sends of their own sizes (an all-to-all's),
+    # nor one with records whose queue pair cannot be told
+    several = several_ports | ~eligible[run_starts]
+    link_of_run = unique_inverse(pair[run_starts] // 2)[1]
+    several_runs = np.bincount(link_of_run, several)
+    even_share = np.bincount(link_of_run, split & several) / np.maximum(several_runs, 1)
+    if np.any((even_share < min_even_share) & (several_runs > 0)):
+        return None
+    # a transfer of several records: (run, place) in a split run
+    in_split = np.flatnonzero(split[run])
+    if not len(in_split):
+        nothing = np.zeros(0, np.int64)
+        return _Merged(nothing, nothing, end[:0], nbytes[:0], port[:0])
+    transfer = unique_inverse(combined_key(run[in_split], place[in_split]))[1]
+    by_transfer = stable_order(transfer, scattered=True)  # in start order within each transfer
+    transfer_starts = np.flatnonzero(np.r_[True, np.diff(transfer[by_transfer]) != 0])
+    by_transfer = in_split[by_transfer]
+    members = rows[by_transfer]
+    first = np.zeros(len(members), bool)
+    first[transfer_starts] = True
+    return _Merged(
+        dropped=members[~first],
+        head=members[first],
+        # the transfer lasts as long as its slowest queue pair, from its first start: the spread of
+        # its queue pairs' starts is no time it took (a slow link's throughput shows through it)
+        end=start[by_transfer[transfer_starts]] + np.maximum.reduceat(end[members] - start[by_transfer],
+                                                                      transfer_starts),
+        nbytes=np.add.reduceat(nbytes[members], transfer_starts),
+        port=np.minimum.reduceat(port[by_transfer], transfer_starts),
+    )

@@ -96,6 +96,17 @@ class ResolutionParams:
     # least this share of the records are merged ones (sparse per-transfer records have none)
     min_merged_share: float = 0.0001
 
+    # --- one transfer on several queue pairs (prism_core.queue_pairs.coalesced_channels) -----------
+    # s; a NIC pair's records starting within this of one another make one run of transfers (NCCL
+    # posts a transfer's channels together; a millisecond clock rounds them apart by a tick) ...
+    channel_start_s: float = 0.002
+    # share; ... split evenly over its queue pairs when its largest record is at most this much
+    # above its smallest (header bytes, a remainder of the split)
+    channel_size_spread: float = 0.1
+    # share; ... and only in a job whose every NIC pair splits at least this share of its runs on
+    # several queue pairs so (an all-to-all's sends of their own sizes split none)
+    channel_even_share: float = 0.9
+
     # --- deciding per job and hour ----------------------------------------------------------------
     # share; steps are resolved when at least this share of the job's records comes from
     # exporters that report transfers one by one...

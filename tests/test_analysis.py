@@ -10,8 +10,10 @@ import pyarrow.compute as pc
 
 from prism_core.analysis import ADDRESS_COLUMNS, analyze_hour, open_membership, paused_restarts, split_flows_by_job
 from prism_core.arrays import CODES_SUFFIX, with_codes
+from prism_core.config import DEFAULT_PARAMS
 from prism_core.diagnosis import DEFAULT_PARAMS as DIAGNOSIS
-from prism_core.minutes import HOUR_NS
+from prism_core.minutes import HOUR_NS, minute_aggregates
+from prism_core.queue_pairs import coalesced_channels
 from prism_core.recognition import MEMBERSHIP, Recognition
 from prism_core.simulate import write_scenario
 from prism_core.simulate.scenarios import SCENARIOS, FaultSpec, JobSpec
@@ -175,3 +177,46 @@ def test_a_recognized_restart_on_the_connections_of_before_is_a_pause():
     assert paused_restarts(flows(times, np.inf), members, [at], DIAGNOSIS) == [at]
     assert paused_restarts(flows(times, 190), members, [at], DIAGNOSIS) == []
     assert paused_restarts(flows(np.arange(190, 300), np.inf), members, [at], DIAGNOSIS) == []
+
+
+def test_a_job_whose_transfers_each_show_as_several_queue_pairs_records_reads_as_with_one_record_each(tmp_path):
+    """An exporter that reports every queue pair of a NIC pair: each transfer of a dp2 x pp2 x tp4
+    job, one record in the simulator's flows, comes as three (a third of its bytes each, on their
+    own source ports, started up to 0.3 ms apart). The job's pairs, degrees, steps and issues are
+    those read from one record per transfer (prism_core.queue_pairs.coalesced_channels)."""
+    scenario = replace(SCENARIOS["tiny"], name="tiny", minutes=6, jobs=(
+        JobSpec(2, tp=4, pp=2, start_s=10, end_s=1e9, step_s=3.0, channels=1, checkpoint_s=120, hosts=(0, 1)),))
+    write_scenario(scenario, tmp_path, seed=0)
+    flows, flow_minutes, topology, _ = scenario_flows(tmp_path)
+    queue_pairs = 3
+    rows = np.repeat(np.arange(flows.num_rows), queue_pairs)
+    place = np.tile(np.arange(queue_pairs), flows.num_rows)
+    skew = np.random.default_rng(0).integers(0, 300_000, len(rows))
+    split = flows.take(rows)
+    for name, values in (
+        ("time_flow_start_ns", split["time_flow_start_ns"].to_numpy() + skew),
+        ("time_flow_end_ns", split["time_flow_end_ns"].to_numpy() + skew),
+        ("bytes", split["bytes"].to_numpy() // queue_pairs),
+        ("src_port", split["src_port"].to_numpy() + 7 * place),
+    ):
+        field = split.schema.field(name)
+        split = split.set_column(split.schema.get_field_index(name), field, pa.array(values, field.type))
+    hour = int(pc.min(flow_minutes["minute"]).cast(pa.int64()).as_py()) // HOUR_NS * HOUR_NS
+    one, several = (analyze_hour(f, minute_aggregates(f), topology, None, hour) for f in (flows, split))
+    # read back as one record per transfer between the job's NICs (its saves to storage stay split)
+    nics = one.tables["job_gpus"]["addr"].combine_chunks()
+    resolution = DEFAULT_PARAMS.resolution
+    read_back = coalesced_channels(split, nics, resolution.channel_start_s, resolution.channel_size_spread,
+                                   resolution.channel_even_share)
+    between = pc.and_(pc.is_in(flows["src_addr"], value_set=nics), pc.is_in(flows["dst_addr"], value_set=nics))
+    assert read_back.num_rows == flows.num_rows + 2 * pc.sum(pc.invert(between)).as_py() < split.num_rows
+    assert pc.sum(read_back["bytes"]).as_py() == pc.sum(split["bytes"]).as_py()
+    assert one.tables["jobs"].select(["dp", "pp", "tp"]).to_pylist() == [{"dp": 2, "pp": 2, "tp": 4}]
+    assert several.tables["jobs"].select(["dp", "pp", "tp"]).to_pylist() == [{"dp": 2, "pp": 2, "tp": 4}]
+    pairs = [table.tables["comm_pairs"].select(["src_addr", "dst_addr", "kind"]).sort_by("src_addr").to_pylist()
+             for table in (one, several)]
+    assert pairs[0] == pairs[1]
+    steps = [table.tables["steps"]["duration_s"].to_numpy() for table in (one, several)]
+    assert len(steps[0]) == len(steps[1]) > 100
+    assert np.abs(steps[0] - steps[1]).max() < 0.001
+    assert sorted(one.tables["issues"]["kind"].to_pylist()) == sorted(several.tables["issues"]["kind"].to_pylist())
