@@ -67,16 +67,16 @@ def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, s
     (storage, monitoring, another job) are kept as they are.
 
     A NIC pair's records whose starts follow one another within `start_within_s` form a run (NCCL
-    posts a transfer's channels together). A run on several source ports, its records all of
-    about one size (the largest at most `size_spread` above the smallest), splits its transfers
-    evenly: the k-th record of each port is the k-th transfer's (a lost record leaves its transfer
-    short of that queue pair's share, as it leaves it short where records are read one by one).
-    Where a transfer is shorter than the spread of its queue pairs' starts, their records neither
-    overlap nor keep one order: each queue pair's own sequence still tells the transfers apart. Other runs are several
-    transfers (sends of several sizes) or one queue pair's. The records are read so only if every
-    NIC pair, both ways, splits at least `min_even_share` of its runs on several queue pairs evenly
-    (a record with no queue pair to tell counts as one that does not: a packet sampled at an
-    instant, `sampling_rate` above 1 and no span, or a record without a source port); otherwise
+    posts a transfer's channels together). A run on several source ports, each with as many
+    records, all of about one size (the largest at most `size_spread` above the smallest), splits
+    its transfers evenly: the k-th record of each port is the k-th transfer's. (Where a transfer is
+    shorter than the spread of its queue pairs' starts, their records neither overlap nor keep one
+    order: each queue pair's own sequence still tells the transfers apart.) Other runs are several
+    transfers (sends of several sizes), or short of a lost record. The records are read so only if
+    every NIC pair splits at least `min_even_share` of its runs (both ways, on a way with several
+    queue pairs) evenly (a record with no queue pair to tell counts as a run that does not: a
+    packet sampled at an instant, `sampling_rate` above 1 and no span, or a record without a source
+    port); otherwise
     `flows` is returned as it is, since the stages weigh a job's pairs against each other, and an
     all-to-all's queue pairs carry sends of their own sizes. A transfer's record is its first to start, lasting as long
     as its longest, with its bytes summed and its lowest source port (a pause keeps a job's
@@ -210,12 +210,16 @@ def _merged_transfers(rows: np.ndarray, pair: np.ndarray, start: np.ndarray, end
     place[by_queue_pair] = np.arange(len(rows)) - np.repeat(queue_pair_starts, records)
     first_of_run = np.searchsorted(run[by_queue_pair[queue_pair_starts]], np.arange(len(run_starts)))
     del by_queue_pair
-    several_ports = np.diff(np.r_[first_of_run, len(records)]) >= 2
-    split = even & several_ports
-    # a NIC pair splits its transfers evenly when nearly all of its runs on several queue pairs,
-    # both ways, split so: not one whose queue pairs carry sends of their own sizes (an all-to-all's),
-    # nor one with records whose queue pair cannot be told
-    several = several_ports | ~eligible[run_starts]
+    split = even & (np.diff(np.r_[first_of_run, len(records)]) >= 2)
+    split &= np.minimum.reduceat(records, first_of_run) == np.maximum.reduceat(records, first_of_run)
+    # a NIC pair splits its transfers evenly when nearly all of its runs, both ways, on a way with
+    # several queue pairs split so: not one whose queue pairs carry sends of their own sizes (an
+    # all-to-all's), nor one whose records go missing (a run short of a queue pair's record), nor
+    # one with records whose queue pair cannot be told
+    way_of_row = unique_inverse(pair)[1]
+    way_ports = pc.unique(pa.array(way_of_row * (1 << 17) + port + 1)).to_numpy()  # ports 0-65535, -1: none
+    several_ports = np.bincount(way_ports >> 17, minlength=way_of_row.max() + 1) >= 2
+    several = several_ports[way_of_row[run_starts]] | ~eligible[run_starts]
     link_of_run = unique_inverse(pair[run_starts] // 2)[1]
     several_runs = np.bincount(link_of_run, several)
     even_share = np.bincount(link_of_run, split & several) / np.maximum(several_runs, 1)

@@ -103,9 +103,11 @@ class ResolutionParams:
     # share; ... split evenly over its queue pairs when its largest record is at most this much
     # above its smallest (header bytes, a remainder of the split)
     channel_size_spread: float = 0.1
-    # share; ... and only in a job whose every NIC pair splits at least this share of its runs on
-    # several queue pairs so (an all-to-all's sends of their own sizes split none)
-    channel_even_share: float = 0.9
+    # share; ... and only in a job whose every NIC pair on several queue pairs splits at least this
+    # share of its runs so (an all-to-all's sends of their own sizes split none; a 1% loss of
+    # records leaves ~2% of a pair's runs short of a record, and the stages read a job with some
+    # transfers merged and others not otherwise than one read either way)
+    channel_even_share: float = 0.99
 
     # --- deciding per job and hour ----------------------------------------------------------------
     # share; steps are resolved when at least this share of the job's records comes from

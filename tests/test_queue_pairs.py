@@ -68,13 +68,10 @@ def test_a_transfers_queue_pairs_read_as_one_record():
         *ONE_TRANSFER,
         (10 * MS, 110 * MS, "b", "a", 7, 49153, 1),  # the other direction, one queue pair
         *RING,
-        (300 * MS, 301 * MS, "a", "c", 64, 49201, 1),  # later than 2 ms: a transfer of its own
+        (300 * MS, 301 * MS, "a", "c", 64, 49201, 1),  # later than 2 ms: another transfer on two
+        (300 * MS + 100 * US, 301 * MS, "a", "c", 64, 49200, 1),  # queue pairs
         (400 * MS, 401 * MS, "a", "d", 50, 49200, 1),  # one queue pair's transfer ...
         (400 * MS, 401 * MS, "a", "d", 50, 49200, 1),  # ... and another on the same queue pair
-        # two transfers on two queue pairs, the second one's record on one of them lost
-        (600 * MS, 600 * MS + 100 * US, "a", "f", 10, 49200, 1),
-        (600 * MS + 100 * US, 600 * MS + 200 * US, "a", "f", 10, 49200, 1),
-        (600 * MS + 200 * US, 600 * MS + 300 * US, "a", "f", 10, 49201, 1),
     ]
     assert _coalesced(rows) == [
         (10 * MS, 149_400_000, "a", "b", 300, 49153, 1),  # as long as its longest queue pair; the lowest port
@@ -82,9 +79,8 @@ def test_a_transfers_queue_pairs_read_as_one_record():
         (200 * MS, 200 * MS + 100 * US, "a", "c", 128, 49200, 1),
         (200 * MS + 100 * US, 200 * MS + 200 * US, "a", "c", 128, 49200, 1),
         (200 * MS + 200 * US, 200 * MS + 300 * US, "a", "c", 128, 49200, 1),
-        *rows[10:13],
-        (600 * MS, 600 * MS + 100 * US, "a", "f", 20, 49200, 1),
-        rows[14],
+        (300 * MS, 301 * MS, "a", "c", 128, 49200, 1),
+        *rows[12:],
     ]
     for chunk_rows in (1, 2, 5):  # read a few NIC pairs at a time: the same
         assert _coalesced(rows, chunk_rows=chunk_rows) == _coalesced(rows)
@@ -97,11 +93,15 @@ def test_records_stay_as_they_are_where_a_nic_pair_does_not_split_its_transfers_
     # an all-to-all's sends, each of its own size
     all_to_all = [(400 * MS + i * US, 400 * MS + (i + 100) * US, "a", "c", 64 * (1 + i % 3), 49200 + i, 1)
                   for i in range(0, 30, 10)]
+    # two transfers on two queue pairs, the second one's record on one of them lost
+    lost = [(600 * MS, 600 * MS + 100 * US, "a", "f", 10, 49200, 1),
+            (600 * MS + 100 * US, 600 * MS + 200 * US, "a", "f", 10, 49200, 1),
+            (600 * MS + 200 * US, 600 * MS + 300 * US, "a", "f", 10, 49201, 1)]
     sampled_back = [(300 * MS, 300 * MS, "c", "a", 64, 49200, 64)]  # a packet sampled one way
     no_ports = [(500 * MS, 501 * MS, "a", "e", 9, None, 1)] * 2
     # a job's pairs are weighed against each other: one pair that does not split evenly keeps
     # every record of the job
-    for odd in (two_sizes, all_to_all, sampled_back, no_ports):
+    for odd in (two_sizes, all_to_all, lost, sampled_back, no_ports):
         assert _coalesced(rows + odd) == [tuple(row.values()) for row in _records(rows + odd).to_pylist()]
     # records to or from an address not among the job's NICs (storage, another job) stay as they
     # are, and do not count
