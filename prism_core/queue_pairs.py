@@ -74,15 +74,15 @@ def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, s
     order: each queue pair's own sequence still tells the transfers apart.) Other runs are several
     transfers (sends of several sizes), or short of a lost record. The records are read so only if
     every NIC pair splits at least `min_even_share` of its runs (both ways, on a way with several
-    queue pairs) evenly (a record with no queue pair to tell counts as a run that does not: a
-    packet sampled at an instant, `sampling_rate` above 1 and no span, or a record without a source
-    port); otherwise
-    `flows` is returned as it is, since the stages weigh a job's pairs against each other, and an
-    all-to-all's queue pairs carry sends of their own sizes. A transfer's record is its first to start, lasting as long
-    as its longest, with its bytes summed and its lowest source port (a pause keeps a job's
-    connections, a restart makes new ones: the lowest of one set is the same port). Rows keep
-    their order; the pairs are read `chunk_rows` records at a time, whole NIC pairs each, to bound
-    the memory it takes."""
+    queue pairs) evenly, a record with no queue pair to tell counting as a run that does not (a
+    packet sampled at an instant: `sampling_rate` above 1 and no span; a record without a source
+    port). Otherwise `flows` is returned as it is: the stages weigh a job's pairs against each
+    other, and an all-to-all's queue pairs carry sends of their own sizes.
+
+    A transfer's record is its first to start, lasting as long as its longest, with its bytes
+    summed and its lowest source port (a pause keeps a job's connections, a restart makes new ones:
+    the lowest of one set is the same port). Rows keep their order; the pairs are read `chunk_rows`
+    records at a time, whole NIC pairs each, to bound the memory it takes."""
     if flows.num_rows < 2 or "src_port" not in flows.column_names or not len(nics):
         return flows
     # both ends numbered as `nics` are, so that both ways of a NIC pair make one link
