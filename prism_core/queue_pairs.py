@@ -15,8 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combined_key, stable_order, unique_inverse, value_codes
+from prism_core.arrays import combined_key, lookup, stable_order, unique_inverse
 from prism_core.constants import NS_PER_S
+
+PORT_BITS = 17  # a source port (0-65535, -1: none) in the low bits of a key beside its pair's
 
 
 def source_ports(flows: pa.Table, rows: np.ndarray) -> np.ndarray:
@@ -86,7 +88,7 @@ def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, s
     if flows.num_rows < 2 or "src_port" not in flows.column_names or not len(nics):
         return flows
     # both ends numbered as `nics` are, so that both ways of a NIC pair make one link
-    src, dst = (_codes_in(flows, name, nics) for name in ("src_addr", "dst_addr"))
+    src, dst = (lookup(flows, name, nics) for name in ("src_addr", "dst_addr"))
     between = np.flatnonzero((src >= 0) & (dst >= 0))
     src, dst = src[between], dst[between]
     pair = combined_key(np.minimum(src, dst), np.maximum(src, dst)) * 2 + (src > dst)  # by link, then way
@@ -103,25 +105,21 @@ def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, s
     if len(considered) < 2 or _one_queue_pair_at_a_time(pair[eligible], port[considered], start[considered],
                                                          end[considered]):
         return flows
-    by_start = between[np.argsort(start[between], kind="stable")]
-    full_pair = np.full(flows.num_rows, -1, np.int64)
-    full_pair[between] = pair
-    full_eligible = np.zeros(flows.num_rows, bool)
-    full_eligible[between] = eligible
-    pair, eligible = full_pair, full_eligible
-    order = by_start[stable_order(pair[by_start], scattered=True)]
-    del by_start
+    # the rows between the NICs by pair, then start (positions among them, and in `flows`)
+    order = np.argsort(start[between], kind="stable")
+    order = order[stable_order(pair[order], scattered=True)]
+    pair, eligible, rows = pair[order], eligible[order], between[order]
     # whole links at a time, about chunk_rows records each: what a link's runs need stays bounded
-    link = pair[order] // 2
+    link = pair // 2
     link_starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
     del link
-    cuts = np.unique(link_starts[np.minimum(np.searchsorted(link_starts, np.arange(0, len(order), chunk_rows)),
+    cuts = np.unique(link_starts[np.minimum(np.searchsorted(link_starts, np.arange(0, len(rows), chunk_rows)),
                                             len(link_starts) - 1)])
     nbytes = flows["bytes"].to_numpy()
     merged = []
-    for lo, hi in zip(cuts, np.r_[cuts[1:], len(order)]):
-        part = _merged_transfers(order[lo:hi], pair, start, end, nbytes, port, eligible, start_within_s * NS_PER_S,
-                                 size_spread, min_even_share)
+    for lo, hi in zip(cuts, np.r_[cuts[1:], len(rows)]):
+        part = _merged_transfers(rows[lo:hi], pair[lo:hi], eligible[lo:hi], start, end, nbytes, port,
+                                 start_within_s * NS_PER_S, size_spread, min_even_share)
         if part is None:
             return flows
         merged.append(part)
@@ -145,11 +143,8 @@ def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, s
     return table
 
 
-def _codes_in(flows: pa.Table, name: str, values: pa.Array) -> np.ndarray:
-    """Each row's `name` as its index in `values` (-1: not among them), through the column's codes."""
-    codes, dictionary = value_codes(flows, name)
-    index = pc.fill_null(pc.index_in(dictionary, value_set=values), -1).to_numpy().astype(np.int64)
-    return np.where(codes >= 0, index[np.maximum(codes, 0)], -1)
+def _port_key(pair: np.ndarray, port: np.ndarray) -> np.ndarray:
+    return (pair << PORT_BITS) + port + 1
 
 
 def _one_port_each(pair: np.ndarray, port: np.ndarray) -> bool:
@@ -157,17 +152,17 @@ def _one_port_each(pair: np.ndarray, port: np.ndarray) -> bool:
     def distinct(values: np.ndarray) -> int:
         return pc.count_distinct(pa.array(values)).as_py()
 
-    return distinct(pair * (1 << 17) + port + 1) == distinct(pair)  # ports 0-65535, -1: none
+    return distinct(_port_key(pair, port)) == distinct(pair)
 
 
 def _one_queue_pair_at_a_time(pair: np.ndarray, port: np.ndarray, start: np.ndarray, end: np.ndarray) -> bool:
     """Whether no pair's records from two source ports overlap in time (a restarted job moves to new
     queue pairs): from each (pair, port)'s first start and last end, by hashing."""
-    spans = pa.table({"key": pair * (1 << 17) + port + 1, "start": start, "end": end}).group_by(
+    spans = pa.table({"key": _port_key(pair, port), "start": start, "end": end}).group_by(
         "key", use_threads=False).aggregate([("start", "min"), ("end", "max")])
     key, first, last = (spans[name].to_numpy() for name in ("key", "start_min", "end_max"))
-    order = np.lexsort((first, key >> 17))
-    same_pair = (key[order] >> 17)[1:] == (key[order] >> 17)[:-1]
+    order = np.lexsort((first, key >> PORT_BITS))
+    same_pair = (key[order] >> PORT_BITS)[1:] == (key[order] >> PORT_BITS)[:-1]
     # the latest end among the pair's queue pairs so far: one running maximum, each pair's times
     # lifted above every earlier pair's
     lift = np.cumsum(np.r_[0, ~same_pair]) * (int(last.max()) - int(first.min()) + 1)
@@ -184,12 +179,13 @@ class _Merged:
     port: np.ndarray
 
 
-def _merged_transfers(rows: np.ndarray, pair: np.ndarray, start: np.ndarray, end: np.ndarray, nbytes: np.ndarray,
-                      port: np.ndarray, eligible: np.ndarray, start_within_ns: float, size_spread: float,
+def _merged_transfers(rows: np.ndarray, pair: np.ndarray, eligible: np.ndarray, start: np.ndarray, end: np.ndarray,
+                      nbytes: np.ndarray, port: np.ndarray, start_within_ns: float, size_spread: float,
                       min_even_share: float) -> _Merged | None:
-    """`coalesced_channels` over `rows`: whole links, in (pair, start) order; None where a link does
-    not split its transfers evenly."""
-    pair, start, port, eligible = pair[rows], start[rows], port[rows], eligible[rows]
+    """`coalesced_channels` over `rows` of the flows (whole links, in (pair, start) order; `pair`
+    and `eligible` are theirs, the other arrays the whole table's); None where a link does not
+    split its transfers evenly."""
+    start, port = start[rows], port[rows]
     # a run: a pair's eligible records whose starts follow within start_within_ns; an ineligible
     # record is a run of its own
     follows = (pair[1:] == pair[:-1]) & (start[1:] - start[:-1] <= start_within_ns)
@@ -217,8 +213,8 @@ def _merged_transfers(rows: np.ndarray, pair: np.ndarray, start: np.ndarray, end
     # all-to-all's), nor one whose records go missing (a run short of a queue pair's record), nor
     # one with records whose queue pair cannot be told
     way_of_row = unique_inverse(pair)[1]
-    way_ports = pc.unique(pa.array(way_of_row * (1 << 17) + port + 1)).to_numpy()  # ports 0-65535, -1: none
-    several_ports = np.bincount(way_ports >> 17, minlength=way_of_row.max() + 1) >= 2
+    way_ports = pc.unique(pa.array(_port_key(way_of_row, port))).to_numpy()
+    several_ports = np.bincount(way_ports >> PORT_BITS, minlength=way_of_row.max() + 1) >= 2
     several = several_ports[way_of_row[run_starts]] | ~eligible[run_starts]
     link_of_run = unique_inverse(pair[run_starts] // 2)[1]
     several_runs = np.bincount(link_of_run, several)
