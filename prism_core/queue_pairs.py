@@ -94,20 +94,18 @@ def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, s
     pair = combined_key(np.minimum(src, dst), np.maximum(src, dst)) * 2 + (src > dst)  # by link, then way
     del src, dst
     port = pc.fill_null(flows["src_port"], -1).to_numpy().astype(np.int32)
-    if _one_port_each(pair, port[between]):  # most jobs: one queue pair per NIC pair
-        return flows
     start, end = flows["time_flow_start_ns"].to_numpy(), flows["time_flow_end_ns"].to_numpy()
     eligible = port[between] >= 0
     if "sampling_rate" in flows.column_names:  # a packet sampled at an instant: no transfer's record
         instant = (pc.fill_null(flows["sampling_rate"], 1).to_numpy() > 1) & (end <= start)
         eligible &= ~instant[between]
-    considered = between[eligible]
-    if len(considered) < 2 or _one_queue_pair_at_a_time(pair[eligible], port[considered], start[considered],
-                                                         end[considered]):
+    if eligible.sum() < 2 or not _queue_pairs_side_by_side(pair, port, eligible, start, end, between):
         return flows
     # the rows between the NICs by pair, then start (positions among them, and in `flows`)
     order = np.argsort(start[between], kind="stable")
-    order = order[stable_order(pair[order], scattered=True)]
+    way = unique_inverse(pair)[1]  # pairs ranked: a few thousand values, sorted in one radix pass
+    order = order[stable_order(way[order], scattered=True)]
+    del way
     pair, eligible, rows = pair[order], eligible[order], between[order]
     # whole links at a time, about chunk_rows records each: what a link's runs need stays bounded
     link = pair // 2
@@ -128,19 +126,40 @@ def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, s
         return flows
     keep = np.ones(flows.num_rows, bool)
     keep[dropped] = False
-    kept = np.flatnonzero(keep)
-    heads = np.searchsorted(kept, np.concatenate([part.head for part in merged]))
-    table = flows.take(kept)
+    heads = (np.cumsum(keep) - 1)[np.concatenate([part.head for part in merged])]  # their rows once dropped ones go
+    table = flows.filter(pa.array(keep))
     for name, values, transfers in (("time_flow_end_ns", end, [part.end for part in merged]),
                                     ("bytes", nbytes, [part.nbytes for part in merged]),
                                     ("src_port", port, [part.port for part in merged])):
-        values = values[kept]
+        values = values[keep]
         values[heads] = np.concatenate(transfers)
         index = table.schema.get_field_index(name)
         field = table.schema.field(index)
         column = pa.array(values, field.type, mask=values < 0) if name == "src_port" else pa.array(values, field.type)
         table = table.set_column(index, field, column)
     return table
+
+
+PRECHECK_STRIDE = 16  # `_queue_pairs_side_by_side` looks at every 16th record first
+
+
+def _queue_pairs_side_by_side(pair: np.ndarray, port: np.ndarray, eligible: np.ndarray, start: np.ndarray,
+                              end: np.ndarray, between: np.ndarray) -> bool:
+    """Whether some NIC pair (`pair`, of the records `between` the job's NICs) carries records
+    from several source ports at once: most jobs run one queue pair per NIC pair, or move to new
+    ones when they restart, and have nothing to merge. `port`, `start`, `end`: the whole table's;
+    `eligible`: of `between`, the records whose queue pair tells. What every PRECHECK_STRIDE-th
+    record shows, all of them do (a sample's spans lie inside the whole's), so a job whose records
+    merge is told from the sample."""
+    for part in (slice(None, None, PRECHECK_STRIDE), slice(None)):
+        rows, told = between[part], eligible[part]
+        if _one_port_each(pair[part], port[rows]):
+            continue
+        considered = rows[told]
+        if len(considered) >= 2 and not _one_queue_pair_at_a_time(pair[part][told], port[considered],
+                                                                  start[considered], end[considered]):
+            return True
+    return False
 
 
 def _port_key(pair: np.ndarray, port: np.ndarray) -> np.ndarray:
@@ -226,10 +245,14 @@ def _merged_transfers(rows: np.ndarray, pair: np.ndarray, eligible: np.ndarray, 
     if not len(in_split):
         nothing = np.zeros(0, np.int64)
         return _Merged(nothing, nothing, end[:0], nbytes[:0], port[:0])
-    transfer = unique_inverse(combined_key(run[in_split], place[in_split]))[1]
-    by_transfer = stable_order(transfer, scattered=True)  # in start order within each transfer
-    transfer_starts = np.flatnonzero(np.r_[True, np.diff(transfer[by_transfer]) != 0])
-    by_transfer = in_split[by_transfer]
+    if place[in_split].any():
+        transfer = unique_inverse(combined_key(run[in_split], place[in_split]))[1]
+        by_transfer = stable_order(transfer, scattered=True)  # in start order within each transfer
+        transfer_starts = np.flatnonzero(np.r_[True, np.diff(transfer[by_transfer]) != 0])
+        by_transfer = in_split[by_transfer]
+    else:  # one record per queue pair in every split run (the usual case): each run is a transfer
+        by_transfer = in_split
+        transfer_starts = np.flatnonzero(np.r_[True, np.diff(run[in_split]) != 0])
     members = rows[by_transfer]
     first = np.zeros(len(members), bool)
     first[transfer_starts] = True
