@@ -99,16 +99,18 @@ class Template:
 
     def expand(self, base: np.ndarray, jitter: np.ndarray, rng: np.random.Generator) -> FlowBatch:
         """The flows of steps whose compute starts at `base` (seconds), scaled by `jitter`."""
-        shape = (len(base), len(self.src))
+        n = len(base)
+        shape = (n, len(self.src))
         start = base[:, None] + jitter[:, None] * self.rel_start
         end = base[:, None] + jitter[:, None] * self.rel_end
         launch = rng.uniform(0.0, LAUNCH_SKEW_S, shape)
         stretch = np.abs(rng.normal(0.0, 0.02, shape)) * (end - start)
         nbytes = np.broadcast_to(self.nbytes, shape)
         if self.varsize.any():
-            level = MOE_LEVELS[rng.integers(len(MOE_LEVELS), size=shape)]
+            # one level per transfer: NCCL splits a send evenly over its channels' queue pairs
+            level = MOE_LEVELS[rng.integers(len(MOE_LEVELS), size=(n, len(self.src) // self.channels))]
+            level = np.repeat(level, self.channels, axis=1)
             nbytes = np.where(self.varsize, align(nbytes * level, self.channels), nbytes)
-        n = shape[0]
         return FlowBatch(
             start=(start + launch).ravel(),
             end=(end + launch + stretch).ravel(),
