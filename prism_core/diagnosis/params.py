@@ -91,6 +91,11 @@ class DiagnosisParams:
     throughput_min_bytes: int = 1 << 20  # bytes; smaller transfers are dominated by latency
     slow_link_ratio: float = 0.7  # throughput below this share of same-size transfers
     link_tie: float = 0.03  # share; two addresses this close in throughput are equally slow
+    # share; sizes a clock does not time one by one are measured together (per step, link and
+    # size; to tell which address throttles a slow collective) where they move at least at this
+    # share of the job's fastest timed size's usual throughput: slower ones mostly wait, and their
+    # lengths say nothing of a link's speed
+    pace_share: float = 0.5
     # s; exporter clocks differ by up to this (NTP-synced switches): a pipeline send trailing its
     # stage peers' by no more in most steps trails them by its exporter's clock, not by being slow
     clock_trail_max_s: float = 0.02

@@ -45,21 +45,32 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     `slow_link_ratio`. When the two slowest addresses are as slow as each other, their link is the
     culprit (two hosts talking only to each other cannot tell which end is slow). When the slowest
     address talked to one peer only and that peer was as slow with another address, the peer is
-    the culprit."""
+    the culprit. Where a whole collective is as slow (a ring or tree throttled by one slow NIC: its
+    transfers all move at that NIC's pace), the transfers too short for their exporter's clock,
+    measured together (`_measured_together`), tell which address sets the pace."""
+    timed, together = _throughputs(job, excluded, params)
+    link_steps = _slowest(job, *timed, params)
+    crowded = link_steps.culprit == collective_code(len(job.addrs))
+    if crowded[together[0]].any():
+        # every step measured (the usual throughput of each size), the crowded ones named
+        told = _slowest(job, *(np.r_[one, other] for one, other in zip(timed, together)), params)
+        named = crowded & (told.culprit >= 0)
+        culprit, score = link_steps.culprit.copy(), link_steps.score.copy()
+        culprit[named], score[named] = told.culprit[named], told.score[named]
+        kept, shown = ~crowded[link_steps.flow_step], crowded[told.flow_step]
+        link_steps = LinkSteps(culprit, score, *(np.r_[getattr(link_steps, name)[kept], getattr(told, name)[shown]]
+                                                 for name in ("flow_step", "flow_src", "flow_dst", "flow_ratio")))
+    return link_steps
+
+
+def _slowest(job: JobHour, step: np.ndarray, src: np.ndarray, dst: np.ndarray, size: np.ndarray,
+             rate: np.ndarray, params: DiagnosisParams) -> LinkSteps:
+    """`slow_link_steps` from the throughputs of (step, src, dst, size family) measurements."""
     culprit = np.full(job.n_steps, -1)
     score = np.ones(job.n_steps)
-    seconds = job.end - job.start
-    sel = (job.step >= 0) & (job.kind != UNCLASSIFIED) & (job.nbytes >= params.throughput_min_bytes) & (seconds > 0)
-    sel &= ~(excluded | job.split)[np.maximum(job.step, 0)]
-    # only the sizes whose records the exporters' clocks time (a millisecond clock rounds a
-    # short transfer's length to nothing or a tick)
-    sel[sel] = timed_sizes(job.nbytes[sel], seconds[sel], job.shortest_timed[sel])
-    step, rate = job.step[sel], job.nbytes[sel] / np.maximum(seconds[sel], 1e-9)
-    size = family_codes(job.nbytes[sel])  # header bytes make each record's count its own
     ratio = rate / _usual_rate(step, size, rate)
-    src, dst = job.src[sel], job.dst[sel]
     flows = (step, src, dst, ratio)
-    if not sel.any():
+    if not len(step):
         return LinkSteps(culprit, score, *flows)
     # every flow speaks for both its ends: an address is as fast as its fastest transfer. One group
     # per (step, address), its step and address read off its key, reduced over the group without
@@ -102,6 +113,50 @@ def slow_link_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     slow = capacity[lowest] < params.slow_link_ratio
     culprit[step[lowest][slow]] = code[slow]
     return LinkSteps(culprit, score, *flows)
+
+
+def _throughputs(job: JobHour, excluded: np.ndarray, params: DiagnosisParams) -> tuple[tuple, tuple]:
+    """The throughputs measured in the steps (but the `excluded` ones and those split across
+    hours), each as (step, src, dst, size family, bytes per second): of the records their
+    exporter's clock times, one by one; and of the others, `_measured_together`."""
+    seconds = job.end - job.start
+    sel = (job.step >= 0) & (job.kind != UNCLASSIFIED) & (job.nbytes >= params.throughput_min_bytes)
+    sel &= ~(excluded | job.split)[np.maximum(job.step, 0)]
+    alone = sel & (seconds > 0)
+    alone[alone] = timed_sizes(job.nbytes[alone], seconds[alone], job.shortest_timed[alone])
+    rest = np.flatnonzero(sel & ~alone & np.isfinite(job.shortest_timed))
+    alone = np.flatnonzero(alone)
+    family = family_codes(job.nbytes[alone])  # header bytes make each record's count its own
+    rate = job.nbytes[alone] / seconds[alone]
+    timed = (job.step[alone], job.src[alone], job.dst[alone], family, rate)
+    rest = rest[~timed_sizes(job.nbytes[rest], seconds[rest], job.shortest_timed[rest])]
+    fastest = float(np.max(group_median(family, rate), initial=0.0))
+    apart = family_codes(job.nbytes[rest]) + len(alone)  # size codes of their own, past the timed ones'
+    return timed, _measured_together(job, rest, apart, seconds, fastest, params)
+
+
+def _measured_together(job: JobHour, rows: np.ndarray, family: np.ndarray, seconds: np.ndarray, fastest: float,
+                       params: DiagnosisParams) -> tuple:
+    """Throughputs of records too short for their exporter's clock (`rows`, of size `family`; a
+    millisecond clock rounds a transfer of a few hundred microseconds to nothing or a tick): per
+    step, link and size, their bytes over their summed lengths, the zero-length ones included (a
+    clock that truncates start and end puts each record up to a tick off either way: a sum is off
+    by far less than its parts). Only sizes that move at about the job's pace (`pace_share` of its
+    fastest size's usual throughput, `fastest` among the timed ones): a short send that mostly
+    waits, on its receiver or on latency, lasts what it waits, not what its link takes. A few
+    records' sum is still a few ticks: these tell a slow NIC from the other links of a collective
+    it throttles (whose own transfers all drain at its pace), not a step's slow link by themselves."""
+    nbytes = job.nbytes[rows].astype(float)
+    in_family = KeyGroups(family)
+    pace = in_family.reduce(nbytes, np.add) / np.maximum(in_family.reduce(seconds[rows], np.add), 1e-12)
+    moving = pace[in_family.group] >= params.pace_share * max(fastest, float(np.max(pace, initial=0.0)))
+    rows, family, nbytes = rows[moving], family[moving], nbytes[moving]
+    cells = KeyGroups(combined_key(job.step[rows], job.src[rows], job.dst[rows], family))
+    summed = cells.reduce(seconds[rows], np.add)
+    lasting = summed > 0
+    first = cells.first_rows()[lasting]
+    return (job.step[rows][first], job.src[rows][first], job.dst[rows][first], family[first],
+            cells.reduce(nbytes, np.add)[lasting] / summed[lasting])
 
 
 def _next_in_step(order: np.ndarray, first: np.ndarray, k: int) -> np.ndarray:
