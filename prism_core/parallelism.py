@@ -691,14 +691,17 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     # a cache whose idle timeout outlasts the steps merges a DP sync from step to step too, and a
     # tree's broadcast that ends after its reduce reads like a cool-down; a sampled packet finds a
     # reverse one in flight only by the luck of the draw, so a collective's samples read as a
-    # few unanswered sends
+    # few unanswered sends. Beside sampled rails, transfer-sized records decide wherever they are
+    # enough to judge, however many samples the other rails make: those rails' exporters report
+    # every transfer, where a cache reports alone only the transfers it happened to flush.
     n = int(max(groups.src_host.max(), groups.dst_host.max())) + 1
     pair = np.minimum(groups.src_host, groups.dst_host) * n + np.maximum(groups.src_host, groups.dst_host)
     sized = ~unsized
     sized_flows = np.bincount(pair[sized], weights=groups.flows[sized], minlength=n * n)
     unsized_flows = np.bincount(pair[unsized], weights=groups.flows[unsized], minlength=n * n)
     sized_pipeline = np.bincount(pair[sized & pipeline], minlength=n * n) > 0
-    decided = unsized & (sized_flows[pair] > unsized_flows[pair])
+    decided = unsized & np.where(groups.sampled, sized_flows[pair] >= params.pipeline_min_flows,
+                                 sized_flows[pair] > unsized_flows[pair])
     pipeline[decided] = sized_pipeline[pair[decided]]
     return pipeline
 

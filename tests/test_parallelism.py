@@ -408,15 +408,17 @@ def test_a_samplers_estimates_of_checkpoint_shards_count_their_writers(shape):
     assert (found.dp, found.pp, found.tp) == (spec.dp, spec.pp, spec.tp)
 
 
-def test_transfers_reported_one_by_one_decide_beside_sampled_rails():
+@pytest.mark.parametrize("tree_samples", [1400, 4100])
+def test_transfers_reported_one_by_one_decide_beside_sampled_rails(tree_samples):
     """Groups of three host pairs as `_group_flows` makes them: (0, 1) a tree's DP sync, reported
-    one by one on most rails, whose sampled rails' packets (one record per transfer, at its first
+    one by one on some rails, whose sampled rails' packets (one record per transfer, at its first
     sampled packet: a reduce's opens before its broadcast comes back) go 5% unanswered one way;
-    (0, 2) a pipeline, reported and sampled; (0, 3) a pipeline on sampled rails alone. Where
-    transfer-sized records are most of a pair's, they decide it, its samples follow."""
+    (0, 2) a pipeline, reported and sampled; (0, 3) a pipeline on sampled rails alone. Where a
+    pair has enough transfer-sized records to judge, they decide it and its samples follow, also
+    where half its rails sample and the samples are as many (`tree_samples`)."""
     src = np.array([0, 1, 0, 1, 0, 2, 0, 2, 0, 3])
     dst = np.array([1, 0, 1, 0, 2, 0, 2, 0, 3, 0])
-    flows = np.array([4000, 4000, 1400, 1400, 8000, 8000, 2800, 2800, 2800, 2800])
+    flows = np.array([4000, 4000, tree_samples, tree_samples, 8000, 8000, 2800, 2800, 2800, 2800])
     unmatched = np.array([0, 0, 0, 70, 2000, 2000, 700, 700, 700, 700])
     sampled = np.array([False, False, True, True] * 2 + [True, True])
     groups = parallelism._Groups(
