@@ -193,7 +193,7 @@ def identify_parallelism(
     flows = _InternalFlows.of(job_flows, inside, src[inside], dst[inside], gpus, sampled[inside], cached_exporters)
     groups = _group_flows(flows, params)
     all_to_all = _is_all_to_all(groups, params)
-    pipeline = _is_pipeline(groups, params) & ~all_to_all
+    pipeline = _is_pipeline(groups, params, all_to_all)
     pipeline_sends = pipeline[groups.of_flow] | _merged_pipeline_sends(flows, groups, pipeline, params)
     external = filter_rows(job_flows, ~inside)
     external = external.append_column("sampled", pa.array(sampled[~inside]))
@@ -652,7 +652,10 @@ def reverse_in_flight(
     return in_flight
 
 
-def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
+def _is_pipeline(groups: _Groups, params: ParallelismParams, all_to_all: np.ndarray) -> np.ndarray:
+    """Per group: a pipeline's sends. Not the `all_to_all` groups, nor the sampled or cached
+    records that follow them: an all-to-all's sends whose reverse records were lost read as a
+    few unanswered sends, as a pipeline's do."""
     reverse_flows = np.where(groups.reverse >= 0, groups.flows[groups.reverse], 0)
     reverse_flows = reverse_flows + _merged_reverse_flows(groups, params)
     # a direction's sampled records estimate its bytes on the sampled rails; in transfers of a
@@ -684,6 +687,7 @@ def _is_pipeline(groups: _Groups, params: ParallelismParams) -> np.ndarray:
     recurs = unsized | short | (groups.unmatched < params.recurrence_min_flows)
     recurs |= groups.unanswered_spread >= params.pipeline_recurrence
     pipeline = balanced & repeated & (unmatched >= params.pipeline_asymmetry * flows) & recurs
+    pipeline &= ~all_to_all
     if not unsized.any():
         return pipeline
     # Where most of a host pair's records are transfer-sized (other exporters report its
