@@ -253,9 +253,8 @@ def analyze_job(
         # one transfer split over several queue pairs is one record for every stage after this
         # (not where a NIC serves two GPUs, whose transfers at once are two)
         nics = members["addr"] if pc.max(members["gpus"]).as_py() == 1 else pa.array([], pa.string())
-        channels = params.resolution
-        flows = coalesced_channels(with_codes(flows, ADDRESS_COLUMNS), nics, channels.channel_start_s,
-                                   channels.channel_size_spread, channels.channel_even_share)
+        flows = coalesced_channels(with_codes(flows, ADDRESS_COLUMNS), nics, params.resolution.channel_start_s,
+                                   params.resolution.channel_size_spread, params.resolution.channel_even_share)
         events = recognition.events.filter(pc.equal(recognition.events["job_id"], job_id))
         restarts_ns = events.filter(pc.equal(events["kind"], "restart"))["at_ns"].to_pylist()
         paused_ns = paused_restarts(flows, members["addr"], restarts_ns, params.diagnosis)

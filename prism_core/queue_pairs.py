@@ -105,8 +105,7 @@ def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, s
     order = np.argsort(start[between], kind="stable")
     way = unique_inverse(pair)[1]  # pairs ranked: a few thousand values, sorted in one radix pass
     order = order[stable_order(way[order], scattered=True)]
-    del way
-    pair, eligible, rows = pair[order], eligible[order], between[order]
+    pair, way, eligible, rows = pair[order], way[order], eligible[order], between[order]
     # whole links at a time, about chunk_rows records each: what a link's runs need stays bounded
     link = pair // 2
     link_starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
@@ -116,7 +115,7 @@ def coalesced_channels(flows: pa.Table, nics: pa.Array, start_within_s: float, s
     nbytes = flows["bytes"].to_numpy()
     merged = []
     for lo, hi in zip(cuts, np.r_[cuts[1:], len(rows)]):
-        part = _merged_transfers(rows[lo:hi], pair[lo:hi], eligible[lo:hi], start, end, nbytes, port,
+        part = _merged_transfers(rows[lo:hi], pair[lo:hi], way[lo:hi], eligible[lo:hi], start, end, nbytes, port,
                                  start_within_s * NS_PER_S, size_spread, min_even_share)
         if part is None:
             return flows
@@ -198,12 +197,12 @@ class _Merged:
     port: np.ndarray
 
 
-def _merged_transfers(rows: np.ndarray, pair: np.ndarray, eligible: np.ndarray, start: np.ndarray, end: np.ndarray,
-                      nbytes: np.ndarray, port: np.ndarray, start_within_ns: float, size_spread: float,
-                      min_even_share: float) -> _Merged | None:
-    """`coalesced_channels` over `rows` of the flows (whole links, in (pair, start) order; `pair`
-    and `eligible` are theirs, the other arrays the whole table's); None where a link does not
-    split its transfers evenly."""
+def _merged_transfers(rows: np.ndarray, pair: np.ndarray, way: np.ndarray, eligible: np.ndarray, start: np.ndarray,
+                      end: np.ndarray, nbytes: np.ndarray, port: np.ndarray, start_within_ns: float,
+                      size_spread: float, min_even_share: float) -> _Merged | None:
+    """`coalesced_channels` over `rows` of the flows (whole links, in (pair, start) order; `pair`,
+    its rank `way` and `eligible` are theirs, the other arrays the whole table's); None where a
+    link does not split its transfers evenly."""
     start, port = start[rows], port[rows]
     # a run: a pair's eligible records whose starts follow within start_within_ns; an ineligible
     # record is a run of its own
@@ -231,10 +230,9 @@ def _merged_transfers(rows: np.ndarray, pair: np.ndarray, eligible: np.ndarray, 
     # several queue pairs split so: not one whose queue pairs carry sends of their own sizes (an
     # all-to-all's), nor one whose records go missing (a run short of a queue pair's record), nor
     # one with records whose queue pair cannot be told
-    way_of_row = unique_inverse(pair)[1]
-    way_ports = pc.unique(pa.array(_port_key(way_of_row, port))).to_numpy()
-    several_ports = np.bincount(way_ports >> PORT_BITS, minlength=way_of_row.max() + 1) >= 2
-    several = several_ports[way_of_row[run_starts]] | ~eligible[run_starts]
+    way_ports = pc.unique(pa.array(_port_key(way, port))).to_numpy()
+    several_ports = np.bincount(way_ports >> PORT_BITS, minlength=way.max() + 1) >= 2
+    several = several_ports[way[run_starts]] | ~eligible[run_starts]
     link_of_run = unique_inverse(pair[run_starts] // 2)[1]
     several_runs = np.bincount(link_of_run, several)
     even_share = np.bincount(link_of_run, split & several) / np.maximum(several_runs, 1)

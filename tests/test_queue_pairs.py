@@ -31,7 +31,6 @@ def test_a_resume_on_the_same_ports_continues_and_one_on_new_ports_or_without_po
                                        0.5).tolist() == [False]
 
 
-
 def _records(rows):
     names = ("time_flow_start_ns", "time_flow_end_ns", "src_addr", "dst_addr", "bytes", "src_port", "sampling_rate")
     return pa.table({name: [row[i] for row in rows] for i, name in enumerate(names)},
