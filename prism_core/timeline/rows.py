@@ -97,19 +97,22 @@ class RowIndex:
             forward[batch] = _masked_medians(again_ns - first_ns, leading, lower=True)
         return t1, forward, found
 
-    def last_before_reply(self, lo: np.ndarray, link_of_pair: np.ndarray, reverse: np.ndarray) -> np.ndarray:
+    def last_before_reply(self, lo: np.ndarray, hi: np.ndarray, link_of_pair: np.ndarray,
+                          reverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per position in `lo`: the position of the last row on its row's link (`link_of_pair`)
         before the first row at or after it on the reverse link (`reverse`, per link), -1 where no
-        row comes back. O(log n) per position."""
+        row comes back; and whether the link sends again after that reply, before the matching
+        position of `hi`. O(log n) per position."""
         if not len(self):
-            return np.full(len(lo), -1, np.int64)
+            return np.full(len(lo), -1, np.int64), np.zeros(len(lo), bool)
         link = link_of_pair[self.pair]
         by_link = _FirstOfEach(link)
         lo = np.minimum(lo, len(self) - 1)
         back = reverse[link[lo]]
         reply = by_link.first_at_or_after(lo, back)
         last = by_link.last_before(reply, link[lo])
-        return np.where((reply < len(self)) & (last >= lo), last, -1)
+        resumed = by_link.first_at_or_after(np.minimum(reply, len(self)), link[lo]) < hi
+        return np.where((reply < len(self)) & (last >= lo), last, -1), resumed
 
     def first_of_pair(self, lo: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Per position in `lo`: the first position at or after it holding the pair of the row at

@@ -44,6 +44,7 @@ class Traffic:
     bulk_writes: np.ndarray  # start of each large flow from the job to an address not its GPU
     bulk_write_ends: np.ndarray  # and its end, in the same order
     host_of: dict[str, str]  # address -> host, where known
+    stages_on_host: dict[str, int] = field(default_factory=dict)  # host -> pipeline stages parallelism put on it
     indexes: dict = field(default_factory=dict, repr=False)  # (kind, params) -> RowIndex, built on first use
     _quiet_before: np.ndarray | None = field(default=None, repr=False)
 
@@ -104,7 +105,8 @@ class Traffic:
         by_start = np.argsort(write_start, kind="stable")
         host_of = dict(zip(job_gpus["addr"].to_pylist(), job_gpus["host"].to_pylist())) if job_gpus is not None else {}
         return cls(**columns, pairs=pairs, exporters=exporters, bulk_writes=write_start[by_start].astype(np.int64),
-                   bulk_write_ends=write_end[by_start].astype(np.int64), host_of=host_of)
+                   bulk_write_ends=write_end[by_start].astype(np.int64), host_of=host_of,
+                   stages_on_host=_stages_on_host(job_gpus))
 
     def pair_ends(self) -> list[list[str]]:
         """[src, dst] of each pair."""
@@ -235,6 +237,16 @@ def _job_gpus(kinds: pa.Table) -> pa.Array:
     collective = kinds.filter(pc.less_equal(kinds["kind"], PP))
     ends = collective if collective.num_rows else kinds
     return pc.unique(pa.concat_arrays([ends["src_addr"].combine_chunks(), ends["dst_addr"].combine_chunks()]))
+
+
+def _stages_on_host(job_gpus: pa.Table | None) -> dict[str, int]:
+    """Per host: how many pipeline stages parallelism's layout puts on its GPUs (none where the
+    layout gives no stages)."""
+    if job_gpus is None or "pp_stage" not in job_gpus.column_names:
+        return {}
+    pairs = job_gpus.select(["host", "pp_stage"]).drop_null().group_by(["host", "pp_stage"], use_threads=False).aggregate([])
+    hosts, counts = np.unique(pairs["host"].to_numpy(zero_copy_only=False).astype(str), return_counts=True)
+    return dict(zip(hosts.tolist(), counts.tolist()))
 
 
 def _extend(names: list[str], more: list[str]) -> np.ndarray:

@@ -295,7 +295,10 @@ def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np
     warm-up), one forward pass apart: so the sends up to that reply count the stages after the
     link, which fill the other hosts of the pipeline; with as many stages on every host, the
     first host holds that many over the other hosts' count. Data-parallel replicas each run
-    their pipeline over hosts of their own: chains of as many hosts. NaN where the hosts form
+    their pipeline over hosts of their own: chains of as many hosts. A step of fewer
+    micro-batches than that warm-up sends them all before the reply, and its link falls silent
+    after it (no steady forward sends): there the count is short, and the stages parallelism's
+    layout puts on the sending host stand in (NaN where it gives none). NaN where the hosts form
     no such chains."""
     pipeline = traffic.index(PP, params)
     link_of_pair, reverse = traffic.host_links()
@@ -310,15 +313,20 @@ def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np
         return np.full(len(sent), np.nan)
     # the step's first send: no earlier than the phase's end, no later than the leading pairs' sends
     lo = np.maximum(pipeline.positions(phases.close_ns + 1), pipeline.positions(phases.first_send_ns - params.cluster_ns))
-    last_forward = pipeline.last_before_reply(lo[sent], link_of_pair, reverse)
+    # the step's sends end where the next sync phase begins
+    hi = pipeline.positions(np.r_[phases.start_ns[1:], np.iinfo(np.int64).max])
+    last_forward, resumed = pipeline.last_before_reply(lo[sent], hi[sent], link_of_pair, reverse)
     replied = last_forward >= 0
     # counted from its own pair's first send of the step: one exporter's clock (the step's first
     # send is the leading pairs' median, on other leaves whose clocks may be a forward pass apart)
     last_forward = np.maximum(last_forward, 0)
     own_first = pipeline.first_of_pair(lo[sent], last_forward)
     after_link = (pipeline.start[last_forward] - pipeline.start[np.minimum(own_first, len(pipeline) - 1)])
+    sender = [traffic.host_of.get(ends[p][0]) for p in pipeline.pair[last_forward]]
+    by_layout = np.array([traffic.stages_on_host.get(host, np.nan) for host in sender], float)
     passes = np.full(len(sent), np.nan)
-    passes[sent] = np.where(replied, after_link / phases.forward_ns[sent] / max(chain_hosts - 1, 1), np.nan)
+    passes[sent] = np.where(replied, np.where(resumed, after_link / phases.forward_ns[sent] / max(chain_hosts - 1, 1),
+                                              by_layout), np.nan)
     return passes
 
 
