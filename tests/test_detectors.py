@@ -689,6 +689,22 @@ def test_a_level_rise_is_one_degradation_still_open_at_the_hours_end():
     assert level.open_degradation.issue_id == issue.issue_id and level.level_s == pytest.approx(1.0, abs=0.01)
 
 
+def test_a_level_rise_is_a_degradation_only_beyond_what_the_jobs_jitter_explains():
+    """300 steps jittering 6% with heavy-tailed stalls (Pareto, alpha 1.8): at random, BOCD cuts a
+    segment a few percent higher for tens of steps (sealed-14: a 3.6% rise over 47 steps, 3.9
+    standard errors, reported as a degradation of a clean job). The same steps with an 8% rise
+    from step 200 on are one degradation."""
+    rng = np.random.default_rng(36)
+    durations = rng.lognormal(0.0, 0.06, 300) * (1 + 0.04 * np.minimum(rng.pareto(1.8, 300), 40))
+    for rise, expected in ((1.0, 0), (1.08, 1)):
+        job = make_hour(np.r_[durations[:200], durations[200:] * rise])
+        masks = no_masks(job.n_steps)
+        fit = fit_without_writes(job, masks)
+        slow = slow_steps.find_slow_steps(job, fit, masks, PARAMS)
+        issues, _ = degradation.degradation_issues(job, fit, masks, slow, LevelState(), PARAMS)
+        assert len(issues) == expected, (rise, [json.loads(issue.evidence) for issue in issues])
+
+
 # --- hangs -----------------------------------------------------------------------------------------
 
 

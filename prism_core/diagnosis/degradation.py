@@ -1,7 +1,9 @@
 """Degradation: a persistent rise of the job's step-time level (a BOCD segment change in
-baseline.py of at least `degradation_min_shift`, holding `degradation_min_steps`). It stays open
-across hours under one issue id until the level falls back, each hour charging its own steps'
-excess over the level before it.
+baseline.py of at least `degradation_min_shift`, holding `degradation_min_steps`), by more than
+the job's own jitter explains: `degradation_min_z` standard errors of the difference of the two
+levels (a job jittering 6% a step moves a ten-step level by 3% at random). It stays open across
+hours under one issue id until the level falls back, each hour charging its own steps' excess
+over the level before it.
 """
 
 from __future__ import annotations
@@ -25,23 +27,27 @@ def degradation_issues(job: JobHour, fit: Baseline, masks: StepMasks, slow: np.n
     level state to carry on."""
     clean = fit.clean
     level = previous.level_s
+    level_steps = np.inf  # clean steps the level was measured over (earlier hours': many)
     if level is None and clean.any():
-        first_segment = fit.segment == fit.segment[clean][0]
-        level = float(np.median(job.duration[clean & first_segment]))
+        first_segment = clean & (fit.segment == fit.segment[clean][0])
+        level, level_steps = float(np.median(job.duration[first_segment])), int(first_segment.sum())
     opened, first = previous.open_degradation, 0  # the open degradation, from this step of the hour
     issues = []
     changes = np.flatnonzero(np.diff(np.r_[fit.segment_before, fit.segment]))  # a change may open the hour
     for cp in changes:
         segment_steps = clean & (fit.segment == fit.segment[cp])
         new_level = float(np.median(job.duration[segment_steps]))
-        risen = new_level / level - 1 >= params.degradation_min_shift
+        rise = new_level / level - 1
+        risen = rise >= params.degradation_min_shift
+        # the standard error of the two levels' difference, in shares of a step (log units)
+        noise = fit.sigma * np.sqrt(1 / max(int(segment_steps.sum()), 1) + 1 / level_steps)
         if opened and not risen:
             issues += _degradation(job, fit, masks, slow, opened, first, cp, params)
             opened = None
-        elif not opened and risen:
+        elif not opened and risen and np.log1p(rise) >= params.degradation_min_z * noise:
             opened, first = OpenDegradation(issue_id=None, start_ns=job.ns(job.step_start[cp]), baseline_s=level), cp
-        elif not opened:
-            level = new_level
+        elif not opened and not risen:
+            level, level_steps = new_level, int(segment_steps.sum())
     still_open = None
     if opened:
         last = _degradation(job, fit, masks, slow, opened, first, job.n_steps, params)

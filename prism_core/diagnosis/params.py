@@ -57,6 +57,9 @@ class DiagnosisParams:
     merged_step_traffic: float = 1.3
     degradation_min_shift: float = 0.03  # level rise, as a share of the baseline
     degradation_min_steps: int = 10  # steps the new level must hold
+    # standard errors of the difference of the two levels (the job's jitter over the steps of
+    # each) a rise must pass: a job jittering 6% a step moves a ten-step level by 3% at random
+    degradation_min_z: float = 5.0
 
     # --- thresholds: checkpoints ---
     checkpoint_write_bytes: int = CHECKPOINT_FLOW_BYTES  # bytes; a flow out of the job this large is a save
