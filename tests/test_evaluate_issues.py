@@ -195,6 +195,22 @@ def test_a_prism_job_seen_on_part_of_a_jobs_addresses_is_that_job_not_the_one_be
     assert issue_scorer.associate_jobs(truth_gpus, prism_gpus) == {("t1", "p1")}
 
 
+@pytest.mark.parametrize("natural_stall_s, beyond", [(8.0, 1), (12.0, 0)])
+def test_slow_step_faults_beyond_the_jobs_natural_stalls(natural_stall_s, beyond):
+    """t1 steps every 5 s; slow-step fault f3 (500-506 s) makes step 100 take 10 s, twice its
+    neighbours. Step 150 stalls by nature (no fault there): at 8 s the fault is beyond every natural
+    stall of its job, at 12 s it is not. The 12 s warm-up step opening the job is no natural
+    stall."""
+    truth, warehouse = scorer_case()
+    durations = np.full(200, 5.0)
+    durations[[0, 150, 100]] = 12.0, natural_stall_s, 10.0
+    starts = 5.0 * np.arange(200)
+    truth["steps"] = pa.table({"job_id": ["t1"] * 200, "start": ts(list(starts)), "end": ts(list(starts + durations)),
+                               "checkpoint": [False] * 200, "attempt": [0] * 200})
+    figure = issue_scorer.score(truth, warehouse, {})["recall_slow_step_beyond_natural"]
+    assert (figure.count, figure.of) == (0, beyond)
+
+
 def test_false_slow_steps_are_told_by_the_truths_step_under_them():
     truth, warehouse = scorer_case()
     # t2's steps: 5 s each, but a stall of 9 s at 50 s and a checkpoint save at 100 s

@@ -84,6 +84,8 @@ def score(truth: dict[str, pa.Table], warehouse: dict[str, pa.Table], noise: dic
     figures |= _recall_by_size(faults, fault_kind, detected, held)
     if "steps" in truth:
         figures |= _false_slow_steps(truth["steps"], issues, matched, associated)
+        beyond = _beyond_natural_stalls(truth["steps"], faults, fault_kind)
+        figures["recall_slow_step_beyond_natural"] = Figure.share(detected[beyond].sum(), beyond.sum(), empty=None)
     figures["faults"] = Figure(faults.num_rows)
     figures["issues"] = Figure(issues.num_rows)
     return figures
@@ -251,6 +253,48 @@ def _held_gpu_s(truth: dict[str, pa.Table], faults: pa.Table) -> np.ndarray:
     gpus = dict(zip(truth["jobs"]["job_id"].to_pylist(), truth["jobs"]["n_gpus"].to_pylist()))
     seconds = pc.subtract(faults["end"].cast(pa.int64()), faults["start"].cast(pa.int64())).to_numpy() / 1e9
     return np.array([gpus[job] for job in faults["job_id"].to_pylist()]) * seconds
+
+
+def _beyond_natural_stalls(steps: pa.Table, faults: pa.Table, fault_kind: np.ndarray) -> np.ndarray:
+    """Per fault: a slow step whose truth step (the one it overlaps most) took longer, against the
+    median of its job's ordinary steps around it (SLOW_STEP_NEIGHBOURS each side), than every
+    step of its job that the truth calls natural (no checkpoint, no warm-up after a (re)start,
+    no fault over it). A heavy-tailed job stalls by nature as long as a slow-step fault slows a
+    step; only a fault beyond its job's own stalls can be told from them by the step times."""
+    beyond = np.zeros(faults.num_rows, bool)
+    slow_faults = np.flatnonzero(fault_kind == "slow_step")
+    if not len(slow_faults) or not steps.num_rows:
+        return beyond
+    start, end = (steps[c].cast(pa.int64()).to_numpy() for c in ("start", "end"))
+    checkpoint = steps["checkpoint"].to_numpy(zero_copy_only=False)
+    attempt = steps["attempt"].to_numpy() if "attempt" in steps.column_names else np.zeros(steps.num_rows, np.int64)
+    fault_job = faults["job_id"].to_pylist()
+    fault_start, fault_end = (faults[c].cast(pa.int64()).to_numpy() for c in ("start", "end"))
+    job_code, job_names = encoded(steps, "job_id")
+    rows_of = dict(zip(job_names.to_pylist(), (rows for _, rows in group_indices(job_code))))
+    for job in sorted({fault_job[f] for f in slow_faults}):
+        rows = rows_of.get(job, np.zeros(0, np.int64))
+        rows = rows[np.argsort(start[rows], kind="stable")]
+        if not len(rows):
+            continue
+        duration = (end[rows] - start[rows]).astype(np.float64)
+        ordinary = ~checkpoint[rows]
+        ratio = np.array([duration[k] / np.median(duration[max(k - SLOW_STEP_NEIGHBOURS, 0):k + SLOW_STEP_NEIGHBOURS + 1]
+                                                   [ordinary[max(k - SLOW_STEP_NEIGHBOURS, 0):k + SLOW_STEP_NEIGHBOURS + 1]])
+                          if ordinary[max(k - SLOW_STEP_NEIGHBOURS, 0):k + SLOW_STEP_NEIGHBOURS + 1].any() else 1.0
+                          for k in range(len(rows))])
+        of_job = np.flatnonzero(np.asarray(fault_job, dtype=object) == job)
+        faulty = np.zeros(len(rows), bool)
+        for f in of_job:
+            faulty |= (start[rows] < fault_end[f]) & (end[rows] > fault_start[f])
+        first_of_attempt = np.r_[True, attempt[rows][1:] != attempt[rows][:-1]]
+        since_start = np.arange(len(rows)) - np.maximum.accumulate(np.where(first_of_attempt, np.arange(len(rows)), 0))
+        natural = ordinary & ~faulty & (since_start >= DIAGNOSIS_DEFAULTS.warmup_steps)
+        longest_natural = ratio[natural].max(initial=0.0)
+        for f in of_job[fault_kind[of_job] == "slow_step"]:
+            together = np.minimum(end[rows], fault_end[f]) - np.maximum(start[rows], fault_start[f])
+            beyond[f] = together.max() > 0 and ratio[int(np.argmax(together))] > longest_natural
+    return beyond
 
 
 def _recall_by_size(faults: pa.Table, fault_kind: np.ndarray, detected: np.ndarray, held: np.ndarray) -> dict[str, Figure]:
