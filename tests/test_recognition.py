@@ -469,6 +469,27 @@ def test_a_restart_whose_sizes_are_told_a_few_header_bytes_apart_keeps_the_id():
     assert job["restarts"] == 1
 
 
+def test_a_resume_first_seen_in_pieces_without_its_sizes_is_the_job():
+    """A job on hosts 0-2 stops after minute 19 and resumes with host 2 replaced by host 3 ten
+    seconds before the end of minute 24. Behind a flow cache those seconds show a few records
+    on rails 0-3, each of a size of its own (transfers merged): no size to know the job by, so
+    a job of their own, holding more of the resumed job's NICs than the stopped job still does.
+    From minute 25 the job talks on every rail in its sizes: it resumed, and the pieces were its
+    first seconds (realistic seeds 3-5: a split or spurious jobs, one with a false hang)."""
+    topology = inventory(4)
+    at = HOUR0 + 24 * MINUTE_NS
+    # 20 records a pair, of 19 sizes: one merge repeats a size by chance
+    pieces = [dict(pair_row(at, f"10.0.{a}.{rail}", f"10.0.{b}.{rail}", 700_000_000 + 7919 * (8 * rail + a), 2,
+                            at + 50 * SECOND, at + 59 * SECOND), flows=20, distinct_sizes=19, bytes=12 << 30)
+              for rail in range(4) for a, b in ((0, 1), (1, 3), (3, 0))]
+    rows = ring([0, 1, 2], range(20), 4 << 20) + pieces + ring([0, 1, 3], range(25, 60), 4 << 20)
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    (job,) = job_rows(found).values()
+    assert job["restarts"] == 1 and job["hosts"] == ["host00", "host01", "host03"]
+    restart = found.events.filter(pc.equal(found.events["kind"], "restart")).to_pylist()
+    assert [r["at_ns"] for r in restart] == [at + 50 * SECOND]
+
+
 def test_a_restart_window_shorter_than_the_silence_makes_the_resumed_traffic_a_new_job():
     topology = inventory(2)
     minutes = [m for m in range(60) if not 20 <= m < 25]  # five silent minutes

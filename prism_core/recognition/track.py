@@ -299,6 +299,8 @@ class Tracker:
         self.alongside = dict(zip(rows.tolist(), _overlaps_another(owner, obs.first_ns[rows], obs.last_ns[rows])))
         for k in rows.tolist():
             best, shared = self.owners.best(obs.nics(k))
+            if best is not None and not self._stopped(best, obs, k):
+                best = self._resumed_past_fragments(obs, k, best)
             if best is not None and self._stopped(best, obs, k):
                 resuming.setdefault(best, []).append(k)
             else:
@@ -442,11 +444,41 @@ class Tracker:
         if not resumes(track, np.unique(hosts(track.nics)), np.unique(hosts(seen)), gap, *obs.signatures(ks), self.params):
             self._supersede(best, seen)
             return False
+        # jobs that began on its NICs since it stopped, young and all on NICs of the resume, were
+        # its first seconds: too few transfers to show its sizes (a flow cache reports a resume's
+        # first transfers merged, each record a size of its own)
+        for part in self._resume_fragments(best, seen, int(obs.minute_ns[ks[0]])):
+            resumed_ns = min(resumed_ns, self.tracks[part].first_seen_ns)
+            self._absorb(best, part)
+        gap = resumed_ns - int(self.last_end[best])
         track.restarts += 1
         detail = {"stopped_ns": track.last_end_ns, "gap_s": gap / 1e9}
         self.events.append((track.job_id, "restart", resumed_ns, json.dumps(detail)))
         track.reported_end = False
         return True
+
+    def _resumed_past_fragments(self, obs: Observations, k: int, best: int) -> int:
+        """The one stopped track among the owners of observation `k`'s NICs where every other
+        owner is a young job begun since it stopped (its resume's first seconds, seen apart: they
+        may hold more of the NICs than it still does); else `best`."""
+        owners = np.unique(self.owners.of(obs.nics(k)))
+        owners = owners[owners >= 0].tolist()
+        stopped = [index for index in owners if self._stopped(index, obs, k)]
+        if len(stopped) != 1:
+            return best
+        minute_ns = int(obs.minute_ns[k])
+        fragments = [self.tracks[index] for index in owners if index != stopped[0]]
+        if all(t.young(minute_ns, self.params) and t.first_seen_ns >= self.last_end[stopped[0]] for t in fragments):
+            return stopped[0]
+        return best
+
+    def _resume_fragments(self, index: int, seen: np.ndarray, minute_ns: int) -> list[int]:
+        """The young jobs of this hour that began after track `index` stopped, on NICs all among
+        `seen`."""
+        stopped_ns = int(self.last_end[index])
+        return [i for i, other in enumerate(self.tracks)
+                if i != index and other.merged_into < 0 and other.young(minute_ns, self.params)
+                and other.first_seen_ns >= stopped_ns and np.isin(other.nics, seen).all()]
 
     def _supersede(self, index: int, nics: np.ndarray) -> None:
         """Another job took `nics`: the track stopped and will not resume on them."""
