@@ -179,11 +179,26 @@ def test_a_long_step_carrying_two_steps_traffic_is_merged_not_slow():
              {"start": [step_start[50]], "end": [step_start[54] - 0.01], "src": [0], "dst": [1],
               "nbytes": [4 * BULK]}.items()}
     job = make_hour(durations, flows=flows)
-    merged = slow_steps.merged_steps(job, PARAMS)
+    merged, usual = slow_steps.merged_steps(job, PARAMS, None)
     assert np.flatnonzero(merged).tolist() == [39, 40, 41]  # and its neighbours: the boundary may be off
     masks = StepMasks(np.zeros(60, bool), np.zeros(60, bool), np.zeros(60, bool), merged)
     fit = fit_without_writes(job, masks)
     assert np.flatnonzero(slow_steps.find_slow_steps(job, fit, masks, PARAMS)).tolist() == [20]
+    # the usual traffic of a step: a ring step's four transfers
+    assert usual == pytest.approx(4 * BULK, rel=0.01)
+
+
+def test_an_hour_of_few_steps_is_measured_against_the_usual_traffic_of_earlier_hours():
+    # a job's last minutes in a new hour: three steps, the last of which the timeline could not
+    # divide (ten steps' transfers). Too few steps to know the usual traffic of a step from the
+    # hour alone; against the earlier hours' it is ten steps, not a slow one
+    durations = np.array([1.0, 1.0, 10.0])
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]]
+    flows = ring_flows(np.r_[step_start[:2], step_start[2] + np.arange(10.0)], 4, np.full((12, 4), 0.05))
+    job = make_hour(durations, flows=flows)
+    assert slow_steps.merged_steps(job, PARAMS, None)[0].tolist() == [False] * 3
+    merged, usual = slow_steps.merged_steps(job, PARAMS, 4 * BULK)
+    assert merged.tolist() == [False, True, True] and usual == 4 * BULK
 
 
 def test_a_silence_between_steps_with_transfers_in_it_is_no_restart():
@@ -754,6 +769,22 @@ def test_a_job_whose_last_step_no_next_step_divided_ended_normally():
     stopped = make_hour(np.ones(20), flows=cut)
     found, state = find_checkpoints(stopped)
     assert hangs.describe_stop(stopped, found, None, PARAMS).mid_step
+
+
+def test_a_job_ending_with_a_rail_behind_a_flow_cache_ended_normally():
+    # 8 hosts in a ring, and a NIC pair (hosts 8 and 9) whose exporter caches flows: each record
+    # runs from the middle of a step into the next, the last one through the job's last step,
+    # begun before it. Every GPU took part in that step: a normal end, not a stop in the middle of
+    # a step (realistic-5: a hang reported until the data's end)
+    step_start = 1.0 + np.arange(21.0)
+    parts = [ring_flows(step_start, 8, np.full((21, 8), 0.05), phase) for phase in (0.1, 0.5, 0.9)]
+    cached_start, cached_end = step_start[:20] + 0.5, np.r_[step_start[1:20] + 0.45, step_start[20] + 0.95]
+    cached = {"start": np.tile(cached_start, 2), "end": np.tile(cached_end, 2), "src": np.repeat([8, 9], 20),
+              "dst": np.repeat([9, 8], 20), "nbytes": np.full(40, 3 * BULK)}
+    ended = make_hour(np.ones(20), hosts=10, flows=joined(*parts, cached))
+    found, state = find_checkpoints(ended)
+    assert not hangs.describe_stop(ended, found, None, PARAMS).mid_step
+    assert hangs.watch_stop(ended, Progress(), None, None, found, state, None, PARAMS)[0] == []
 
 
 @pytest.mark.parametrize("nic, hang", [("10.0.3.1", False), ("10.0.3.5", True)])

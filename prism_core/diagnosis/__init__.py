@@ -68,7 +68,8 @@ def diagnose_job(
     checkpoints_found, checkpoint_state = checkpoints.find_checkpoints(
         job, resumes.warmup, state.checkpoints, resumes.first_step_ns, params)
     stop, open_windows = state.hangs.stop, {}
-    level = LevelState(state.level.recent_s, state.level.level_s)  # a degradation is open while steps show it
+    # a degradation is open while steps show it
+    level = LevelState(state.level.recent_s, state.level.level_s, step_bytes=state.level.step_bytes)
     if job.n_steps:
         previous_link, previous_straggler = state.open_windows.get("slow_link"), state.open_windows.get("straggler")
         link_steps = slow_links.slow_link_steps(job, resumes.warmup, params)
@@ -79,9 +80,9 @@ def diagnose_job(
         named_links = span_mask([window for window in link_windows if not window.contested], job.n_steps)
         straggler_windows = stragglers.straggler_windows(job, resumes.warmup | named_links, previous_straggler,
                                                          params, slow_links.link_hosts(job, link_windows))
+        merged, step_bytes = slow_steps.merged_steps(job, params, state.level.step_bytes)
         masks = StepMasks(warmup=resumes.warmup, checkpoint=checkpoints_found.step,
-                          windowed=link_windowed | span_mask(straggler_windows, job.n_steps),
-                          merged=slow_steps.merged_steps(job, params))
+                          windowed=link_windowed | span_mask(straggler_windows, job.n_steps), merged=merged)
         fit = fit_baseline(job, masks, checkpoints_found, state.level.recent_s, checkpoint_state.checkpoint_save_s,
                            params)
         slow = slow_steps.find_slow_steps(job, fit, masks, params)
@@ -103,6 +104,7 @@ def diagnose_job(
         straggler_issues, open_straggler = stragglers.straggler_issues(job, straggler_windows, previous_straggler,
                                                                        masks, slow, fit, params)
         degradation_issues, level = degradation.degradation_issues(job, fit, masks, slow, state.level, params)
+        level = replace(level, step_bytes=step_bytes)
         issues += restart_issues + link_issues + straggler_issues + degradation_issues
         issues += slow_steps.slow_step_issues(job, fit, masks, slow, params)
         open_windows = {kind: window for kind, window in (("slow_link", open_link), ("straggler", open_straggler))

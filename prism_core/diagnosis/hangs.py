@@ -161,7 +161,8 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     # last step, which no next step's start divided from the silence after it (a normal end).
     # Transfers in flight when a job stopped carry only what they moved by then.
     if mid_step and len(complete) and not len(silenced) and _whole_step(
-            job, seen & (job.start > unfinished_start), complete[-params.stop_reference_steps:], per_step, params):
+            job, seen & (job.start > unfinished_start), seen & (job.end > unfinished_start),
+            complete[-params.stop_reference_steps:], per_step, params):
         mid_step = False
     # When each went silent: at its last flow, or, for a GPU that began no flow in the
     # unfinished step, when it failed to send its first usual transfer of that step (its last
@@ -196,16 +197,17 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     )
 
 
-def _whole_step(job: JobHour, flows: np.ndarray, reference: np.ndarray, per_step: np.ndarray,
+def _whole_step(job: JobHour, flows: np.ndarray, running: np.ndarray, reference: np.ndarray, per_step: np.ndarray,
                 params: DiagnosisParams) -> bool:
     """Whether the `flows` (a mask) are one step's transfers: about as many as the `reference`
-    steps had each, between the same GPUs, of the sizes (families) they moved."""
+    steps had each, of the sizes (families) they moved, with every GPU of theirs in the records
+    `running` in the step (a flow cache's record of a GPU's transfers may begin before it)."""
     usual = float(np.median(per_step[reference]))
     if usual <= 0 or not params.complete_step_share <= flows.sum() / usual <= 2 - params.complete_step_share:
         return False
     in_reference = np.isin(job.step, reference)
     gpus = np.union1d(job.src[in_reference], job.dst[in_reference])
-    if not np.isin(gpus, np.r_[job.src[flows], job.dst[flows]]).all():
+    if not np.isin(gpus, np.r_[job.src[running], job.dst[running]]).all():
         return False
     family = family_codes(np.r_[job.nbytes[in_reference], job.nbytes[flows]])
     n_reference = int(in_reference.sum())

@@ -19,7 +19,7 @@ from .job_hour import JobHour, StepMasks
 from .params import DiagnosisParams
 
 
-def merged_steps(job: JobHour, params: DiagnosisParams) -> np.ndarray:
+def merged_steps(job: JobHour, params: DiagnosisParams, usual_before: float | None) -> tuple[np.ndarray, float | None]:
     """Per step: it, or a step beside it, carries at least `merged_step_traffic` x the bytes
     between members of the steps around it (the rolling median over `baseline_steps` each side:
     a job's members, and so its traffic, may change within the hour). A slow step moves the usual
@@ -28,16 +28,23 @@ def merged_steps(job: JobHour, params: DiagnosisParams) -> np.ndarray:
     or short with more. A record's bytes are spread evenly over its span (a flow cache's record
     may cover several steps); steps the hour's edges cut are no measure of the usual traffic.
     Behind a cache whose records run through a step's quiet, a slow step's share grows with its
-    length too: it is left unjudged, as the records cannot show it."""
+    length too: it is left unjudged, as the records cannot show it. An hour of too few whole
+    steps to know the usual traffic (a job's last minutes) measures them against the usual of
+    earlier hours (`usual_before`: realistic-4, a job's last 100 s read as one step of 16 steps'
+    traffic was a slow step). Also returns the usual traffic of a whole step to carry on."""
     whole = ~job.split
-    if whole.sum() < params.min_steps:  # too few steps to know the usual traffic
-        return np.zeros(job.n_steps, bool)
+    if not job.n_steps or (whole.sum() < params.min_steps and usual_before is None):
+        return np.zeros(job.n_steps, bool), usual_before
     # both edges of every step in one pass over the flows
     until_end, until_start = np.split(_bytes_until(job, np.r_[job.step_end, job.step_start]), 2)
     traffic = until_end - until_start
-    usual = rolling_median(traffic, whole, np.zeros(job.n_steps, int), params.baseline_steps)
+    if whole.sum() >= params.min_steps:
+        usual = rolling_median(traffic, whole, np.zeros(job.n_steps, int), params.baseline_steps)
+        usual_now = float(np.median(traffic[whole]))
+    else:
+        usual, usual_now = np.full(job.n_steps, usual_before), usual_before
     merged = (traffic >= params.merged_step_traffic * usual) & (usual > 0)
-    return merged | np.r_[merged[1:], False] | np.r_[False, merged[:-1]]
+    return merged | np.r_[merged[1:], False] | np.r_[False, merged[:-1]], usual_now
 
 
 def _bytes_until(job: JobHour, at: np.ndarray) -> np.ndarray:

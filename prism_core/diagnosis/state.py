@@ -50,6 +50,7 @@ class LevelState:
     recent_s: tuple[float, ...] = ()  # the last clean step durations
     level_s: float | None = None  # the job's normal step time (before any open degradation)
     open_degradation: OpenDegradation | None = None
+    step_bytes: float | None = None  # the bytes between members a whole step usually carries
 
 
 @dataclass(frozen=True)
