@@ -490,6 +490,20 @@ def test_a_resume_first_seen_in_pieces_without_its_sizes_is_the_job():
     assert [r["at_ns"] for r in restart] == [at + 50 * SECOND]
 
 
+def test_a_resume_onto_a_host_another_stopped_job_left_is_judged_by_its_sizes():
+    """Job B ran on rails 0-5 of hosts 2 and 3 and stopped after minute 1; job A, on rails 4-5
+    of hosts 0 and 1, stops after minute 11 and resumes at minute 15 with host 1 replaced by host
+    2. Its NICs there are B's: the two stopped jobs own two NICs each of the resumed traffic, and
+    the tie went to B, whose sizes it does not have, so it was a new job (sealed-14 job 004: 780
+    steps unscored). The resume is A's: its sizes."""
+    topology = inventory(4)
+    rows = ring([2, 3], range(2), 64 << 20, rails=range(6), first_s=0.5)
+    rows += ring([0, 1], range(12), 4 << 20, rails=(4, 5), first_s=2) + ring([0, 2], range(15, 40), 4 << 20, rails=(4, 5))
+    found = recognize_hour(table(rows), topology, None, HOUR0)
+    restarted = {tuple(r["hosts"]): r["restarts"] for r in job_rows(found).values()}
+    assert restarted == {("host02", "host03"): 0, ("host00", "host01", "host02"): 1}
+
+
 def test_a_restart_window_shorter_than_the_silence_makes_the_resumed_traffic_a_new_job():
     topology = inventory(2)
     minutes = [m for m in range(60) if not 20 <= m < 25]  # five silent minutes

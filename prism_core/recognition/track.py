@@ -302,7 +302,7 @@ class Tracker:
             if best is not None and not self._stopped(best, obs, k):
                 best = self._resumed_past_fragments(obs, k, best)
             if best is not None and self._stopped(best, obs, k):
-                resuming.setdefault(best, []).append(k)
+                resuming.setdefault(self._stopped_owner_by_sizes(obs, k, best), []).append(k)
             else:
                 self._place(obs, k, best, shared, claimed)
         for best, ks in resuming.items():
@@ -471,6 +471,18 @@ class Tracker:
         if all(t.young(minute_ns, self.params) and t.first_seen_ns >= self.last_end[stopped[0]] for t in fragments):
             return stopped[0]
         return best
+
+    def _stopped_owner_by_sizes(self, obs: Observations, k: int, best: int) -> int:
+        """Of the stopped tracks owning observation `k`'s NICs, the one its sizes are most of
+        (`best`, the owner of most of them, on ties): a job may resume on hosts it shares with a
+        job stopped there too (one that held the host whole owns NICs of the GPUs it left)."""
+        owners = np.unique(self.owners.of(obs.nics(k)))
+        stopped = [index for index in owners[owners >= 0].tolist() if self._stopped(index, obs, k)]
+        if len(stopped) < 2:
+            return best
+        sizes = obs.signature(k)
+        share = {index: self.tracks[index].signature_share(*sizes, self.params) for index in stopped}
+        return max(stopped, key=lambda index: (share[index], index == best))
 
     def _resume_fragments(self, index: int, seen: np.ndarray, minute_ns: int) -> list[int]:
         """The young jobs of this hour that began after track `index` stopped, on NICs all among
