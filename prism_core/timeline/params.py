@@ -46,6 +46,10 @@ class TimelineParams:
     # every k steps) when it is at most this many times as regular as summing k independent units
     # makes them (regimes._groups; the sum of k jittered steps deviates ~1/sqrt(k) as much)
     averaged_irregularity: float = 2.0
+    # share of the time; a finer cut too irregular only where a coarser one cuts is judged on its
+    # spacings away from those cuts when they hold at least this share of the time (steps between
+    # saves: most of it; a sync's bursts one stage after another: its few tenths of a step)
+    min_away_time_share: float = 0.5
     # share; a cut may keep gaps that are mostly checkpoint saves only below this share of them
     max_saving_share: float = 0.5
     # ratio; a cut keeping every gap sits this far below the shortest

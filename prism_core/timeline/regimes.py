@@ -30,13 +30,21 @@ def boundary_gap_threshold(
     warm-up step alone). Only `eligible` gaps can separate steps. Of bursts that are gradient
     syncs (`syncs`), a finer cut wins where the best one's units are runs of its units, regular
     only as sums of independent units are (`_groups`: saves every k steps over a storage network
-    the records do not show). Without such a cut, the previous hour's."""
+    the records do not show), and so does a finer cut too irregular only where the best one cuts,
+    ranked on its regularity away from those cuts where its spacings there hold most of the time
+    and the best cut's gaps vary in length more than its units do (`_irregularities_away`,
+    `min_away_time_share`: saves of varying length every ten steps, whose long gaps alone put the
+    steps' cadence over `max_irregularity`, sealed-13 job 000 read its 77 steps as 7; a sync's
+    bursts one stage after another keep time too, but over a few tenths of a step, and a
+    pipeline's micro-batch sends read as syncs keep time over most of it, but the steps' quiet
+    between them keeps its length). Without such a cut, the previous hour's."""
     fallback = previous if previous is not None else (float(gaps[eligible].min()) if eligible.any() else np.inf)
     if np.sum(eligible & (gaps >= fallback)) < steps_to_learn:
         return fallback
     log_gaps = np.log10(np.maximum(gaps, 1))
     cuts = _regime_cuts(log_gaps[eligible], params)
     passing, seen = [], set()  # (score, irregularity, kept, threshold) of every cut that marks steps
+    irregular = []  # the same of the cuts that fail only for their irregularity
     for cut in cuts:
         kept = np.flatnonzero(eligible & (log_gaps >= cut))
         if len(kept) in seen:
@@ -45,10 +53,7 @@ def boundary_gap_threshold(
         irregularity_of_kept = irregularity(at[kept])
         # few gaps can look regular by chance: rank by an upper bound, ~1/sqrt(n) wide
         score = irregularity_of_kept + params.small_sample_penalty / np.sqrt(len(kept))
-        if irregularity_of_kept > params.max_irregularity:
-            continue
-        if time_irregularity(at[kept], steps_to_learn) > params.max_irregularity:
-            continue
+        regular = max(irregularity_of_kept, time_irregularity(at[kept], steps_to_learn)) <= params.max_irregularity
         if _unit_excess(kept, flow_candidate) > params.max_unit_excess:
             continue
         saving = np.searchsorted(bulk_writes, at[kept] + gaps[kept]) > np.searchsorted(bulk_writes, at[kept])
@@ -57,9 +62,23 @@ def boundary_gap_threshold(
             dropped = gaps[eligible & (gaps < shortest_kept)].astype(float)
             # halfway (in log) to the longest gap left inside steps
             threshold = float(np.sqrt(shortest_kept * dropped.max())) if len(dropped) else shortest_kept / params.cut_ratio
-            passing.append((score, irregularity_of_kept, kept, threshold))
+            (passing if regular else irregular).append((score, irregularity_of_kept, kept, threshold))
     if not passing:
         return fallback
+    best = min(passing, key=lambda cut: cut[0])
+    # a finer cut of syncs irregular only where the best one cuts (saves of varying length over a
+    # network the records do not show, every k steps) keeps time between those cuts: ranked on
+    # that, where the best cut's gaps vary in length more than the finer cut's units do (a save's
+    # length is its own; a step's quiet between a pipeline's micro-batch sends read as syncs keeps
+    # its length as the step keeps its pace)
+    log_best_gaps = np.log(np.maximum(gaps[best[2]], 1.0))
+    best_gap_spread = float(np.median(np.abs(log_best_gaps - np.median(log_best_gaps))))
+    for _, _, kept, threshold in irregular:
+        if syncs and len(kept) > len(best[2]):
+            away = _irregularities_away(best[2], kept, at)
+            if (max(away[:2]) <= params.max_irregularity and away[2] >= params.min_away_time_share
+                    and best_gap_spread > away[0]):
+                passing.append((away[0] + params.small_sample_penalty / np.sqrt(len(kept)), away[0], kept, threshold))
     best = min(passing, key=lambda cut: cut[0])
     # a cut whose units are runs of a finer cut's, regular only as sums of independent units are
     # (saves every k steps over a network the records do not show), is a cadence of steps
@@ -87,6 +106,22 @@ def _groups(coarse: np.ndarray, fine: np.ndarray, at: np.ndarray, params: Timeli
         return False
     averaged = float(np.mean(deviation[~starts_coarse])) / np.sqrt(float(np.median(per_unit)))
     return irregularity(at[coarse]) <= params.averaged_irregularity * averaged
+
+
+def _irregularities_away(coarse: np.ndarray, fine: np.ndarray, at: np.ndarray) -> tuple[float, float, float]:
+    """`irregularity` and `time_irregularity` (nothing set aside) of the `fine` boundary gaps'
+    spacing (gap indexes), over the spacings that neither end nor begin at a `coarse` one (inf
+    with fewer than 3 such spacings), and the share of the time those spacings hold."""
+    if len(fine) < 4:
+        return np.inf, np.inf, 0.0
+    spacing = np.diff(at[fine]).astype(float)
+    usual = _neighbour_median(spacing)
+    away = ~(np.isin(fine[:-1], coarse) | np.isin(fine[1:], coarse))
+    if away.sum() < 3:
+        return np.inf, np.inf, 0.0
+    deviation = np.minimum(np.abs(spacing / usual - 1.0), 1.0)
+    return (float(np.mean(deviation[away])), float(np.abs(spacing - usual)[away].sum() / spacing[away].sum()),
+            float(spacing[away].sum() / spacing.sum()))
 
 
 def _regime_cuts(log_gaps: np.ndarray, params: TimelineParams) -> np.ndarray:
