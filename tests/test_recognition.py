@@ -498,7 +498,8 @@ def test_a_resume_onto_a_host_another_stopped_job_left_is_judged_by_its_sizes():
     steps unscored). The resume is A's: its sizes."""
     topology = inventory(4)
     rows = ring([2, 3], range(2), 64 << 20, rails=range(6), first_s=0.5)
-    rows += ring([0, 1], range(12), 4 << 20, rails=(4, 5), first_s=2) + ring([0, 2], range(15, 40), 4 << 20, rails=(4, 5))
+    rows += ring([0, 1], range(12), 4 << 20, rails=(4, 5), first_s=2)
+    rows += ring([0, 2], range(15, 40), 4 << 20, rails=(4, 5))
     found = recognize_hour(table(rows), topology, None, HOUR0)
     restarted = {tuple(r["hosts"]): r["restarts"] for r in job_rows(found).values()}
     assert restarted == {("host02", "host03"): 0, ("host00", "host01", "host02"): 1}

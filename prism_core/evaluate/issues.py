@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.optimize import linear_sum_assignment
 
-from prism_core.arrays import encoded, group_indices
+from prism_core.arrays import encoded, group_indices, rolling_median
 from prism_core.diagnosis import DEFAULT_PARAMS as DIAGNOSIS_DEFAULTS
 from prism_core.evaluate import jobs as jobs_scorer
 from prism_core.evaluate import sensitivity
@@ -277,12 +277,9 @@ def _beyond_natural_stalls(steps: pa.Table, faults: pa.Table, fault_kind: np.nda
         rows = rows[np.argsort(start[rows], kind="stable")]
         if not len(rows):
             continue
-        duration = (end[rows] - start[rows]).astype(np.float64)
         ordinary = ~checkpoint[rows]
-        ratio = np.array([duration[k] / np.median(duration[max(k - SLOW_STEP_NEIGHBOURS, 0):k + SLOW_STEP_NEIGHBOURS + 1]
-                                                   [ordinary[max(k - SLOW_STEP_NEIGHBOURS, 0):k + SLOW_STEP_NEIGHBOURS + 1]])
-                          if ordinary[max(k - SLOW_STEP_NEIGHBOURS, 0):k + SLOW_STEP_NEIGHBOURS + 1].any() else 1.0
-                          for k in range(len(rows))])
+        duration = (end[rows] - start[rows]).astype(np.float64)
+        ratio = duration / rolling_median(duration, ordinary, np.zeros(len(rows), int), SLOW_STEP_NEIGHBOURS)
         of_job = np.flatnonzero(np.asarray(fault_job, dtype=object) == job)
         faulty = np.zeros(len(rows), bool)
         for f in of_job:

@@ -244,7 +244,8 @@ def _stages_on_host(job_gpus: pa.Table | None) -> dict[str, int]:
     layout gives no stages)."""
     if job_gpus is None or "pp_stage" not in job_gpus.column_names:
         return {}
-    pairs = job_gpus.select(["host", "pp_stage"]).drop_null().group_by(["host", "pp_stage"], use_threads=False).aggregate([])
+    pairs = job_gpus.select(["host", "pp_stage"]).drop_null()
+    pairs = pairs.group_by(["host", "pp_stage"], use_threads=False).aggregate([])
     hosts, counts = np.unique(pairs["host"].to_numpy(zero_copy_only=False).astype(str), return_counts=True)
     return dict(zip(hosts.tolist(), counts.tolist()))
 
