@@ -102,8 +102,7 @@ def _false_slow_steps(steps: pa.Table, issues: pa.Table, matched: np.ndarray,
     false = np.flatnonzero(~matched & (np.asarray(issues["kind"].to_pylist(), dtype=object) == "slow_step"))
     start, end = (steps[c].cast(pa.int64()).to_numpy() for c in ("start", "end"))
     checkpoint = steps["checkpoint"].to_numpy(zero_copy_only=False)
-    job_code, job_names = encoded(steps, "job_id")
-    steps_of = dict(zip(job_names.to_pylist(), (rows for _, rows in group_indices(job_code))))
+    steps_of = _rows_by_job(steps)
     # per Prism job: the steps of the truth jobs it stands for, by start
     parts: dict[str, list[np.ndarray]] = {}
     for truth_id, prism_id in sorted(associated):
@@ -255,6 +254,12 @@ def _held_gpu_s(truth: dict[str, pa.Table], faults: pa.Table) -> np.ndarray:
     return np.array([gpus[job] for job in faults["job_id"].to_pylist()]) * seconds
 
 
+def _rows_by_job(steps: pa.Table) -> dict[str, np.ndarray]:
+    """{truth job_id: its rows of `steps`}."""
+    job_code, job_names = encoded(steps, "job_id")
+    return dict(zip(job_names.to_pylist(), (rows for _, rows in group_indices(job_code))))
+
+
 def _beyond_natural_stalls(steps: pa.Table, faults: pa.Table, fault_kind: np.ndarray) -> np.ndarray:
     """Per fault: a slow step whose truth step (the one it overlaps most) took longer, against the
     median of its job's ordinary steps around it (SLOW_STEP_NEIGHBOURS each side), than every
@@ -268,11 +273,10 @@ def _beyond_natural_stalls(steps: pa.Table, faults: pa.Table, fault_kind: np.nda
     start, end = (steps[c].cast(pa.int64()).to_numpy() for c in ("start", "end"))
     checkpoint = steps["checkpoint"].to_numpy(zero_copy_only=False)
     attempt = steps["attempt"].to_numpy() if "attempt" in steps.column_names else np.zeros(steps.num_rows, np.int64)
-    fault_job = faults["job_id"].to_pylist()
+    fault_job = np.asarray(faults["job_id"].to_pylist(), dtype=object)
     fault_start, fault_end = (faults[c].cast(pa.int64()).to_numpy() for c in ("start", "end"))
-    job_code, job_names = encoded(steps, "job_id")
-    rows_of = dict(zip(job_names.to_pylist(), (rows for _, rows in group_indices(job_code))))
-    for job in sorted({fault_job[f] for f in slow_faults}):
+    rows_of = _rows_by_job(steps)
+    for job in sorted(set(fault_job[slow_faults])):
         rows = rows_of.get(job, np.zeros(0, np.int64))
         rows = rows[np.argsort(start[rows], kind="stable")]
         if not len(rows):
@@ -280,7 +284,7 @@ def _beyond_natural_stalls(steps: pa.Table, faults: pa.Table, fault_kind: np.nda
         ordinary = ~checkpoint[rows]
         duration = (end[rows] - start[rows]).astype(np.float64)
         ratio = duration / rolling_median(duration, ordinary, np.zeros(len(rows), int), SLOW_STEP_NEIGHBOURS)
-        of_job = np.flatnonzero(np.asarray(fault_job, dtype=object) == job)
+        of_job = np.flatnonzero(fault_job == job)
         faulty = np.zeros(len(rows), bool)
         for f in of_job:
             faulty |= (start[rows] < fault_end[f]) & (end[rows] > fault_start[f])

@@ -457,13 +457,17 @@ class Tracker:
         track.reported_end = False
         return True
 
+    def _owners(self, obs: Observations, k: int) -> tuple[list[int], list[int]]:
+        """The tracks owning observation `k`'s NICs, and those of them that stopped before it."""
+        owners = np.unique(self.owners.of(obs.nics(k)))
+        owners = owners[owners >= 0].tolist()
+        return owners, [index for index in owners if self._stopped(index, obs, k)]
+
     def _resumed_past_fragments(self, obs: Observations, k: int, best: int) -> int:
         """The one stopped track among the owners of observation `k`'s NICs where every other
         owner is a young job begun since it stopped (its resume's first seconds, seen apart: they
         may hold more of the NICs than it still does); else `best`."""
-        owners = np.unique(self.owners.of(obs.nics(k)))
-        owners = owners[owners >= 0].tolist()
-        stopped = [index for index in owners if self._stopped(index, obs, k)]
+        owners, stopped = self._owners(obs, k)
         if len(stopped) != 1:
             return best
         minute_ns = int(obs.minute_ns[k])
@@ -476,8 +480,7 @@ class Tracker:
         """Of the stopped tracks owning observation `k`'s NICs, the one its sizes are most of
         (`best`, the owner of most of them, on ties): a job may resume on hosts it shares with a
         job stopped there too (one that held the host whole owns NICs of the GPUs it left)."""
-        owners = np.unique(self.owners.of(obs.nics(k)))
-        stopped = [index for index in owners[owners >= 0].tolist() if self._stopped(index, obs, k)]
+        stopped = self._owners(obs, k)[1]
         if len(stopped) < 2:
             return best
         sizes = obs.signature(k)

@@ -114,13 +114,12 @@ def _irregularities_away(coarse: np.ndarray, fine: np.ndarray, at: np.ndarray) -
     with fewer than 3 such spacings), and the share of the time those spacings hold."""
     if len(fine) < 4:
         return np.inf, np.inf, 0.0
-    spacing = np.diff(at[fine]).astype(float)
-    usual = _neighbour_median(spacing)
     away = ~(np.isin(fine[:-1], coarse) | np.isin(fine[1:], coarse))
     if away.sum() < 3:
         return np.inf, np.inf, 0.0
-    deviation = np.minimum(np.abs(spacing / usual - 1.0), 1.0)
-    return (float(np.mean(deviation[away])), float(np.abs(spacing - usual)[away].sum() / spacing[away].sum()),
+    spacing = np.diff(at[fine]).astype(float)
+    departure = np.abs(spacing - _neighbour_median(spacing))
+    return (float(np.mean(_deviations(at[fine])[away])), float(departure[away].sum() / spacing[away].sum()),
             float(spacing[away].sum() / spacing.sum()))
 
 

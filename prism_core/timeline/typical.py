@@ -322,8 +322,9 @@ def _fill_passes(phases: Phases, traffic: Traffic, params: TimelineParams) -> np
     last_forward = np.maximum(last_forward, 0)
     own_first = pipeline.first_of_pair(lo[sent], last_forward)
     after_link = (pipeline.start[last_forward] - pipeline.start[np.minimum(own_first, len(pipeline) - 1)])
-    sender = [traffic.host_of.get(ends[p][0]) for p in pipeline.pair[last_forward]]
-    by_layout = np.array([traffic.stages_on_host.get(host, np.nan) for host in sender], float)
+    # the stages parallelism's layout puts on each pair's sending host
+    stages_of_pair = np.array([traffic.stages_on_host.get(traffic.host_of.get(src), np.nan) for src, _ in ends], float)
+    by_layout = stages_of_pair[pipeline.pair[last_forward]]
     passes = np.full(len(sent), np.nan)
     passes[sent] = np.where(replied, np.where(resumed, after_link / phases.forward_ns[sent] / max(chain_hosts - 1, 1),
                                               by_layout), np.nan)
