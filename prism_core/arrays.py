@@ -277,6 +277,13 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct[order], rank[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
+def first_seen_ids(values: np.ndarray) -> np.ndarray:
+    """An id per value (1-d numeric), equal for equal values, numbered in the order the values first
+    show: `unique_inverse` without sorting the distinct values, for groupings whose order does not
+    matter."""
+    return pc.dictionary_encode(pa.array(values)).indices.to_numpy()
+
+
 def unique_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`np.unique(values, return_counts=True)` for a 1-d numeric array, by hashing: only the
     distinct values are sorted. Integers spanning few values are counted in a table of the span."""
