@@ -43,7 +43,9 @@ def _read_parquet(data: bytes) -> _Records:
         parquet = pq.ParquetFile(
             pa.BufferReader(data), metadata=parquet.metadata, read_dictionary=dictionary
         )
-        table = parquet.read(columns=present, use_threads=True).combine_chunks()
+        # one thread: a flow file is small (~20 k rows, a row group), so a thread per column costs more
+        # CPU than it saves wall (~6% of the read), and the files are parsed on every core already
+        table = parquet.read(columns=present, use_threads=False).combine_chunks()
         table.validate(full=True)  # corrupt pages can decode to invalid UTF-8
     except READ_ERRORS as error:
         raise _FileRejected(_corrupt("parquet", error)) from error
