@@ -25,11 +25,11 @@ from pipelines import storage
 from pipelines.local_workers import PooledDoFn
 from pipelines.shuffle_staging import StagedObject, StagingFile, TableRef, read_staged, stage_object, stage_tables
 from pipelines.sink import HourTables
-from prism_core.arrays import CODES_SUFFIX, group_indices, with_codes
+from prism_core.arrays import CODES_SUFFIX, column_hash, group_indices, with_codes
 from prism_core.ingest import deduplicated_order, parquet_time_bounds, parse_flow_file
 from prism_core.minutes import HOUR_NS, MINUTE_NS, minute_aggregates
 from prism_core.resolution import exporter_profiles, merge_tallies, tally_exporters
-from prism_core.schema import QUARANTINE
+from prism_core.schema import FIVE_TUPLE, QUARANTINE
 
 NAMESPACE = "prism.ingest"
 
@@ -208,9 +208,11 @@ def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> Mi
     again cost more than taking them twice). The aggregates (~7 k rows a minute) and the exporters'
     tally are staged rather than carried: as an element they were pickled ~5 times on the way to
     the writer, ~1 s of CPU for the fleet hour, most of it the launcher's while both workers waited."""
-    # the addresses hashed once, to codes that the duplicates' check and the exporters' tally share
+    # the addresses hashed once, to codes, and the 5-tuples once, which the duplicates' check and
+    # the exporters' tally share
     rows = with_codes(pa.concat_tables(read_staged(parsed)), ADDRESS_COLUMNS)
-    kept = deduplicated_order(rows)
+    five_tuples = column_hash(rows, FIVE_TUPLE)
+    kept = deduplicated_order(rows, five_tuples)
     counted = np.zeros(rows.num_rows, bool)
     counted[kept] = True
     return MinuteResult(
@@ -218,14 +220,15 @@ def merge_minute(minute_ns: int, parsed: list[TableRef], shuffle_dir: str) -> Mi
         flows=StagedFlows(parsed, stage_tables(shuffle_dir, [(None, pa.table({"row": kept}))])[0][1]),
         aggregates=stage_tables(shuffle_dir, [(None, minute_aggregates(rows, counted))])[0][1],
         duplicates=rows.num_rows - len(kept),
-        exporters=stage_object(shuffle_dir, tally_exporters(rows.select(TALLIED_COLUMNS).take(kept))),
+        exporters=stage_object(shuffle_dir, tally_exporters(rows.select(TALLIED_COLUMNS).take(kept),
+                                                            five_tuples=five_tuples[kept])),
     )
 
 
 ADDRESS_COLUMNS = ("src_addr", "dst_addr", "sampler_address")
-# what `tally_exporters` reads: the addresses as their codes only, so the kept rows' text is not copied
-TALLIED_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "bytes", "src_port", "dst_port", "proto",
-                   "sampling_rate", *(name + CODES_SUFFIX for name in ADDRESS_COLUMNS))
+# what `tally_exporters` reads given the 5-tuples' hashes: the exporter as its codes only, so the kept
+# rows' text is not copied
+TALLIED_COLUMNS = ("time_flow_start_ns", "time_flow_end_ns", "bytes", "sampling_rate", "sampler_address" + CODES_SUFFIX)
 
 
 class MergeMinute(PooledDoFn):

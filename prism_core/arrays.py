@@ -186,6 +186,14 @@ def row_hash(*columns: np.ndarray) -> np.ndarray:
     return hashed
 
 
+def column_hash(table: pa.Table, names: tuple[str, ...]) -> np.ndarray:
+    """`row_hash` of the table's columns `names`: integers as they are, text through its codes
+    (`value_codes`: the table may carry them alone); null as -1."""
+    return row_hash(*(pc.fill_null(table[name], -1).to_numpy()
+                      if name in table.column_names and pa.types.is_integer(table.schema.field(name).type)
+                      else value_codes(table, name)[0] for name in names))
+
+
 def _variable_width(data_type: pa.DataType) -> bool:
     return any(test(data_type) for test in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
                                             pa.types.is_large_binary))

@@ -39,11 +39,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core.arrays import (
-    CODES_SUFFIX, MAD_TO_SIGMA, combination_ids, encoded, filter_rows, first_seen_ids, group_median, kth_within_groups,
-    lookup, row_hash, sorted_within_groups, stable_order, unique_counts, value_codes,
+    CODES_SUFFIX, MAD_TO_SIGMA, column_hash, combination_ids, encoded, filter_rows, first_seen_ids, group_median,
+    kth_within_groups, lookup, row_hash, sorted_within_groups, stable_order, unique_counts,
 )
 from prism_core.parallelism import family_codes
-from prism_core.schema import ISSUE_KINDS
+from prism_core.schema import FIVE_TUPLE, ISSUE_KINDS
 
 EXPORTER_KINDS = ("per_transfer", "flow_cache", "sampled", "unknown")
 # Log-spaced bins of gaps and durations (seconds): 1 us to ~3 hours, 20 bins per decade.
@@ -262,11 +262,14 @@ def merge_tallies(tallies: Sequence[ExporterTally]) -> ExporterTally:
 
 
 
-def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) -> ExporterTally:
-    """The counts of each exporter's records in `flows` (FLOWS columns). Gaps are between
-    consecutive records of one 5-tuple from one exporter within the batch, after a record shorter
-    than `max_transfer_s` (after a longer one, a flow cache's active timeout may have cut the flow
-    with no gap at all); gaps of zero or less (overlapping transfers) count in the first bin."""
+def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS,
+                    five_tuples: np.ndarray | None = None) -> ExporterTally:
+    """The counts of each exporter's records in `flows` (FLOWS columns; the 5-tuple's may be
+    left out where `five_tuples` gives each row's `column_hash` of FIVE_TUPLE, which a minute's
+    merge has from its duplicates' check). Gaps are between consecutive records of one 5-tuple from one
+    exporter within the batch, after a record shorter than `max_transfer_s` (after a longer one,
+    a flow cache's active timeout may have cut the flow with no gap at all); gaps of zero or less
+    (overlapping transfers) count in the first bin."""
     if flows.num_rows == 0:
         return ExporterTally()
     codes, names = encoded(flows, "sampler_address", fill=NO_EXPORTER)
@@ -286,8 +289,9 @@ def tally_exporters(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS) 
     duration = end - start
     # one 64-bit hash per (exporter, 5-tuple): a collision (odds ~n^2 / 2^64) only mixes two
     # flows' gaps, and one key sorts much faster than six
-    tuple_ids = row_hash(exporter, value_codes(flows, "src_addr")[0], value_codes(flows, "dst_addr")[0],
-                         *(pc.fill_null(flows[c], -1).to_numpy() for c in ("src_port", "dst_port", "proto")))
+    if five_tuples is None:
+        five_tuples = column_hash(flows, FIVE_TUPLE)
+    tuple_ids = row_hash(exporter, five_tuples)
     # by start, then stably by 5-tuple (two stable sorts of presorted data beat a lexsort 2x);
     # the 5-tuples numbered as their hashes first show (the gaps are counted whatever order the
     # 5-tuples come in), a radix sort when a batch has fewer than 2^16 of them (a minute has ~10 k)

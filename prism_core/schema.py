@@ -23,6 +23,8 @@ FLOW_OPTIONAL = (
     "sampling_rate",
 )
 
+FIVE_TUPLE = ("src_addr", "dst_addr", "src_port", "dst_port", "proto")  # the records of one flow share these
+
 FLOWS = pa.schema(
     [
         ("time_flow_start_ns", pa.int64()),

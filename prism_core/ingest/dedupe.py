@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combination_ids, row_hash, unique_inverse, value_codes
+from prism_core.arrays import column_hash, combination_ids, unique_inverse, value_codes
 from prism_core.ingest.columns import _mask
-from prism_core.schema import FLOWS
+from prism_core.schema import FIVE_TUPLE, FLOWS
 
 SORT_KEYS = ("time_flow_start_ns", "src_addr", "dst_addr", "src_port", "dst_port", "bytes")
 # A collector's re-delivery of one record repeats every column; exporter and receive time sort last.
@@ -32,7 +32,6 @@ MAX_CLOCK_OFFSET_NS = 1_000_000_000
 # all-to-all's), the windows shifted by half in the second round; then in time order (a row
 # between a copy and its original in a window).
 PAIRING_WINDOW_SHIFTS_NS = (0, COPY_TIME_NS // 2, None)
-FIVE_TUPLE = ("src_addr", "dst_addr", "src_port", "dst_port", "proto")
 
 
 def dedupe(flows: pa.Table) -> tuple[pa.Table, int]:
@@ -46,8 +45,10 @@ def dedupe(flows: pa.Table) -> tuple[pa.Table, int]:
     return flows.take(kept), flows.num_rows - len(kept)
 
 
-def deduplicated_order(flows: pa.Table) -> np.ndarray:
-    """The rows `dedupe` keeps, as indices into `flows` in its output order.
+def deduplicated_order(flows: pa.Table, five_tuples: np.ndarray | None = None) -> np.ndarray:
+    """The rows `dedupe` keeps, as indices into `flows` in its output order. `five_tuples`: the
+    rows' `column_hash` of FIVE_TUPLE, where the caller has it (the exporters' tally of a
+    minute's merge reads it too).
 
     Start times rarely tie, and duplicates share theirs: one integer argsort by start orders
     nearly every row, and only the rows whose start is shared are sorted on every column and
@@ -79,35 +80,27 @@ def deduplicated_order(flows: pa.Table) -> np.ndarray:
     order = np.delete(order, duplicates)
     # exact copies repeat the 5-tuple and the exporter: whether any 5-tuple has two exporters
     # is the same question asked of every row, without taking the kept ones first
-    if not _several_exporters(flows):
+    if not _several_exporters(flows, column_hash(flows, FIVE_TUPLE) if five_tuples is None else five_tuples):
         return order
     compared = flows.select([*FIVE_TUPLE, "sampler_address", "time_flow_start_ns", "time_flow_end_ns", "bytes"])
     return np.delete(order, copies_from_other_exporters(compared.take(order)))
 
 
-def _several_exporters(flows: pa.Table) -> bool:
-    """Whether some 5-tuple of `flows` was reported by two exporters (most minutes: none), in one
-    pass over integers (the addresses' codes carried by the table, `with_codes`, where it has them):
-    each row's exporter against the first exporter of its 5-tuple's hash. A collision of two
-    5-tuples' hashes can only answer yes where the answer is no, and `copies_from_other_exporters`
-    then finds no copy: the rows kept are the same."""
+def _several_exporters(flows: pa.Table, five_tuples: np.ndarray) -> bool:
+    """Whether some 5-tuple of `flows` (`five_tuples`: their hashes) was reported by two exporters
+    (most minutes: none), in one pass over integers (the addresses' codes carried by the table,
+    `with_codes`, where it has them): each row's exporter against the first exporter of its
+    5-tuple's hash. A collision of two 5-tuples' hashes can only answer yes where the answer is
+    no, and `copies_from_other_exporters` then finds no copy: the rows kept are the same."""
     exporter = value_codes(flows, "sampler_address")[0]
     reported = np.flatnonzero(exporter >= 0)  # records without an exporter count for none
     if not len(reported):
         return False
-    five_tuple = unique_inverse(row_hash(*(_codes(flows, name)[reported] for name in FIVE_TUPLE)))[1]
+    five_tuple = unique_inverse(five_tuples[reported])[1]
     exporter = exporter[reported]
     first_exporter = np.empty(five_tuple.max() + 1, np.int64)
     first_exporter[five_tuple[::-1]] = exporter[::-1]  # the last assignment of an index holds
     return bool(np.any(exporter != first_exporter[five_tuple]))
-
-
-def _codes(flows: pa.Table, name: str) -> np.ndarray:
-    """Integers equal where the column's values are (null: -1): a text column's codes, an integer
-    column's values."""
-    if pa.types.is_integer(flows.schema.field(name).type):
-        return pc.fill_null(flows[name], -1).to_numpy()
-    return value_codes(flows, name)[0]
 
 
 def copies_from_other_exporters(flows: pa.Table) -> np.ndarray:
