@@ -508,29 +508,32 @@ def _continuous(flows: _InternalFlows, direction: np.ndarray, params: Parallelis
     if not len(chosen):
         return np.zeros(len(direction), bool)
     n_exporters = int(flows.exporter.max()) + 1
-    key = direction * n_exporters + flows.exporter
-    reverse = (flows.dst_host * flows.n_hosts + flows.src_host) * n_exporters + flows.exporter
-    keys, of_key = unique_inverse(key[chosen])  # the (direction, exporter) pairs with cached records
+    exporter = flows.exporter[chosen]
+    # the (direction, exporter) pairs with cached records; only those records are judged
+    keys, of_key = unique_inverse(direction[chosen] * n_exporters + exporter)
     base = int(flows.start.min())
     span = max(int(flows.end.max()) - base, 1)
     width = span + 1
     # the union of each key's records: sorted by start with times offset per key, each record
     # adds what it reaches past the records before it
-    order = np.lexsort((flows.start[chosen], of_key))
-    opens = of_key[order] * width + (flows.start[chosen][order] - base)
-    closes = of_key[order] * width + (flows.end[chosen][order] - base)
+    start, end = flows.start[chosen], flows.end[chosen]
+    # records usually come in start order: then a stable order by key alone (linear) is that
+    order = stable_order(of_key) if np.all(start[1:] >= start[:-1]) else np.lexsort((start, of_key))
+    ordered_key = of_key[order]
+    opens = ordered_key * width + (start[order] - base)
+    closes = ordered_key * width + (end[order] - base)
     reach = np.maximum.accumulate(closes)
     before = np.r_[np.iinfo(np.int64).min, reach[:-1]]
     added = np.maximum(closes - np.maximum(opens, before), 0)
-    covered = np.r_[np.bincount(of_key[order], weights=added, minlength=len(keys)), 0.0]
-
-    def coverage(of: np.ndarray) -> np.ndarray:
-        at = np.minimum(np.searchsorted(keys, of), len(keys) - 1)
-        return covered[np.where(keys[at] == of, at, len(keys))]
-
+    covered = np.r_[np.bincount(ordered_key, weights=added, minlength=len(keys)), 0.0]
+    reverse = (flows.dst_host[chosen] * flows.n_hosts + flows.src_host[chosen]) * n_exporters + exporter
+    at = np.minimum(np.searchsorted(keys, reverse), len(keys) - 1)
+    reverse_covered = covered[np.where(keys[at] == reverse, at, len(keys))]
     # either direction: a pipeline's forward records may hold only the warm-up and the steady
     # phase's sends, its backward ones the rest of the step
-    return flows.cached & (np.maximum(coverage(key), coverage(reverse)) >= params.continuous_coverage * span)
+    continuous = np.zeros(len(direction), bool)
+    continuous[chosen] = np.maximum(covered[of_key], reverse_covered) >= params.continuous_coverage * span
+    return continuous
 
 
 def _reverse_open_at_both_ends(direction: np.ndarray, reverse_direction: np.ndarray, flows: _InternalFlows,
