@@ -630,28 +630,35 @@ def reverse_in_flight(
     in_start_order = bool(np.all(start[1:] >= start[:-1]))
     order = stable_order(direction) if in_start_order else np.argsort(offset(direction, start), kind="stable")
     ordered_direction = direction[order]
-    starts = offset(ordered_direction, start[order])
-    reach = np.maximum.accumulate(offset(ordered_direction, end[order]))
+    ordered_reverse = reverse[order]
+    ordered_start, ordered_end = start[order], end[order]
+    starts = offset(ordered_direction, ordered_start)
+    reach = offset(ordered_direction, ordered_end)
+    np.maximum.accumulate(reach, out=reach)
+    # queries by block keep the search cache-friendly: where every direction asks one reverse
+    # block (a group's, a host pair's), in the flows' order already; else sorted by the block asked
+    query_order = order
+    if not np.all((ordered_reverse[1:] == ordered_reverse[:-1]) | (ordered_direction[1:] != ordered_direction[:-1])):
+        query_order = stable_order(reverse)
+        ordered_reverse, ordered_start, ordered_end = reverse[query_order], start[query_order], end[query_order]
     del order, ordered_direction
-    # queries by block keep the search cache-friendly; answered in that order, then put back
-    query_order = stable_order(reverse)
-    query = offset(reverse, end)
-    query += slack_ns
-    ordered_query = query[query_order]
-    del query
-    last = np.searchsorted(starts, ordered_query, side="right")
-    del starts, ordered_query
+    slack = slack_ns[query_order] if np.ndim(slack_ns) else slack_ns
+    query = offset(ordered_reverse, ordered_end)
+    query += slack
+    del ordered_end
+    last = np.searchsorted(starts, query, side="right")
+    del starts, query
     last -= 1
     answered = last >= 0
     np.maximum(last, 0, out=last)
     reached = reach[last]
     del reach, last
-    opening = offset(reverse, start)
-    opening -= slack_ns
-    answered &= reached >= opening[query_order]
+    opening = offset(ordered_reverse, ordered_start)
+    opening -= slack
+    answered &= reached >= opening
     del reached, opening
     in_flight = np.empty(len(answered), bool)
-    in_flight[query_order] = answered
+    in_flight[query_order] = answered  # answered in the queries' order, put back
     return in_flight
 
 
