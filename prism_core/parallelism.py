@@ -195,8 +195,12 @@ def identify_parallelism(
     all_to_all = _is_all_to_all(groups, params)
     pipeline = _is_pipeline(groups, params, all_to_all)
     pipeline_sends = pipeline[groups.of_flow] | _merged_pipeline_sends(flows, groups, pipeline, params)
-    external = filter_rows(job_flows, ~inside)
-    external = external.append_column("sampled", pa.array(sampled[~inside]))
+    # the sends to non-members that may be a checkpoint's shards (checkpoint-sized: a monitoring
+    # reply or a log write may repeat a small size by chance), a copy of these few rows alone;
+    # `family_bytes` is still every flow's bytes here
+    saves = ~inside & (family_bytes >= CHECKPOINT_FLOW_BYTES)
+    external = job_flows.select(["bytes", "src_addr"]).filter(pa.array(saves)).append_column(
+        "sampled", pa.array(sampled[saves]))
     remembered = tuple((previous or {}).get("checkpoint_writers", (0, 0)))
     layout = _Layout.infer(gpus, flows, external, groups, pipeline, pipeline_sends, all_to_all, remembered)
     between_stages = layout.host_stage[groups.src_host] != layout.host_stage[groups.dst_host]
@@ -1077,9 +1081,8 @@ def _checkpoint_writers(external: pa.Table, gpus: pa.Table, level: np.ndarray, g
     out in equal chunks; log writes never repeat a size), and the NICs whose sampled records
     (`sampled`: a sampler's estimates, of no size to repeat) hold two checkpoint-sized sends or
     more. One NIC is one writer: a job with tp = pp = 1 saves from DP rank 0 alone.
-    Counted per (stage level, GPU index), so a host replaced in a restart counts once."""
-    # shards are checkpoint-sized; a monitoring reply or a log write may repeat a small size by chance
-    external = external.filter(pc.greater_equal(external["bytes"], CHECKPOINT_FLOW_BYTES))
+    Counted per (stage level, GPU index), so a host replaced in a restart counts once.
+    `external`: the members' checkpoint-sized sends to non-members (bytes, src_addr, sampled)."""
     if external.num_rows == 0:
         return 0, 0
     # one chunk size as exporters count it: header bytes put each record a few bytes apart; a
