@@ -1146,14 +1146,16 @@ def _gpus_behind_rails(flows: _InternalFlows, chosen: np.ndarray, key: np.ndarra
     NICs, or the destination NICs when `receiving`) those flows leave through (a NIC may serve
     two GPUs, and carry both GPUs' sends)."""
     nic = (flows.dst if receiving else flows.src)[chosen]
-    columns = (key[chosen], flows.rail_of_member[nic], flows.gpus_of_member[nic])
-    # the distinct (key, rail, gpus) triples in lexicographic order, by hashing packed integers
-    # (np.unique over rows sorts every flow's triple as a structured value: ~10x slower)
-    _, triple = unique_inverse(combined_key(*columns))
+    key = key[chosen]
+    # each member's (rail, gpus) as one code, so a flow's is one lookup
+    rail_and_gpus = combined_key(flows.rail_of_member, flows.gpus_of_member)
+    # the distinct (key, rail, gpus) triples, by hashing packed integers (np.unique over rows
+    # sorts every flow's triple as a structured value: ~10x slower)
+    _, triple = unique_inverse(combined_key(key, rail_and_gpus[nic]))
     row = np.empty(int(triple.max(initial=-1)) + 1, np.int64)
     row[triple] = np.arange(len(triple))  # any row of each triple: they are equal
-    _, of_key = np.unique(columns[0][row], return_inverse=True)
-    return np.bincount(of_key.ravel(), weights=columns[2][row]).astype(np.int64)
+    _, of_key = np.unique(key[row], return_inverse=True)
+    return np.bincount(of_key.ravel(), weights=flows.gpus_of_member[nic[row]]).astype(np.int64)
 
 
 def _slot_in_stage(host_code: np.ndarray, level: np.ndarray) -> np.ndarray:
