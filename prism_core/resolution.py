@@ -622,22 +622,26 @@ def _step_intervals(interval: np.ndarray, of_pair: np.ndarray,
     group = np.repeat(np.arange(len(opens)), counts)
     median = sorted_within_groups(of_pair, interval)[opens + counts // 2].astype(np.float64)
     pattern = np.zeros(len(opens), np.int64)
-    rows = np.arange(len(interval))  # the intervals of the pairs still looked at: whole runs, in order
+    # the intervals of the pairs still looked at (whole runs, in order), with their group and the
+    # difference their pair's median allows: compared by shifted slices, no gathers of them per k
+    looked_group, looked_interval = group, interval
+    allowed = params.period_tolerance * median[group]
+    looked = np.ones(len(opens), bool)
     for k in range(1, params.max_pattern + 1):
-        pair = of_pair[rows]
-        later = np.flatnonzero(pair[k:] == pair[:-k])  # an interval and the one k later, of one pair
-        if not len(later):
+        same = looked_group[k:] == looked_group[:-k]  # an interval and the one k later, of one pair
+        if not same.any():
             break
-        earlier, then = rows[later], rows[later + k]
-        of_group = group[earlier]
-        alike = np.abs(interval[then] - interval[earlier]) <= params.period_tolerance * median[of_group]
-        compared = np.bincount(of_group, minlength=len(opens))
-        repeats = np.bincount(of_group, weights=alike, minlength=len(opens)) >= params.pattern_share * compared
+        alike = same & (np.abs(looked_interval[k:] - looked_interval[:-k]) <= allowed[:-k])
+        compared = np.where(looked, np.maximum(counts - k, 0), 0)  # the pairs of intervals k apart
+        repeats = np.bincount(looked_group[:-k], weights=alike, minlength=len(opens)) >= params.pattern_share * compared
         pattern[(pattern == 0) & repeats & (compared >= params.min_pair_records)] = k
         looking = (pattern == 0) & (counts - k > params.min_pair_records)  # not found, intervals left
         if not looking.any():
             break
-        rows = rows[looking[group[rows]]]
+        kept = looking[looked_group]
+        if not kept.all():
+            looked_group, looked_interval, allowed = looked_group[kept], looked_interval[kept], allowed[kept]
+        looked = looking
     if not np.any(pattern > 1):
         return interval, of_pair
     pattern = np.maximum(pattern, 1)[group]
