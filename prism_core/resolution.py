@@ -428,9 +428,10 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     without a profile reads as per_transfer: nothing says otherwise). `members`: the job's
     addresses; its rhythm is read from the records between them (traffic to storage or a
     monitoring agent keeps clocks of its own), all records without."""
-    rhythm = flows
+    rhythm, ends = flows, None
     if members is not None:
-        between = (lookup(flows, "src_addr", members) >= 0) & (lookup(flows, "dst_addr", members) >= 0)
+        ends = tuple(lookup(flows, name, members) for name in ("src_addr", "dst_addr"))
+        between = (ends[0] >= 0) & (ends[1] >= 0)
         if not between.all():  # a copy of what the rhythm reads (and its codes), only where it is not all of it
             read = [name for name in flows.column_names if name.removesuffix(CODES_SUFFIX) in RHYTHM_COLUMNS]
             rhythm = filter_rows(flows.select(read), between)
@@ -445,7 +446,7 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     resolving_records = sum(one_by_one[name] for name in resolving)
     if (resolving_records >= params.min_resolving_records
             and resolving_records >= params.min_resolving_share * flows.num_rows):
-        timed = _transfers_timed(flows, exporter, names, profiles, params, members)
+        timed = _transfers_timed(flows, exporter, names, profiles, params, members, ends)
         return JobResolution("steps", period, frozenset(resolving), timed)
     return JobResolution("period" if period is not None else "jobs_only", period, frozenset(), False)
 
@@ -460,19 +461,30 @@ def issue_kinds_shown(resolved: JobResolution, params: ResolutionParams = DEFAUL
 
 
 def _transfers_timed(flows: pa.Table, exporter: np.ndarray, names: pa.Array, profiles: dict[str, ExporterProfile],
-                     params: ResolutionParams, members: pa.Array | None) -> bool:
+                     params: ResolutionParams, members: pa.Array | None,
+                     member_ends: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
     """Whether most of the NICs the job's records show (more than `min_timed_share` of those of
     `members`, or of any address without) exchange transfers whose length their clocks time
     (`timed_sizes`), on exporters that report transfers one by one. `exporter`: each record's
-    code among `names`."""
+    code among `names`; `member_ends`: each record's source's and destination's index in
+    `members` (-1: none), where the caller looked them up already."""
     shortest = np.array([shortest_timed_s(profiles.get(name), params) for name in names.to_pylist()])[exporter]
     duration_s = (flows["time_flow_end_ns"].to_numpy() - flows["time_flow_start_ns"].to_numpy()) * 1e-9
     timed = timed_sizes(flows["bytes"].to_numpy(), duration_s, shortest)
     nics = members if members is not None else pc.unique(pa.concat_arrays(
         [flows[name].combine_chunks().cast(pa.string()) for name in ("src_addr", "dst_addr")]))
-    ends = np.stack([lookup(flows, name, nics) for name in ("src_addr", "dst_addr")])
+    src, dst = member_ends or tuple(lookup(flows, name, nics) for name in ("src_addr", "dst_addr"))
+
+    def shown(records: np.ndarray | slice) -> np.ndarray:
+        """Per NIC: at either end of one of the `records` (an end of none, -1, marks the extra last slot)."""
+        marked = np.zeros(len(nics) + 1, bool)
+        marked[src[records]] = True
+        marked[dst[records]] = True
+        return marked[:-1]
+
     # of the NICs the records show (one that sends and receives nothing shows nothing at any clock)
-    seen, covered = (np.bincount(e[e >= 0], minlength=len(nics)) > 0 for e in (ends, ends[:, timed]))
+    seen = shown(slice(None))
+    covered = seen if timed.all() else shown(timed)
     return covered.sum() > params.min_timed_share * seen.sum()
 
 
