@@ -896,23 +896,21 @@ def _pipeline_levels(
     collective (not PP, not an all-to-all), which ties the hosts of one stage in different
     pipelines together (their DP sync)."""
     chosen = np.flatnonzero(pipeline[groups.of_flow])
-    low = np.minimum(flows.src_host[chosen], flows.dst_host[chosen])
-    high = np.maximum(flows.src_host[chosen], flows.dst_host[chosen])
-    pair = low * flows.n_hosts + high
-    upward = np.where(flows.src_host[chosen] == low, 1.0, -1.0)
+    src, dst = flows.src_host[chosen], flows.dst_host[chosen]
+    low = np.minimum(src, dst)
+    pair = low * flows.n_hosts + np.maximum(src, dst)
+    upward = np.where(src == low, 1.0, -1.0)
     vote = warm_up_votes(pair, flows.start[chosen], groups.answered[chosen])
     pairs, index = unique_inverse(pair)
     upward_score = np.bincount(index, weights=upward * vote, minlength=len(pairs))
-    warm_ups = np.bincount(flows.src_host[chosen], weights=vote > 0, minlength=flows.n_hosts)
+    warm_ups = np.bincount(src, weights=vote > 0, minlength=flows.n_hosts)
     level = _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, warm_ups, active)
-    forward = np.zeros(len(flows.src_host))  # per flow: its warm-up vote, +1 forward, -1 backward
-    forward[chosen] = vote
-    return _aligned_chains(level, flows, groups, pipeline, collective, forward)
+    return _aligned_chains(level, flows, groups, collective, src, dst, vote)
 
 
 def _aligned_chains(
-    level: np.ndarray, flows: _InternalFlows, groups: _Groups, pipeline: np.ndarray, collective: np.ndarray,
-    forward: np.ndarray,
+    level: np.ndarray, flows: _InternalFlows, groups: _Groups, collective: np.ndarray, src: np.ndarray,
+    dst: np.ndarray, forward: np.ndarray,
 ) -> np.ndarray:
     """Levels of several pipelines turned so that their stages line up. Each chain is numbered
     from the end its own warm-up votes call first, but a chain may have no votes (sends too short
@@ -920,17 +918,18 @@ def _aligned_chains(
     first) or few; the DP sync of a stage runs between the hosts of that stage in every pipeline,
     so chains of one length are turned (rings also rotated) to carry their collective traffic
     between equal levels: each chain, most voted first, the way that agrees best with those turned
-    before it; then all together the way their summed votes call (a ring keeps its warm-up start)."""
-    chosen = np.flatnonzero(pipeline[groups.of_flow])
-    if len(chosen) == 0:
+    before it; then all together the way their summed votes call (a ring keeps its warm-up start).
+    `src`, `dst`: the host codes of the PP flows; `forward`: their warm-up votes (+1 forward, -1
+    backward, 0 neither)."""
+    if len(src) == 0:
         return level
-    on_chain = np.zeros(flows.n_hosts, bool)
-    on_chain[flows.src_host[chosen]] = on_chain[flows.dst_host[chosen]] = True
     # chains: connected components of the PP host pairs
     # the distinct (src, dst) host pairs in order, by hashing their codes (np.unique over rows
     # sorts every flow's pair as a structured value)
-    hop_codes = unique_counts(flows.src_host[chosen] * flows.n_hosts + flows.dst_host[chosen])[0]
+    hop_codes = unique_counts(src * flows.n_hosts + dst)[0]
     hops = np.stack(np.divmod(hop_codes, flows.n_hosts), axis=1)
+    on_chain = np.zeros(flows.n_hosts, bool)
+    on_chain[hops[:, 0]] = on_chain[hops[:, 1]] = True
     chain_of = connected(hops[:, 0], hops[:, 1], flows.n_hosts)
     chains = [np.flatnonzero(on_chain & (chain_of == c)) for c in np.unique(chain_of[on_chain])]
     depth = {c: int(level[hosts].max()) for c, hosts in zip(range(len(chains)), chains)}
@@ -947,8 +946,8 @@ def _aligned_chains(
         weight[divmod(key, flows.n_hosts)] = k
     level = level.copy()
     # per chain: its warm-up votes as numbered (> 0: its level 0 opens the steps)
-    along = forward * np.sign(level[flows.dst_host] - level[flows.src_host])
-    votes = np.bincount(chain_of[flows.src_host], weights=along, minlength=flows.n_hosts)
+    along = forward * np.sign(level[dst] - level[src])
+    votes = np.bincount(chain_of[src], weights=along, minlength=flows.n_hosts)
     hop_levels = {(int(chain_of[a]), int(level[a]), int(level[b])) for a, b in hops.tolist()}
     for length in lengths[count >= 2].tolist():
         members = [hosts for c, hosts in enumerate(chains) if depth[c] == length]
@@ -973,9 +972,9 @@ def _aligned_chains(
                 level[hosts] = (sign * level[hosts] + shift) % (length + 1)
             turned.append(hosts)
         together = np.concatenate(turned)
-        mine = np.isin(flows.src_host, together)
+        mine = np.isin(src, together)
         ring = length > 1 and any((int(chain_of[hosts[0]]), 0, length) in hop_levels for hosts in members)
-        if not ring and (forward * np.sign(level[flows.dst_host] - level[flows.src_host]))[mine].sum() < 0:
+        if not ring and (forward * np.sign(level[dst] - level[src]))[mine].sum() < 0:
             level[together] = length - level[together]
     return level
 
