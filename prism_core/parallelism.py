@@ -483,9 +483,13 @@ def _unanswered_spread(of_flow: np.ndarray, n_groups: int, start: np.ndarray, an
         return {"unanswered_spread": spread, "span_ns": span}
     slot = np.full(n_groups, -1)
     slot[judged] = np.arange(len(judged))
-    rows = np.flatnonzero(slot[of_flow] >= 0)
-    group, flow_group = slot[of_flow[rows]], of_flow[rows]
-    position = (start[rows] - first[flow_group]) * SPREAD_BINS // (span[flow_group] + 1)
+    flow_slot = slot[of_flow]
+    # usually every group is judged: then every flow, without selecting them
+    rows = slice(None) if len(judged) == n_groups else np.flatnonzero(flow_slot >= 0)
+    group = flow_slot[rows]
+    position = start[rows] - first[judged][group]
+    position *= SPREAD_BINS
+    position //= span[judged][group] + 1
     idle = ~answered[rows]
     spread[judged] = (_middle_bins(group[idle], len(judged), position[idle])
                       / _middle_bins(group, len(judged), position))
