@@ -150,10 +150,11 @@ def encoded(table: pa.Table, name: str, fill=None) -> tuple[np.ndarray, pa.Array
             dictionary, at = pa.concat_arrays([dictionary, pa.array([fill], dictionary.type)]), len(dictionary)
         codes[codes < 0] = at
     n = len(dictionary)
-    first = np.full(n + 1, len(codes), np.int64)  # the first row of each code (a null's last)
-    np.minimum.at(first, codes, np.arange(len(codes)))
-    shown = int((first[:n] < len(codes)).sum())
-    in_order = np.argsort(first[:n], kind="stable")[:shown]  # the codes rows show, by first row
+    # the codes rows show, in the order they first show (pc.unique keeps first appearances, as
+    # dictionary_encode does: a hash pass, not a scatter of every row's index); a null's -1 left out
+    in_order = pc.unique(pa.array(codes)).to_numpy()
+    in_order = in_order[in_order >= 0]
+    shown = len(in_order)
     if shown == n and np.all(in_order == np.arange(n)):
         return codes, dictionary
     renumbered = np.full(n + 1, -1, np.int64)
