@@ -274,13 +274,14 @@ def _per_flow_handed(handed_bytes: np.ndarray, sent: np.ndarray, kind: np.ndarra
 def _sent_while_member(job_flows: pa.Table, members: pa.Table, gpus: pa.Table, src: np.ndarray) -> np.ndarray:
     """Per flow: sent while its source (`src`: its row of `gpus`, -1 for none) was a member (its
     address's first row of `members`)."""
-    row = pc.index_in(gpus["addr"], value_set=members["addr"]).to_numpy()[np.maximum(src, 0)]
+    row = pc.index_in(gpus["addr"], value_set=members["addr"]).to_numpy()
+    # each member GPU's interval, and an empty one (from the latest instant to the earliest) last,
+    # for no source (-1): two lookups per flow in tables the size of the job's GPUs
+    first_ns = np.r_[members["first_ns"].to_numpy()[row], np.iinfo(np.int64).max]
+    last_ns = np.r_[members["last_ns"].to_numpy()[row], np.iinfo(np.int64).min]
     start = job_flows["time_flow_start_ns"].to_numpy()
-    within = (
-        (src >= 0)
-        & (start >= members["first_ns"].to_numpy()[row])
-        & (start <= members["last_ns"].to_numpy()[row])
-    )
+    within = start >= first_ns[src]
+    within &= start <= last_ns[src]
     return within
 
 
