@@ -563,6 +563,15 @@ def group_median(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
     if not len(key):
         return np.empty(0)
     groups = _key_groups(key)
+    return group_medians(groups, values)[groups.group]
+
+
+def group_medians(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
+    """Median of `values` over each key group, one per group in key order (`group_median` without
+    broadcasting it back to the rows)."""
+    if not len(key):
+        return np.empty(0)
+    groups = _key_groups(key)
     group = groups.group
     counts = groups.counts
     n = len(values)
@@ -578,19 +587,25 @@ def group_median(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray:
         for width_class in np.unique(size_class).tolist():
             members = np.flatnonzero(size_class == width_class)
             count = counts[members]
-            column = np.arange(int(count.max()))
-            rows = by_group[np.minimum(first[members, None] + column, n - 1)]
-            rows[column >= count[:, None]] = np.nan
+            width = int(count.max())
+            if count.min() == width and members[-1] - members[0] == len(members) - 1:
+                # groups of one size side by side (one large group, a step's flows each step):
+                # sorted where they lie, without gathering or padding their rows
+                lo = int(first[members[0]])
+                rows = by_group[lo:lo + len(members) * width].reshape(len(members), width)
+            else:
+                column = np.arange(width)
+                rows = by_group[np.minimum(first[members, None] + column, n - 1)]
+                rows[column >= count[:, None]] = np.nan
             rows.sort(axis=1)
             at = np.arange(len(members))
             median[members] = (rows[at, (count - 1) // 2] + rows[at, count // 2]) / 2
-        return median[group]
+        return median
     # the values sorted once, then stably by group (linear passes over the group codes)
     by_value = np.argsort(values)
     ordered = values[by_value[stable_order(group[by_value], scattered=True)]]
     starts = np.r_[0, np.cumsum(counts)[:-1]]
-    median = (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2]) / 2
-    return median[group]
+    return (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2]) / 2
 
 
 def rolling_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray, half: int) -> np.ndarray:

@@ -15,6 +15,7 @@ from prism_core.arrays import (
     group_first_index,
     group_indices,
     group_median,
+    group_medians,
     group_mode,
     group_reduce,
     kth_within_groups,
@@ -156,6 +157,17 @@ def test_group_median_is_numpys_median_per_group(one_large_group):
         key[:3_000] = 5
     expected = np.array([np.median(values[key == k]) for k in key])
     assert np.array_equal(group_median(key, values), expected)
+
+
+def test_group_medians_of_equal_groups_side_by_side_are_numpys():
+    """Groups of one size, consecutive in key order, are sorted where they lie; one per group."""
+    rng = np.random.default_rng(2)
+    key = np.r_[np.repeat(np.arange(40), 25), np.repeat([50, 51], [30, 45])]
+    rng.shuffle(key)
+    values = rng.normal(size=len(key)).round(1)
+    expected = [np.median(values[key == k]) for k in np.unique(key)]
+    assert np.array_equal(group_medians(key, values), expected)
+    assert len(group_medians(np.zeros(0, np.int64), np.zeros(0))) == 0
 
 
 @pytest.mark.parametrize("drops", [0, 10, MAX_SLICED_DROPS + 1, MAX_SLICED_STRING_DROPS + 1])

@@ -14,7 +14,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from prism_core import waste
-from prism_core.arrays import KeyGroups, combined_key, group_median, group_mode, group_reduce, time_segments
+from prism_core.arrays import (
+    KeyGroups, combined_key, group_median, group_medians, group_mode, group_reduce, time_segments,
+)
 from prism_core.constants import DP, PP, UNCLASSIFIED
 from prism_core.parallelism import family_codes
 from prism_core.resolution import timed_sizes
@@ -130,7 +132,7 @@ def _throughputs(job: JobHour, excluded: np.ndarray, params: DiagnosisParams) ->
     rate = job.nbytes[alone] / seconds[alone]
     timed = (job.step[alone], job.src[alone], job.dst[alone], family, rate)
     rest = rest[~timed_sizes(job.nbytes[rest], seconds[rest], job.shortest_timed[rest])]
-    fastest = float(np.max(group_median(family, rate), initial=0.0))
+    fastest = float(np.max(group_medians(family, rate), initial=0.0))
     apart = family_codes(job.nbytes[rest]) + len(alone)  # size codes of their own, past the timed ones'
     return timed, _measured_together(job, rest, apart, seconds, fastest, params)
 
@@ -175,12 +177,12 @@ def _usual_rate(step: np.ndarray, size: np.ndarray, rate: np.ndarray) -> np.ndar
     median is as slow as the culprit; the job's other steps still show the usual rate."""
     if not len(rate):
         return rate
-    step_size = KeyGroups(combined_key(step, size))  # hashed once for the median and the first rows
-    in_step = group_median(step_size, rate)
-    first = step_size.first_rows()
+    step_size = KeyGroups(combined_key(step, size))  # hashed once for the medians and the first rows
+    in_step = group_medians(step_size, rate)
+    size_of = size[step_size.first_rows()]
     over_steps = np.zeros(int(size.max()) + 1)
-    over_steps[size[first]] = group_median(size[first], in_step[first])
-    return np.maximum(in_step, over_steps[size])
+    over_steps[size_of] = group_median(size_of, in_step)
+    return np.maximum(in_step, over_steps[size_of])[step_size.group]
 
 
 def collective_code(n_addrs: int) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.arrays import (
-    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_median, group_reduce, kth_within_groups,
+    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_medians, group_reduce, kth_within_groups,
     stable_order,
 )
 from prism_core.constants import PP
@@ -158,11 +158,10 @@ def _usual_positions(structure: np.ndarray, position: np.ndarray, whole: np.ndar
     if not whole.any():
         return np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
     of_whole = KeyGroups(structure[whole])
-    median = group_median(of_whole, position[whole])
-    noise = MAD_TO_SIGMA * group_median(of_whole, np.abs(position[whole] - median))
-    first = of_whole.first_rows()
+    median = group_medians(of_whole, position[whole])
+    noise = MAD_TO_SIGMA * group_medians(of_whole, np.abs(position[whole] - median[of_whole.group]))
     at, seen_at = _group_of(of_whole, structure)
-    return median[first][at], noise[first][at], np.where(seen_at, of_whole.counts[at], 0)
+    return median[at], noise[at], np.where(seen_at, of_whole.counts[at], 0)
 
 
 def _group_of(groups: KeyGroups, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
