@@ -25,7 +25,7 @@ class Observations:
     first_ns: np.ndarray  # int64, first flow start of the job in the minute
     last_ns: np.ndarray  # int64, last flow end
     nic_ptr: np.ndarray  # CSR over NIC codes: the members of observation k are
-    nic_codes: np.ndarray  #   nic_codes[nic_ptr[k]:nic_ptr[k + 1]], sorted
+    nic_codes: np.ndarray  #   nic_codes[nic_ptr[k]:nic_ptr[k + 1]], sorted, each once
     size_ptr: np.ndarray  # CSR over the repeated flow sizes of each observation
     sizes: np.ndarray  # int64 flow size
     size_flows: np.ndarray  # int64 flows of that size
@@ -53,6 +53,8 @@ class Observations:
 
     def nics_of(self, ks: list[int] | np.ndarray) -> np.ndarray:
         """The NICs of observations `ks` together, sorted."""
+        if len(ks) == 1:  # an observation's own NICs are sorted and distinct already
+            return self.nics(ks[0]).copy()
         return np.unique(np.concatenate([self.nics(k) for k in ks]))
 
     def signatures(self, ks: list[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
