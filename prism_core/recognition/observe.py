@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import combination_ids, time_segments, unique_rows
+from prism_core.arrays import combination_ids, time_segments, unique_inverse, unique_rows
 from prism_core.constants import CHECKPOINT_FLOW_BYTES
 from prism_core.recognition.merge import Graph, csr_pointer, job_of_nodes, runs_past_minute
 from prism_core.recognition.params import RecognitionParams
@@ -218,9 +218,12 @@ def pair_traits(flow_minutes: pa.Table, repeated: np.ndarray, params: Recognitio
     src_code, dst_code = np.split(pc.dictionary_encode(both).indices.to_numpy().astype(np.int64), 2)
     pair_code = combination_ids(src_code, dst_code)
     n_pairs = int(pair_code.max()) + 1
-    first_of_pair_minute = np.unique(combination_ids(pair_code, flow_minutes["_minute_ns"].to_numpy()),
-                                     return_index=True)[1]
-    minutes_of_pair = np.bincount(pair_code[first_of_pair_minute], minlength=n_pairs)
+    # the minutes each pair talks in, marked in a table of (pair, minute): a byte per pair and
+    # minute of the hour, not a hash and a sort of every row's (pair, minute)
+    minutes, minute_at = unique_inverse(flow_minutes["_minute_ns"].to_numpy())
+    talks = np.zeros((n_pairs, len(minutes)), bool)
+    talks[pair_code, minute_at] = True
+    minutes_of_pair = talks.sum(axis=1)
     rows_of_pair = np.bincount(pair_code, minlength=n_pairs)
     repeated_share = np.bincount(pair_code, weights=repeated, minlength=n_pairs) / rows_of_pair
     ended = ~runs_past_minute(flow_minutes["_minute_ns"].to_numpy(), flow_minutes["last_end_ns"].to_numpy(), params)
