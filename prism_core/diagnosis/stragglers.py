@@ -20,7 +20,7 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.arrays import (
-    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_medians, group_reduce, kth_within_groups,
+    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_medians, kth_within_groups,
     stable_order,
 )
 from prism_core.constants import PP
@@ -63,9 +63,13 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # and classes whose count varies from step to step (MoE all-to-all sizes) are left out
     # altogether. A host a few flows short (records lost on the way) is compared counting from
     # its last flow (`short_flows_share`).
-    sent = group_reduce(sender_group, np.ones(len(step), np.int64), np.add)
+    # a sender's flows lie side by side: their count is their run's length
+    sender_first = np.flatnonzero(np.r_[True, sender_group[1:] != sender_group[:-1]])
+    sender_flows = np.diff(np.r_[sender_first, len(sender_group)])
+    sent = np.repeat(sender_flows, sender_flows)
     class_of_host = KeyGroups(combined_key(kind, host))
-    short = _complete_count(class_of_host, sender_group, sent, params.complete_count_quantile) - sent
+    short = _complete_count(class_of_host, sender_first, sender_flows, params.complete_count_quantile) - sent
+    del sender_first, sender_flows
     usual = (short >= 0) & (short <= np.maximum(1, params.short_flows_share * (sent + short)))
     regular = class_of_host.reduce(usual / sent, np.add) / class_of_host.reduce(1.0 / sent, np.add)
     kept = usual & (regular >= params.regular_share)[class_of_host.group]
@@ -136,14 +140,13 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     return culprit, behind_s
 
 
-def _complete_count(class_of_host: KeyGroups, sender_group: np.ndarray, sent: np.ndarray, quantile: float
+def _complete_count(class_of_host: KeyGroups, sender_first: np.ndarray, sender_flows: np.ndarray, quantile: float
                     ) -> np.ndarray:
     """Per flow: the count of its class a host sends in a step when no record is lost, the
-    `quantile` of its counts over the steps (`sender_group` sorted; `sent`: each flow's group's
-    count). Lost records make the usual count (the mode) short of it; a flow across the step
-    boundary, now and then, one more."""
-    first = np.flatnonzero(np.r_[True, sender_group[1:] != sender_group[:-1]])
-    of_class, count = class_of_host.group[first], sent[first]
+    `quantile` of its counts over the steps (a host's flows of a class in a step lie side by side
+    from `sender_first`, `sender_flows` of them). Lost records make the usual count (the mode)
+    short of it; a flow across the step boundary, now and then, one more."""
+    of_class, count = class_of_host.group[sender_first], sender_flows
     by_class = np.argsort(of_class, kind="stable")
     n = np.bincount(of_class, minlength=len(class_of_host.distinct))  # every class sends in some step
     kth = np.floor(quantile * (n - 1)).astype(np.int64)
