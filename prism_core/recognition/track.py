@@ -225,6 +225,12 @@ class NicOwners:
         best = int(np.argmax(shared_by_track))
         return best, int(shared_by_track[best])
 
+    def held_by_at_most(self, nics: np.ndarray, index: int) -> bool:
+        """Whether track `index` owns every one of `nics` that has an owner (most observations:
+        the one job on its NICs), told without listing the owners."""
+        owners = self.owner[nics]
+        return bool(np.all((owners == index) | (owners < 0)))
+
     def give(self, nics: np.ndarray, index: int) -> None:
         self.owner[nics] = index
 
@@ -426,6 +432,8 @@ class Tracker:
         """A component spanning several running tracks that all began minutes ago this hour is one
         job whose first minutes showed its parts apart (pipelines before the first DP sync): the
         parts merge into the oldest."""
+        if self.owners.held_by_at_most(obs.nics(k), best):
+            return best  # no other track to merge
         owners = np.unique(self.owners.of(obs.nics(k)))
         owners = owners[owners >= 0]
         owners = owners[obs.first_ns[k] - self.last_end[owners] < self.params.restart_gap_ns]
@@ -481,6 +489,8 @@ class Tracker:
         """The one stopped track among the owners of observation `k`'s NICs where every other
         owner is a young job begun since it stopped (its resume's first seconds, seen apart: they
         may hold more of the NICs than it still does); else `best`."""
+        if not self._stopped(best, obs, k) and self.owners.held_by_at_most(obs.nics(k), best):
+            return best  # the one owner is running
         owners, stopped = self._owners(obs, k)
         if len(stopped) != 1:
             return best
