@@ -415,7 +415,7 @@ def time_segments(
     pauses up to `gap` (one for all, or the pause each interval may follow). Returns the segment
     of every interval, and the key, first start and last end of every segment; segments are
     numbered in (key, first start) order."""
-    order = np.lexsort((start, key))
+    order = _by_key_then_time(key, start)
     key_sorted, start, end = key[order], start[order], end[order]
     gap = np.broadcast_to(gap, order.shape)[order]
     # Running max of ends within each key: offset every key by more than the widest time span.
@@ -434,6 +434,19 @@ def time_segments(
     last_of_segment = np.r_[first_of_segment[1:] - 1, len(opens) - 1]
     last_end = reach[last_of_segment] - offset[last_of_segment] + base
     return segment, key_sorted[opens], start[first_of_segment], last_end
+
+
+def _by_key_then_time(key: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """`np.lexsort((times, key))`. For integer columns whose (key rank, time offset) pairs fit in
+    one int64, one stable sort of that (~2x faster than lexsort's two: recognition segments an
+    hour's ~700 k (minute, address) ends so, in the launching process while the workers wait)."""
+    if len(key) and np.issubdtype(key.dtype, np.integer) and np.can_cast(times.dtype, np.int64):
+        rank = unique_inverse(key)[1]
+        base = int(times.min())
+        width = int(times.max()) - base + 1
+        if (int(rank.max()) + 1) * width <= np.iinfo(np.int64).max:
+            return np.argsort(rank * width + (times.astype(np.int64, copy=False) - base), kind="stable")
+    return np.lexsort((times, key))
 
 
 def combined_key(*columns: np.ndarray) -> np.ndarray:

@@ -266,3 +266,17 @@ def test_nearest_within_names_the_nearest_reference_only_within_the_share():
     values = np.array([101.0, 150.0, 197.0, 990.0, 5.0, 2000.0])
     assert nearest_within(values, reference, 0.02).tolist() == [0, -1, 1, 2, -1, -1]
     assert nearest_within(values, np.zeros(0), 0.02).tolist() == [-1] * 6
+
+
+@pytest.mark.parametrize("span", [1_000, 1 << 62])
+def test_key_then_time_order_is_lexsorts(span):
+    """One stable sort of (key rank, time offset) where the pair fits in int64; lexsort where not."""
+    from prism_core.arrays import _by_key_then_time
+
+    rng = np.random.default_rng(4)
+    key = rng.integers(-50, 50, 5_000) * 1_000_003
+    times = rng.integers(-span // 2, span // 2, 5_000)
+    times[::7] = times[1::7][: len(times[::7])]  # ties in time within a key, kept in row order
+    key[::7] = key[1::7][: len(key[::7])]
+    assert np.array_equal(_by_key_then_time(key, times), np.lexsort((times, key)))
+    assert np.array_equal(_by_key_then_time(key, times.astype(float)), np.lexsort((times, key)))
