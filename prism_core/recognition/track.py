@@ -145,12 +145,12 @@ def hosts_held_in_part(part: np.ndarray, src: np.ndarray, dst: np.ndarray, size:
     """Hosts on which a job's traffic rows (NIC codes `src` -> `dst`, top `size`) show it ends
     before the host's last GPU, for the traffic of many jobs and minutes at once: each `part`
     code's rows (one job's in one minute) read apart, as distinct (part, host) rows. Ranks are
-    consecutive on a host, so a pipeline hop
-    between two hosts (or the embedding exchange between the first and last stage) joins the job's
-    last GPUs on one with its first on the other, and with PXN each way arrives on the receiver's
-    rail: one transfer size (within `tolerance`, exporters' header bytes) crossing between two
-    hosts each way on other rails. The highest of those rails is the job's last GPU on the host
-    it arrives at. A ring or a tree crosses on the same rails both ways, or one way only."""
+    consecutive on a host, so a pipeline hop between two hosts (or the embedding exchange
+    between the first and last stage) joins the job's last GPUs on one with its first on the
+    other, and with PXN each way arrives on the receiver's rail: one transfer size (within
+    `tolerance`, exporters' header bytes) crossing between two hosts each way on other rails.
+    The highest of those rails is the job's last GPU on the host it arrives at. A ring or a tree
+    crosses on the same rails both ways, or one way only."""
     crossing = vocabulary.hosts(src) != vocabulary.hosts(dst)
     part, src, dst, size = part[crossing], src[crossing], dst[crossing], size[crossing]
     if not len(src):
