@@ -690,13 +690,18 @@ def _major_onsets(flows: pa.Table, params: ResolutionParams,
     quiet_ns[first] = quiet_ns[~first].max(initial=0) + 1
     rank = np.floor(params.long_gap_quantile * np.maximum(gaps_of_pair - 1, 0)).astype(np.int64)
     long_quiet = kth_within_groups(pair, quiet_ns, rank)
-    quiet = quiet_ns.astype(np.float64)
-    quiet[first] = np.nan
+    # per pair, the shortest quiet a major onset follows: after a long one, and not continuing a
+    # record (a pair is one exporter's: its idle timeout is the pair's; a record's quiet compares
+    # as float, once, with the larger of the two bounds)
     long_gap = np.full(int(pair.max()) + 1, np.inf)
     long_gap[pair[opens[usable]]] = long_quiet[usable].astype(np.float64)
-    major = ~first & (quiet >= params.major_gap_share * long_gap[pair])
+    least_quiet = params.major_gap_share * long_gap
     if idle_timeout_ns is not None:
-        major &= ~(quiet < params.continued_gap_share * idle_timeout_ns[order])
+        continued = np.zeros(len(long_gap))
+        continued[pair[opens]] = params.continued_gap_share * idle_timeout_ns[order[opens]]
+        least_quiet = np.fmax(least_quiet, continued)  # a NaN timeout bounds nothing, as before
+    major = quiet_ns >= least_quiet[pair]
+    major &= ~first
     if not major.any():
         return None
     return start[major], pair[major]
