@@ -998,14 +998,16 @@ def warm_up_votes(pair: np.ndarray, start: np.ndarray, answered: np.ndarray) -> 
     # flows usually come in start order: then ordered by pair alone (linear passes) the keys are sorted
     by_key = stable_order(pair, scattered=True) if np.all(start[1:] >= start[:-1]) else np.argsort(key, kind="stable")
     key, answered = key[by_key], answered[by_key]
-    # per flow in key order, the last exchange's key at or before it and the first's at or after
-    # it: two running extremes instead of a search per lone flow among the exchanges
-    previous = np.where(answered, key, -1)
-    np.maximum.accumulate(previous, out=previous)
-    following = np.where(answered, key, np.iinfo(np.int64).max)
-    following = np.minimum.accumulate(following[::-1])[::-1]
+    # per lone flow in key order, the last exchange's key before it (-1 at least) and the first's
+    # after it: the exchanges' keys (sorted) read at the count of exchanges ahead of it, its place
+    # less the lone flows ahead of it (no running extremes over every flow, no search)
+    exchanges = key[answered]
     lone = np.flatnonzero(~answered)
-    at, previous, following = key[lone], previous[lone], following[lone]
+    ahead = lone - np.arange(len(lone))
+    at = key[lone]
+    previous = np.where(ahead > 0, np.maximum(exchanges[np.maximum(ahead - 1, 0)], -1), -1)
+    following = np.where(ahead < len(exchanges), exchanges[np.minimum(ahead, len(exchanges) - 1)],
+                         np.iinfo(np.int64).max)
     block = at - at % width  # this pair's exchanges lie in [block, block + width)
     far = 2 * width  # no exchange on that side
     since = np.where(previous >= block, at - previous, far)
