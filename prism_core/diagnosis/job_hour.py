@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import lookup, searchsorted_many
+from prism_core.arrays import lookup
 from prism_core.constants import KIND_CODES, UNCLASSIFIED
 from prism_core.constants import NS_PER_S as NS
 from prism_core.queue_pairs import source_ports
@@ -99,12 +99,9 @@ class JobHour:
         start = (flows["time_flow_start_ns"].to_numpy() - origin_ns) / NS
         end = (flows["time_flow_end_ns"].to_numpy() - origin_ns) / NS
         nbytes = flows["bytes"].to_numpy()
-        writes = (src >= 0) & (dst < 0) & (nbytes >= params.checkpoint_write_bytes)
-        write_order = np.flatnonzero(writes)[np.argsort(start[writes], kind="stable")]
-        reads = (src < 0) & (dst >= 0) & (nbytes >= params.checkpoint_write_bytes)
-        read_order = np.flatnonzero(reads)[np.argsort(start[reads], kind="stable")]
-        comm = (src >= 0) & (dst >= 0)
-        order = np.flatnonzero(comm)[np.argsort(start[comm], kind="stable")]
+        write_order = _by_start(start, (src >= 0) & (dst < 0) & (nbytes >= params.checkpoint_write_bytes))
+        read_order = _by_start(start, (src < 0) & (dst >= 0) & (nbytes >= params.checkpoint_write_bytes))
+        order = _by_start(start, (src >= 0) & (dst >= 0))
         kind = _flow_kinds(src[order], dst[order], code(pairs, "src_addr"), code(pairs, "dst_addr"),
                            pairs["kind"].to_pylist(), len(addrs))
         step_columns = _steps(steps, origin_ns, params.min_step_s)
@@ -292,13 +289,26 @@ def _steps(steps: pa.Table, origin_ns: int, min_step_s: float) -> dict[str, np.n
     }
 
 
+def _by_start(start: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The indices of the `rows` (a mask), stably by `start`: as they are where they come in start
+    order already (records usually do; a sort of them, even sorted, costs more than the check)."""
+    at = np.flatnonzero(rows)
+    times = start[at]
+    return at if np.all(times[1:] >= times[:-1]) else at[np.argsort(times, kind="stable")]
+
+
 def _step_of(start: np.ndarray, step_start: np.ndarray, step_end: np.ndarray, slack_s: float) -> np.ndarray:
     """Index of the step each flow starts in (a flow `slack_s` early still belongs to it), -1
-    outside every step."""
+    outside every step; `start` sorted."""
     shifted = start + slack_s
-    step = searchsorted_many(step_start, shifted, side="right") - 1
-    inside = (step >= 0) & (shifted < step_end[np.maximum(step, 0)] + slack_s) if len(step_start) else step < -1
-    return np.where(inside, step, -1)
+    # the flows of a step lie side by side, from the first at or past its start: those before the
+    # first at or past its end are in it, the rest outside (two searches per step, no pass per flow)
+    opens = np.searchsorted(shifted, step_start, side="left")
+    next_opens = np.r_[opens[1:], len(shifted)]
+    closes = np.clip(np.searchsorted(shifted, step_end + slack_s, side="left"), opens, next_opens)
+    runs = np.stack([closes - opens, next_opens - closes], axis=1).ravel()
+    codes = np.stack([np.arange(len(step_start)), np.full(len(step_start), -1)], axis=1).ravel()
+    return np.repeat(np.r_[-1, codes], np.r_[opens[0] if len(opens) else len(shifted), runs])
 
 
 def _events(events: pa.Table | None) -> dict[str, np.ndarray]:
