@@ -227,27 +227,6 @@ def nearest_within(values: np.ndarray, reference: np.ndarray, share: float) -> n
     return np.where(np.minimum(distance_below, distance_above) <= share * np.abs(values), nearest, -1)
 
 
-def first_beyond_in_group(group: np.ndarray, times: np.ndarray, gap: int) -> np.ndarray:
-    """For rows sorted by (group, times): per row, the first row of its group whose time exceeds
-    its own by more than `gap` (len(group) where none). One search, asked in sorted order, over keys
-    whose steps are the times' own but at most `gap` + 1 (and `gap` + 1 between groups): which rows
-    lie more than `gap` apart is unchanged, and the keys fit in int64 whatever the times' span and
-    the number of groups (a key of group and time would overflow for many groups)."""
-    n = len(group)
-    if not n:
-        return np.zeros(0, np.int64)
-    steps = np.diff(times).astype(np.int64, copy=False)
-    np.minimum(steps, gap + 1, out=steps)
-    steps[group[1:] != group[:-1]] = gap + 1
-    keys = np.zeros(n, np.int64)
-    np.cumsum(steps, out=keys[1:])
-    later = np.searchsorted(keys, keys + gap, side="right")
-    found = later < n
-    found &= group[np.minimum(later, n - 1)] == group
-    later[~found] = n
-    return later
-
-
 def stable_order(keys: np.ndarray, scattered: bool = False) -> np.ndarray:
     """`np.argsort(keys, kind="stable")` for integer keys; in linear time when they span fewer
     than RADIX_SPAN values (host pairs, job codes), which is most calls. `scattered`: the keys

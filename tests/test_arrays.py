@@ -11,7 +11,6 @@ from prism_core.arrays import (
     combined_key,
     encoded,
     filter_rows,
-    first_beyond_in_group,
     group_first_index,
     group_indices,
     group_median,
@@ -238,27 +237,6 @@ def test_searchsorted_many_is_numpys_searchsorted(side, in_order):
     values = np.sort(values) if in_order else values
     assert np.array_equal(searchsorted_many(edges, values, side), np.searchsorted(edges, values, side))
     assert np.array_equal(searchsorted_many(edges[:0], values, side), np.zeros(len(values), np.int64))
-
-
-@pytest.mark.parametrize("gap", [0, 5, 1_000])
-def test_first_beyond_in_group_is_a_search_within_each_group(gap):
-    """Groups of rows by time, ties and times far apart (more than the gap, and wide enough that a
-    key of group and time would overflow) included: per row, the first of its group more than `gap`
-    later, found by a search of that group's times alone."""
-    rng = np.random.default_rng(5)
-    group = np.sort(rng.integers(0, 300, 4_000))
-    times = rng.integers(0, 30, len(group)) * rng.choice([1, 7, 1 << 55], len(group))
-    order = np.lexsort((times, group))
-    group, times = group[order], times[order]
-    expected = np.full(len(group), len(group))
-    for code in np.unique(group):
-        rows = np.flatnonzero(group == code)
-        later = np.searchsorted(times[rows], times[rows] + gap, side="right")
-        inside = later < len(rows)
-        expected[rows[inside]] = rows[later[inside]]
-    assert np.array_equal(first_beyond_in_group(group, times, gap), expected)
-    assert (expected < len(group)).any() and (expected == len(group)).any()
-    assert len(first_beyond_in_group(group[:0], times[:0], gap)) == 0
 
 
 def test_nearest_within_names_the_nearest_reference_only_within_the_share():

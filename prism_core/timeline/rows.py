@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from prism_core.arrays import first_beyond_in_group, stable_order
+from prism_core.arrays import stable_order
 from prism_core.timeline.params import TimelineParams
 
 MAX_GRID_CELLS = 1 << 22  # ranges x pairs (or exporters) looked up at once: bounds the memory of a batch
@@ -31,7 +31,6 @@ class RowIndex:
         self.params = params
         self._by_pair: _FirstOfEach | None = None
         self._by_exporter: _FirstOfEach | None = None
-        self._next_send: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -75,10 +74,10 @@ class RowIndex:
         found = np.zeros(len(lo), bool)
         if not len(self):
             return t1, forward, found
-        by_pair, next_send = self._pair_index()
+        by_pair = self._pair_index()
         for batch in _batches(len(lo), len(by_pair.codes)):
             first = by_pair.first_at_or_after(lo[batch, None])
-            again = next_send[np.minimum(first, len(self) - 1)]
+            again = self._next_sends(np.minimum(first, len(self) - 1))
             sends = (first < hi[batch, None]) & (again < hi[batch, None])
             first_ns = np.where(sends, self.start[np.where(sends, first, 0)], np.iinfo(np.int64).max)
             again_ns = np.where(sends, self.start[np.where(sends, again, 0)], 0)
@@ -117,32 +116,29 @@ class RowIndex:
     def first_of_pair(self, lo: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Per position in `lo`: the first position at or after it holding the pair of the row at
         the matching position of `positions` (len(self) where none)."""
-        by_pair, _ = self._pair_index()
-        return by_pair.first_at_or_after(lo, self.pair[positions])
+        return self._pair_index().first_at_or_after(lo, self.pair[positions])
 
     def last_sending_before(self, position: int, until: int) -> int:
         """The last position before `position` whose pair sends again before position `until`
         (-1 where none)."""
-        _, next_send = self._pair_index()
-        return last_where(lambda rows: next_send[rows] < until, position)
+        return last_where(lambda rows: self._next_sends(rows) < until, position)
 
     def _exporter_index(self) -> _FirstOfEach:
         if self._by_exporter is None:
             self._by_exporter = _FirstOfEach(self.exporter)
         return self._by_exporter
 
-    def _pair_index(self) -> tuple[_FirstOfEach, np.ndarray]:
-        """The per-pair index, and per row the position of its pair's next send: the pair's first
-        row starting more than `transfer_ns` after it (len(self) where none)."""
+    def _pair_index(self) -> _FirstOfEach:
         if self._by_pair is None:
             self._by_pair = _FirstOfEach(self.pair)
-            order = self._by_pair.order
-            self._next_send = np.empty(len(self), np.int64)
-            # one search among the pair's own rows by start, not one for a position among all rows and
-            # another for the pair's first row at or after it
-            beyond = first_beyond_in_group(self.pair[order], self.start[order], self.params.transfer_ns)
-            self._next_send[order] = np.r_[order, len(self)][beyond]
-        return self._by_pair, self._next_send
+        return self._by_pair
+
+    def _next_sends(self, positions: np.ndarray | slice) -> np.ndarray:
+        """Per position, that of its pair's next send: the pair's first row starting more than
+        `transfer_ns` after it (len(self) where none). Two searches per position asked, not one
+        per row of the job: the rules ask about a few rows per quiet gap."""
+        beyond = self.positions(self.start[positions] + self.params.transfer_ns, side="right")
+        return self._pair_index().first_at_or_after(beyond, self.pair[positions])
 
 
 class _FirstOfEach:
