@@ -1577,3 +1577,26 @@ def test_a_job_hour_with_steps_but_neither_steps_nor_a_period_reported_is_counte
     }
     figures = score(truth, warehouse, {})
     assert figures["job_hours_without_period"].value == 1 and figures["periods_within_1pct"].of == 0
+
+
+@pytest.mark.parametrize("grid_cells", [1 << 22, 7])
+def test_cluster_starts_take_the_median_of_each_exporters_first_start_in_the_window(monkeypatch, grid_cells):
+    """Per range [lo, hi): each exporter's first start within `cluster_ns` of the range's first
+    row (and before hi), the median over those exporters as np.median takes it; the same when the
+    windows are read in many small batches."""
+    from prism_core.timeline import rows
+
+    monkeypatch.setattr(rows, "MAX_GRID_CELLS", grid_cells)
+    rng = np.random.default_rng(3)
+    n = 3_000
+    start = np.cumsum(rng.integers(0, 3 * DEFAULT_PARAMS.cluster_ns // 40, n)) + (1 << 60)
+    exporter = rng.integers(0, 9, n).astype(np.int32)
+    index = rows.RowIndex(np.arange(n), start, np.zeros(n, np.int32), exporter, DEFAULT_PARAMS)
+    lo = np.sort(rng.integers(0, n - 1, 200))
+    hi = np.minimum(lo + rng.integers(1, 80, len(lo)), n)
+    expected = []
+    for a, b in zip(lo, hi):
+        window = np.arange(a, b)[start[a:b] <= start[a] + DEFAULT_PARAMS.cluster_ns]
+        firsts = [start[window][exporter[window] == e][0] for e in np.unique(exporter[window])]
+        expected.append(int(np.median(np.array(firsts, np.float64))))
+    assert np.array_equal(index.cluster_starts(lo, hi), np.array(expected, np.int64))

@@ -1,10 +1,10 @@
 """The job's flows of one kind in start order, indexed so that timing rules run over many ranges at once.
 
-A rule such as "when did the collective that opens these flows start" or "where are a step's first
-pipeline sends" reads, per pair or per exporter, the first flow at or after the start of a range.
-Looking those up in per-pair and per-exporter orderings costs O(K log n) per range (K pairs or
-exporters) instead of a pass over the range's flows, so a rule can ask about every quiet gap of an
-hour without rescanning the flows after each.
+A rule such as "where are a step's first pipeline sends" reads, per pair, the first flow at or
+after the start of a range. Looking those up in a per-pair ordering costs O(K log n) per range (K
+pairs) instead of a pass over the range's flows, so a rule can ask about every quiet gap of an
+hour without rescanning the flows after each. "When did the collective that opens these flows
+start" reads only the flows of a short window after each range's start: those are read directly.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from prism_core.arrays import stable_order
 from prism_core.timeline.params import TimelineParams
 
-MAX_GRID_CELLS = 1 << 22  # ranges x pairs (or exporters) looked up at once: bounds the memory of a batch
+MAX_GRID_CELLS = 1 << 22  # ranges x pairs looked up (or window rows read) at once: bounds the memory of a batch
 
 
 class RowIndex:
@@ -30,7 +30,6 @@ class RowIndex:
         self.exporter = exporter[rows]
         self.params = params
         self._by_pair: _FirstOfEach | None = None
-        self._by_exporter: _FirstOfEach | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -46,16 +45,25 @@ class RowIndex:
     def cluster_starts(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """When the collective opening each range of rows [lo, hi) (non-empty) started: per exporter
         the first start within `cluster_ns` of the range's first, the median over exporters (clock
-        skew cancels)."""
+        skew cancels). The windows hold a few % of the rows: read directly, not through an ordering
+        of every row by exporter."""
         if not len(lo):
             return np.empty(0, np.int64)
-        by_exporter = self._exporter_index()
         window_end = np.minimum(hi, self.positions(self.start[lo] + self.params.cluster_ns, side="right"))
         starts = np.empty(len(lo), np.int64)
-        for batch in _batches(len(lo), len(by_exporter.codes)):
-            first = by_exporter.first_at_or_after(lo[batch, None])
-            seen = first < window_end[batch, None]
-            starts[batch] = _masked_medians(self.start[np.where(seen, first, 0)], seen)
+        for batch in _row_batches(window_end - lo):
+            length = window_end[batch] - lo[batch]
+            window = np.repeat(np.arange(len(length)), length)
+            position = np.arange(len(window)) + np.repeat(lo[batch] - (np.cumsum(length) - length), length)
+            exporter = self.exporter[position].astype(np.int64)
+            # the first row of each exporter in each window (in position order within a window)
+            first = np.unique(window * (int(exporter.max()) + 1) + exporter, return_index=True)[1]
+            window, first_ns = window[first], self.start[position[first]]
+            # the median over each window's exporters, as _masked_medians takes it (float64 keeps int order)
+            ordered = first_ns[np.lexsort((first_ns, window))].astype(np.float64)
+            count = np.bincount(window, minlength=len(length))
+            offset = np.cumsum(count) - count
+            starts[batch] = ((ordered[offset + (count - 1) // 2] + ordered[offset + count // 2]) / 2).astype(np.int64)
         return starts
 
     def first_sends(self, lo: np.ndarray, hi: np.ndarray,
@@ -122,11 +130,6 @@ class RowIndex:
         """The last position before `position` whose pair sends again before position `until`
         (-1 where none)."""
         return last_where(lambda rows: self._next_sends(rows) < until, position)
-
-    def _exporter_index(self) -> _FirstOfEach:
-        if self._by_exporter is None:
-            self._by_exporter = _FirstOfEach(self.exporter)
-        return self._by_exporter
 
     def _pair_index(self) -> _FirstOfEach:
         if self._by_pair is None:
@@ -210,6 +213,15 @@ def _batches(n_ranges: int, n_codes: int) -> list[slice]:
     """Slices of the ranges small enough that ranges x codes stays within MAX_GRID_CELLS."""
     size = max(1, MAX_GRID_CELLS // max(n_codes, 1))
     return [slice(lo, min(lo + size, n_ranges)) for lo in range(0, n_ranges, size)]
+
+
+def _row_batches(lengths: np.ndarray) -> list[slice]:
+    """Slices of the ranges (of `lengths` rows each) holding about MAX_GRID_CELLS rows each (one
+    longer range alone)."""
+    ends = np.cumsum(lengths)
+    cut = np.flatnonzero(np.diff(ends // MAX_GRID_CELLS)) + 1
+    bounds = np.r_[0, cut, len(lengths)]
+    return [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def _masked_medians(values: np.ndarray, mask: np.ndarray, lower: bool = False) -> np.ndarray:
