@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism_core.arrays import encoded
+from prism_core.arrays import encoded, value_codes
 from prism_core.constants import (
     CHECKPOINT_FLOW_BYTES,
     FLOW_FAMILY_BYTES,
@@ -63,8 +63,9 @@ class Traffic:
         # only GPU-to-GPU pairs carry training traffic (not storage, monitoring or NFS pairs)
         kinds = kinds.filter(pc.and_(pc.is_in(kinds["src_addr"], value_set=gpus),
                                      pc.is_in(kinds["dst_addr"], value_set=gpus)))
-        dst, dst_names = encoded(job_flows, "dst_addr")
-        on_pair, pair = _pair_of_flows(*encoded(job_flows, "src_addr"), dst, dst_names, kinds)
+        # the addresses' codes as the flows carry them: only matched to the pairs, whatever their numbering
+        dst, dst_names = value_codes(job_flows, "dst_addr")
+        on_pair, pair = _pair_of_flows(*value_codes(job_flows, "src_addr"), dst, dst_names, kinds)
 
         nbytes = job_flows["bytes"].to_numpy()
         outside = ~pc.is_in(dst_names, value_set=gpus).to_numpy(zero_copy_only=False)
@@ -76,24 +77,32 @@ class Traffic:
         pairs = [f"{s}>{d}" for s, d in zip(kinds["src_addr"].to_pylist(), kinds["dst_addr"].to_pylist())]
         exporter_code, exporter_names = encoded(job_flows, "sampler_address", fill="")
         exporters = list(carried["exporters"])
-        exporter = _extend(exporters, exporter_names.to_pylist())[exporter_code]
+        exporter = _extend(exporters, exporter_names.to_pylist()).astype(np.int32)[exporter_code]  # the column's type
         labelled = FLOW_KIND in job_flows.column_names
-        # each column's values for the flows on a pair, made one column at a time (each is
-        # hundreds of MB for a large job's flows)
-        on_pair_values = {
-            "start": lambda: start[on_pair],
-            "end": lambda: job_flows["time_flow_end_ns"].to_numpy()[on_pair],
-            "nbytes": lambda: nbytes[on_pair],
-            "kind": lambda: job_flows[FLOW_KIND].to_numpy()[on_pair] if labelled else kinds["kind"].to_numpy()[pair],
-            "family": lambda: (job_flows[FLOW_FAMILY_BYTES].to_numpy()[on_pair] if labelled
-                               else family_sizes(nbytes[on_pair])),
-            "pair": lambda: pair,
-            "exporter": lambda: exporter[on_pair],
-        }
         # the carried flows' codes point into the lists they were carried with
         carried["pair"] = _extend(pairs, carried["pairs"])[carried["pair"]]
-        columns = {name: np.concatenate([carried[name], values()], dtype=cls.NARROW_TYPES.get(name, np.int64))
-                   for name, values in on_pair_values.items()}
+        n_carried = len(carried["start"])
+
+        def column(name: str, values: np.ndarray, of_every_flow: bool = True) -> np.ndarray:
+            """The carried flows' values of column `name`, then the flows on a pair's: taken from the
+            `values` of every flow straight into the column (no copy between), or given as they are."""
+            out = np.empty(n_carried + len(on_pair), cls.NARROW_TYPES.get(name, np.int64))
+            out[:n_carried] = carried[name]
+            if of_every_flow:
+                np.take(values, on_pair, out=out[n_carried:], mode="clip")  # rows in range; "raise" buffers
+            else:
+                out[n_carried:] = values
+            return out
+
+        # one column at a time (each is hundreds of MB for a large job's flows)
+        columns = {"start": column("start", start), "end": column("end", job_flows["time_flow_end_ns"].to_numpy()),
+                   "nbytes": column("nbytes", nbytes)}
+        columns["kind"] = (column("kind", job_flows[FLOW_KIND].to_numpy()) if labelled
+                           else column("kind", kinds["kind"].to_numpy()[pair], of_every_flow=False))
+        columns["family"] = (column("family", job_flows[FLOW_FAMILY_BYTES].to_numpy()) if labelled
+                             else column("family", family_sizes(nbytes[on_pair]), of_every_flow=False))
+        columns["pair"] = column("pair", pair, of_every_flow=False)
+        columns["exporter"] = column("exporter", exporter)
         del exporter, pair, nbytes  # copied into the columns
         start_order = columns["start"]
         if not np.all(start_order[1:] >= start_order[:-1]):  # flows usually come sorted already
@@ -198,9 +207,10 @@ class Traffic:
 
 def _pair_of_flows(src: np.ndarray, src_names: pa.Array, dst: np.ndarray, dst_names: pa.Array,
                    kinds: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(whether each flow is on one of the pairs of `kinds`, the pair row of each flow that is),
-    through integer keys on the flows' own address dictionaries (`src`, `dst`: each flow's codes
-    among `src_names`, `dst_names`)."""
+    """(the flows on one of the pairs of `kinds`, in order: their row numbers, taken faster than
+    by a mask; the pair row of each), through integer keys on the flows' own address dictionaries
+    (`src`, `dst`: each flow's codes among `src_names`, `dst_names`); the pair rows int32, the
+    pair column's type."""
     n_dst = max(len(dst_names), 1)
     pair_src = pc.index_in(kinds["src_addr"], value_set=src_names).to_numpy(zero_copy_only=False)
     pair_dst = pc.index_in(kinds["dst_addr"], value_set=dst_names).to_numpy(zero_copy_only=False)
@@ -215,11 +225,12 @@ def _pair_of_flows(src: np.ndarray, src_names: pa.Array, dst: np.ndarray, dst_na
         listed = pair_key >= 0
         row_of_key[pair_key[listed]] = np.flatnonzero(listed)
         flow_row = row_of_key[flow_key]
-        on_pair = flow_row >= 0
-        return on_pair, flow_row[on_pair].astype(np.int64)
+        on_pair = np.flatnonzero(flow_row >= 0)
+        return on_pair, flow_row[on_pair]
     # pairs are distinct (a flow key is never -1): a hashed lookup per flow, not a binary search
     pair_row = pc.index_in(pa.array(flow_key), value_set=pa.array(pair_key, pa.int64()))
-    return pc.is_valid(pair_row).to_numpy(zero_copy_only=False), pair_row.drop_null().to_numpy().astype(np.int64)
+    return (np.flatnonzero(pc.is_valid(pair_row).to_numpy(zero_copy_only=False)),
+            pair_row.drop_null().to_numpy().astype(np.int32, copy=False))
 
 
 def _pair_kinds(comm_pairs: pa.Table) -> pa.Table:
