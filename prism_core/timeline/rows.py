@@ -25,9 +25,11 @@ class RowIndex:
     def __init__(self, rows: np.ndarray, start: np.ndarray, pair: np.ndarray, exporter: np.ndarray,
                  params: TimelineParams):
         self.rows = rows
-        self.start = start[rows]
-        self.pair = pair[rows]
-        self.exporter = exporter[rows]
+        # every row (the index of all kinds, or of a job's one kind): the columns themselves, not copies
+        whole = len(rows) == len(start)
+        self.start = start if whole else start[rows]
+        self.pair = pair if whole else pair[rows]
+        self.exporter = exporter if whole else exporter[rows]
         self.params = params
         self._by_pair: _FirstOfEach | None = None
 
