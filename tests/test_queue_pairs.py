@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from prism_core import queue_pairs
 from prism_core.queue_pairs import coalesced_channels, resumed_on_same_connections
 
 
@@ -107,3 +108,20 @@ def test_records_stay_as_they_are_where_a_nic_pair_does_not_split_its_transfers_
     to_storage = [(300 * MS, 301 * MS, "a", "storage", 64, 49200 + i, 1) for i in (0, 1, 1)]
     assert _coalesced(rows + to_storage) == _coalesced(rows) + to_storage
     assert _coalesced(RING, nics=["a"]) == RING
+
+
+def test_one_port_each_by_table_is_the_hashed_count(monkeypatch):
+    """Whether every pair's records come from one source port: the same through a table of the
+    pairs' keys as by hashing (the path of keys spanning too many values), both ways."""
+    from prism_core import queue_pairs
+
+    rng = np.random.default_rng(7)
+    pair = rng.integers(0, 500, 5_000) * 3
+    one_port = (pair * 7 % 65_536).astype(np.int32)
+    two_ports = one_port.copy()
+    two_ports[rng.integers(0, len(pair))] += 1
+    for port, expected in ((one_port, True), (two_ports, False)):
+        assert queue_pairs._one_port_each(pair, port) is expected
+        with monkeypatch.context() as patch:
+            patch.setattr(queue_pairs, "MAX_DENSE_SPAN_PER_VALUE", 0)
+            assert queue_pairs._one_port_each(pair, port) is expected
