@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core import diagnosis, parallelism, resolution, timeline
-from prism_core.arrays import CODES_SUFFIX, filter_rows, group_indices, lookup, with_codes
+from prism_core.arrays import CODES_SUFFIX, filter_rows, lookup, stable_order, with_codes
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, NS_PER_S
 from prism_core.minutes import MINUTE_NS
@@ -142,9 +142,14 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     # flow would cost seconds per million flows.
     job_ids = pc.unique(membership["job_id"]).sort()
     member_job = pc.index_in(membership["job_id"], value_set=job_ids).to_numpy()
-    job_flows = flows.select(JOB_FLOW_COLUMNS)
-    for code, rows in group_indices(member_job[row[kept]]):
-        yield job_ids[code].as_py(), decoded_with_codes(job_flows.take(kept[rows]))
+    job_of_kept = member_job[row[kept]]
+    # One take and one decoding of all kept flows, job after job, then a slice of it per job: a
+    # take and a decoding per job and column cost ~8% more of the split
+    grouped = decoded_with_codes(flows.select(JOB_FLOW_COLUMNS).take(kept[stable_order(job_of_kept)]))
+    flows_of_job = np.bincount(job_of_kept, minlength=len(job_ids))
+    first_of_job = np.cumsum(flows_of_job) - flows_of_job
+    for code in np.flatnonzero(flows_of_job).tolist():
+        yield job_ids[code].as_py(), grouped.slice(first_of_job[code], flows_of_job[code])
 
 
 def _index_in(column: pa.ChunkedArray | pa.Array, value_set: pa.Array) -> pa.Array:
