@@ -95,34 +95,31 @@ def split_flows_by_job(flows: pa.Table, membership: pa.Table) -> Iterator[tuple[
     src = flows["src_addr"]
     src_values = src.combine_chunks().dictionary if pa.types.is_dictionary(src.type) else src.combine_chunks()
     addrs = pc.unique(pa.concat_arrays([membership["addr"].combine_chunks(), src_values]))
-    base = int(pc.min(membership["first_ns"]).as_py())
-    # One sortable int64 per (address, interval start): address code in the high bits.
-    shift = np.int64(1 << 44)  # > 4 hours in ns, the widest span a run hands over
     member_code = pc.index_in(membership["addr"], value_set=addrs).to_numpy().astype(np.int64)
-    member_key = member_code * shift + (membership["first_ns"].to_numpy() - base)
-    order = np.argsort(member_key, kind="stable")
-    member_key = member_key[order]
     first_ns, last_ns = membership["first_ns"].to_numpy(), membership["last_ns"].to_numpy()
     flow_start = flows["time_flow_start_ns"].to_numpy()
 
-    # Most addresses have one span: their flows need no search, only whether it had begun.
-    spans = np.bincount(member_code, minlength=len(addrs) + 1)  # per address code (+1: none)
-    only_span = np.zeros(len(spans), np.int64)
-    only_span[member_code] = np.arange(len(member_code))
+    # Each address's spans by first traffic, as tables over address codes (+1: none), the k-th
+    # span of every address in row k: an address holds a few spans an hour, so a flow's span is
+    # found by a few lookups in small tables rather than a binary search over every span.
+    by_address = np.lexsort((first_ns, member_code))
+    spans = np.bincount(member_code, minlength=len(addrs) + 1)
+    rank = np.arange(len(by_address)) - (np.cumsum(spans) - spans)[member_code[by_address]]
+    span_first = np.full((spans.max(), len(spans)), np.iinfo(np.int64).max)
+    span_first[rank, member_code[by_address]] = first_ns[by_address]
+    span_row = np.zeros(span_first.shape, np.int64)
+    span_row[rank, member_code[by_address]] = by_address
 
     def latest_span(code: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per flow: the membership row of the last span on address `code` begun by the flow's
-        `start`, and whether there is one (flows before the earliest span are clipped onto it)."""
-        row = only_span[code]
-        valid = (spans[code] == 1) & (first_ns[row] <= start)
-        several = np.flatnonzero(spans[code] > 1)
-        code, start = code[several], start[several]
-        key = code * shift + np.clip(start - base, 0, shift - 1)
-        candidate = np.searchsorted(member_key, key, side="right") - 1
-        found = candidate >= 0
-        row[several] = order[np.where(found, candidate, 0)]
-        valid[several] = found & (member_code[row[several]] == code) & (first_ns[row[several]] <= start)
-        return row, valid
+        `start`, and whether there is one."""
+        row = span_row[0][code]
+        begun = span_first[0][code] <= start
+        later = np.flatnonzero(begun & (spans[code] > 1))
+        for next_first, next_row in zip(span_first[1:], span_row[1:]):
+            later = later[next_first[code[later]] <= start[later]]
+            row[later] = next_row[code[later]]
+        return row, begun
 
     src_code = _index_in(src, addrs).to_numpy().astype(np.int64)
     row, sent = latest_span(src_code, flow_start)
