@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from prism_core.analysis import analyze_job
-from prism_core.jobs import EVENTS, MEMBERSHIP, Recognition
+from prism_core.recognition import EVENTS, MEMBERSHIP, Recognition
 from prism_core.minutes import HOUR_NS
 from prism_core.schema import JOBS
 from prism_core.timeline import divide_steps
@@ -86,7 +86,8 @@ def adversarial_job(n_flows: int, seed: int, span_ns: int = HOUR_NS) -> tuple[pa
     members = pa.table({
         "job_id": [JOB_ID] * len(addrs), "addr": addrs,
         "host": [f"host{i // GPUS_PER_HOST}" for i in range(len(addrs))],
-        "gpu": [i % GPUS_PER_HOST for i in range(len(addrs))], "first_ns": [HOUR_START_NS] * len(addrs),
+        "gpu": [i % GPUS_PER_HOST for i in range(len(addrs))], "gpus": [1] * len(addrs),
+        "first_ns": [HOUR_START_NS] * len(addrs),
         "last_ns": [HOUR_START_NS + span_ns] * len(addrs),
     }, schema=MEMBERSHIP)
     return flows, members
