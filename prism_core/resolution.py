@@ -585,7 +585,7 @@ def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS,
     time (most intervals between their major onsets close to the median one) of each pair's
     median interval, and the autocorrelation of all pairs' onsets
     (`_autocorrelation_period`). The period is the first when the pairs agree with each other
-    (`max_pair_spread`), else the second when it agrees with the first (`period_tolerance`); a
+    (`_agreed_period`), else the second when it agrees with the first (`period_tolerance`); a
     rhythm neither supports is no rhythm."""
     major = _major_onsets(flows, params, idle_timeout_ns)
     if major is None:
@@ -608,14 +608,31 @@ def rhythm_period_s(flows: pa.Table, params: ResolutionParams = DEFAULT_PARAMS,
     if not keeps_time.any():
         return None
     medians = interval[opens[keeps_time] + counts[keeps_time] // 2] * 1e-9
-    low, pairs_period, high = np.quantile(medians, [0.25, 0.5, 0.75])
+    pairs_period = float(np.median(medians))
     if pairs_period < params.min_period_s:
         return None
-    if high - low <= params.max_pair_spread * pairs_period:
-        return float(pairs_period)
+    agreed = _agreed_period(medians, pairs_period, params)
+    if agreed is not None:
+        return agreed
     correlated = _autocorrelation_period(onsets, owner, pairs_period / params.bins_per_period, params)
     if correlated is not None and abs(correlated - pairs_period) <= params.period_tolerance * pairs_period:
         return correlated
+    return None
+
+
+def _agreed_period(medians: np.ndarray, pairs_period: float, params: ResolutionParams) -> float | None:
+    """The period the pairs' median intervals agree on (the middle half of them within
+    `max_pair_spread` of their median); failing that, once each pair within `period_tolerance` of
+    a whole number of `pairs_period`'s steps is read at one step: a cadence that a merged interval
+    breaks now and then (two collectives a step behind a flow cache, a pause between them now and
+    then under the idle timeout) repeats only after whole steps, and `_step_intervals` finds that
+    longer pattern. None where neither agrees."""
+    steps = np.maximum(np.rint(medians / pairs_period), 1)
+    whole_steps = np.abs(medians - steps * pairs_period) <= params.period_tolerance * pairs_period
+    for read in (medians, np.where(whole_steps, medians / steps, medians)):
+        low, period, high = np.quantile(read, [0.25, 0.5, 0.75])
+        if high - low <= params.max_pair_spread * period:
+            return float(period)
     return None
 
 

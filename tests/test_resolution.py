@@ -12,6 +12,7 @@ import pytest
 from prism_core.analysis import analyze_hour, silent_resolution
 from prism_core.minutes import HOUR_NS
 from prism_core.resolution import (
+    DEFAULT_PARAMS,
     EXPORTER_KINDS,
     ExporterProfile,
     exporter_profiles,
@@ -20,6 +21,7 @@ from prism_core.resolution import (
     rhythm_period_s,
     steps_keep_time,
     tally_exporters,
+    _agreed_period,
 )
 from prism_core.schema import FLOWS
 from prism_core.simulate import write_scenario
@@ -202,6 +204,17 @@ def test_a_cadence_within_the_step_sums_to_the_step_period():
         gathers += rng.integers(0, 20 * MS, len(gathers))
         parts.append(records(gathers, gathers + 300 * MS, "10.255.0.1", src=f"10.0.0.{k}", dst=f"10.0.1.{k}"))
     assert rhythm_period_s(pa.concat_tables(parts)) == pytest.approx(3.7, rel=0.01)
+
+
+def test_pairs_locked_onto_several_steps_agree_at_one_step():
+    """An rs_ag job behind a flow cache (dev seed 4 of `flow_cache_1s`): each pair shows its
+    reduce-scatter and its all-gather, and where a pause between them now and then falls under the
+    idle timeout, the pair's cadence repeats only after 23 steps (its median interval 114.5 s).
+    Those pairs keep the step's time; pairs whose medians are no whole number of steps do not."""
+    locked = np.array([4.97, 4.98, 4.98, 4.99, 4.99, 5.01, 114.52, 114.52, 114.53])
+    assert _agreed_period(locked, float(np.median(locked)), DEFAULT_PARAMS) == pytest.approx(4.98, rel=0.01)
+    scattered = np.array([3.1, 4.4, 5.0, 6.7, 9.3, 12.2])
+    assert _agreed_period(scattered, 5.0, DEFAULT_PARAMS) is None
 
 
 def test_records_without_a_rhythm_show_no_period():
