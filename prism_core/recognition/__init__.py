@@ -75,7 +75,7 @@ def recognize_hour(
     for minute_rows in rows_by_minute(observations.minute_ns):
         tracker.observe_minute(observations, minute_rows)
     hour_end_ns = hour_start_ns + HOUR_NS
-    reported = tracker.end_hour(hour_end_ns)
+    reported = tracker.end_hour(observations, hour_end_ns)
     return Recognition(
         jobs=jobs_table(reported, vocabulary),
         membership=membership_table(tracker.presence, [track.job_id for track in tracker.tracks], vocabulary),

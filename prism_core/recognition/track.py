@@ -46,9 +46,6 @@ class Track:
     # its observations in the latest minute it was seen this hour, and that minute's presence entry
     last_observations: np.ndarray = field(default_factory=_no_int64)
     last_presence: int = -1
-    # hosts its pipeline hops this hour show it holds only in part (`hosts_held_in_part`; read at
-    # the hour's end, `Tracker.read_held_in_part`)
-    held_in_part: np.ndarray = field(default_factory=_no_int64)
 
     @classmethod
     def from_state(cls, carried: CarriedTrack, vocabulary: NicVocabulary) -> Track:
@@ -298,13 +295,11 @@ class Tracker:
         self.events: list[Event] = []
         self.presence: list[Presence] = []  # per job-minute, for membership
         self.alongside: dict[int, bool] = {}  # per observation of the minute (`observe_minute`)
-        # (track, its observations) of each minute a track talked in, and the hour's observations
-        # they index: their pipeline hops are read at the hour's end, all at once (`read_held_in_part`)
+        # (track, its observations) of each minute a track talked in: their pipeline hops are read
+        # at the hour's end, all at once (`_holding_hosts_in_part`)
         self.talked: list[tuple[int, np.ndarray]] = []
-        self.observations: Observations | None = None
 
     def observe_minute(self, obs: Observations, rows: np.ndarray) -> None:
-        self.observations = obs
         self.owners.cover(len(self.vocabulary.addrs))
         self.saves.keep_busy(int(obs.minute_ns[rows[0]]), self.owners, self.tracks, self.params)
         # last traffic of every track before this minute (tracks started in it: their own)
@@ -552,14 +547,15 @@ class Tracker:
         track.last_observations, track.last_presence = ks, len(self.presence)
         self.presence.append((index, first_ns, last_ns, seen if superseded else track.nics))
 
-    def read_held_in_part(self) -> None:
-        """Each track's hosts held in part (`hosts_held_in_part`), from the traffic of each minute
-        it talked in, read apart, and those of the tracks it absorbed (one job first seen in parts).
-        One pass over the hour's traffic: read minute by minute, its ~15 array calls on a few rows
-        each were a third of recognition's time."""
+    def _holding_hosts_in_part(self, obs: Observations) -> np.ndarray:
+        """Per track: whether its pipeline hops this hour show it holds a host only in part
+        (`hosts_held_in_part`), from the traffic of each minute it talked in, read apart, or from
+        that of a track it absorbed (one job first seen in parts). One pass over the hour's
+        traffic: read minute by minute, its ~15 array calls on a few rows each were a third of
+        recognition's time."""
+        holding = np.zeros(len(self.tracks), bool)
         if not self.talked:
-            return
-        obs = self.observations
+            return holding
         ks = np.concatenate([ks for _, ks in self.talked])
         part_of_k = np.repeat(np.arange(len(self.talked)), [len(ks) for _, ks in self.talked])
         count = obs.edge_ptr[ks + 1] - obs.edge_ptr[ks]
@@ -568,18 +564,15 @@ class Tracker:
         rows, part = rows[exact], np.repeat(part_of_k, count)[exact]
         held = hosts_held_in_part(part, obs.edge_src_nic[rows], obs.edge_dst_nic[rows], obs.edge_size[rows],
                                   self.vocabulary, self.params.same_size)
-        hosts_of: dict[int, list[int]] = {}
-        for talked_part, host in held.tolist():
+        for talked_part in np.unique(held[:, 0]).tolist():
             index = self.talked[talked_part][0]
-            while True:  # the track and each that absorbed it
-                hosts_of.setdefault(index, []).append(host)
-                if self.tracks[index].merged_into < 0:
-                    break
+            holding[index] = True
+            while self.tracks[index].merged_into >= 0:  # and each track that absorbed it
                 index = self.tracks[index].merged_into
-        for index, hosts in hosts_of.items():
-            self.tracks[index].held_in_part = np.unique(np.array(hosts, np.int64))
+                holding[index] = True
+        return holding
 
-    def hold_whole_hosts(self) -> None:
+    def hold_whole_hosts(self, obs: Observations) -> None:
         """Give each job that holds its hosts whole this hour every GPU NIC of them, also those it
         never showed: with NCCL's PXN a send leaves through the NIC of the receiver's rail, so GPUs
         whose peers are all on their own host or reached on other rails (a tensor-parallel group
@@ -592,7 +585,6 @@ class Tracker:
         GPUs, keeps the NICs it showed."""
         if not self.presence or not self.vocabulary.topology.from_inventory:
             return
-        self.read_held_in_part()
         track_of = np.concatenate([np.full(len(n), t) for t, _, _, n in self.presence])
         nics = np.concatenate([n for _, _, _, n in self.presence])
         first = np.concatenate([np.full(len(n), f) for _, f, _, n in self.presence])
@@ -627,7 +619,7 @@ class Tracker:
             lanes_in_part = (shown >= 2) & (shown < host_nics[keys[:, 0]])
         partial = np.bincount(keys[:, 1], weights=~(alone & holds_first) | lanes_in_part,
                               minlength=len(self.tracks)) > 0
-        partial |= np.array([len(track.held_in_part) > 0 for track in self.tracks], bool)
+        partial |= self._holding_hosts_in_part(obs)
         whole = {t for t in np.unique(keys[:, 1]).tolist() if not partial[t]}
         by_host = np.argsort(self.vocabulary.hosts(all_nics), kind="stable")
         by_host_nics = all_nics[by_host]
@@ -755,10 +747,10 @@ class Tracker:
         tracks, first_of = np.unique(pair_track[order], return_index=True)
         return {int(t): np.unique(n) for t, n in zip(tracks.tolist(), np.split(pair_nic[order], first_of[1:]))}
 
-    def end_hour(self, hour_end_ns: int) -> list[Track]:
+    def end_hour(self, obs: Observations, hour_end_ns: int) -> list[Track]:
         """The tracks the hour reports (seen this hour, or running when it began), each ended if
-        silent for a restart gap at the hour's end."""
-        self.hold_whole_hosts()
+        silent for a restart gap at the hour's end; `obs`: the hour's observations."""
+        self.hold_whole_hosts(obs)
         reported = [t for t in self.tracks if t.merged_into < 0 and (t.seen_this_hour or t.running_at_load)]
         for track in reported:
             if hour_end_ns - track.last_end_ns >= self.params.restart_gap_ns:
