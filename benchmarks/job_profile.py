@@ -2,7 +2,7 @@
 largest jobs, from a warehouse the pipeline already wrote (e.g. the dense hour's).
 
     python -m benchmarks.job_profile prepare WAREHOUSE TOPOLOGY HOUR CACHE [--jobs 3]
-    python -m benchmarks.job_profile run CACHE [--job JOB] [--profile OUT.prof]
+    python -m benchmarks.job_profile run CACHE [--job JOB] [--profile OUT.prof] [--hour-wall-s S]
 
 `prepare` recognizes HOUR (e.g. 2026-11-22T10) as the pipeline does, splits its `flows` partition
 by job and keeps the largest jobs' flows (Arrow IPC), the recognition, the previous hour's state
@@ -13,6 +13,13 @@ process held before the stage, then the same for the job's whole analysis (its f
 then the process's peak; with `--profile`, a cProfile (CPU time) of the whole run.
 The first `run` records a digest of every job's output in CACHE and later runs compare against it:
 a change meant to keep the output must print `output unchanged`.
+
+Issue #19 asks that no job's analysis take more than 5% of the hour's time unless it holds more
+than 5% of the hour's flows. With `--hour-wall-s` (the hour's end-to-end wall time, from
+`benchmarks.fleet`), `run` ends with the jobs that break that rule (`over_their_share`), judged
+on each job's CPU seconds (a worker analyzes one job at a time, so its CPU is its wall) and its
+share of the hour's flows that belong to a job (`prepare` records them; a cache of every job,
+`--jobs 1000`, judges them all).
 """
 
 from __future__ import annotations
@@ -55,13 +62,14 @@ def prepare(root: str, topology_path: str, hour_text: str, cache: Path, jobs: in
     flows = pq.read_table(warehouse.partition_file(root, "flows", hour),
                           columns=list(analysis.JOB_FLOW_COLUMNS))
     by_job = dict(analysis.split_flows_by_job(flows, analysis.open_membership(recognition, hour_ns)))
+    jobs_flows = sum(table.num_rows for table in by_job.values())
     largest = sorted(by_job, key=lambda j: -by_job[j].num_rows)[:jobs]
     cache.mkdir(parents=True, exist_ok=True)
     for job_id in largest:
         with pa.OSFile(str(cache / f"{job_id}.arrow"), "wb") as sink, pa.ipc.new_file(sink, by_job[job_id].schema) as out:
             out.write_table(by_job[job_id].combine_chunks())
     context = {"recognition": recognition, "previous": previous, "hour_start_ns": hour_ns, "exporters": exporters,
-               "jobs": largest, "flows": {j: by_job[j].num_rows for j in largest}}
+               "jobs": largest, "flows": {j: by_job[j].num_rows for j in largest}, "jobs_flows": jobs_flows}
     (cache / "context.pickle").write_bytes(pickle.dumps(context))
     print(json.dumps(context["flows"]))
 
@@ -128,7 +136,7 @@ def digest(result: analysis.JobAnalysis) -> str:
     return hashed.hexdigest()
 
 
-def run(cache: Path, only: str | None, profile_to: str | None) -> None:
+def run(cache: Path, only: str | None, profile_to: str | None, hour_wall_s: float | None = None) -> None:
     context = pickle.loads((cache / "context.pickle").read_bytes())
     exporters = analysis.profiles_by_address([resolution.ExporterProfile.from_json(v) for v in context["exporters"]])
     hour_start = context["hour_start_ns"]
@@ -160,9 +168,22 @@ def run(cache: Path, only: str | None, profile_to: str | None) -> None:
         print(json.dumps({job_id: report[job_id]}), flush=True)
         del flows, result
     print(json.dumps({"peak_rss_mb": round(memory.process() / 2**20)}))
+    if hour_wall_s:
+        jobs_flows = context.get("jobs_flows") or sum(context["flows"].values())  # an older cache: its own jobs'
+        print(json.dumps({"over_their_share": over_their_share(report, jobs_flows, hour_wall_s)}))
     digests_path.write_text(json.dumps(recorded, indent=1))
     if profiler:
         profiler.dump_stats(profile_to)
+
+
+def over_their_share(report: dict, jobs_flows: int, hour_wall_s: float, share: float = 0.05) -> dict:
+    """{job_id: (CPU share of the hour's wall, share of the hour's job flows)} of the jobs whose
+    analysis took more than `share` of the hour's time without holding more than `share` of its
+    flows."""
+    shares = {job_id: (figures["total"]["cpu_s"] / hour_wall_s, figures["flows"] / jobs_flows)
+              for job_id, figures in report.items()}
+    return {job_id: (round(time_share, 4), round(flow_share, 4)) for job_id, (time_share, flow_share) in shares.items()
+            if time_share > share and flow_share <= share}
 
 
 def main() -> None:
@@ -176,11 +197,12 @@ def main() -> None:
     measure.add_argument("cache")
     measure.add_argument("--job")
     measure.add_argument("--profile")
+    measure.add_argument("--hour-wall-s", type=float)
     options = parser.parse_args()
     if options.command == "prepare":
         prepare(options.warehouse, options.topology, options.hour, Path(options.cache), options.jobs)
     else:
-        run(Path(options.cache), options.job, options.profile)
+        run(Path(options.cache), options.job, options.profile, options.hour_wall_s)
 
 
 if __name__ == "__main__":
