@@ -78,9 +78,30 @@ def next_start(phases: Phases, typical: Typical) -> np.ndarray:
     sends, whichever comes first (a gather runs before the first forward pass), else its first
     traffic."""
     never = np.iinfo(np.int64).max
-    from_sends = np.where(phases.first_send_ns >= 0, phases.first_send_ns - typical.fill * phases.forward_ns, never)
-    from_gather = np.where(phases.gather_ns >= 0, phases.gather_ns, never)
-    return np.where(marked(phases), np.minimum(from_sends, from_gather), phases.next_ns)
+    from_gather = np.where((phases.gather_ns >= 0) & ~ran_before_the_sends(phases, typical, phases.gather_ns),
+                           phases.gather_ns, never)
+    return np.where(marked(phases), np.minimum(_from_sends(phases, typical), from_gather), phases.next_ns)
+
+
+def _from_sends(phases: Phases, typical: Typical) -> np.ndarray:
+    """The next step's start from its first pipeline sends (max int64 where none)."""
+    never = np.iinfo(np.int64).max
+    return np.where(phases.first_send_ns >= 0, phases.first_send_ns - typical.fill * phases.forward_ns, never)
+
+
+def ran_before_the_sends(phases: Phases, typical: Typical, collective_ns: np.ndarray) -> np.ndarray:
+    """Whether a collective at `collective_ns` (per phase: where it began or where it ended) came
+    over a forward pass before the next step's start as its first pipeline sends put it. A
+    parameter gather opening a step runs under its first forward, which waits for it: the sends
+    put the start as late as the gather's end, never later by more than a forward pass. One that
+    was over before that ran in the step before: the distributed optimizer's all-gather without
+    overlap, or a reduce-scatter read as one (sealed-10 job 029: every step 0.47 s early). Light
+    DP traffic early in the quiet after a sync (`Phases.gather_ns`) is judged by where it begins:
+    begun that early, it is the sync's tail (job 029's), not ZeRO-3's parameter gather, whose
+    first forward can wait long for it, but which does not run with pipelines (DeepSpeed allows
+    only ZeRO-1 beside them)."""
+    sent = phases.first_send_ns >= 0
+    return sent & (collective_ns < _from_sends(phases, typical) - np.where(sent, phases.forward_ns, 0))
 
 
 def lead(phases: Phases, typical: Typical, params: TimelineParams) -> np.ndarray:
@@ -158,6 +179,9 @@ def boundaries(phases: Phases, typical: Typical, params: TimelineParams,
     # a gather after the optimizer that keeps the next step's pace opens it; one that keeps its
     # own step's closes it, even after gradient buckets reduce-scattered under the backward
     if typical.gather_opens:
-        ends = np.where(phases.after_optimizer & (phases.gather_start_ns >= 0), phases.gather_start_ns, ends)
-    opens = phases.opens_step & (typical.gather_opens is not False)
-    return np.where(opens, phases.start_ns, np.where(phases.opens_step, phases.close_ns, ends))
+        opening = (phases.after_optimizer & (phases.gather_start_ns >= 0)
+                   & ~ran_before_the_sends(phases, typical, phases.close_ns))
+        ends = np.where(opening, phases.gather_start_ns, ends)
+    opens = phases.opens_step & ~ran_before_the_sends(phases, typical, phases.close_ns)
+    opens_by_pace = opens & (typical.gather_opens is not False)
+    return np.where(opens_by_pace, phases.start_ns, np.where(opens, phases.close_ns, ends))
