@@ -167,6 +167,19 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
         yield done.pop(next_result)
 
 
+def submit(workers: int, task: Callable, args: tuple) -> Future:
+    """`task(*args)` started on a local worker beside whatever else runs, its result or error in
+    the Future; with one worker, run here at once."""
+    if workers > 1:
+        return _shared_pool(workers).submit(_run_and_release, task, args)
+    done = Future()
+    try:
+        done.set_result(task(*args))
+    except Exception as error:
+        done.set_exception(error)
+    return done
+
+
 def _run_and_release(task: Callable, args: tuple):
     """In a worker: the task, then, if the worker now holds over RETAINED_BYTES more than it
     started with, the memory freed handed back to the system (Arrow's allocator and malloc's

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -221,9 +221,12 @@ def run_hours(
     with ThreadPoolExecutor(1, thread_name_prefix="prism-staging-removal") as remover:
         summary = run_ingest(flows_dir, root, hours, beam_args, remover)
         summary.warnings += inventory_warnings(topology, root, hours)
+        workers = local_workers.local_workers(PipelineOptions(list(beam_args)))  # valid: the ingest took them
+        recognitions = RecognitionsAhead(root, hours, topology, params, workers)
         for hour in hours:
             on_stage(f"recognition {hour:%Y-%m-%d %H}:00")
-            rows, analysis_counters = run_analysis(root, hour, topology, beam_args, params, on_stage, remover)
+            rows, analysis_counters = run_analysis(root, hour, topology, beam_args, params, on_stage, remover,
+                                                   recognitions)
             summary.per_hour[warehouse.hour_key(hour)].update(rows)
             for name, value in analysis_counters.items():
                 summary.counters[name] = summary.counters.get(name, 0) + value
@@ -306,26 +309,65 @@ def inventory_warnings(topology: Topology, root: str, hours: list[datetime]) -> 
     return warnings
 
 
+def recognize_ingested(root: str, hour: datetime, topology: Topology, previous: dict,
+                       params: PrismParams = DEFAULT_PARAMS) -> Recognition:
+    """The recognition of an ingested hour from its flow_minutes partition, continuing the jobs of
+    `previous` (the previous hour's analysis state; prism_core.analysis.recognize)."""
+    flow_minutes = warehouse.read_partition(root, "flow_minutes", hour)
+    return recognize(flow_minutes, topology, previous, int(hour.timestamp()) * 10**9, params)
+
+
+class RecognitionsAhead:
+    """The recognition of each hour of a run, each hour's but the first started on a local worker
+    (local_workers.submit) as soon as the hour before's is known, so that it runs beside that
+    hour's analysis rather than between the two pipelines with a core idle (the fleet hour's:
+    ~0.6 s). An hour's recognition continues only the jobs of the hour before's (its state's
+    `jobs`, which the analysis writes as the recognition gave them), so it needs nothing of that
+    hour's analysis; its failure fails its own hour, when the run gets there, as before."""
+
+    def __init__(self, root: str, hours: list[datetime], topology: Topology, params: PrismParams, workers: int):
+        self.root, self.hours, self.topology, self.params, self.workers = root, hours, topology, params, workers
+        self.started: dict[datetime, Future] = {}
+
+    def of(self, hour: datetime, previous: dict) -> Recognition:
+        """The recognition of `hour`; `previous`: the previous hour's analysis state, for an hour
+        whose recognition was not started ahead (the run's first)."""
+        started = self.started.pop(hour, None)
+        if started is None:
+            recognition = recognize_ingested(self.root, hour, self.topology, previous, self.params)
+        else:
+            recognition = started.result()
+        following = hour + timedelta(hours=1)
+        if following in self.hours:
+            # The state as the next hour would read it back from this hour's analysis state.
+            carried = warehouse.as_read_back({"jobs": recognition.state})
+            self.started[following] = local_workers.submit(
+                self.workers, recognize_ingested, (self.root, following, self.topology, carried, self.params))
+        return recognition
+
+
 def run_analysis(
     root: str, hour: datetime, topology: Topology, beam_args: Sequence[str] = (),
     params: PrismParams = DEFAULT_PARAMS, on_stage: Callable[[str], None] = lambda stage: None,
-    remover: Executor | None = None,
+    remover: Executor | None = None, recognitions: RecognitionsAhead | None = None,
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Job analysis of one hour, continuing from the previous hour's state; the hour's ingest
     partitions must exist. Returns the rows written per table and the analysis counters
     (`analysis_errors`: jobs whose analysis raised, each written as an analysis_error issue).
     A failed job recognition fails the hour before anything is written. `on_stage` hears when the
-    per-job analysis starts, after the recognition; `remover`: see `staging_area`."""
+    per-job analysis starts, after the recognition; `remover`: see `staging_area`; `recognitions`:
+    where the recognition is taken from in a run of several hours (`RecognitionsAhead`)."""
     paths = [warehouse.partition_file(root, t, hour) for t in ("flow_minutes", "flows")]
     missing = [p for p in paths if not storage.exists(p)]
     if missing:
         raise RunError(f"hour {hour:%Y-%m-%d %H}:00 has not been ingested: {', '.join(missing)} missing")
     require_previous_hour_analyzed(root, hour)
-    hour_ns = int(hour.timestamp()) * 10**9
     previous = previous_hour_state(root, hour)
     try:
-        flow_minutes = warehouse.read_partition(root, "flow_minutes", hour)
-        recognition = recognize(flow_minutes, topology, previous or {}, hour_ns, params)
+        if recognitions is None:
+            recognition = recognize_ingested(root, hour, topology, previous or {}, params)
+        else:
+            recognition = recognitions.of(hour, previous or {})
     except RecognitionError as error:
         raise RunError(f"hour {warehouse.hour_key(hour)} not analyzed, nothing written: {error}") from None
     # The inventory this analysis used, for the capacity reports; none without one.

@@ -139,6 +139,11 @@ def write_json(path: str, payload: dict) -> None:
     storage.publish(path, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=2, sort_keys=True)))
 
 
+def as_read_back(payload: dict) -> dict:
+    """`payload` as `read_stats` returns it once `write_json` has written it: JSON's types, keys sorted."""
+    return json.loads(json.dumps(payload, sort_keys=True))
+
+
 def stats_path(root: str | Path, hour: datetime, stage: str) -> str:
     """Per-hour bookkeeping of a stage (row counts, job state handed to the next hour)."""
     return storage.join(root, "_state", f"date={hour:%Y-%m-%d}", f"hour={hour:%H}", f"{stage}.json")
