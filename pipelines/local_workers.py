@@ -139,11 +139,11 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
               cost_limit: float = math.inf, negligible_cost: float = 0.0) -> Iterator:
     """The result of each task, in task order. With one worker each task runs here when its result
     is asked for. With more, tasks start costliest first (`costs`: so that the largest jobs do not
-    start last and leave one core idle at the end), each as soon as a worker is free and the costs
-    of the tasks running stay within `cost_limit` with it (a task alone runs whatever its cost), so
-    that two tasks whose memory grows with their cost do not run at once when together they would
-    not fit. Tasks costing at most `negligible_cost` count nothing: they run beside any other, so
-    that a task alone over the limit does not leave the other workers idle."""
+    start last and leave one core idle at the end), each as soon as a worker is free (`QUEUED_AHEAD`)
+    and the costs of the tasks running or queued stay within `cost_limit` with it (a task alone runs
+    whatever its cost), so that two tasks whose memory grows with their cost do not run at once when
+    together they would not fit. Tasks costing at most `negligible_cost` count nothing: they run
+    beside any other, so that a task alone over the limit does not leave the other workers idle."""
     if workers <= 1 or len(tasks) <= 1:
         yield from (task(*args) for task, args in tasks)
         return
@@ -151,20 +151,30 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
     costs = costs if costs is not None else [0.0] * len(tasks)
     counted = [cost if cost > negligible_cost else 0.0 for cost in costs]
     waiting = sorted(range(len(tasks)), key=lambda i: -costs[i])
-    running: dict[Future, int] = {}
+    running: dict[Future, int] = {}  # started or queued for the next free worker
     done: dict[int, object] = {}
+
+    def start_waiting() -> None:
+        for i in list(waiting):
+            if len(running) == workers + QUEUED_AHEAD:
+                break
+            if not running or not counted[i] or sum(counted[r] for r in running.values()) + counted[i] <= cost_limit:
+                waiting.remove(i)
+                running[pool.submit(_run_and_release, *tasks[i])] = i
+
+    start_waiting()
     for next_result in range(len(tasks)):
         while next_result not in done:
-            for i in list(waiting):
-                if len(running) == workers:
-                    break
-                if not running or not counted[i] or sum(counted[r] for r in running.values()) + counted[i] <= cost_limit:
-                    waiting.remove(i)
-                    running[pool.submit(_run_and_release, *tasks[i])] = i
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 done[running.pop(future)] = future.result()
+            start_waiting()  # before a result goes out: the launcher's work on its outputs must not idle a worker
         yield done.pop(next_result)
+
+
+# Tasks queued beyond the workers, in the pool's call queue (it holds one more than the workers): a
+# worker that finishes takes the next at once, not after a round trip through the launcher.
+QUEUED_AHEAD = 1
 
 
 def submit(workers: int, task: Callable, args: tuple) -> Future:
