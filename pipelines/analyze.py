@@ -1,7 +1,9 @@
 """Analysis of one hour: the flows keyed by job, given the hour's job recognition.
 
-Recognition (over the hour's small flow_minutes) runs before the pipeline, in the launching
-process, so that its failure fails the hour with a clear error (pipelines/run.py). The hour's flows
+Recognition (over the hour's small flow_minutes) runs before the pipeline, outside it (in the
+launching process; in a run of several hours, each later hour's on a local worker beside the
+analysis of the hour before), so that its failure fails the hour with a clear error
+(pipelines/run.py). The hour's flows
 are read as Parquet row groups, split by job by the spans the recognition gives each job,
 grouped by job_id, and each job is analyzed on its own, so jobs spread over workers on a
 distributed runner. The split flows are staged for the shuffle (pipelines/shuffle_staging.py):
