@@ -57,8 +57,9 @@ def filter_rows(table: pa.Table, mask: pa.Array | pa.ChunkedArray | np.ndarray) 
         mask = mask.combine_chunks()
     keep = mask if isinstance(mask, np.ndarray) else pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
     dropped = np.flatnonzero(~keep)
-    if len(dropped) > MAX_SLICED_STRING_DROPS:
-        return table.filter(pa.array(keep))
+    if len(dropped) > MAX_SLICED_STRING_DROPS or (
+            len(dropped) > MAX_SLICED_DROPS and not any(_variable_width(field.type) for field in table.schema)):
+        return table.filter(pa.array(keep))  # no text column left as slices: no slices made
     bounds = np.r_[-1, dropped, len(keep)]
     pieces = [table.slice(lo + 1, hi - lo - 1) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()) if hi - lo > 1]
     sliced = pa.concat_tables(pieces) if pieces else table.slice(0, 0)

@@ -432,8 +432,10 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
     if members is not None:
         ends = tuple(lookup(flows, name, members) for name in ("src_addr", "dst_addr"))
         between = (ends[0] >= 0) & (ends[1] >= 0)
-        if not between.all():  # a copy of what the rhythm reads (and its codes), only where it is not all of it
-            read = [name for name in flows.column_names if name.removesuffix(CODES_SUFFIX) in RHYTHM_COLUMNS]
+        if not between.all():  # a copy of what the rhythm reads, only where it is not all of it
+            # an address column the table carries codes of is read through them alone: its text is not copied
+            read = [name for name in flows.column_names if name.removesuffix(CODES_SUFFIX) in RHYTHM_COLUMNS
+                    and name + CODES_SUFFIX not in flows.column_names]
             rhythm = filter_rows(flows.select(read), between)
     period = rhythm_period_s(rhythm, params, _idle_timeouts_ns(rhythm, profiles))
     exporter, names = encoded(flows, "sampler_address", fill=NO_EXPORTER)
