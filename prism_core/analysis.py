@@ -403,11 +403,15 @@ def profiles_by_address(profiles: list[resolution.ExporterProfile]) -> dict[str,
 def resolving_flows(flows: pa.Table, resolved: resolution.JobResolution) -> pa.Table:
     """Where the job's steps are resolved, its records from the exporters that report transfers
     one by one: the timeline reads only these, a flow cache's merged records or an sFlow agent's
-    instants would blur its boundaries. Elsewhere every record (no step of it is reported)."""
+    instants would blur its boundaries. Elsewhere every record (no step of it is reported).
+    The timeline reads addresses through their codes (`with_codes`): a copy leaves out the text
+    of those whose codes the table carries (most of the bytes a filter of many rows copies)."""
     if resolved.resolution != "steps":
         return flows
     resolving = pa.array(sorted(resolved.resolving_exporters), pa.string())
-    return filter_rows(flows, lookup(flows, "sampler_address", resolving, fill=resolution.NO_EXPORTER) >= 0)
+    kept = lookup(flows, "sampler_address", resolving, fill=resolution.NO_EXPORTER) >= 0
+    read = [name for name in flows.column_names if name + CODES_SUFFIX not in flows.column_names]
+    return filter_rows(flows.select(read), kept)
 
 
 def failed_job(job_id: str, stage: str, error: Exception, previous: dict, hour_start_ns: int,
