@@ -63,18 +63,25 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # and classes whose count varies from step to step (MoE all-to-all sizes) are left out
     # altogether. A host a few flows short (records lost on the way) is compared counting from
     # its last flow (`short_flows_share`).
-    # a sender's flows lie side by side: their count is their run's length
+    # a sender's flows lie side by side: their count is their run's length. A flow is short and
+    # usual as its sender is: worked out per sender, not per flow (a fraction of the rows)
     sender_first = np.flatnonzero(np.r_[True, sender_group[1:] != sender_group[:-1]])
-    sender_flows = np.diff(np.r_[sender_first, len(sender_group)])
-    sent = np.repeat(sender_flows, sender_flows)
-    class_of_host = KeyGroups(combined_key(kind, host))
-    short = _complete_count(class_of_host, sender_first, sender_flows, params.complete_count_quantile) - sent
-    del sender_first, sender_flows
-    usual = (short >= 0) & (short <= np.maximum(1, params.short_flows_share * (sent + short)))
-    regular = class_of_host.reduce(usual / sent, np.add) / class_of_host.reduce(1.0 / sent, np.add)
-    kept = usual & (regular >= params.regular_share)[class_of_host.group]
+    sent = np.diff(np.r_[sender_first, len(sender_group)])
+    class_of_sender = KeyGroups(combined_key(kind[sender_first], host[sender_first]))
+    del sender_first
+    sender_short = _complete_count(class_of_sender, sent, params.complete_count_quantile) - sent
+    usual = (sender_short >= 0) & (sender_short <= np.maximum(1, params.short_flows_share * (sent + sender_short)))
+    # each class's share of usual flows, every flow weighing 1 / its sender's flows (a sender
+    # weighs one), summed over the class's flows in order
+    by_class = class_of_sender.order
+    flows_of_class = class_of_sender.reduce(sent, np.add)
+    first_of_class = np.cumsum(flows_of_class) - flows_of_class
+    regular = (np.add.reduceat(np.repeat((usual / sent)[by_class], sent[by_class]), first_of_class)
+               / np.add.reduceat(np.repeat((1.0 / sent)[by_class], sent[by_class]), first_of_class))
+    kept = np.repeat(usual & (regular >= params.regular_share)[class_of_sender.group], sent)
+    short = np.repeat(sender_short, sent)
     # each array is ~8 bytes per flow of a large job: dead ones are dropped at once
-    del sent, class_of_host, usual, regular
+    del sent, class_of_sender, usual, regular, sender_short, by_class, flows_of_class, first_of_class
     step, kind, start, host, pipeline, sender_group, short = (
         a[kept] for a in (step, kind, start, host, pipeline, sender_group, short))
     del kept
@@ -140,17 +147,15 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     return culprit, behind_s
 
 
-def _complete_count(class_of_host: KeyGroups, sender_first: np.ndarray, sender_flows: np.ndarray, quantile: float
-                    ) -> np.ndarray:
-    """Per flow: the count of its class a host sends in a step when no record is lost, the
-    `quantile` of its counts over the steps (a host's flows of a class in a step lie side by side
-    from `sender_first`, `sender_flows` of them). Lost records make the usual count (the mode)
-    short of it; a flow across the step boundary, now and then, one more."""
-    of_class, count = class_of_host.group[sender_first], sender_flows
-    by_class = np.argsort(of_class, kind="stable")
-    n = np.bincount(of_class, minlength=len(class_of_host.distinct))  # every class sends in some step
+def _complete_count(class_of_sender: KeyGroups, sender_flows: np.ndarray, quantile: float) -> np.ndarray:
+    """Per sender (a host's flows of a class in a step, `sender_flows` of them): the count of its
+    class a host sends in a step when no record is lost, the `quantile` of its counts over the
+    steps. Lost records make the usual count (the mode) short of it; a flow across the step
+    boundary, now and then, one more."""
+    of_class, by_class = class_of_sender.group, class_of_sender.order
+    n = class_of_sender.counts  # every class sends in some step
     kth = np.floor(quantile * (n - 1)).astype(np.int64)
-    return kth_within_groups(of_class[by_class], count[by_class], kth)[class_of_host.group]
+    return kth_within_groups(of_class[by_class], sender_flows[by_class], kth)[of_class]
 
 
 def _usual_positions(structure: np.ndarray, position: np.ndarray, whole: np.ndarray
