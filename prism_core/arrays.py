@@ -25,6 +25,8 @@ MAX_DENSE_SPAN_PER_VALUE = 4
 # kth_within_groups counts values per run and magnitude bucket in a table of at most this many
 # cells per value (else it sorts them all)
 MAX_BUCKET_CELLS_PER_VALUE = 4
+# group_medians sorts each group of a size class wider than this apart, not padded into rows
+MIN_GROUP_SORTED_ALONE = 256
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 
 
@@ -589,6 +591,14 @@ def group_medians(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray
                 # sorted where they lie, without gathering or padding their rows
                 lo = int(first[members[0]])
                 rows = by_group[lo:lo + len(members) * width].reshape(len(members), width)
+            elif width > MIN_GROUP_SORTED_ALONE:
+                # large groups of sizes that differ: each sorted where it lies, one call per
+                # group costing less than gathering and padding its rows (~2x faster)
+                for group_first, group_count, member in zip(first[members].tolist(), count.tolist(), members.tolist()):
+                    rows = by_group[group_first:group_first + group_count]
+                    rows.sort()
+                    median[member] = (rows[(group_count - 1) // 2] + rows[group_count // 2]) / 2
+                continue
             else:
                 column = np.arange(width)
                 rows = by_group[np.minimum(first[members, None] + column, n - 1)]

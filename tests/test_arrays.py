@@ -8,6 +8,7 @@ import pytest
 from prism_core.arrays import (
     MAX_SLICED_DROPS,
     MAX_SLICED_STRING_DROPS,
+    MIN_GROUP_SORTED_ALONE,
     combined_key,
     encoded,
     filter_rows,
@@ -156,6 +157,17 @@ def test_group_median_is_numpys_median_per_group(one_large_group):
         key[:3_000] = 5
     expected = np.array([np.median(values[key == k]) for k in key])
     assert np.array_equal(group_median(key, values), expected)
+
+
+def test_group_medians_of_large_groups_of_sizes_that_differ_are_numpys():
+    """Groups of a size class above MIN_GROUP_SORTED_ALONE whose sizes differ are sorted one by one."""
+    rng = np.random.default_rng(3)
+    sizes = MIN_GROUP_SORTED_ALONE + 1 + rng.integers(0, MIN_GROUP_SORTED_ALONE - 1, 12)
+    key = np.r_[np.repeat(np.arange(12) * 7, sizes), rng.integers(100, 140, 500)]
+    rng.shuffle(key)
+    values = rng.normal(size=len(key)).round(1)
+    expected = [np.median(values[key == k]) for k in np.unique(key)]
+    assert np.array_equal(group_medians(key, values), expected)
 
 
 def test_group_medians_of_equal_groups_side_by_side_are_numpys():
