@@ -696,9 +696,13 @@ def _major_onsets(flows: pa.Table, params: ResolutionParams,
     pair = combination_ids(*(encoded(flows, name)[0] for name in ("sampler_address", "src_addr", "dst_addr")))
     # records usually come in start order: then a stable order by pair alone (linear) is that
     order = stable_order(pair) if np.all(start[1:] >= start[:-1]) else np.lexsort((start, pair))
-    pair, start = pair[order], start[order]
+    # the ids sorted are each id as many times as it shows: counted, not gathered
+    pair, start = np.repeat(np.arange(int(pair.max()) + 1), np.bincount(pair)), start[order]
     first = np.r_[True, pair[1:] != pair[:-1]]
-    quiet_ns = start - np.r_[0, end[order][:-1]]
+    previous_end = np.zeros_like(end)
+    np.take(end, order[:-1], out=previous_end[1:])
+    quiet_ns = start - previous_end
+    del previous_end
     opens = np.flatnonzero(first)
     gaps_of_pair = np.diff(np.r_[opens, len(pair)]) - 1
     usable = gaps_of_pair >= params.min_pair_records
