@@ -905,8 +905,9 @@ def _pipeline_levels(
     low = np.minimum(src, dst)
     pair = low * flows.n_hosts + np.maximum(src, dst)
     upward = np.where(src == low, 1.0, -1.0)
-    vote = warm_up_votes(pair, flows.start[chosen], groups.answered[chosen])
     pairs, index = unique_inverse(pair)
+    # the pairs' ranks in place of their codes: the same order, sorted in one radix pass
+    vote = warm_up_votes(index, flows.start[chosen], groups.answered[chosen])
     upward_score = np.bincount(index, weights=upward * vote, minlength=len(pairs))
     warm_ups = np.bincount(src, weights=vote > 0, minlength=flows.n_hosts)
     level = _chain_levels(pairs // flows.n_hosts, pairs % flows.n_hosts, upward_score, warm_ups, active)
