@@ -221,3 +221,18 @@ def test_a_file_without_valid_rows_is_quarantined_once(tmp_path):
     # of the hour after it was written: opened, its rows out of the range
     next_hour = run_ingest(str(directory), str(tmp_path / "wh"), [HOUR0 + timedelta(hours=1)]).counters
     assert (next_hour["quarantined"], next_hour["out_of_range"]) == (0, 2)
+
+
+def test_file_batches_are_runs_of_consecutive_files_of_about_equal_size(tmp_path):
+    sizes = [4000, 100, 100, 100, 100, 3000, 2000, 100, 100, 100] * 3
+    paths = []
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"{i:02d}.parquet"
+        path.write_bytes(b"x" * size * 1024)
+        paths.append(str(path))
+    batches = file_batches(paths, 4)
+    assert [path for batch in batches for path in batch] == paths
+    costs = [sum(size + 256 for size, path in zip(sizes, paths) if path in batch) for batch in batches]
+    assert len(batches) == 4 and max(costs) - min(costs) <= max(sizes) + 256
+    assert file_batches(paths[1:4], 8) == [[path] for path in paths[1:4]]  # no more batches than files
+    assert file_batches([], 4) == []
