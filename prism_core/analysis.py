@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism_core import diagnosis, parallelism, resolution, timeline
-from prism_core.arrays import CODES_SUFFIX, filter_rows, lookup, stable_order, with_codes
+from prism_core.arrays import CODES_SUFFIX, filter_rows, lookup, stable_order, uncoded_columns, with_codes
 from prism_core.config import DEFAULT_PARAMS, PrismParams
 from prism_core.constants import CHECKPOINT_FLOW_BYTES, NS_PER_S
 from prism_core.minutes import MINUTE_NS
@@ -410,8 +410,7 @@ def resolving_flows(flows: pa.Table, resolved: resolution.JobResolution) -> pa.T
         return flows
     resolving = pa.array(sorted(resolved.resolving_exporters), pa.string())
     kept = lookup(flows, "sampler_address", resolving, fill=resolution.NO_EXPORTER) >= 0
-    read = [name for name in flows.column_names if name + CODES_SUFFIX not in flows.column_names]
-    return filter_rows(flows.select(read), kept)
+    return filter_rows(flows.select(uncoded_columns(flows.column_names)), kept)
 
 
 def failed_job(job_id: str, stage: str, error: Exception, previous: dict, hour_start_ns: int,

@@ -77,6 +77,12 @@ def filter_rows(table: pa.Table, mask: pa.Array | pa.ChunkedArray | np.ndarray) 
 CODES_SUFFIX = "_codes"  # a column's codes (`with_codes`): "src_addr" -> "src_addr_codes"
 
 
+def uncoded_columns(names: list[str]) -> list[str]:
+    """`names` less the columns whose codes (`with_codes`) are among them: a reader of those
+    addresses takes their codes, so a copy need not carry their text (most of its bytes)."""
+    return [name for name in names if name + CODES_SUFFIX not in names]
+
+
 def with_codes(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
     """`table` with each column of `names` also dictionary-encoded (as name + CODES_SUFFIX), once:
     the stages that read it (`lookup`, `encoded`) then go through its integer codes and its few

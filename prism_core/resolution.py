@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from prism_core.arrays import (
     CODES_SUFFIX, MAD_TO_SIGMA, column_hash, combination_ids, encoded, filter_rows, first_seen_ids, group_median,
-    kth_within_groups, lookup, row_hash, sorted_within_groups, stable_order, unique_counts,
+    kth_within_groups, lookup, row_hash, sorted_within_groups, stable_order, uncoded_columns, unique_counts,
 )
 from prism_core.parallelism import family_codes
 from prism_core.schema import FIVE_TUPLE, ISSUE_KINDS
@@ -433,9 +433,8 @@ def job_resolution(flows: pa.Table, profiles: dict[str, ExporterProfile],
         ends = tuple(lookup(flows, name, members) for name in ("src_addr", "dst_addr"))
         between = (ends[0] >= 0) & (ends[1] >= 0)
         if not between.all():  # a copy of what the rhythm reads, only where it is not all of it
-            # an address column the table carries codes of is read through them alone: its text is not copied
-            read = [name for name in flows.column_names if name.removesuffix(CODES_SUFFIX) in RHYTHM_COLUMNS
-                    and name + CODES_SUFFIX not in flows.column_names]
+            read = [name for name in uncoded_columns(flows.column_names)
+                    if name.removesuffix(CODES_SUFFIX) in RHYTHM_COLUMNS]
             rhythm = filter_rows(flows.select(read), between)
     period = rhythm_period_s(rhythm, params, _idle_timeouts_ns(rhythm, profiles))
     exporter, names = encoded(flows, "sampler_address", fill=NO_EXPORTER)
