@@ -71,17 +71,12 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     del sender_first
     sender_short = _complete_count(class_of_sender, sent, params.complete_count_quantile) - sent
     usual = (sender_short >= 0) & (sender_short <= np.maximum(1, params.short_flows_share * (sent + sender_short)))
-    # each class's share of usual flows, every flow weighing 1 / its sender's flows (a sender
-    # weighs one), summed over the class's flows in order
-    by_class = class_of_sender.order
-    flows_of_class = class_of_sender.reduce(sent, np.add)
-    first_of_class = np.cumsum(flows_of_class) - flows_of_class
-    regular = (np.add.reduceat(np.repeat((usual / sent)[by_class], sent[by_class]), first_of_class)
-               / np.add.reduceat(np.repeat((1.0 / sent)[by_class], sent[by_class]), first_of_class))
+    # each class's share of its senders (a host in a step) whose count is usual
+    regular = class_of_sender.reduce(usual.astype(float), np.add) / class_of_sender.counts
     kept = np.repeat(usual & (regular >= params.regular_share)[class_of_sender.group], sent)
     short = np.repeat(sender_short, sent)
     # each array is ~8 bytes per flow of a large job: dead ones are dropped at once
-    del sent, class_of_sender, usual, regular, sender_short, by_class, flows_of_class, first_of_class
+    del sent, class_of_sender, usual, regular, sender_short
     step, kind, start, host, pipeline, sender_group, short = (
         a[kept] for a in (step, kind, start, host, pipeline, sender_group, short))
     del kept
