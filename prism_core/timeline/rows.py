@@ -86,7 +86,9 @@ class RowIndex:
             return t1, forward, found
         by_pair = self._pair_index()
         for batch in _batches(len(lo), len(by_pair.codes)):
-            first = by_pair.first_at_or_after(lo[batch, None])
+            # searched pair by pair (a row of ranges per pair: each search lands near the last),
+            # read range by range
+            first = by_pair.first_at_or_after(lo[batch]).T
             again = self._next_sends(np.minimum(first, len(self) - 1))
             sends = (first < hi[batch, None]) & (again < hi[batch, None])
             first_ns = np.where(sends, self.start[np.where(sends, first, 0)], np.iinfo(np.int64).max)
@@ -141,9 +143,11 @@ class RowIndex:
     def _next_sends(self, positions: np.ndarray | slice) -> np.ndarray:
         """Per position, that of its pair's next send: the pair's first row starting more than
         `transfer_ns` after it (len(self) where none). Two searches per position asked, not one
-        per row of the job: the rules ask about a few rows per quiet gap."""
+        per row of the job: the rules ask about a few rows per quiet gap. Positions of ranges x
+        pairs (each range's rows near each other) are searched in times range by range, in the
+        pairs' rows pair by pair: each search near the last (~3x faster than both range by range)."""
         beyond = self.positions(self.start[positions] + self.params.transfer_ns, side="right")
-        return self._pair_index().first_at_or_after(beyond, self.pair[positions])
+        return self._pair_index().first_at_or_after(beyond.T, self.pair[positions].T).T
 
 
 class _FirstOfEach:
@@ -159,8 +163,10 @@ class _FirstOfEach:
 
     def first_at_or_after(self, positions: np.ndarray, codes: np.ndarray | None = None) -> np.ndarray:
         """Per position, the first at or after it holding `codes` (elementwise, broadcast); by
-        default every code present, along a last axis."""
-        codes = np.asarray(self.codes if codes is None else codes, np.int64)  # codes x n overflow int32
+        default every code present, along a new first axis. The positions are searched in the
+        order they come (numpy's searches are ~5x faster where each lands near the last)."""
+        # codes x n overflow int32
+        codes = np.asarray(self.codes[:, None] if codes is None else codes, np.int64)
         wanted = codes * (self.n + 1) + positions
         if not len(self.keys):
             return np.full(wanted.shape, self.n)
