@@ -47,6 +47,10 @@ class Traffic:
     stages_on_host: dict[str, int] = field(default_factory=dict)  # host -> pipeline stages parallelism put on it
     indexes: dict = field(default_factory=dict, repr=False)  # (kind, params) -> RowIndex, built on first use
     _quiet_before: np.ndarray | None = field(default=None, repr=False)
+    # the pairs' ends and host links, made once (the rules ask for them several times a job, and
+    # each is a pass of Python over the job's pairs)
+    _pair_ends: list[list[str]] | None = field(default=None, repr=False)
+    _host_links: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     COLUMNS = ("start", "end", "nbytes", "kind", "family", "pair", "exporter")
     # codes in narrow types (a large job's columns are ~10 M rows each); times and bytes int64
@@ -119,19 +123,23 @@ class Traffic:
 
     def pair_ends(self) -> list[list[str]]:
         """[src, dst] of each pair."""
-        return [name.split(">", 1) for name in self.pairs]
+        if self._pair_ends is None:
+            self._pair_ends = [name.split(">", 1) for name in self.pairs]
+        return self._pair_ends
 
     def host_links(self) -> tuple[np.ndarray, np.ndarray]:
         """(link of each pair, the reverse of each link): a link joins two hosts where the hosts are
         known (a pair inside a host is a link of its own), and its reverse runs the other way
         (len(links), one past the last link, where the job has none)."""
-        hosts = [[self.host_of.get(addr, addr) for addr in ends] for ends in self.pair_ends()]
-        links = [f"{src}>{dst}" if src != dst else name for (src, dst), name in zip(hosts, self.pairs)]
-        names, link_of_pair = np.unique(np.array(links, dtype=object), return_inverse=True)
-        index = {name: i for i, name in enumerate(names)}
-        reverse = np.array([index.get(">".join(name.split(">")[::-1]), len(names)) for name in names] + [len(names)],
-                           np.int64)
-        return link_of_pair.astype(np.int64), reverse
+        if self._host_links is None:
+            hosts = [[self.host_of.get(addr, addr) for addr in ends] for ends in self.pair_ends()]
+            links = [f"{src}>{dst}" if src != dst else name for (src, dst), name in zip(hosts, self.pairs)]
+            names, link_of_pair = np.unique(np.array(links, dtype=object), return_inverse=True)
+            index = {name: i for i, name in enumerate(names)}
+            reverse = np.array([index.get(">".join(name.split(">")[::-1]), len(names)) for name in names]
+                               + [len(names)], np.int64)
+            self._host_links = link_of_pair.astype(np.int64), reverse
+        return self._host_links
 
     def carry(self, from_ns: int) -> dict | None:
         """The flows (and bulk writes) from `from_ns` on, compactly, for the next hour."""
