@@ -113,46 +113,65 @@ def bocd(
     log_prune = math.log(prune_below) if prune_below > 0 else -math.inf
     previous_segment_start = np.zeros(n, dtype=np.int64)
 
-    # Live runs (sorted by start) with their statistics, log posterior and Viterbi score.
+    # Live runs (sorted by start) with their statistics, log posterior and Viterbi score. A step
+    # works in place on the prefixes of buffers with a slot for every run that can be alive (one
+    # born at each point): on tens of runs, numpy's per-call cost, not its arithmetic, makes a
+    # step's cost, and arrays made afresh (concatenated) each step cost ~20% more.
     starts = np.zeros(0, dtype=np.int64)
     stats, reference = model.no_runs()
+    column_buffer, log_post_buffer, viterbi_buffer = np.zeros(n, np.int64), np.zeros(n), np.zeros(n)
+    scaled_buffer = np.zeros(n)
+    live = 0
     max_live_runs = 0
     for block_start in range(0, n, _BLOCK):
         times = np.arange(block_start, min(block_start + _BLOCK, n))
         # Candidates: the live runs, then one run born at each t of the block.
         candidates = np.concatenate((starts, times))
         block_log_pred, end_stats, end_reference = model.block(times, stats, reference)
-        columns = np.arange(len(starts))
-        lagged_columns = _columns_of(times - cp_lag + 1, candidates)
+        column_buffer[:live] = np.arange(live)
+        lagged_columns = _columns_of(times - cp_lag + 1, candidates).tolist()
         for birth_column, (t, log_pred_row, lagged_column) in enumerate(
-            zip(times, block_log_pred, lagged_columns), start=len(starts)
+            zip(times.tolist(), block_log_pred, lagged_columns), start=live
         ):
+            # the runs alive before t, then the one born at t
+            columns, log_post, viterbi = column_buffer[:live + 1], log_post_buffer[:live + 1], viterbi_buffer[:live + 1]
+            columns[live] = birth_column
             if t == 0:  # the first run starts with certainty
-                columns, log_post, viterbi = np.array([birth_column]), np.zeros(1), np.zeros(1)
+                log_post[0] = viterbi[0] = 0.0
             else:
-                best = viterbi.argmax()
+                best = viterbi[:live].argmax()
                 previous_segment_start[t] = candidates[columns[best]]
-                columns = np.concatenate((columns, (birth_column,)))
-                viterbi = np.concatenate((viterbi + log_stay, (viterbi[best] + log_change,)))
-                log_post = np.concatenate((log_post + log_stay, (log_change,)))
+                viterbi[live] = viterbi[best] + log_change
+                viterbi[:live] += log_stay
+                log_post[:live] += log_stay
+                log_post[live] = log_change
             log_pred = log_pred_row[columns]
             viterbi += log_pred
             log_post += log_pred
-            top = log_post.max()
-            log_post -= top + math.log(np.exp(log_post - top).sum())
+            top = log_post[log_post.argmax()]  # the maximum; argmax costs a fraction of a reduction
+            scaled = np.subtract(log_post, top, out=scaled_buffer[:live + 1])
+            log_post -= top + math.log(np.add.reduce(np.exp(scaled, out=scaled)))
 
             most_probable = log_post.argmax()
             map_run_length[t] = t - candidates[columns[most_probable]] + 1
             keep = log_post >= log_prune
             keep[most_probable] = True
-            columns, log_post, viterbi = columns[keep], log_post[keep], viterbi[keep]
-            max_live_runs = max(max_live_runs, len(columns))
+            kept = columns[keep]
+            live = len(kept)
+            columns[:live], log_post[:live], viterbi[:live] = kept, log_post[keep], viterbi[keep]
+            max_live_runs = max(max_live_runs, live)
 
-            # cp_prob of the run that started cp_lag - 1 points ago, if it is still alive
-            i = np.searchsorted(columns, lagged_column)
-            if i < len(columns) and columns[i] == lagged_column:
-                cp_prob[t - cp_lag + 1] = math.exp(log_post[i])
-        starts, stats, reference = candidates[columns], end_stats[columns], end_reference[columns]
+            # cp_prob of the run that started cp_lag - 1 points ago, if it is still alive: fewer
+            # than cp_lag runs, those born since, follow it
+            if lagged_column >= 0:
+                i = live - 1
+                while i >= 0 and columns[i] > lagged_column:
+                    i -= 1
+                if i >= 0 and columns[i] == lagged_column:
+                    cp_prob[t - cp_lag + 1] = math.exp(log_post[i])
+        kept = column_buffer[:live]
+        starts, stats, reference = candidates[kept], end_stats[kept], end_reference[kept]
+    log_post, viterbi = log_post_buffer[:live], viterbi_buffer[:live]
     recent = starts > max(n - cp_lag, 0)
     cp_prob[starts[recent]] = np.exp(log_post[recent])
 
