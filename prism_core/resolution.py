@@ -31,6 +31,7 @@ boundaries), else `period` when the records' rhythm (`rhythm_period_s`) shows th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -40,7 +41,7 @@ import pyarrow.compute as pc
 
 from prism_core.arrays import (
     CODES_SUFFIX, MAD_TO_SIGMA, column_hash, combination_ids, encoded, filter_rows, first_seen_ids, group_median,
-    kth_within_groups, lookup, row_hash, sorted_within_groups, stable_order, uncoded_columns, unique_counts,
+    kth_within_groups, lookup, row_hash, sorted_within_groups, stable_order, uncoded_columns, unique_counts, value_codes,
 )
 from prism_core.parallelism import family_codes
 from prism_core.schema import FIVE_TUPLE, ISSUE_KINDS
@@ -692,7 +693,7 @@ def _major_onsets(flows: pa.Table, params: ResolutionParams,
         return None
     start = flows["time_flow_start_ns"].to_numpy()
     end = flows["time_flow_end_ns"].to_numpy()
-    pair = combination_ids(*(encoded(flows, name)[0] for name in ("sampler_address", "src_addr", "dst_addr")))
+    pair = _pair_codes(flows)
     # records usually come in start order: then a stable order by pair alone (linear) is that
     order = stable_order(pair) if np.all(start[1:] >= start[:-1]) else np.lexsort((start, pair))
     # the ids sorted are each id as many times as it shows: counted, not gathered
@@ -727,6 +728,46 @@ def _major_onsets(flows: pa.Table, params: ResolutionParams,
     if not major.any():
         return None
     return start[major], pair[major]
+
+
+PAIR_COLUMNS = ("sampler_address", "src_addr", "dst_addr")  # a pair: one exporter's records of one address pair
+
+
+def _pair_codes(flows: pa.Table) -> np.ndarray:
+    """Per record, its pair's code: `combination_ids` of its PAIR_COLUMNS' `encoded` codes, numbered
+    alike, but worked out over the distinct combinations (a job's few thousand pairs) instead of
+    every record: the records' codes as they come (`value_codes`) packed into one key, hashed once
+    (~2x faster than every column renumbered, then packed and ranked, per record)."""
+    codes, sizes = [], []
+    for name in PAIR_COLUMNS:
+        code, values = value_codes(flows, name)
+        codes.append(code)
+        sizes.append(len(values) + 1)  # a null's -1 too
+    if math.prod(sizes) >= 1 << 62:  # the key would overflow
+        return combination_ids(*(encoded(flows, name)[0] for name in PAIR_COLUMNS))
+    # the last column most significant, as combination_ids orders them
+    key = codes[2] * sizes[1]
+    key += codes[1]
+    key *= sizes[0]
+    key += codes[0]
+    encoding = pc.dictionary_encode(pa.array(key))  # the combinations in the order they first show
+    combination = encoding.dictionary.to_numpy() + (sizes[1] + 1) * sizes[0] + 1  # each code + 1: digits from 0
+    digits = []
+    for size in sizes:
+        digits.append(combination % size - 1)
+        combination //= size
+    # each column's codes in the order they first show (as `encoded` numbers them): the order in
+    # which the combinations first show keeps it
+    return combination_ids(*(_in_order_shown(column) for column in digits))[encoding.indices.to_numpy()]
+
+
+def _in_order_shown(codes: np.ndarray) -> np.ndarray:
+    """`codes` (-1 for null) renumbered 0, 1, ... in the order they first show; null stays -1."""
+    shown = pc.unique(pa.array(codes)).to_numpy()
+    shown = shown[shown >= 0]
+    renumbered = np.full(int(codes.max(initial=-1)) + 2, -1, np.int64)  # code -1 reads the last entry
+    renumbered[shown] = np.arange(len(shown))
+    return renumbered[codes]
 
 
 def _autocorrelation_period(onsets: np.ndarray, owner: np.ndarray, bin_s: float,
