@@ -686,6 +686,27 @@ def test_stage_peers_compare_their_sends_when_lost_records_leave_a_host_short(sl
         assert np.mean(culprit == 0) >= 0.9 and [window.code for window in windows] == [0]
 
 
+
+def test_usual_positions_read_from_a_table_by_step_are_those_of_the_group_medians():
+    # the same flow of a host over 30 steps, some steps without it, some of its flows short
+    rng = np.random.default_rng(7)
+    step = np.repeat(np.arange(30), 50)
+    structure = np.tile(np.arange(50), 30) * 3 + 5
+    shown = rng.random(len(step)) > 0.2
+    step, structure = step[shown], structure[shown]
+    position = np.round(rng.normal(0.5, 0.1, len(step)), 3)  # ties, as clocks make them
+    whole = rng.random(len(step)) > 0.1
+    whole[structure == 5] = False  # a structure never whole
+    table = stragglers._usual_positions(structure, step, 30, position, whole)
+    sorted_ = stragglers._usual_positions_sorted(structure, position, whole)
+    seen = sorted_[2] > 0
+    assert np.array_equal(table[2], sorted_[2]) and (~seen).any()
+    assert np.array_equal(table[0][seen], sorted_[0][seen]) and np.array_equal(table[1][seen], sorted_[1][seen])
+    # structures that show in few of the steps take the group medians
+    sparse = stragglers._usual_positions(structure * 1000 + step, step, 30, position, whole)
+    assert all(np.array_equal(a, b) for a, b in zip(sparse, stragglers._usual_positions_sorted(
+        structure * 1000 + step, position, whole)))
+
 # --- degradation -----------------------------------------------------------------------------------
 
 
