@@ -20,7 +20,7 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.arrays import (
-    MAD_TO_SIGMA, KeyGroups, combined_key, group_first_index, group_medians, kth_within_groups,
+    MAD_TO_SIGMA, KeyGroups, combined_key, group_medians, kth_within_groups,
     stable_order, unique_inverse,
 )
 from prism_core.constants import PP
@@ -57,46 +57,52 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # by (step, kind, host, start): flows come in start order, so one stable sort does
     in_start_order = bool(np.all(start[1:] >= start[:-1]))
     order = stable_order(sender_group, scattered=True) if in_start_order else np.lexsort((start, sender_group))
-    step, kind, start, host, pipeline, sender_group = (
-        a[order] for a in (step, kind, start, host, pipeline, sender_group))
-    del order
+    sender_group = sender_group[order]
     # The n-th flow of a host is compared with the n-th flow of its peers. So a host that sent
     # more flows than usual in a step (a flow across the step boundary) is left out of that step,
     # and classes whose count varies from step to step (MoE all-to-all sizes) are left out
     # altogether. A host a few flows short (records lost on the way) is compared counting from
     # its last flow (`short_flows_share`).
-    # a sender's flows lie side by side: their count is their run's length. A flow is short and
-    # usual as its sender is: worked out per sender, not per flow (a fraction of the rows)
+    # a sender's flows lie side by side: their count is their run's length. What a flow's sender
+    # is (its step, class, host, stage; short, usual) is worked out per sender, a fraction of the
+    # rows, and repeated over its flows: only the flows' starts are gathered in sorted order
     sender_first = np.flatnonzero(np.r_[True, sender_group[1:] != sender_group[:-1]])
     sent = np.diff(np.r_[sender_first, len(sender_group)])
-    class_of_sender = KeyGroups(combined_key(kind[sender_first], host[sender_first]))
+    del sender_group
+    first_flow = order[sender_first]
     del sender_first
+    sender_step, sender_kind, sender_host, sender_pipeline = (
+        a[first_flow] for a in (step, kind, host, pipeline))
+    del step, kind, host, pipeline, first_flow
+    class_of_sender = KeyGroups(combined_key(sender_kind, sender_host))
     sender_short = _complete_count(class_of_sender, sent, params.complete_count_quantile) - sent
     usual = (sender_short >= 0) & (sender_short <= np.maximum(1, params.short_flows_share * (sent + sender_short)))
     # each class's share of its senders (a host in a step) whose count is usual
     regular = class_of_sender.reduce(usual.astype(float), np.add) / class_of_sender.counts
-    kept = np.repeat(usual & (regular >= params.regular_share)[class_of_sender.group], sent)
-    short = np.repeat(sender_short, sent)
+    kept = usual & (regular >= params.regular_share)[class_of_sender.group]
     # each array is ~8 bytes per flow of a large job: dead ones are dropped at once
-    del sent, class_of_sender, usual, regular, sender_short
-    step, kind, start, host, pipeline, sender_group, short = (
-        a[kept] for a in (step, kind, start, host, pipeline, sender_group, short))
-    del kept
-    if not len(step):
+    start = start[order[np.repeat(kept, sent)]]
+    del order, class_of_sender, usual, regular
+    if not len(start):
         return culprit, behind_s
-    ordinal = np.arange(len(step)) - group_first_index(sender_group)
-    del sender_group
-    stage = job.stage_of_host[host]
-    # (step, kind) numbered in order (the rows are sorted by them): a denser key than both, ranked
-    # without hashing more often
-    step_kind = np.cumsum(np.r_[False, (step[1:] != step[:-1]) | (kind[1:] != kind[:-1])])
+    sent, sender_short, sender_step, sender_kind, sender_host, sender_pipeline = (
+        a[kept] for a in (sent, sender_short, sender_step, sender_kind, sender_host, sender_pipeline))
+    del kept
+    ordinal = np.arange(len(start)) - np.repeat(np.cumsum(sent) - sent, sent)
+    sender_stage = job.stage_of_host[sender_host]
+    # (step, kind) numbered in order (the senders are sorted by them): a denser key than both,
+    # ranked without hashing more often
+    step_kind = np.cumsum(np.r_[False, (sender_step[1:] != sender_step[:-1]) | (sender_kind[1:] != sender_kind[:-1])])
     # A host's peers' n-th flows set the reference of its n-th; a host short of flows is compared
     # as if the lost ones came first, and sets references as if they came last. Either way what
     # it sent reads at the same moment or earlier than it was, and the references later: a lost
     # record never makes a flow late.
-    in_stage = combined_key(step_kind, stage) * (int(ordinal.max()) + int(short.max()) + 1)
+    in_stage = np.repeat(combined_key(step_kind, sender_stage) * (int(sent.max()) + int(sender_short.max())), sent)
     del step_kind
     peers = KeyGroups(in_stage + ordinal)
+    step, kind, host, pipeline, stage, short = (np.repeat(a, sent) for a in (
+        sender_step, sender_kind, sender_host, sender_pipeline, sender_stage, sender_short))
+    del sent, sender_step, sender_kind, sender_host, sender_pipeline, sender_stage, sender_short
     ordinal += short  # from here on, the n-th flow it is compared as
     whole = short == 0
     del short
