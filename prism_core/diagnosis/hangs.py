@@ -115,10 +115,11 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     (a hang) when some stopped while the others went on, although in the last complete steps they
     were active at that point of the step. `level_s` is the job's usual step time, for an hour
     without steps."""
-    seen = job.start < before
-    stopped = float(job.end[seen].max())
+    # the flows seen before `before` are the first ones (they come by start): read as views
+    seen = int(np.searchsorted(job.start, before, side="left"))
+    stopped = float(job.end[:seen].max())
     n_steps = int(np.searchsorted(job.step_start, before))
-    per_step = np.bincount(job.step[seen & (job.step >= 0)], minlength=n_steps)[:n_steps]
+    per_step = np.bincount(job.step[:seen] + 1, minlength=n_steps + 1)[1:n_steps + 1]  # -1: in no step
     complete = (np.flatnonzero(per_step >= params.complete_step_share * np.median(per_step)) if n_steps
                 else np.zeros(0, int))
     unfinished_start = job.step_end[complete[-1]] if len(complete) else -np.inf
@@ -129,13 +130,13 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     saved &= job.write_to_storage
     save_end = float(job.write_end[saved].max()) if saved.any() else None
     unfinished_start = save_end if save_end is not None else unfinished_start
-    mid_step = bool((job.start[seen] > unfinished_start).any())
+    mid_step = bool(seen) and bool(job.start[seen - 1] > unfinished_start)
     typical_step = float(np.median(job.duration[:n_steps])) if n_steps else (level_s or 0.0)
 
     # the GPUs active since the last complete step began (a checkpoint step is long: a GPU
     # that hung while saving last spoke before it)
     since = min(unfinished_start - typical_step, job.step_start[complete[-1]] if len(complete) else -np.inf)
-    recent = seen & (job.end >= since)
+    recent = np.flatnonzero(job.end[:seen] >= since)
     addr = np.concatenate([job.src[recent], job.dst[recent]])
     last_seen, last_begun = np.full(len(job.addrs), -np.inf), np.full(len(job.addrs), -np.inf)
     np.maximum.at(last_seen, addr, np.concatenate([job.end[recent], job.end[recent]]))
@@ -161,7 +162,7 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
     # last step, which no next step's start divided from the silence after it (a normal end).
     # Transfers in flight when a job stopped carry only what they moved by then.
     if mid_step and len(complete) and not len(silenced) and _whole_step(
-            job, seen & (job.start > unfinished_start), seen & (job.end > unfinished_start),
+            job, _before(job.start > unfinished_start, seen), _before(job.end > unfinished_start, seen),
             complete[-params.stop_reference_steps:], per_step, params):
         mid_step = False
     # When each went silent: at its last flow, or, for a GPU that began no flow in the
@@ -195,6 +196,12 @@ def describe_stop(job: JobHour, checkpoints: Checkpoints, level_s: float | None,
         n_gpus=job.gpus_active(stopped - params.active_window_s, stopped),
         decided=False,
     )
+
+
+def _before(flows: np.ndarray, seen: int) -> np.ndarray:
+    """The `flows` (a mask) among the first `seen`."""
+    flows[seen:] = False
+    return flows
 
 
 def _whole_step(job: JobHour, flows: np.ndarray, running: np.ndarray, reference: np.ndarray, per_step: np.ndarray,

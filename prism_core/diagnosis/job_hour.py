@@ -171,9 +171,18 @@ class JobHour:
     def seconds(self, ns: int) -> float:
         return (ns - self.origin_ns) / NS
 
+    @cached_property
+    def latest_end(self) -> np.ndarray:
+        """Per flow: the latest end of the flows up to it (the flows come by start)."""
+        return np.maximum.accumulate(self.end) if len(self.end) else self.end
+
     def hosts_active(self, lo: float, hi: float) -> np.ndarray:
         """Codes of the hosts that exchanged traffic within [lo, hi]."""
-        during = (self.start <= hi) & (self.end >= lo)
+        # only the flows from the first that may end at or past `lo` to the last that starts by
+        # `hi` are looked at: a window's, not the hour's (it is asked several times a job)
+        first = int(np.searchsorted(self.latest_end, lo, side="left"))
+        last = int(np.searchsorted(self.start, hi, side="right"))
+        during = np.flatnonzero(self.end[first:last] >= lo) + first
         return np.unique(self.host_of_addr[np.concatenate([self.src[during], self.dst[during]])])
 
     def host_names_active(self, lo: float, hi: float) -> list[str]:
