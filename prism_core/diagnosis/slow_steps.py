@@ -67,13 +67,20 @@ def _bytes_until(job: JobHour, at: np.ndarray) -> np.ndarray:
             first_time_after = searchsorted_many(times, edge, side="left")
         return np.cumsum(np.bincount(first_time_after, weights=weights, minlength=len(times) + 1))[:len(times)]
 
-    def ramps_from(edge: np.ndarray) -> np.ndarray:
-        """per sorted time t: the sum over the ramps whose `edge` is at or before t of rate x (t - edge)"""
-        place = searchsorted_many(times, edge, side="left")  # once for both sums
+    def ramps_from(edge: np.ndarray, place: np.ndarray) -> np.ndarray:
+        """per sorted time t: the sum over the ramps whose `edge` (placed among the times at
+        `place`) is at or before t of rate x (t - edge)"""
         return times * summed_up_to(edge, rate, place) - summed_up_to(edge, rate * edge, place)
 
+    start, end = job.start[ramp], job.end[ramp]
+    start_place = searchsorted_many(times, start, side="left")
+    # A ramp ends where it starts among the times but where it spans one (a step's edge, which
+    # few records do): only those ends are searched for, not every record's (~4x less)
+    end_place = start_place.copy()
+    spanning = np.flatnonzero(end > np.r_[times, np.inf][start_place])
+    end_place[spanning] = np.searchsorted(times, end[spanning], side="left")
     instant = ~ramp
-    carried = (ramps_from(job.start[ramp]) - ramps_from(job.end[ramp])
+    carried = (ramps_from(start, start_place) - ramps_from(end, end_place)
                + summed_up_to(job.start[instant], job.nbytes[instant].astype(np.float64)))
     until = np.empty(len(at))
     until[by_time] = carried
