@@ -74,17 +74,34 @@ def _slowest(job: JobHour, step: np.ndarray, src: np.ndarray, dst: np.ndarray, s
     flows = (step, src, dst, ratio)
     if not len(step):
         return LinkSteps(culprit, score, *flows)
-    # every flow speaks for both its ends: an address is as fast as its fastest transfer. One group
-    # per (step, address), its step and address read off its key, reduced over the group without
-    # broadcasting back to the flows
+    # every flow speaks for both its ends: an address is as fast as its fastest transfer. One cell
+    # per (step, address), its step and address read off its key, reduced over the cell without
+    # broadcasting back to the flows: in a table of every cell where they are fewer than the flows
+    # (a step's address sends hundreds), each end's values reduced into it as they are (~2x
+    # faster than concatenating both ends' and ranking their cells); else over the cells' groups
     n = len(job.addrs)
-    ends = KeyGroups(np.concatenate([step * n + src, step * n + dst]))
-    capacity = ends.reduce(np.concatenate([ratio, ratio]), np.maximum)
-    flow_peer = np.concatenate([dst, src])
-    fewest_peer = ends.reduce(flow_peer, np.minimum)
-    sole_peer = np.where(fewest_peer == ends.reduce(flow_peer, np.maximum), fewest_peer, -1)
-    flow_step, (step, addr) = step, np.divmod(ends.distinct, n)
-    del ends, flow_peer
+    src_cell, dst_cell = step * n + src, step * n + dst
+    if job.n_steps * n <= len(step):
+        seen = np.zeros(job.n_steps * n, bool)
+        seen[src_cell] = seen[dst_cell] = True
+        cell = np.flatnonzero(seen)
+
+        def over_ends(at_src: np.ndarray, at_dst: np.ndarray, ufunc: np.ufunc, neutral) -> np.ndarray:
+            table = np.full(len(seen), neutral, at_src.dtype)
+            ufunc.at(table, src_cell, at_src)
+            ufunc.at(table, dst_cell, at_dst)
+            return table[cell]
+    else:
+        ends = KeyGroups(np.concatenate([src_cell, dst_cell]))
+        cell = ends.distinct
+
+        def over_ends(at_src: np.ndarray, at_dst: np.ndarray, ufunc: np.ufunc, neutral) -> np.ndarray:
+            return ends.reduce(np.concatenate([at_src, at_dst]), ufunc)
+    capacity = over_ends(ratio, ratio, np.maximum, -np.inf)
+    fewest_peer = over_ends(dst, src, np.minimum, n)
+    sole_peer = np.where(fewest_peer == over_ends(dst, src, np.maximum, -1), fewest_peer, -1)
+    flow_step, (step, addr) = step, np.divmod(cell, n)
+    del src_cell, dst_cell, cell
     order = np.lexsort((addr, capacity, step))
     first = np.r_[True, step[order][1:] != step[order][:-1]]
     lowest = order[first]
