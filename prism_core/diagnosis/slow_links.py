@@ -149,7 +149,9 @@ def _throughputs(job: JobHour, excluded: np.ndarray, params: DiagnosisParams) ->
     rate = job.nbytes[alone] / seconds[alone]
     timed = (job.step[alone], job.src[alone], job.dst[alone], family, rate)
     rest = rest[~timed_sizes(job.nbytes[rest], seconds[rest], job.shortest_timed[rest])]
-    fastest = float(np.max(group_medians(family, rate), initial=0.0))
+    # the timed sizes' usual throughputs only judge the others' pace: none, none worked out (a
+    # fine clock times every size; ~20 ms a large job)
+    fastest = float(np.max(group_medians(family, rate), initial=0.0)) if len(rest) else 0.0
     apart = family_codes(job.nbytes[rest]) + len(alone)  # size codes of their own, past the timed ones'
     return timed, _measured_together(job, rest, apart, seconds, fastest, params)
 
