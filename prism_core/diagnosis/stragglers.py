@@ -34,6 +34,7 @@ from .state import OpenWindow
 from .windows import Span, Window, excess, find_windows, measure, position, still_open, window_issue
 
 MAX_TABLE_CELLS_PER_FLOW = 4  # a table of positions by structure and step up to this many cells per flow
+MAX_PEER_KEYS_PER_FLOW = 2  # a table of the peers' keys up to this many per flow (16 bytes each)
 
 
 def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams) -> tuple[np.ndarray, np.ndarray]:
@@ -99,18 +100,13 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     # record never makes a flow late.
     in_stage = np.repeat(combined_key(step_kind, sender_stage) * (int(sent.max()) + int(sender_short.max())), sent)
     del step_kind
-    peers = KeyGroups(in_stage + ordinal)
     step, kind, host, pipeline, stage, short = (np.repeat(a, sent) for a in (
         sender_step, sender_kind, sender_host, sender_pipeline, sender_stage, sender_short))
     del sent, sender_step, sender_kind, sender_host, sender_pipeline, sender_stage, sender_short
-    ordinal += short  # from here on, the n-th flow it is compared as
     whole = short == 0
-    del short
-    at, seen_at = _group_of(peers, in_stage + ordinal, whole, peers.group[whole])
-    del in_stage
-    peer_first = peers.reduce(start, np.minimum)[at]
-    peer_hosts = np.where(seen_at, peers.counts[at], 0)  # no peer sent as many: nothing to compare with
-    del peers, at, seen_at
+    peer_first, peer_hosts = _peers(in_stage + ordinal, start, in_stage + ordinal + short, whole)
+    ordinal += short  # from here on, the n-th flow it is compared as
+    del in_stage, short
     # against its stage peers in the same step (seconds), or alone against its own rhythm. A
     # flow whose stage peers' flows were left out has no reference in that step: as a share of
     # the step, its own rhythm moves with any change of the job's pace (a degradation), which
@@ -118,8 +114,9 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     alone = np.bincount(job.stage_of_host + 1)[stage + 1] < 2  # hosts in the stage
     compared = alone | (peer_hosts >= 2)
     del peer_hosts, stage
-    step, kind, start, host, pipeline, ordinal, peer_first, alone, whole = (
-        a[compared] for a in (step, kind, start, host, pipeline, ordinal, peer_first, alone, whole))
+    if not compared.all():  # usually every flow is
+        step, kind, start, host, pipeline, ordinal, peer_first, alone, whole = (
+            a[compared] for a in (step, kind, start, host, pipeline, ordinal, peer_first, alone, whole))
     del compared
     # hosts alone in their stage are few: their shares are computed for them alone
     position_in_step = start - peer_first
@@ -148,6 +145,23 @@ def straggler_steps(job: JobHour, excluded: np.ndarray, params: DiagnosisParams)
     culprits_flows = late & (host == culprit[step])
     np.maximum.at(behind_s, step[culprits_flows], late_s[culprits_flows])
     return culprit, behind_s
+
+
+def _peers(key: np.ndarray, start: np.ndarray, compared_as: np.ndarray, whole: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Per flow: the earliest start of the flows whose `key` is its `compared_as` (a stage's
+    n-th flows of a class in a step), and how many those are (0: none, and its earliest start any
+    number). Flows `whole` are compared as their own key."""
+    span = int(max(key.max(), compared_as.max())) + 1
+    if span <= MAX_PEER_KEYS_PER_FLOW * len(key):
+        # a table of every key where they are few (a stage's hosts send each n-th flow): no
+        # ranking of the keys, no search for a short host's
+        earliest = np.full(span, np.inf)
+        np.minimum.at(earliest, key, start)
+        return earliest[compared_as], np.bincount(key, minlength=span)[compared_as]
+    peers = KeyGroups(key)
+    at, seen_at = _group_of(peers, compared_as, whole, peers.group[whole])
+    return peers.reduce(start, np.minimum)[at], np.where(seen_at, peers.counts[at], 0)
 
 
 def _complete_count(class_of_sender: KeyGroups, sender_flows: np.ndarray, quantile: float) -> np.ndarray:
