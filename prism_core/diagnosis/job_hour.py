@@ -99,13 +99,13 @@ class JobHour:
         start = (flows["time_flow_start_ns"].to_numpy() - origin_ns) / NS
         end = (flows["time_flow_end_ns"].to_numpy() - origin_ns) / NS
         nbytes = flows["bytes"].to_numpy()
-        write_order = _by_start(start, (src >= 0) & (dst < 0) & (nbytes >= params.checkpoint_write_bytes))
-        read_order = _by_start(start, (src < 0) & (dst >= 0) & (nbytes >= params.checkpoint_write_bytes))
-        order = _by_start(start, (src >= 0) & (dst >= 0))
-        kind = _flow_kinds(src[order], dst[order], code(pairs, "src_addr"), code(pairs, "dst_addr"),
-                           pairs["kind"].to_pylist(), len(addrs))
+        src_member, dst_member, bulk = src >= 0, dst >= 0, nbytes >= params.checkpoint_write_bytes
+        in_start_order = bool(np.all(start[1:] >= start[:-1]))  # records usually come so: so do all their subsets
+        write_order = _by_start(start, src_member & ~dst_member & bulk, in_start_order)
+        read_order = _by_start(start, ~src_member & dst_member & bulk, in_start_order)
+        order = _by_start(start, src_member & dst_member, in_start_order)
+        del src_member, dst_member, bulk
         step_columns = _steps(steps, origin_ns, params.min_step_s)
-        step = _step_of(start[order], step_columns["step_start"], step_columns["step_end"], params.boundary_slack_s)
         write_dst = flows["dst_addr"].take(write_order).to_numpy(zero_copy_only=False).astype(str)
         others = _other_jobs(job_id, membership, origin_ns, hour_end_ns, params.data_end_margin_s)
         writes_and_reads = dict(
@@ -127,13 +127,17 @@ class JobHour:
         src = src[order]
         dst = dst[order]
         nbytes = nbytes[order]
+        kind = _flow_kinds(src, dst, code(pairs, "src_addr"), code(pairs, "dst_addr"), pairs["kind"].to_pylist(),
+                           len(addrs))
+        step = _step_of(start, step_columns["step_start"], step_columns["step_end"], params.boundary_slack_s)
         port = source_ports(flows, order)
         shortest_timed, sampled = np.zeros(len(order)), np.zeros(len(order), bool)
         named = sorted({*(shortest_timed_s or {}), *samplers})
         if named:
             exporter = lookup(flows, "sampler_address", pa.array(named, pa.string()))[order]  # -1: not named
             shortest_timed = np.r_[[(shortest_timed_s or {}).get(name, 0.0) for name in named], 0.0][exporter]
-            sampled = np.r_[[name in samplers for name in named], False][exporter]
+            if samplers:  # else none is sampled (the zeros above)
+                sampled = np.r_[[name in samplers for name in named], False][exporter]
         return cls(
             job_id=job_id,
             origin_ns=origin_ns,
@@ -298,10 +302,13 @@ def _steps(steps: pa.Table, origin_ns: int, min_step_s: float) -> dict[str, np.n
     }
 
 
-def _by_start(start: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _by_start(start: np.ndarray, rows: np.ndarray, in_start_order: bool) -> np.ndarray:
     """The indices of the `rows` (a mask), stably by `start`: as they are where they come in start
-    order already (records usually do; a sort of them, even sorted, costs more than the check)."""
+    order already (`in_start_order`: every row does; records usually do, and a sort of them, even
+    sorted, costs more than the check)."""
     at = np.flatnonzero(rows)
+    if in_start_order:
+        return at
     times = start[at]
     return at if np.all(times[1:] >= times[:-1]) else at[np.argsort(times, kind="stable")]
 
