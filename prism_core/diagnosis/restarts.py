@@ -107,7 +107,7 @@ def _last_end_before(job: JobHour, at: np.ndarray) -> np.ndarray:
     if not len(job.end):
         return np.full(len(at), -np.inf)
     before = np.searchsorted(job.start, at, side="left") - 1
-    return np.where(before >= 0, np.maximum.accumulate(job.end)[np.maximum(before, 0)], -np.inf)
+    return np.where(before >= 0, job.latest_end[np.maximum(before, 0)], -np.inf)
 
 
 def restart_issues(job: JobHour, resumes: Resumes, progress: Progress, stop: Stop | None, checkpoints: Checkpoints,
