@@ -189,11 +189,12 @@ def _usual_positions(structure: np.ndarray, step: np.ndarray, n_steps: int, posi
     # A table of each structure's positions by step (NaN where it has none), its rows sorted where
     # they lie: the flows are placed once, not sorted by structure and gathered (~40% less). Most
     # structures show in every step: the table is about as large as the flows.
-    seen = np.bincount(of[whole], minlength=len(structures))
+    placed = slice(None) if whole.all() else whole  # usually every flow is whole: then no copies
+    seen = np.bincount(of[placed], minlength=len(structures))
     cell = of * n_steps
     cell += step
     table = np.full(len(structures) * n_steps, np.nan)
-    table[cell[whole]] = position[whole]
+    table[cell[placed]] = position[placed]
     del cell
     table = table.reshape(len(structures), n_steps)
     median = _row_medians(table, seen)
