@@ -23,7 +23,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from pipelines import storage
-from pipelines.local_workers import PooledDoFn
+from pipelines.local_workers import PooledDoFn, Task
 from pipelines.shuffle_staging import StagedObject, StagingFile, TableRef, read_staged, stage_object, stage_tables
 from pipelines.sink import HourTables
 from prism_core.arrays import CODES_SUFFIX, column_hash, group_indices, with_codes
@@ -187,6 +187,11 @@ def file_batches(paths: list[str], batches: int) -> list[list[str]]:
 PARSE_COST_PER_FILE_BYTES = 256 << 10
 
 
+def parse_task(paths: list[str], hours: HourRange, shuffle_dir: str) -> Task:
+    """The local workers' task that parses a batch of files (`ParseFlowFiles`; `local_workers.start_ahead`)."""
+    return parse_files, (paths, hours, shuffle_dir)
+
+
 class ParseFlowFiles(PooledDoFn):
     """A batch of flow files -> what `parse_files` made of them (ParsedFiles), on the local workers
     (pipelines/local_workers.py)."""
@@ -197,7 +202,7 @@ class ParseFlowFiles(PooledDoFn):
         self.counters = {name: Metrics.counter(NAMESPACE, name) for name in COUNTERS}
 
     def process(self, paths: list[str], window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
-        yield from self.defer(parse_files, (paths, self.hours, self.shuffle_dir), window, timestamp, cost=len(paths))
+        yield from self.defer(*parse_task(paths, self.hours, self.shuffle_dir), window, timestamp, cost=len(paths))
 
     def outputs(self, parsed: ParsedFiles):
         for name, value in parsed.counts.items():

@@ -143,15 +143,17 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
     and the costs of the tasks running or queued stay within `cost_limit` with it (a task alone runs
     whatever its cost), so that two tasks whose memory grows with their cost do not run at once when
     together they would not fit. Tasks costing at most `negligible_cost` count nothing: they run
-    beside any other, so that a task alone over the limit does not leave the other workers idle."""
-    if workers <= 1 or len(tasks) <= 1:
+    beside any other, so that a task alone over the limit does not leave the other workers idle.
+    A task started ahead (`start_ahead`) is not started again: its result is taken from there."""
+    started = _take_started_ahead(tasks)
+    if (workers <= 1 or len(tasks) <= 1) and not started:
         yield from (task(*args) for task, args in tasks)
         return
     pool = _shared_pool(workers)
     costs = costs if costs is not None else [0.0] * len(tasks)
     counted = [cost if cost > negligible_cost else 0.0 for cost in costs]
-    waiting = sorted(range(len(tasks)), key=lambda i: -costs[i])
-    running: dict[Future, int] = {}  # started or queued for the next free worker
+    waiting = sorted((i for i in range(len(tasks)) if i not in started), key=lambda i: -costs[i])
+    running: dict[Future, int] = {future: i for i, future in started.items()}  # started or queued for a worker
     done: dict[int, object] = {}
 
     def start_waiting() -> None:
@@ -175,6 +177,44 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
 # Tasks queued beyond the workers, in the pool's call queue (it holds one more than the workers): a
 # worker that finishes takes the next at once, not after a round trip through the launcher.
 QUEUED_AHEAD = 1
+
+
+_started_ahead: list[tuple[Task, Future]] = []  # by `start_ahead`, not yet taken by `run_tasks`
+
+
+def start_ahead(workers: int, tasks: Sequence[Task]) -> None:
+    """Starts `tasks` on the local workers now, before the pipeline stage that defers the same
+    tasks (PooledDoFn: the same function, equal arguments) runs: `run_tasks` then takes each one's
+    result from here instead of starting it again, so the workers need not wait for what the
+    launcher alone does before (the ingest: ~0.5 s of building and starting its pipeline on the
+    fleet hour, while Beam imports IPython and translates it). Whoever starts tasks ahead calls
+    `discard_ahead` once that pipeline has run. With one worker, nothing is started."""
+    if workers > 1:
+        pool = _shared_pool(workers)
+        _started_ahead.extend((task, pool.submit(_run_and_release, *task)) for task in tasks)
+
+
+def discard_ahead() -> None:
+    """Forgets the tasks started ahead that no pipeline took (one that failed before): those not
+    started yet are cancelled, the others waited for, so that none still writes into a staging area
+    about to be removed. Their errors are not raised: no one asked for their results."""
+    futures = [future for _, future in _started_ahead]
+    _started_ahead.clear()
+    for future in futures:
+        future.cancel()
+    wait(futures)
+
+
+def _take_started_ahead(tasks: Sequence[Task]) -> dict[int, Future]:
+    """The futures of those of `tasks` that were started ahead, by task index, no longer held there."""
+    found = {}
+    for i, (function, args) in enumerate(tasks):
+        for j, ((ahead_function, ahead_args), future) in enumerate(_started_ahead):
+            if ahead_function is function and ahead_args == args:
+                found[i] = future
+                del _started_ahead[j]
+                break
+    return found
 
 
 def submit(workers: int, task: Callable, args: tuple) -> Future:

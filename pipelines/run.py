@@ -159,12 +159,17 @@ def run_ingest(
     options, runner, workers = pipeline_options(beam_args)
     # The in-process runner: a few batches per local worker, each one staging file and one element
     # per minute (docs/performance.md). Any other: a file per batch, which its workers spread.
-    batches = ingest.file_batches(
-        paths, workers * BATCHES_PER_WORKER if local_workers.in_process(options) else len(paths))
+    in_process = local_workers.in_process(options)
+    batches = ingest.file_batches(paths, workers * BATCHES_PER_WORKER if in_process else len(paths))
     with staging_area(root, remover) as shuffle_dir:
-        pipeline = beam.Pipeline(runner=runner, options=options)
-        build_ingest(pipeline, batches, root, span, shuffle_dir, workers)
-        result = finished(pipeline.run())
+        if in_process:  # the local workers parse while this process builds and starts the pipeline
+            local_workers.start_ahead(workers, [ingest.parse_task(batch, span, shuffle_dir) for batch in batches])
+        try:
+            pipeline = beam.Pipeline(runner=runner, options=options)
+            build_ingest(pipeline, batches, root, span, shuffle_dir, workers)
+            result = finished(pipeline.run())
+        finally:
+            local_workers.discard_ahead()
     per_hour = {warehouse.hour_key(h): warehouse.read_stats(root, h, "ingest") for h in hours}
     found = counters(result, ingest.NAMESPACE)
     if found is None:

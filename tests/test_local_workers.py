@@ -12,7 +12,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from benchmarks.golden import warehouse_digest
-from pipelines.local_workers import available_cores, local_workers, run_tasks
+from pipelines.local_workers import available_cores, discard_ahead, local_workers, run_tasks, start_ahead
 from pipelines.run import RunError, infer_range, pipeline_options, run_hours
 
 
@@ -62,6 +62,26 @@ def test_a_negligible_task_runs_beside_a_task_alone_over_the_limit(tmp_path):
                                                                                 ("big", "cheap", "large"))
     assert cheap_start < big_end and big_start < cheap_end
     assert big_end <= large_start or large_end <= big_start
+
+
+def test_a_task_started_ahead_is_not_run_again(tmp_path):
+    marks = tmp_path / "marks"
+    tasks = [(_note_span, (str(marks), name)) for name in ("ahead", "not ahead")]
+    start_ahead(2, tasks[:1])
+    try:
+        assert list(run_tasks(2, tasks)) == ["ahead", "not ahead"]
+    finally:
+        discard_ahead()
+    assert [line.split()[0] for line in marks.read_text().splitlines()].count("ahead") == 1
+
+
+def test_a_task_started_ahead_and_never_asked_for_is_cancelled_or_waited_for_and_forgotten(tmp_path):
+    marks = tmp_path / "marks"
+    start_ahead(2, [(_note_span, (str(marks), "forgotten"))])
+    discard_ahead()
+    ran_ahead = len(marks.read_text().splitlines()) if marks.exists() else 0  # not left running
+    assert list(run_tasks(2, [(_note_span, (str(marks), "forgotten"))] * 2)) == ["forgotten"] * 2
+    assert len(marks.read_text().splitlines()) == ran_ahead + 2  # both run: no result was kept for it
 
 
 def _note_span(path: str, name: str) -> str:
