@@ -187,7 +187,7 @@ def build_ingest(pipeline: beam.Pipeline, batches: list[list[str]], root: str, s
     ingested = (
         pipeline
         | "Files" >> beam.Create(batches, reshuffle=workers == 1)
-        | "Ingest" >> IngestFlows(span, shuffle_dir, workers)
+        | "Ingest" >> IngestFlows(span, shuffle_dir, workers, len(batches))
     )
     every_hour = pipeline | "Hours" >> beam.Create([(h, None) for h in span.hours()], reshuffle=False)
     (

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines import warehouse
+from pipelines import local_workers, warehouse
 from pipelines.ingest import HourRange, IngestFlows, StagedFlows, file_batches
 from pipelines import shuffle_staging
 from pipelines.shuffle_staging import (
@@ -92,6 +92,26 @@ def test_ingest_transform_groups_minutes_and_dedupes(tmp_path):
         assert_that(
             reasons, equal_to([(T0, "nonpositive_bytes"), (T0 + HOUR_NS, "unparseable")]), label="quarantine"
         )
+
+
+def test_merges_started_ahead_are_the_ones_the_pipeline_asks_for(tmp_path):
+    """With local workers, the bundle that parsed every batch starts the minutes' merges ahead
+    (ParseFlowFiles): the merge stage takes each of them rather than running it again."""
+    write_inputs(tmp_path / "in")
+    (tmp_path / "staging").mkdir()
+    batches = file_batches(sorted(str(p) for p in (tmp_path / "in").iterdir()), batches=2)
+    try:
+        with BeamTestPipeline(runner="FnApiRunner") as pipeline:
+            out = (
+                pipeline
+                | beam.Create(batches, reshuffle=False)
+                | IngestFlows(HourRange(T0, T0 + 2 * HOUR_NS), str(tmp_path / "staging"), 2, len(batches))
+            )
+            assert_that(out["minutes"] | beam.Map(lambda kv: kv[1].minute_ns),
+                        equal_to([T0, T0 + MINUTE_NS, T0 + 59 * MINUTE_NS, T0 + HOUR_NS + 5 * MINUTE_NS]))
+        assert local_workers._started_ahead == []
+    finally:
+        local_workers.discard_ahead()
 
 
 def test_run_ingest_conserves_rows_and_is_idempotent(tmp_path):
