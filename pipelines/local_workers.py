@@ -8,7 +8,10 @@ files, merge a minute, split a row group, analyze a job, write a partition) defe
 a task, and when the bundle finishes the tasks run in a pool of worker processes and the results
 go out in input order: the tables are the same whatever the number of workers. Flow rows never
 cross the pool: tasks get paths and staged-table references and return references
-(pipelines/shuffle_staging.py), so what is pickled is small.
+(pipelines/shuffle_staging.py), so what is pickled is small. Where the launcher knows a stage's
+tasks before the runner gets there (the ingest's parses, and its merges once every batch is
+parsed), it starts them ahead (`start_ahead`), so the workers do not wait for the runner's own
+work between stages, and the stage takes their results.
 
 `--local_workers` (a pipeline option, `LocalWorkerOptions`): `auto` (the default) is every core
 this process may use with the in-process runner, and 1 (no pool) with any other runner, whose own
