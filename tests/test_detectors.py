@@ -381,6 +381,39 @@ def test_a_quiet_gap_after_a_complete_step_is_a_save_not_a_restart():
     assert unresolved.steps.tolist() == [30, 50]
 
 
+def test_a_silence_is_read_in_the_whole_gap_though_the_step_after_it_begins_after_its_first_traffic():
+    # a crash 0.2 s into the step after 39, back 60 s later; the timeline placed the start of
+    # step 40 a second after its first transfers (a step's start is placed by its usual lead)
+    durations = jittered(60)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.where(np.arange(60) >= 40, 60.0, 0.0)
+    early = ring_flows(step_start[[40]] - 1.0, 4, np.full((1, 4), 0.05), phase_s=0.0)
+    job = make_hour(durations, step_start=step_start,
+                    flows=joined(ring_flows(step_start, 4, np.full((60, 4), 0.05), phase_s=0.0), early,
+                                 cut_steps(step_start[[39]] + durations[[39]])))
+    assert restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS).steps.tolist() == [40]
+
+
+def test_the_work_of_a_job_whose_saves_show_no_writes_was_last_saved_where_it_last_paused():
+    # the job finishes step 29 and is quiet 40 s (a save over a storage network the flow logs do
+    # not see): no restart, a pause, which ends where the work since is at risk
+    durations = jittered(60)
+    step_start = 1.0 + np.r_[0.0, np.cumsum(durations)[:-1]] + np.where(np.arange(60) >= 30, 40.0, 0.0)
+    flows = ring_flows(step_start, 4, np.full((60, 4), 0.05))
+    job = make_hour(durations, step_start=step_start, flows=flows)
+    resumes = restarts.find_resumes(job, Progress(first_step_ns=FIRST_STEP_NS), None, None, PARAMS)
+    assert resumes.steps.tolist() == [] and resumes.paused.tolist() == [30]
+    found, state = checkpoints.find_checkpoints(job, resumes.warmup, CheckpointState(), FIRST_STEP_NS, PARAMS,
+                                                paused=resumes.paused)
+    assert found.before(job, job.step_end[59]) == job.ns(step_start[30]) == state.last_checkpoint_ns
+    assert found.before(job, job.step_end[29]) == FIRST_STEP_NS
+    # a job whose saves write to storage paused for something else
+    writer = make_hour(durations, step_start=step_start, flows=flows,
+                       writes={"start": [5.5], "end": [5.6], "src": [0], "nbytes": [BULK]})
+    found, state = checkpoints.find_checkpoints(writer, resumes.warmup, CheckpointState(), FIRST_STEP_NS, PARAMS,
+                                                paused=resumes.paused)
+    assert found.before(writer, writer.step_end[59]) == FIRST_STEP_NS and state.last_checkpoint_ns is None
+
+
 def test_a_resume_on_the_connections_of_before_is_a_pause_and_one_on_new_connections_a_restart():
     # two 40 s silences that look like crashes (a transfer of an unfinished step before each):
     # after the first the job's transfers run on the queue pairs (source ports) they ran on, after

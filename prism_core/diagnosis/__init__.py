@@ -66,7 +66,7 @@ def diagnose_job(
     resumes = restarts.find_resumes(job, state.progress, state.hangs.stop, state.checkpoints.checkpoint_rhythm,
                                    params, steps_resolved)
     checkpoints_found, checkpoint_state = checkpoints.find_checkpoints(
-        job, resumes.warmup, state.checkpoints, resumes.first_step_ns, params)
+        job, resumes.warmup, state.checkpoints, resumes.first_step_ns, params, paused=resumes.paused)
     stop, open_windows = state.hangs.stop, {}
     # a degradation is open while steps show it
     level = LevelState(state.level.recent_s, state.level.level_s, step_bytes=state.level.step_bytes)

@@ -8,7 +8,7 @@ evenly over time too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -29,20 +29,24 @@ class Checkpoints:
     save_start: np.ndarray  # per step: start of its first write to storage (nan: none)
     save_end: np.ndarray  # per step: end of its last write to storage (nan: none)
     earlier_ns: int | None  # end of the last checkpoint of earlier hours, else the job's first step
+    # ends of the quiet gaps a job that shows no writes paused in (`unseen_saves`), in order
+    unseen_ends: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def before(self, job: JobHour, t: float) -> int | None:
         """End of the last checkpoint completed by `t` (ns): this hour's, else the last one of
         earlier hours, else the job's first step (its work since then is lost)."""
-        ends = job.step_end[self.step]
+        ends = np.r_[job.step_end[self.step], self.unseen_ends]
         ends = ends[ends <= t]
-        return job.ns(ends[-1]) if len(ends) else self.earlier_ns
+        return job.ns(ends.max()) if len(ends) else self.earlier_ns
 
 
 def find_checkpoints(job: JobHour, warmup: np.ndarray, previous: CheckpointState, first_step_ns: int | None,
-                     params: DiagnosisParams) -> tuple[Checkpoints, CheckpointState]:
+                     params: DiagnosisParams, paused: np.ndarray = np.zeros(0, np.int64),
+                     ) -> tuple[Checkpoints, CheckpointState]:
     """The hour's checkpoints (warm-up steps are long for another reason), and the checkpoint
     state to carry on: rhythm, last checkpoint, and what the last save wrote (a resume reads it
-    back). The saving times are carried on by `saving_times`, once slow steps are known."""
+    back). The saving times are carried on by `saving_times`, once slow steps are known.
+    `paused`: the steps that end a quiet gap that was no restart (`unseen_saves`)."""
     n = job.n_steps
     checkpoint = np.zeros(n, bool)
     save_start, save_end = np.full(n, np.nan), np.full(n, np.nan)
@@ -84,14 +88,26 @@ def find_checkpoints(job: JobHour, warmup: np.ndarray, previous: CheckpointState
     ends_save = checkpoint & np.isfinite(save_end)
     checkpoint[1:] |= long[1:] & ends_save[:-1] & (job.step_start[1:] <= (save_end + prologue)[:-1])
     done = np.flatnonzero(checkpoint)
-    if len(done):
-        state = replace(state, last_checkpoint_ns=job.ns(job.step_end[done[-1]]))
+    unseen_ends = unseen_saves(job, paused, previous)
+    if len(done) or len(unseen_ends):
+        state = replace(state, last_checkpoint_ns=job.ns(np.r_[job.step_end[done], unseen_ends].max()))
     saved = np.isin(writes, done)
     if saved.any():  # a resume reads back what the last save wrote
         last_save = writes == writes[saved].max()
         state = replace(state, checkpoint_bytes=int(job.write_bytes[stored][inside][last_save].sum()),
                         checkpoint_writers=len(np.unique(job.write_src[stored][inside][last_save])))
-    return Checkpoints(checkpoint, save_start, save_end, earlier_ns), state
+    return Checkpoints(checkpoint, save_start, save_end, earlier_ns, unseen_ends), state
+
+
+def unseen_saves(job: JobHour, paused: np.ndarray, previous: CheckpointState) -> np.ndarray:
+    """Where the saves of a job that writes nothing the flow logs see completed: the ends of the
+    quiet gaps it `paused` in (its step finished, its connections kept: no crash), which are the
+    starts of the steps that follow them. Over a storage network the flow logs do not see, a save
+    leaves only such a gap, or a long step (`find_checkpoints`); a stall that long is rarer than
+    a save. A job whose saves show writes, in this hour or earlier, paused for something else."""
+    if job.write_to_storage.any() or previous.checkpoint_bytes:
+        return np.zeros(0)
+    return job.step_start[paused]
 
 
 def saving_times(previous: tuple[float, ...], saving: np.ndarray, slow: np.ndarray,

@@ -10,7 +10,7 @@ to the end of the data and continued by the resumed steps next hour, under the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -32,6 +32,9 @@ class Resumes:
     steps: np.ndarray  # indices of the steps that resume the job after a restart
     warmup: np.ndarray  # per step: warm-up after a restart or the job's first step
     first_step_ns: int | None  # the job's first step (its first traffic): its work starts here
+    # indices of the steps that end a quiet gap that was no restart: the job only paused (a save
+    # over a network the flow logs do not see, its step finished and its connections kept)
+    paused: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhythm: tuple[int, int] | None,
@@ -49,8 +52,10 @@ def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhyt
     silence = job.step_start - np.r_[last_end, job.step_end[:-1]]
     quiet = silence > params.restart_gap_steps * float(np.median(job.duration))  # longer than any step takes
     # the job's records must fall silent too: where they do not resolve its steps (a flow cache's
-    # merged records, a sampler's instants) the timeline may find none while transfers go on
-    quiet &= job.step_start - _last_end_before(job, job.step_start - params.boundary_slack_s) > params.restart_gap_s
+    # merged records, a sampler's instants) the timeline may find none while transfers go on. The
+    # longest silence anywhere in the gap: the step after a long silence may begin after its first
+    # traffic (the timeline places a step's start by its usual lead, not by the silence)
+    quiet[quiet] &= _longest_silence(job, (job.step_start - silence)[quiet], job.step_start[quiet]) > params.restart_gap_s
     resumed = (job.attempt > previous_attempt) | (quiet & (silence > params.restart_gap_s))
     # a job that resumed on the connections it had only paused (a save the flow logs do not see);
     # one on new connections, or on a host recognition saw replace one of its own, restarted its
@@ -83,6 +88,7 @@ def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhyt
     if rhythm:
         resumed &= ~on_rhythm(saved, resumed, *rhythm, params.rhythm_slack_steps) | replaced
     resumes = np.flatnonzero(resumed)
+    paused = np.flatnonzero(quiet & ~resumed)
     warmup = np.zeros(job.n_steps, bool)
     first_step_ns = progress.first_step_ns
     for first in resumes.tolist() + ([0] if first_step_ns is None else []):
@@ -90,7 +96,7 @@ def find_resumes(job: JobHour, progress: Progress, stop: Stop | None, saves_rhyt
     if first_step_ns is None:  # the work starts with the job's first traffic
         first_traffic = job.start.min() if len(job.start) else job.step_start[0]
         first_step_ns = job.ns(max(job.step_start[0], first_traffic))
-    return Resumes(resumes, warmup, first_step_ns)
+    return Resumes(resumes, warmup, first_step_ns, paused)
 
 
 def _interrupted(job: JobHour, last_end: float, params: DiagnosisParams) -> np.ndarray:
@@ -102,12 +108,21 @@ def _interrupted(job: JobHour, last_end: float, params: DiagnosisParams) -> np.n
     return before_this > after_previous
 
 
-def _last_end_before(job: JobHour, at: np.ndarray) -> np.ndarray:
-    """Per time of `at`: the latest end of the job's flows that started before it (-inf: none)."""
+def _longest_silence(job: JobHour, since: np.ndarray, until: np.ndarray) -> np.ndarray:
+    """Per window [since, until] (disjoint, in order): the longest stretch of it in which none of
+    the job's records was in flight."""
     if not len(job.end):
-        return np.full(len(at), -np.inf)
-    before = np.searchsorted(job.start, at, side="left") - 1
-    return np.where(before >= 0, job.latest_end[np.maximum(before, 0)], -np.inf)
+        return until - since
+    reach = job.latest_end  # records come in start order: the last end so far
+    first = np.searchsorted(job.start, since, side="left")
+    last = np.searchsorted(job.start, until, side="left")
+    longest = np.empty(len(since))
+    for i, (a, b) in enumerate(zip(first.tolist(), last.tolist())):
+        # each record's start after the reach of the records before it (the first: of the window)
+        starts = np.r_[job.start[a:b], until[i]]
+        reached = np.maximum(np.r_[reach[a - 1] if a else -np.inf, reach[a:b]], since[i])
+        longest[i] = np.max(starts - reached)
+    return longest
 
 
 def restart_issues(job: JobHour, resumes: Resumes, progress: Progress, stop: Stop | None, checkpoints: Checkpoints,
