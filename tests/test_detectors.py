@@ -25,7 +25,7 @@ from prism_core.diagnosis.baseline import Baseline, fit_baseline
 from prism_core.diagnosis.issues import Issue, issues_table
 from prism_core.diagnosis.job_hour import JobHour, StepMasks
 from prism_core.diagnosis.state import CheckpointState, DiagnosisState, HangState, LevelState, Progress
-from prism_core.diagnosis.windows import span_mask
+from prism_core.diagnosis.windows import find_windows, span_mask
 from prism_core.recognition import EVENTS, MEMBERSHIP
 from prism_core.schema import COMM_PAIRS, FLOWS, ISSUES, JOB_GPUS, STEPS, conform
 
@@ -496,6 +496,21 @@ def _ring_job(slow_address: int | None, slow_steps_range: range, hosts: int = 8,
         flows["end"] = np.where(late, flows["end"] + 0.2, flows["end"])
     flows["start"] = flows["start"] + np.random.default_rng(3).uniform(0, 0.001, len(flows["start"]))
     return make_hour(durations, hosts=hosts, flows=flows)
+
+
+def test_a_culprits_windows_that_break_off_and_resume_are_one_episode():
+    # a link whose throughput hovers about the threshold names its culprit in runs with a few
+    # more quiet steps between them than a window bridges; a run far after them is an episode
+    # of its own
+    job = make_hour(jittered(120))
+    culprit = np.full(120, -1)
+    culprit[[10, 11, 12, 17, 18, 19, 20, 21, 22, 23, 24, 25, 31, 32, 33, 90, 91, 92]] = 2
+    windows = find_windows(job, culprit, np.ones(120), -1, PARAMS)
+    assert [(w.run[0], w.run[-1], len(w.run)) for w in windows] == [(10, 33, 15), (90, 92, 3)]
+    # hosts taking turns being the latest: another culprit between two windows keeps them apart
+    culprit[[14, 15]] = 5
+    windows = find_windows(job, culprit, np.ones(120), -1, PARAMS)
+    assert [(w.code, w.run[0], w.run[-1]) for w in windows] == [(2, 10, 12), (2, 17, 33), (2, 90, 92)]
 
 
 def test_a_slow_link_window_names_the_slow_address():

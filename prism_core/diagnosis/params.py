@@ -119,6 +119,11 @@ class DiagnosisParams:
     straggler_min_sigmas: float = 2.0
     window_min_steps: int = 3  # straggler / slow link: steps it must show in
     window_max_gap: int = 3  # steps without the culprit that do not break a window
+    # share of a window's span: two windows of one culprit are one episode when the steps between
+    # them are no more than this share of the longer one's span. A fault near the detection
+    # threshold names its culprit in some steps and not in others (a link whose throughput hovers
+    # about `slow_link_ratio`): its windows break off and resume over the fault's whole span
+    window_rejoin_share: float = 1.0
     # s; the flows of one transfer (one per NCCL channel) start within launch skew (well under a
     # millisecond); a pipeline stage sends its next micro-batch at least a forward pass later
     transfer_gap_s: float = 0.002

@@ -46,13 +46,33 @@ def find_windows(job: JobHour, culprit: np.ndarray, score: np.ndarray, carried: 
     found = []
     for code in np.unique(culprit[culprit >= 0]):
         at = np.flatnonzero(culprit == code)
+        runs = []
         for run in np.split(at, np.flatnonzero(np.diff(at) > params.window_max_gap + 1) + 1):
             continues = code == carried and run[0] <= params.window_max_gap
             if continues:
                 run = np.r_[0, run] if run[0] else run
             if len(run) >= params.window_min_steps or continues:
-                found.append(Window(int(code), run, score[run]))
+                runs.append(run)
+        for run in _rejoined(runs, culprit, params.window_rejoin_share):
+            found.append(Window(int(code), run, score[run]))
     return found
+
+
+def _rejoined(runs: list[np.ndarray], culprit: np.ndarray, share: float) -> list[np.ndarray]:
+    """One culprit's windows (runs of steps, in order), each joined to the one before it when the
+    steps between them name no other culprit and are at most `share` of the longer one's span:
+    one episode that broke off. Hosts that take turns being the latest (a slow job, not a slow
+    host) keep their windows apart."""
+    joined = runs[:1]
+    for run in runs[1:]:
+        before = joined[-1]
+        longer = max(before[-1] - before[0], run[-1] - run[0]) + 1
+        between = culprit[before[-1] + 1:run[0]]
+        if len(between) <= share * longer and np.all((between < 0) | (between == culprit[run[0]])):
+            joined[-1] = np.r_[before, run]
+        else:
+            joined.append(run)
+    return joined
 
 
 def span_mask(windows: list[Window], n_steps: int) -> np.ndarray:
