@@ -33,8 +33,9 @@ class Checkpoints:
     unseen_ends: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def before(self, job: JobHour, t: float) -> int | None:
-        """End of the last checkpoint completed by `t` (ns): this hour's, else the last one of
-        earlier hours, else the job's first step (its work since then is lost)."""
+        """End of the last checkpoint completed by `t` (ns): this hour's (a save seen, or where a
+        job whose saves show no writes last paused), else the last one of earlier hours, else the
+        job's first step (its work since then is lost)."""
         ends = np.r_[job.step_end[self.step], self.unseen_ends]
         ends = ends[ends <= t]
         return job.ns(ends.max()) if len(ends) else self.earlier_ns
