@@ -182,7 +182,8 @@ def run_tasks(workers: int, tasks: Sequence[Task], costs: Sequence[float] | None
 QUEUED_AHEAD = 1
 
 
-_started_ahead: list[tuple[Task, Future]] = []  # by `start_ahead`, not yet taken by `run_tasks`
+# by `start_ahead`, not yet taken by `run_tasks`: (args, future) by `_ahead_key`
+_started_ahead: dict[tuple, list[tuple[tuple, Future]]] = {}
 
 
 def start_ahead(workers: int, tasks: Sequence[Task]) -> None:
@@ -194,14 +195,15 @@ def start_ahead(workers: int, tasks: Sequence[Task]) -> None:
     `discard_ahead` once that pipeline has run. With one worker, nothing is started."""
     if workers > 1:
         pool = _shared_pool(workers)
-        _started_ahead.extend((task, pool.submit(_run_and_release, *task)) for task in tasks)
+        for task in tasks:
+            _started_ahead.setdefault(_ahead_key(task), []).append((task[1], pool.submit(_run_and_release, *task)))
 
 
 def discard_ahead() -> None:
     """Forgets the tasks started ahead that no pipeline took (one that failed before): those not
     started yet are cancelled, the others waited for, so that none still writes into a staging area
     about to be removed. Their errors are not raised: no one asked for their results."""
-    futures = [future for _, future in _started_ahead]
+    futures = [future for started in _started_ahead.values() for _, future in started]
     _started_ahead.clear()
     for future in futures:
         future.cancel()
@@ -209,15 +211,29 @@ def discard_ahead() -> None:
 
 
 def _take_started_ahead(tasks: Sequence[Task]) -> dict[int, Future]:
-    """The futures of those of `tasks` that were started ahead, by task index, no longer held there."""
+    """The futures of those of `tasks` that were started ahead, by task index, no longer held there.
+    Each is looked for among those of its key only: a long ingest starts thousands (a minute's
+    merge each), and a search of all for each would grow with their square."""
     found = {}
-    for i, (function, args) in enumerate(tasks):
-        for j, ((ahead_function, ahead_args), future) in enumerate(_started_ahead):
-            if ahead_function is function and ahead_args == args:
+    for i, task in enumerate(tasks):
+        key = _ahead_key(task)
+        started = _started_ahead.get(key, [])
+        for j, (args, future) in enumerate(started):
+            if args == task[1]:
                 found[i] = future
-                del _started_ahead[j]
+                del started[j]
+                if not started:
+                    del _started_ahead[key]
                 break
     return found
+
+
+def _ahead_key(task: Task) -> tuple:
+    """A task's function and first argument (a minute, a batch's files as a tuple): equal tasks
+    share it, and tasks of one stage seldom do."""
+    function, args = task
+    head = args[0] if args else None
+    return function, tuple(head) if isinstance(head, list) else head
 
 
 def submit(workers: int, task: Callable, args: tuple) -> Future:

@@ -109,7 +109,7 @@ def test_merges_started_ahead_are_the_ones_the_pipeline_asks_for(tmp_path):
             )
             assert_that(out["minutes"] | beam.Map(lambda kv: kv[1].minute_ns),
                         equal_to([T0, T0 + MINUTE_NS, T0 + 59 * MINUTE_NS, T0 + HOUR_NS + 5 * MINUTE_NS]))
-        assert local_workers._started_ahead == []
+        assert local_workers._started_ahead == {}
     finally:
         local_workers.discard_ahead()
 
