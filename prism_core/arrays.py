@@ -506,7 +506,10 @@ class KeyGroups:
         return reduced
 
     def first_rows(self) -> np.ndarray:
-        """The first row of each group, in key order: `np.unique(key, return_index=True)[1]`."""
+        """The first row of each group, in key order: `np.unique(key, return_index=True)[1]`. Where
+        the rows were put in their stable order by group already, read off it (it leads each group)."""
+        if "order" in self.__dict__:  # the cached_property's value
+            return self.order[np.cumsum(self.counts) - self.counts]
         first = np.full(len(self.distinct), len(self.key), np.int64)
         np.minimum.at(first, self.group, np.arange(len(self.key)))
         return first

@@ -9,6 +9,7 @@ from prism_core.arrays import (
     MAX_SLICED_DROPS,
     MAX_SLICED_STRING_DROPS,
     MIN_GROUP_SORTED_ALONE,
+    KeyGroups,
     combined_key,
     encoded,
     filter_rows,
@@ -179,6 +180,15 @@ def test_group_medians_of_equal_groups_side_by_side_are_numpys():
     expected = [np.median(values[key == k]) for k in np.unique(key)]
     assert np.array_equal(group_medians(key, values), expected)
     assert len(group_medians(np.zeros(0, np.int64), np.zeros(0))) == 0
+
+
+def test_key_groups_first_rows_are_numpys_before_and_after_the_rows_are_ordered():
+    key = np.random.default_rng(4).integers(0, 30, 400)
+    groups = KeyGroups(key)
+    expected = np.unique(key, return_index=True)[1]
+    assert np.array_equal(groups.first_rows(), expected)
+    assert len(groups.order) == len(key)  # the rows in their stable order by group, as group_medians puts them
+    assert np.array_equal(groups.first_rows(), expected)
 
 
 @pytest.mark.parametrize("drops", [0, 10, MAX_SLICED_DROPS + 1, MAX_SLICED_STRING_DROPS + 1])

@@ -198,8 +198,7 @@ def _usual_rate(step: np.ndarray, size: np.ndarray, rate: np.ndarray) -> np.ndar
         return rate
     step_size = KeyGroups(combined_key(step, size))  # hashed once for the medians and the first rows
     in_step = group_medians(step_size, rate)
-    # each group's first row leads it in the medians' stable order of the rows: no pass to find it
-    size_of = size[step_size.order[np.cumsum(step_size.counts) - step_size.counts]]
+    size_of = size[step_size.first_rows()]  # read off the medians' order of the rows
     over_steps = np.zeros(int(size.max()) + 1)
     over_steps[size_of] = group_median(size_of, in_step)
     return np.maximum(in_step, over_steps[size_of])[step_size.group]
