@@ -615,15 +615,21 @@ def group_medians(key: np.ndarray | KeyGroups, values: np.ndarray) -> np.ndarray
                 column = np.arange(width)
                 rows = by_group[np.minimum(first[members, None] + column, n - 1)]
                 rows[column >= count[:, None]] = np.nan
-            rows.sort(axis=1)
-            at = np.arange(len(members))
-            median[members] = (rows[at, (count - 1) // 2] + rows[at, count // 2]) / 2
+            median[members] = row_medians(rows, count)
         return median
     # the values sorted once, then stably by group (linear passes over the group codes)
     by_value = np.argsort(values)
     ordered = values[by_value[stable_order(group[by_value], scattered=True)]]
     starts = np.r_[0, np.cumsum(counts)[:-1]]
     return (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2]) / 2
+
+
+def row_medians(rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per row of `rows` (2-d; its first `counts` values once sorted, then padding that sorts after
+    them: NaN or inf), sorted in place: the median of its values (the padding for a row of none)."""
+    rows.sort(axis=1)
+    at = np.arange(len(counts))
+    return (rows[at, np.maximum(counts - 1, 0) // 2] + rows[at, counts // 2]) / 2
 
 
 def rolling_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray, half: int) -> np.ndarray:
@@ -634,11 +640,8 @@ def rolling_median(values: np.ndarray, valid: np.ndarray, segment: np.ndarray, h
     inside = (index >= 0) & (index < n)
     index = np.clip(index, 0, n - 1)
     usable = inside & valid[index] & (segment[index] == segment[:, None])
-    window = np.sort(np.where(usable, values[index], np.inf), axis=1)
     count = usable.sum(axis=1)
-    rows = np.arange(n)
-    lo, hi = np.maximum((count - 1) // 2, 0), np.maximum(count // 2, 0)
-    median = (window[rows, lo] + window[rows, hi]) / 2
+    median = row_medians(np.where(usable, values[index], np.inf), count)
     return np.where(count > 0, median, segment_median(values, valid, segment))
 
 

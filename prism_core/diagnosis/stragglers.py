@@ -20,7 +20,7 @@ import numpy as np
 
 from prism_core import waste
 from prism_core.arrays import (
-    MAD_TO_SIGMA, KeyGroups, combined_key, group_medians, kth_within_groups,
+    MAD_TO_SIGMA, KeyGroups, combined_key, group_medians, kth_within_groups, row_medians,
     stable_order, unique_inverse,
 )
 from prism_core.constants import PP
@@ -197,19 +197,11 @@ def _usual_positions(structure: np.ndarray, step: np.ndarray, n_steps: int, posi
     table[cell[placed]] = position[placed]
     del cell
     table = table.reshape(len(structures), n_steps)
-    median = _row_medians(table, seen)
+    median = row_medians(table, seen)
     table -= median[:, None]  # sorted or not, the same deviations
     np.abs(table, out=table)
-    noise = MAD_TO_SIGMA * _row_medians(table, seen)
+    noise = MAD_TO_SIGMA * row_medians(table, seen)
     return median[of], noise[of], seen[of]
-
-
-def _row_medians(table: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per row of `table` (`counts` values, NaN in its other cells; sorted in place): the median
-    of its values (NaN for none)."""
-    table.sort(axis=1)  # NaN sorts last
-    rows = np.arange(len(counts))
-    return (table[rows, np.maximum(counts - 1, 0) // 2] + table[rows, counts // 2]) / 2
 
 
 def _usual_positions_sorted(structure: np.ndarray, position: np.ndarray, whole: np.ndarray
